@@ -1,0 +1,72 @@
+"""Numerical checks against an fp64 reference, with tolerances derived per case.
+
+The rule (FlashAttention's tests use the same idea): a kernel's largest error against the
+fp64 reference may be at most ``FACTOR`` times the largest error that plain PyTorch makes on
+the same inputs at the same precision (the unfused, materialised computation in that dtype),
+plus one unit of rounding at the output's scale so an exact baseline does not demand an exact
+kernel. Where PyTorch's own error is the yardstick the tolerance adapts to dtype, shape and
+input scale without magic numbers. NaN and Inf always fail, whatever the tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FACTOR", "Closeness", "assert_close", "poison_allocator", "max_error"]
+
+FACTOR = 2.0
+
+_EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "fp64": 2.0**-53}
+
+
+@dataclass(frozen=True)
+class Closeness:
+    name: str
+    error: float
+    allowed: float
+    torch_error: float
+
+
+def max_error(value: Any, reference: Any) -> float:
+    return float((value.double() - reference.double()).abs().max().item())
+
+
+def assert_close(name: str, value: Any, reference: Any, torch_value: Any, dtype: str) -> Closeness:
+    """Fail unless ``value`` is finite, shaped like ``reference`` and within the allowance."""
+    import torch
+
+    if tuple(value.shape) != tuple(reference.shape):
+        raise AssertionError(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
+    bad = ~torch.isfinite(value)
+    if bad.any():
+        where = bad.nonzero()[0].tolist()
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} non-finite elements (first at {where}); "
+            "NaN there may also mean an element the kernel never wrote"
+        )
+    error = max_error(value, reference)
+    torch_error = max_error(torch_value, reference)
+    scale = float(reference.abs().max().item())
+    allowed = FACTOR * torch_error + _EPS[dtype] * max(scale, 1e-30)
+    result = Closeness(name, error, allowed, torch_error)
+    if not error <= allowed:
+        raise AssertionError(
+            f"{name}: max |error| {error:.3g} against fp64 exceeds {allowed:.3g} "
+            f"(= {FACTOR:g} x PyTorch's own {dtype} error {torch_error:.3g} + one {dtype} ulp "
+            f"at scale {scale:.3g})"
+        )
+    return result
+
+
+def poison_allocator(device: Any, nbytes: int) -> None:
+    """Fill ``nbytes`` of free CUDA caching-allocator memory with 0xFF (NaN in bf16, fp16 and
+    fp32) so a kernel output that reuses it and leaves elements unwritten shows NaN.
+    A no-op on the CPU, whose allocator gives no such handle."""
+    import torch
+
+    if device.type != "cuda":
+        return
+    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    block.fill_(0xFF)
+    del block

@@ -1,0 +1,116 @@
+"""Analytic FLOP and byte models. Plain numbers in, plain numbers out; no torch.
+
+Conventions (the ones FlashAttention's papers and ``torch.utils.flop_counter`` use):
+
+* A multiply-add is 2 FLOPs; softmax's exponentials and the scaling are not counted.
+* Softmax attention forward is two matmuls over the *visible* query/key pairs:
+  ``4 * d * pairs`` per (batch, head). Causal counts ``T(T+1)/2`` pairs, a causal window of
+  ``w`` counts ``min(i+1, w)`` keys for query ``i``.
+* Its backward recomputes the scores and does four more matmuls: ``10 * d * pairs``
+  (2.5x the forward), as ``flop_counter`` counts the fused SDPA backward.
+* Bytes are the floor a kernel must move through device memory: every input read once,
+  every output written once. Grouped-query attention reads ``kv_heads`` K/V heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Cost", "Metrics", "DTYPE_BYTES", "visible_pairs", "softmax_attention", "metrics"]
+
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work of one call: floating-point operations and the fewest bytes it must move."""
+
+    flops: float
+    bytes: float
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.bytes + other.bytes)
+
+    @property
+    def intensity_flop_per_byte(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Rates achieved by one call in ``seconds``; fractions are None where a peak is unknown."""
+
+    tflops: float
+    mfu: float | None
+    gb_per_s: float
+    bandwidth_frac: float | None
+    intensity_flop_per_byte: float
+    ridge_flop_per_byte: float | None
+
+    @property
+    def bound(self) -> str | None:
+        """'compute' or 'memory': which side of the ridge point the cost model sits."""
+        if self.ridge_flop_per_byte is None:
+            return None
+        return "compute" if self.intensity_flop_per_byte >= self.ridge_flop_per_byte else "memory"
+
+
+def visible_pairs(seq: int, causal: bool, window: int | None = None, seq_k: int | None = None) -> int:
+    """Query/key pairs a mask leaves visible, per (batch, head)."""
+    seq_k = seq if seq_k is None else seq_k
+    if window is not None and not causal:
+        raise ValueError("a sliding window is modelled for causal attention only")
+    if not causal:
+        return seq * seq_k
+    if seq != seq_k:
+        raise ValueError("causal attention is modelled for equal query and key lengths")
+    if window is None or window >= seq:
+        return seq * (seq + 1) // 2
+    return window * (window + 1) // 2 + (seq - window) * window
+
+
+def softmax_attention(
+    *,
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    dtype: str,
+    causal: bool,
+    kv_heads: int | None = None,
+    window: int | None = None,
+    backward: bool = False,
+) -> Cost:
+    """Softmax attention, forward or forward+backward (``backward=True``)."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    pairs = visible_pairs(seq, causal, window)
+    elem = DTYPE_BYTES[dtype]
+    q_like = batch * heads * seq * head_dim * elem  # Q, O, dO, dQ
+    kv_like = batch * kv_heads * seq * head_dim * elem  # K, V, dK, dV
+    fwd = Cost(flops=4.0 * batch * heads * pairs * head_dim, bytes=2.0 * q_like + 2.0 * kv_like)
+    if not backward:
+        return fwd
+    bwd = Cost(flops=10.0 * batch * heads * pairs * head_dim, bytes=4.0 * q_like + 4.0 * kv_like)
+    return fwd + bwd
+
+
+def metrics(
+    cost: Cost,
+    seconds: float,
+    peak_flops: float | None,
+    peak_bytes_per_s: float | None,
+) -> Metrics:
+    """TFLOP/s, MFU, GB/s and bandwidth fraction of one call that took ``seconds``."""
+    if seconds <= 0:
+        raise ValueError(f"a call cannot take {seconds} s")
+    flops_per_s = cost.flops / seconds
+    bytes_per_s = cost.bytes / seconds
+    ridge = peak_flops / peak_bytes_per_s if peak_flops and peak_bytes_per_s else None
+    return Metrics(
+        tflops=flops_per_s / 1e12,
+        mfu=flops_per_s / peak_flops if peak_flops else None,
+        gb_per_s=bytes_per_s / 1e9,
+        bandwidth_frac=bytes_per_s / peak_bytes_per_s if peak_bytes_per_s else None,
+        intensity_flop_per_byte=cost.intensity_flop_per_byte,
+        ridge_flop_per_byte=ridge,
+    )

@@ -1,0 +1,136 @@
+"""Sample summaries and the regression verdict. Pure: numbers in, verdicts out.
+
+A case regresses only when both hold:
+
+1. its median is slower than the baseline's by more than the tolerance, and
+2. the slowdown is statistically real: the 95% confidence intervals of the two medians do
+   not overlap (distribution-free order-statistic intervals, so a skewed timing distribution
+   with a long tail of interrupted samples does not need a normal model).
+
+An improvement is judged symmetrically and never fails. With fewer than ``MIN_SAMPLES``
+samples on either side no interval can be trusted; the verdict then rests on the tolerance
+alone and says so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["MIN_SAMPLES", "Summary", "Verdict", "judge", "median_ci"]
+
+MIN_SAMPLES = 5
+_Z95 = 1.959963984540054
+
+
+def median_ci(sorted_values: Sequence[float]) -> tuple[float, float]:
+    """95% distribution-free confidence interval of the median (binomial order statistics,
+    normal approximation of the ranks)."""
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("no samples")
+    half_width = _Z95 * math.sqrt(n) / 2.0
+    lo = max(int(math.floor(n / 2.0 - half_width)), 1)
+    hi = min(int(math.ceil(n / 2.0 + half_width)) + 1, n)
+    return sorted_values[lo - 1], sorted_values[hi - 1]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a set of per-call times (ms) tells: median, its 95% interval, relative spread."""
+
+    median_ms: float
+    ci_low_ms: float
+    ci_high_ms: float
+    stdrel: float
+    n_samples: int
+
+    @classmethod
+    def from_samples(cls, samples_ms: Sequence[float]) -> Summary:
+        if not samples_ms:
+            raise ValueError("no samples")
+        ordered = sorted(samples_ms)
+        low, high = median_ci(ordered)
+        mean = statistics.fmean(ordered)
+        stdev = statistics.stdev(ordered) if len(ordered) > 1 else 0.0
+        return cls(
+            median_ms=statistics.median(ordered),
+            ci_low_ms=low,
+            ci_high_ms=high,
+            stdrel=stdev / mean if mean > 0 else 0.0,
+            n_samples=len(ordered),
+        )
+
+    @classmethod
+    def from_mapping(cls, entry: Mapping[str, object]) -> Summary:
+        """Read a baseline entry; raises KeyError/TypeError/ValueError on a malformed one."""
+
+        def num(key: str) -> float:
+            value = entry[key]
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"'{key}' is {value!r}, not a number")
+            return float(value)
+
+        return cls(
+            median_ms=num("median_ms"),
+            ci_low_ms=num("ci_low_ms"),
+            ci_high_ms=num("ci_high_ms"),
+            stdrel=num("stdrel"),
+            n_samples=int(num("n_samples")),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"median {self.median_ms:.4g} ms (95% CI {self.ci_low_ms:.4g}..{self.ci_high_ms:.4g}, "
+            f"spread {100 * self.stdrel:.2f}%, n={self.n_samples})"
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``status`` is one of: new, unchanged, improved, regressed."""
+
+    status: str
+    ratio: float | None
+    message: str
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "regressed"
+
+    @property
+    def change_pct(self) -> float | None:
+        return None if self.ratio is None else 100.0 * (self.ratio - 1.0)
+
+
+def judge(current: Summary, baseline: Summary | None, tolerance: float) -> Verdict:
+    """Compare a measurement with its baseline; ``tolerance`` is a fraction (0.05 = 5%)."""
+    if baseline is None:
+        return Verdict("new", None, f"no baseline; measured {current.describe()}")
+    ratio = current.median_ms / baseline.median_ms
+    few = min(current.n_samples, baseline.n_samples) < MIN_SAMPLES
+    slower = ratio > 1.0 + tolerance
+    faster = ratio < 1.0 / (1.0 + tolerance)
+    if few:
+        real_slower, real_faster = slower, faster
+        test = (
+            f"too few samples for the interval test (n={current.n_samples} now, "
+            f"{baseline.n_samples} in the baseline, need {MIN_SAMPLES}): judged on the tolerance alone"
+        )
+    else:
+        real_slower = slower and current.ci_low_ms > baseline.ci_high_ms
+        real_faster = faster and current.ci_high_ms < baseline.ci_low_ms
+        overlap = current.ci_low_ms <= baseline.ci_high_ms and baseline.ci_low_ms <= current.ci_high_ms
+        test = "95% intervals of the medians " + ("overlap" if overlap else "do not overlap")
+    body = (
+        f"{100 * (ratio - 1):+.1f}% against the baseline (tolerance {100 * tolerance:.1f}%; {test})\n"
+        f"  baseline: {baseline.describe()}\n"
+        f"  current:  {current.describe()}"
+    )
+    if real_slower:
+        return Verdict("regressed", ratio, "REGRESSED " + body)
+    if real_faster:
+        return Verdict("improved", ratio, "improved " + body)
+    return Verdict("unchanged", ratio, "unchanged " + body)

@@ -1,0 +1,184 @@
+"""Markers: ``sdpa_backend`` pins torch's SDPA dispatch; ``requires_hw`` states what a case needs.
+
+A pin is proven, not trusted: ``prove_backend`` profiles one call and checks the ATen ops and,
+on CUDA, the kernel names that torch.profiler records (``pytorch_flash::flash_fwd_*``,
+``fmha_cutlassF_*``, ``cudnn_generated_*sdpa*``; see shared/FACTS.md), so a silent fallback is
+never measured under the wrong name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from .hardware import DetectedDevice
+
+__all__ = [
+    "BACKENDS",
+    "MARKERS",
+    "BackendProofError",
+    "backends_seen",
+    "pin_backend",
+    "prove_backend",
+    "requirement_failure",
+    "unavailable_reason",
+]
+
+BACKENDS = ("flash", "efficient", "cudnn", "math")
+
+MARKERS = (
+    "sdpa_backend(name): pin torch's scaled_dot_product_attention to one backend "
+    "(flash, efficient, cudnn, math) for the test; skips with torch's reason where the card "
+    "cannot run it; attnperf.measure proves from profiler records that it ran",
+    "requires_hw(gpu=True, min_capability=None, names=None): skip unless the run's device is a "
+    "GPU (gpu=True), has at least this compute capability ('8.0' or (8, 0)), or is one of names",
+)
+
+_OPS = {
+    "flash": "aten::_scaled_dot_product_flash_attention",
+    "efficient": "aten::_scaled_dot_product_efficient_attention",
+    "cudnn": "aten::_scaled_dot_product_cudnn_attention",
+    "math": "aten::_scaled_dot_product_attention_math",
+}
+_CUDA_KERNELS = {
+    "flash": re.compile(r"flash_(fwd|bwd)|pytorch_flash", re.I),
+    "efficient": re.compile(r"fmha_cutlass|PyTorchMemEff|mem_eff", re.I),
+    "cudnn": re.compile(r"cudnn.*(sdpa|fprop|dgrad|flash)|sdpa.*cudnn", re.I),
+}
+
+
+class BackendProofError(AssertionError):
+    """The pinned backend is not what ran."""
+
+
+def _sdp_backend(name: str) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
+
+
+@contextmanager
+def pin_backend(name: str) -> Iterator[None]:
+    """Restrict SDPA to one backend inside the block."""
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel([_sdp_backend(name)]):
+        yield
+
+
+_UNAVAILABLE = re.compile(r"No available kernel|No viable backend", re.I)
+
+
+def unavailable_reason(exc: BaseException, warnings_seen: Iterable[str]) -> str | None:
+    """torch's reason a pinned backend cannot run, or None when ``exc`` is something else."""
+    if not isinstance(exc, RuntimeError) or not _UNAVAILABLE.search(str(exc)):
+        return None
+    why = [w.strip() for w in warnings_seen if re.search(r"not used because|not supported|requires", w)]
+    detail = "; ".join(dict.fromkeys(why)) or str(exc).strip().splitlines()[0]
+    return detail
+
+
+def backends_seen(op_names: Iterable[str], kernel_names: Iterable[str]) -> set[str]:
+    """Which SDPA backends left evidence: their ATen op, or on CUDA their kernels."""
+    ops = list(op_names)
+    kernels = list(kernel_names)
+    seen = {b for b, op in _OPS.items() if any(name.startswith(op) for name in ops)}
+    seen |= {b for b, pat in _CUDA_KERNELS.items() if any(pat.search(k) for k in kernels)}
+    return seen
+
+
+def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[str], list[str]]:
+    """ATen op names and CUDA kernel names recorded while ``fn`` ran once."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.is_gpu:
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        fn()
+        if device.is_gpu:
+            torch.cuda.synchronize()
+    ops, kernels = [], []
+    for event in prof.events():
+        if str(event.device_type).endswith("CUDA"):
+            kernels.append(event.name)
+        else:
+            ops.append(event.name)
+    return ops, kernels
+
+
+def prove_backend(fn: Callable[[], Any], backend: str, device: DetectedDevice) -> set[str]:
+    """Run ``fn`` once under the profiler; raise ``BackendProofError`` unless only ``backend``
+    left evidence (and, on CUDA, its own kernels ran). Returns the backends seen."""
+    ops, kernels = profile_names(fn, device)
+    seen = backends_seen(ops, kernels)
+    problems = []
+    if backend not in seen:
+        problems.append(f"no trace of the '{backend}' backend")
+    if seen - {backend}:
+        problems.append(f"other backends ran: {', '.join(sorted(seen - {backend}))}")
+    if device.is_gpu and backend in _CUDA_KERNELS and not any(_CUDA_KERNELS[backend].search(k) for k in kernels):
+        problems.append(f"none of the CUDA kernels matches '{_CUDA_KERNELS[backend].pattern}'")
+    if problems:
+        shown = sorted({k for k in kernels})[:8] or sorted({o for o in ops if "attention" in o})[:8]
+        raise BackendProofError(
+            f"sdpa_backend('{backend}') was pinned but {'; '.join(problems)}. Seen: {shown}"
+        )
+    return seen
+
+
+def _capability(value: object) -> tuple[int, int]:
+    if isinstance(value, str):
+        major, _, minor = value.partition(".")
+        return int(major), int(minor or 0)
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    raise ValueError(f"min_capability must be '8.0' or (8, 0), not {value!r}")
+
+
+def requirement_failure(marker: pytest.Mark, device: DetectedDevice, hw_name: str) -> str | None:
+    """Why ``requires_hw`` is not met on this device, or None."""
+    gpu = marker.kwargs.get("gpu", True)
+    if gpu and not device.is_gpu:
+        return "needs a CUDA GPU; this run has only the CPU (torch.cuda.is_available() is False)"
+    minimum = marker.kwargs.get("min_capability")
+    if minimum is not None:
+        want = _capability(minimum)
+        if device.capability is None or device.capability < want:
+            have = "none" if device.capability is None else "%d.%d" % device.capability
+            return f"needs compute capability >= {want[0]}.{want[1]}; '{device.name}' has {have}"
+    names = marker.kwargs.get("names")
+    if names and hw_name not in names:
+        return f"runs only on {', '.join(names)}; this is {hw_name}"
+    return None
+
+
+def check_marker_args(item: pytest.Item) -> None:
+    """Usage errors for markers with bad arguments, at collection."""
+    for mark in item.iter_markers("sdpa_backend"):
+        if len(mark.args) != 1 or mark.args[0] not in BACKENDS:
+            raise pytest.UsageError(
+                f"{item.nodeid}: sdpa_backend{mark.args!r} must name one of {', '.join(BACKENDS)}"
+            )
+    for mark in item.iter_markers("requires_hw"):
+        unknown = set(mark.kwargs) - {"gpu", "min_capability", "names"}
+        if mark.args or unknown:
+            raise pytest.UsageError(
+                f"{item.nodeid}: requires_hw takes keywords gpu, min_capability, names; got "
+                f"{mark.args!r} {sorted(unknown)}"
+            )
+        if "min_capability" in mark.kwargs:
+            try:
+                _capability(mark.kwargs["min_capability"])
+            except ValueError as exc:
+                raise pytest.UsageError(f"{item.nodeid}: {exc}") from None

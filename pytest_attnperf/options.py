@@ -1,0 +1,159 @@
+"""Command-line options and ini keys, resolved command line > environment > ini > default.
+
+Each value is parsed once, at configure time, into ``Settings``; a bad value is a usage error
+that names where it came from (``--attnperf-tolerance``, ``ATTNPERF_TOLERANCE`` or the ini
+key ``attnperf_tolerance``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+__all__ = ["Settings", "add_options", "read_settings", "MODES"]
+
+MODES = ("cold", "hot")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Option:
+    dest: str
+    flag: str
+    env: str
+    ini: str
+    default: str
+    help: str
+    is_flag: bool = False
+
+
+OPTIONS = (
+    Option("hw", "--hw", "ATTNPERF_HW", "attnperf_hw", "",
+           "hardware name (h200, h100, gb10, ...): baselines/<NAME>.yaml; detected when omitted"),
+    Option("update_baselines", "--update-baselines", "ATTNPERF_UPDATE_BASELINES",
+           "attnperf_update_baselines", "false",
+           "record the measured cases into the hardware's baseline file instead of gating",
+           is_flag=True),
+    Option("baselines", "--attnperf-baselines", "ATTNPERF_BASELINES", "attnperf_baselines",
+           "baselines", "folder of per-hardware baseline files (relative to the rootdir)"),
+    Option("tolerance", "--attnperf-tolerance", "ATTNPERF_TOLERANCE", "attnperf_tolerance",
+           "5%", "slowdown tolerated before a case regresses: '5%' or 0.05"),
+    Option("mode", "--attnperf-mode", "ATTNPERF_MODE", "attnperf_mode", "cold",
+           "cold: L2 flushed before every sample (default, for gating); hot: back-to-back replays"),
+    Option("budget", "--attnperf-budget", "ATTNPERF_BUDGET", "attnperf_budget", "0.5",
+           "seconds of sampling per case before stopping, once the sample floor is reached"),
+    Option("stdrel", "--attnperf-stdrel", "ATTNPERF_STDREL", "attnperf_stdrel", "0.5%",
+           "stop sampling a case once its relative standard deviation is under this"),
+    Option("min_samples", "--attnperf-min-samples", "ATTNPERF_MIN_SAMPLES",
+           "attnperf_min_samples", "10", "floor on samples per case"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every attnperf setting, parsed and checked."""
+
+    hw: str | None
+    update_baselines: bool
+    baselines_dir: Path
+    tolerance: float
+    mode: str
+    budget_s: float
+    target_stdrel: float
+    min_samples: int
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attnperf", "attention kernel correctness and performance")
+    for opt in OPTIONS:
+        if opt.is_flag:
+            group.addoption(opt.flag, action="store_true", default=None, dest=f"attnperf_{opt.dest}",
+                            help=f"{opt.help} (env {opt.env}, ini {opt.ini})")
+            parser.addini(opt.ini, help=opt.help, type="bool", default=False)
+        else:
+            group.addoption(opt.flag, action="store", default=None, dest=f"attnperf_{opt.dest}",
+                            metavar=opt.dest.upper(), help=f"{opt.help} (env {opt.env}, ini {opt.ini})")
+            parser.addini(opt.ini, help=opt.help, default=opt.default)
+
+
+def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
+    """The value as given and where it came from."""
+    cli = config.getoption(f"attnperf_{opt.dest}")
+    if cli is not None:
+        return str(cli), opt.flag
+    env = os.environ.get(opt.env)
+    if env is not None and env != "":
+        return env, f"environment variable {opt.env}"
+    ini = config.getini(opt.ini)
+    if ini not in (None, "", []):
+        return str(ini), f"ini key {opt.ini}"
+    return opt.default, "the default"
+
+
+def _fraction(text: str) -> float:
+    text = text.strip()
+    value = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    if not 0.0 <= value < 10.0:
+        raise ValueError("must be a fraction such as 0.05 or a percentage such as 5%")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError("must be positive")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _mode(text: str) -> str:
+    if text not in MODES:
+        raise ValueError(f"must be one of {', '.join(MODES)}")
+    return text
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _get(config: pytest.Config, dest: str, parse: Callable[[str], T]) -> T:
+    opt = next(o for o in OPTIONS if o.dest == dest)
+    text, source = _raw(config, opt)
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"attnperf: bad value {text!r} from {source}: {exc}") from None
+
+
+def read_settings(config: pytest.Config) -> Settings:
+    """Parse every setting; raises ``pytest.UsageError`` naming the source of a bad one."""
+    hw = _get(config, "hw", str).strip() or None
+    folder = Path(_get(config, "baselines", str))
+    if not folder.is_absolute():
+        folder = Path(config.rootpath) / folder
+    return Settings(
+        hw=hw.lower() if hw else None,
+        update_baselines=_get(config, "update_baselines", _bool),
+        baselines_dir=folder,
+        tolerance=_get(config, "tolerance", _fraction),
+        mode=_get(config, "mode", _mode),
+        budget_s=_get(config, "budget", _positive_float),
+        target_stdrel=_get(config, "stdrel", _fraction),
+        min_samples=_get(config, "min_samples", _positive_int),
+    )

@@ -1,0 +1,197 @@
+"""``attnperf``: the fixture object that times a callable, gates it and reports it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from .baselines import BaselineError
+from .costs import Cost, Metrics, metrics
+from .gate import Verdict, judge
+from .markers import pin_backend, profile_names, backends_seen, prove_backend
+from .session import AttnPerfSession, Row
+from .timing import REPLAY_CLOCK, Measurement
+
+__all__ = ["Perf", "PerfResult", "PENDING_KEY"]
+
+PENDING_KEY = pytest.StashKey[dict[str, Any]]()
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    """What one case measured: times, rates against the hardware, and the baseline verdict."""
+
+    measurement: Measurement
+    metrics: Metrics
+    verdict: Verdict
+    cost: Cost
+    backend: str
+
+    @property
+    def median_ms(self) -> float:
+        return self.measurement.median_ms
+
+    @property
+    def tflops(self) -> float:
+        return self.metrics.tflops
+
+    @property
+    def mfu(self) -> float | None:
+        """Fraction of the card's peak dense FLOP/s for the dtype (None if unknown)."""
+        return self.metrics.mfu
+
+    @property
+    def bandwidth_frac(self) -> float | None:
+        """Fraction of the card's memory bandwidth (None if unknown)."""
+        return self.metrics.bandwidth_frac
+
+    @property
+    def peak_mib(self) -> float | None:
+        return self.measurement.peak_mib
+
+
+class Perf:
+    """Times one callable per test on the run's device and checks it against the baseline.
+
+    ``measure(fn, cost=..., dtype=...)`` warms ``fn`` up, proves the pinned SDPA backend
+    when the test carries ``sdpa_backend``, samples device time, computes TFLOP/s, MFU, GB/s
+    and bandwidth from ``cost``, and fails the test when it regressed against
+    ``baselines/<hw>.yaml``. With ``--update-baselines`` it records instead (the entry is
+    written at the end of the session, and only if the test passed).
+    """
+
+    def __init__(self, request: pytest.FixtureRequest, session: AttnPerfSession) -> None:
+        self._request = request
+        self._session = session
+        self._used = False
+
+    def measure(
+        self,
+        fn: Callable[[], Any],
+        *,
+        cost: Cost,
+        dtype: str,
+        detect_backend: bool = False,
+        mode: str | None = None,
+    ) -> PerfResult:
+        """Measure ``fn`` (a zero-argument callable doing one call of the kernel)."""
+        if self._used:
+            raise RuntimeError("attnperf.measure can be called once per test (one baseline entry per test id)")
+        self._used = True
+        session, node = self._session, self._request.node
+        hw, device = session.hardware, session.device
+        marker = node.get_closest_marker("sdpa_backend")
+        pinned = marker.args[0] if marker else None
+        with pin_backend(pinned) if pinned else nullcontext():
+            if pinned:
+                backend = pinned
+                prove_backend(fn, pinned, device)
+            elif detect_backend:
+                seen = backends_seen(*profile_names(fn, device))
+                backend = "+".join(sorted(seen)) or "-"
+            else:
+                backend = "-"
+            plan = session.plan(mode)
+            measurement = session.timer.measure(fn, plan)
+            verdict, measurement = self._gate(fn, measurement, plan)
+
+        peak = hw.peak_flops_for(dtype)
+        result = PerfResult(
+            measurement=measurement,
+            metrics=metrics(cost, measurement.median_ms / 1e3, peak, hw.hbm_bytes_per_s),
+            verdict=verdict,
+            cost=cost,
+            backend=backend,
+        )
+        self._record(result)
+        self._feed_benchmark(result)
+        if verdict.failed:
+            drift = session.drift()
+            extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
+            pytest.fail(f"{node.nodeid}: {verdict.message}{extra}", pytrace=False)
+        return result
+
+    def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
+        session = self._session
+        try:
+            baseline = session.baseline
+        except BaselineError as exc:
+            pytest.fail(f"{exc}. Nothing was written; fix or remove the file.", pytrace=False)
+        if session.settings.update_baselines:
+            return Verdict("recorded", None, "recorded for --update-baselines"), measurement
+        summary = baseline.summary(self._request.node.nodeid) if baseline else None
+        verdict = judge(measurement.summary, summary, session.settings.tolerance)
+        if verdict.failed:  # a suspected regression is measured once more before the verdict
+            again = session.timer.measure(fn, plan)
+            second = judge(again.summary, summary, session.settings.tolerance)
+            note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
+            again = Measurement(
+                again.samples_ms, again.clock, again.mode, again.calls_per_sample,
+                again.eager_ms, again.peak_mib, again.notes + (note,), again.sm_clock_mhz,
+            )
+            return second, again
+        return verdict, measurement
+
+    def _record(self, result: PerfResult) -> None:
+        m, s = result.measurement, result.measurement.summary
+        entry: dict[str, Any] = {
+            "median_ms": s.median_ms,
+            "ci_low_ms": s.ci_low_ms,
+            "ci_high_ms": s.ci_high_ms,
+            "stdrel": s.stdrel,
+            "n_samples": s.n_samples,
+            "tflops": result.tflops,
+            "gb_per_s": result.metrics.gb_per_s,
+            "clock": m.clock,
+            "mode": m.mode,
+            "backend": result.backend,
+        }
+        if m.peak_mib is not None:
+            entry["peak_mib"] = m.peak_mib
+        if m.eager_ms is not None:
+            entry["eager_ms"] = m.eager_ms
+        self._request.node.stash[PENDING_KEY] = entry
+        self._session.rows.append(
+            Row(
+                nodeid=self._request.node.nodeid,
+                backend=result.backend,
+                median_ms=s.median_ms,
+                stdrel=s.stdrel,
+                tflops=result.tflops,
+                mfu=result.mfu,
+                gb_per_s=result.metrics.gb_per_s,
+                bandwidth_frac=result.bandwidth_frac,
+                peak_mib=m.peak_mib,
+                eager_ms=m.eager_ms,
+                status=result.verdict.status,
+                change_pct=result.verdict.change_pct,
+                notes=m.notes,
+            )
+        )
+
+    def _feed_benchmark(self, result: PerfResult) -> None:
+        """Hand the device samples to pytest-benchmark (its timer is ``REPLAY_CLOCK``)."""
+        config = self._request.config
+        if not config.pluginmanager.hasplugin("benchmark"):
+            return
+        bench = self._request.getfixturevalue("benchmark")
+        bench.extra_info.update(
+            {
+                "attnperf_clock": result.measurement.clock,
+                "attnperf_mode": result.measurement.mode,
+                "backend": result.backend,
+                "tflops": result.tflops,
+                "mfu": result.mfu,
+                "gb_per_s": result.metrics.gb_per_s,
+                "bandwidth_frac": result.bandwidth_frac,
+                "peak_mib": result.peak_mib,
+                "eager_ms": result.measurement.eager_ms,
+                "verdict": result.verdict.status,
+            }
+        )
+        rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)
+        bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)

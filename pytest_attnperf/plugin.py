@@ -1,0 +1,180 @@
+"""pytest-attnperf's hooks and fixtures. Thin: the work lives in the modules they call.
+
+Loading this plugin imports nothing heavy; torch is imported the first time a test asks for
+the device, and only then.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from . import hookspecs, markers, suite
+from .hardware import DetectedDevice, HardwareSpec
+from .options import add_options, read_settings
+from .perf import PENDING_KEY, Perf
+from .registry import KernelRegistry
+from .report import summary_lines
+from .session import SESSION_KEY, AttnPerfSession, get_session
+from .timing import REPLAY_CLOCK
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in markers.MARKERS:
+        config.addinivalue_line("markers", line)
+    session = AttnPerfSession(config, read_settings(config))
+    config.stash[SESSION_KEY] = session
+    if session.settings.hw is not None:
+        session.hardware  # noqa: B018 - an explicit --hw is checked at start-up
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
+    """CUDA device 0 when torch sees one, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return DetectedDevice(
+            kind="cuda",
+            name=props.name,
+            capability=(props.major, props.minor),
+            sm_count=props.multi_processor_count,
+            l2_bytes=getattr(props, "L2_cache_size", None),
+        )
+    import platform
+
+    return DetectedDevice(kind="cpu", name=platform.processor() or platform.machine() or "cpu")
+
+
+# -- collection and running -----------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite.remove_invalid(config, items)
+    for item in items:
+        markers.check_marker_args(item)
+        if "attnperf" in getattr(item, "fixturenames", ()):
+            theirs = item.get_closest_marker("benchmark")
+            kwargs = dict(theirs.kwargs) if theirs else {}
+            kwargs["timer"] = REPLAY_CLOCK
+            item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    mark = item.get_closest_marker("requires_hw")
+    if mark is not None:
+        session = get_session(item.config)
+        why = markers.requirement_failure(mark, session.device, session.hardware.name)
+        if why:
+            pytest.skip(why)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    mark = item.get_closest_marker("sdpa_backend")
+    if mark is None:
+        return (yield)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            with markers.pin_backend(mark.args[0]):
+                return (yield)
+        except RuntimeError as exc:
+            reason = markers.unavailable_reason(exc, [str(w.message) for w in seen])
+            if reason is None:
+                raise
+            pytest.skip(f"sdpa_backend('{mark.args[0]}') cannot run here: {reason}")
+        finally:
+            for w in seen:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    if report.when == "call" and report.passed and PENDING_KEY in item.stash:
+        get_session(item.config).pending[item.nodeid] = item.stash[PENDING_KEY]
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if SESSION_KEY in session.config.stash:
+        get_session(session.config).write_baselines()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state = get_session(config)
+    gone = suite.removed(config)
+    if not state.rows and state.write_note is None and not gone:
+        return
+    terminalreporter.section("attnperf")
+    if gone:
+        terminalreporter.write_line(f"{len(gone)} combinations removed at collection:")
+        for line in gone[:20]:
+            terminalreporter.write_line(f"  {line}")
+        if len(gone) > 20:
+            terminalreporter.write_line(f"  ... and {len(gone) - 20} more")
+    if state.rows:
+        for line in summary_lines(state.rows, state.hardware.name, state.drift()):
+            terminalreporter.write_line(line)
+    if state.write_note:
+        terminalreporter.write_line(f"baselines: {state.write_note}")
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def attnperf_device(request: pytest.FixtureRequest) -> Any:
+    """The torch.device this run measures on: CUDA device 0 when present, else the CPU."""
+    import torch
+
+    return torch.device("cuda", 0) if get_session(request.config).device.is_gpu else torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def attnperf_gpu(request: pytest.FixtureRequest) -> Any:
+    """The CUDA torch.device; the test is skipped, with the reason, when there is none."""
+    import torch
+
+    if not get_session(request.config).device.is_gpu:
+        pytest.skip("needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+    return torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="session")
+def attnperf_hw(request: pytest.FixtureRequest) -> HardwareSpec:
+    """The hardware spec of this run (``--hw`` or detected): peaks, bandwidth, L2, sources."""
+    return get_session(request.config).hardware
+
+
+@pytest.fixture(scope="session")
+def attnperf_registry(request: pytest.FixtureRequest) -> KernelRegistry:
+    """Every registered kernel: the built-in ones and those added by
+    ``pytest_attnperf_register_kernels`` hooks."""
+    return get_session(request.config).registry
+
+
+@pytest.fixture
+def attnperf(request: pytest.FixtureRequest) -> Perf:
+    """Times a callable on the device and gates it against the baseline.
+
+    ``result = attnperf.measure(fn, cost=costs.softmax_attention(...), dtype="bf16")``
+    returns median device time, TFLOP/s, MFU, GB/s, bandwidth fraction and peak memory, and
+    fails the test when the case regressed beyond the tolerance against baselines/<hw>.yaml.
+    """
+    return Perf(request, get_session(request.config))

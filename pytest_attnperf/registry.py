@@ -1,0 +1,91 @@
+"""The kernel registry: which implementations each attention family's suite runs.
+
+A kernel is a plain callable plus a few facts about it. Built-in kernels live in
+``pytest_attnperf.variants``; users add theirs from a ``conftest.py``::
+
+    def pytest_attnperf_register_kernels(registry):
+        @registry.kernel(family="softmax", name="my-flash")
+        def my_flash(q, k, v, *, causal, scale, window=None):
+            return my_extension.attention(q, k, v, causal, scale)
+
+The family fixes the call signature (see each family's ``SIGNATURE`` in
+``pytest_attnperf.variants``); the suite checks the output and gradients against an fp64
+reference, times it and gates it against the baselines like any built-in kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Kernel", "KernelRegistry"]
+
+Supports = Callable[[Any], "str | None"]
+
+
+def _always(case: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of an attention family.
+
+    ``supports(case)`` returns None when the kernel handles the case, or the reason it does
+    not (the case is then skipped at collection with that reason). ``sdpa_backend`` pins
+    torch's SDPA dispatch for the test and is proven from profiler records. ``backward``
+    says whether gradients are checked and timed. ``device_kinds`` lists where it can run
+    at all ('cuda', 'cpu').
+    """
+
+    family: str
+    name: str
+    fn: Callable[..., Any]
+    sdpa_backend: str | None = None
+    supports: Supports = _always
+    backward: bool = True
+    device_kinds: tuple[str, ...] = ("cuda", "cpu")
+    description: str = ""
+
+
+class KernelRegistry:
+    """Kernels by family, in registration order; names are unique within a family."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[str, str], Kernel] = {}
+
+    def add(self, kernel: Kernel) -> Kernel:
+        key = (kernel.family, kernel.name)
+        if key in self._kernels:
+            raise ValueError(f"kernel '{kernel.name}' is already registered in family '{kernel.family}'")
+        self._kernels[key] = kernel
+        return kernel
+
+    def kernel(
+        self,
+        *,
+        family: str,
+        name: str,
+        sdpa_backend: str | None = None,
+        supports: Supports = _always,
+        backward: bool = True,
+        device_kinds: tuple[str, ...] = ("cuda", "cpu"),
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of ``add``; returns the function unchanged."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
+                            (fn.__doc__ or "").strip()))
+            return fn
+
+        return register
+
+    def family(self, family: str) -> list[Kernel]:
+        return [k for (fam, _), k in self._kernels.items() if fam == family]
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(self._kernels.values())
+
+    def __len__(self) -> int:
+        return len(self._kernels)

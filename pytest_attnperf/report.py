@@ -1,0 +1,65 @@
+"""The summary table printed at the end of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .session import Row
+
+__all__ = ["summary_lines"]
+
+_HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "peak MiB",
+           "eager", "vs baseline")
+
+
+def _time(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms * 1e3:.1f} us" if ms < 1.0 else f"{ms:.3f} ms"
+
+
+def _pct(frac: float | None) -> str:
+    return "-" if frac is None else f"{100 * frac:.1f}"
+
+
+def _change(row: Row) -> str:
+    if row.change_pct is None:
+        return row.status
+    return f"{row.change_pct:+.1f}% {row.status}"
+
+
+def _case(nodeid: str) -> str:
+    name = nodeid.rsplit("::", 1)[-1]
+    return name
+
+
+def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) -> list[str]:
+    """A fixed-width table, one line per measured case, then notes."""
+    table = [_HEADER] + [
+        (
+            _case(r.nodeid),
+            r.backend,
+            _time(r.median_ms),
+            f"{100 * r.stdrel:.2f}%",
+            f"{r.tflops:.2f}",
+            _pct(r.mfu),
+            f"{r.gb_per_s:.1f}",
+            _pct(r.bandwidth_frac),
+            "-" if r.peak_mib is None else f"{r.peak_mib:.1f}",
+            _time(r.eager_ms),
+            _change(r),
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
+    lines = [f"attnperf on {hw_name}: {len(rows)} measured cases"]
+    for n, line in enumerate(table):
+        lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    notes = [(r.nodeid, note) for r in rows for note in r.notes]
+    for nodeid, note in notes:
+        lines.append(f"note: {_case(nodeid)}: {note}")
+    if drift:
+        lines.append("environment differs from the baseline's header: " + ", ".join(drift))
+    return lines

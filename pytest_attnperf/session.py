@@ -1,0 +1,139 @@
+"""The run's state: device, hardware, timer, kernels, baselines, results.
+
+Registered as a second plugin by ``pytest_configure`` and kept in ``config.stash``. Everything
+heavy (torch, the device query, the baseline file) is resolved on first use, so a run with no
+attention tests imports nothing and writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import baselines as store
+from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, resolve
+from .options import Settings
+from .registry import KernelRegistry
+from .timing import SamplingPlan, Timer, default_timer
+
+__all__ = ["AttnPerfSession", "Row", "SESSION_KEY", "get_session"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured case, for the summary table."""
+
+    nodeid: str
+    backend: str
+    median_ms: float
+    stdrel: float
+    tflops: float
+    mfu: float | None
+    gb_per_s: float
+    bandwidth_frac: float | None
+    peak_mib: float | None
+    eager_ms: float | None
+    status: str
+    change_pct: float | None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class AttnPerfSession:
+    config: pytest.Config
+    settings: Settings
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rows: list[Row] = field(default_factory=list)
+    write_note: str | None = None
+
+    # -- device and hardware -------------------------------------------------------------
+    @cached_property
+    def device(self) -> DetectedDevice:
+        detected = self.config.hook.pytest_attnperf_detect_device(config=self.config)
+        if detected is None:
+            raise pytest.UsageError("attnperf: no pytest_attnperf_detect_device implementation returned a device")
+        return detected
+
+    @cached_property
+    def hardware(self) -> HardwareSpec:
+        try:
+            return resolve(self.settings.hw, self.device)
+        except HardwareMismatch as exc:
+            raise pytest.UsageError(f"attnperf: {exc}") from None
+
+    @cached_property
+    def timer(self) -> Timer:
+        made = self.config.hook.pytest_attnperf_make_timer(config=self.config, device=self.device)
+        return made if made is not None else default_timer(self.device)
+
+    @cached_property
+    def registry(self) -> KernelRegistry:
+        from .variants import register_builtin
+
+        registry = KernelRegistry()
+        register_builtin(registry)
+        self.config.hook.pytest_attnperf_register_kernels(registry=registry, config=self.config)
+        return registry
+
+    def plan(self, mode: str | None = None) -> SamplingPlan:
+        s = self.settings
+        return SamplingPlan(
+            mode=mode or s.mode,
+            min_samples=s.min_samples,
+            target_stdrel=s.target_stdrel,
+            budget_s=s.budget_s,
+        )
+
+    # -- baselines ------------------------------------------------------------------------
+    @property
+    def baseline_path(self) -> Path:
+        return self.settings.baselines_dir / f"{self.hardware.name}.yaml"
+
+    @cached_property
+    def baseline(self) -> store.BaselineFile | None:
+        """The hardware's baseline file (None if absent); raises ``BaselineError`` if unusable."""
+        return store.load(self.baseline_path)
+
+    @cached_property
+    def environment(self) -> dict[str, str | None]:
+        from .envinfo import environment
+
+        return environment(self.device, self.hardware.name)
+
+    def drift(self) -> list[str]:
+        from .envinfo import drift
+
+        try:
+            baseline = self.baseline
+        except store.BaselineError:
+            return []
+        return drift(baseline.meta, self.environment) if baseline else []
+
+    def write_baselines(self) -> None:
+        """Merge the passed, measured cases into the file; never touch an unreadable file."""
+        if not self.settings.update_baselines or not self.pending:
+            return
+        try:
+            existing = store.load(self.baseline_path)
+        except store.BaselineError as exc:
+            self.write_note = f"NOT written: {exc}. The file was left as it was."
+            return
+        merged = store.merge(existing, self.pending, self.environment)
+        store.save(self.baseline_path, merged)
+        kept = len(merged.entries) - len(self.pending)
+        self.write_note = (
+            f"wrote {len(self.pending)} measured entries to {self.baseline_path} "
+            f"({kept} other entries kept)"
+        )
+
+
+SESSION_KEY = pytest.StashKey[AttnPerfSession]()
+
+
+def get_session(config: pytest.Config) -> AttnPerfSession:
+    """The attnperf session of a configured pytest run."""
+    return config.stash[SESSION_KEY]

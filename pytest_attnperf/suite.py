@@ -1,0 +1,89 @@
+"""Parametrizing a family's suite: kernels, cases and directions as separate axes.
+
+``parametrize(metafunc, family, cases)`` is what ``suites/conftest.py`` calls; a user's own
+suite can call it the same way. Cases carry ``gpu`` (GPU shape table) and are skipped, with
+the reason, on a machine without one; combinations a kernel cannot handle
+(``Kernel.supports``) or a forward-only kernel in the backward direction are removed at
+collection, and the terminal summary lists why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from .registry import Kernel
+from .session import get_session
+
+__all__ = ["parametrize", "remove_invalid", "DIRECTIONS"]
+
+DIRECTIONS = ("fwd", "fwdbwd")
+REMOVED_KEY = pytest.StashKey[list[str]]()
+
+
+def _case_param(case: Any) -> Any:
+    marks = [pytest.mark.requires_hw(gpu=True)] if case.gpu else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def _kernel_param(kernel: Kernel, device_kind: str) -> Any:
+    marks: list[Any] = []
+    if kernel.sdpa_backend:
+        marks.append(pytest.mark.sdpa_backend(kernel.sdpa_backend))
+    if device_kind not in kernel.device_kinds:
+        marks.append(pytest.mark.skip(reason=f"{kernel.name} runs on {', '.join(kernel.device_kinds)} only"))
+    return pytest.param(kernel, id=kernel.name, marks=marks)
+
+
+def parametrize(
+    metafunc: pytest.Metafunc, family: str, cases: Sequence[Any], directions: Sequence[str] = DIRECTIONS
+) -> None:
+    """Parametrize ``case``, ``kernel`` and ``direction`` (those the test asks for).
+
+    On a GPU the CPU table is left out (it exists so CPU-only machines run something real);
+    on the CPU the GPU table stays in and is skipped with its reason.
+    """
+    session = get_session(metafunc.config)
+    device = session.device
+    if "case" in metafunc.fixturenames:
+        chosen = [c for c in cases if c.gpu or not device.is_gpu]
+        metafunc.parametrize("case", [_case_param(c) for c in chosen])
+    if "kernel" in metafunc.fixturenames:
+        kernels = session.registry.family(family)
+        if not kernels:
+            raise pytest.UsageError(f"attnperf: no kernels registered in family '{family}'")
+        metafunc.parametrize("kernel", [_kernel_param(k, device.kind) for k in kernels])
+    if "direction" in metafunc.fixturenames:
+        metafunc.parametrize("direction", list(directions))
+
+
+def invalid_reason(params: dict[str, Any]) -> str | None:
+    kernel, case = params.get("kernel"), params.get("case")
+    if not isinstance(kernel, Kernel):
+        return None
+    if params.get("direction") == "fwdbwd" and not kernel.backward:
+        return f"{kernel.name} has no backward"
+    return kernel.supports(case) if case is not None else None
+
+
+def remove_invalid(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect kernel x case combinations the kernel cannot take; remember why."""
+    keep, drop, reasons = [], [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        why = invalid_reason(callspec.params) if callspec else None
+        if why:
+            drop.append(item)
+            reasons.append(f"{item.nodeid}: {why}")
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+        config.stash[REMOVED_KEY] = reasons
+
+
+def removed(config: pytest.Config) -> list[str]:
+    return config.stash.get(REMOVED_KEY, [])

@@ -1,0 +1,274 @@
+"""Timing on the device.
+
+GPU (``CudaTimer``): warm-up (autotuning included) runs first, untimed, on a side stream;
+the callable is then captured in a CUDA graph and each sample is the device time between two
+CUDA events around one graph replay. In cold mode (the default) the L2 is flushed by a write
+of twice its size right before each sample; that write also keeps the GPU busy while the host
+enqueues the replay, so launch latency never lands inside the events. In hot mode a graph
+holds several back-to-back calls and a sample is their mean. A callable that cannot be
+captured is timed with events around eager launches, and the measurement says so. Beside the
+kernel figure, the eager per-call time (events around ordinary launches, what a user running
+eagerly sees) is reported as ``eager_ms``.
+
+CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
+around each call is the measurement.
+
+Both stop sampling adaptively (``sample_adaptively``): at least ``min_samples``, then until
+the relative standard deviation is under the target or the per-case budget is spent.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .gate import Summary
+
+if TYPE_CHECKING:
+    from .hardware import DetectedDevice
+
+__all__ = [
+    "Measurement",
+    "SamplingPlan",
+    "Timer",
+    "CudaTimer",
+    "HostTimer",
+    "ReplayClock",
+    "sample_adaptively",
+]
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How to sample one case."""
+
+    mode: str = "cold"
+    min_samples: int = 10
+    max_samples: int = 2000
+    target_stdrel: float = 0.005
+    budget_s: float = 0.5
+    warmup_calls: int = 3
+    hot_sample_ms: float = 0.5  # hot mode: calls per graph chosen so a sample lasts about this
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Per-call times of one case and how they were taken."""
+
+    samples_ms: tuple[float, ...]
+    clock: str  # "cuda-graph", "cuda-events" or "host"
+    mode: str  # "cold", "hot" or "host"
+    calls_per_sample: int = 1
+    eager_ms: float | None = None
+    peak_mib: float | None = None
+    notes: tuple[str, ...] = ()
+    sm_clock_mhz: float | None = None
+    summary: Summary = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "summary", Summary.from_samples(self.samples_ms))
+
+    @property
+    def median_ms(self) -> float:
+        return self.summary.median_ms
+
+
+class Timer(Protocol):
+    """Anything that turns a zero-argument callable into a ``Measurement``."""
+
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement: ...
+
+
+def sample_adaptively(take_ms: Callable[[], float], plan: SamplingPlan) -> list[float]:
+    """Call ``take_ms`` until the floor is met and the spread is small or the budget is spent."""
+    samples: list[float] = []
+    deadline = time.monotonic() + plan.budget_s
+    while len(samples) < plan.max_samples:
+        samples.append(take_ms())
+        if len(samples) < plan.min_samples:
+            continue
+        mean = statistics.fmean(samples)
+        stdrel = statistics.stdev(samples) / mean if mean > 0 else 0.0
+        if stdrel <= plan.target_stdrel or time.monotonic() >= deadline:
+            break
+    return samples
+
+
+class ReplayClock:
+    """A clock for pytest-benchmark that advances only by measured per-call times.
+
+    pytest-benchmark reads its timer before and after the target; here the target is
+    ``step``, which advances the clock by the next sample our timer measured on the device.
+    Its statistics and JSON therefore carry device time, not host time.
+    """
+
+    def __init__(self) -> None:
+        self._now_s = 0.0
+        self._pending: list[float] = []
+
+    def __call__(self) -> float:
+        return self._now_s
+
+    def load(self, samples_ms: tuple[float, ...]) -> int:
+        self._pending = [s / 1e3 for s in reversed(samples_ms)]
+        return len(samples_ms)
+
+    def step(self) -> None:
+        self._now_s += self._pending.pop()
+
+
+REPLAY_CLOCK = ReplayClock()
+
+
+class HostTimer:
+    """Host clock around synchronous CPU work."""
+
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        for _ in range(plan.warmup_calls):
+            fn()
+
+        def take_ms() -> float:
+            start = time.perf_counter_ns()
+            fn()
+            return (time.perf_counter_ns() - start) / 1e6
+
+        return Measurement(tuple(sample_adaptively(take_ms, plan)), clock="host", mode="host")
+
+
+_THROTTLE_NAMES = {
+    0x4: "sw-power-cap",
+    0x8: "hw-slowdown",
+    0x20: "sw-thermal",
+    0x40: "hw-thermal",
+    0x80: "hw-power-brake",
+}
+
+
+def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
+    """SM clock (MHz) and active throttle reasons through NVML, or (None, ()) without it."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        reasons = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    except Exception:  # noqa: BLE001 - NVML is optional; absence means "not read"
+        return None, ()
+    return mhz, tuple(name for bit, name in _THROTTLE_NAMES.items() if reasons & bit)
+
+
+class CudaTimer:
+    """Device events around CUDA-graph replays, L2 flushed per sample in cold mode."""
+
+    def __init__(self, device: DetectedDevice) -> None:
+        self.device = device
+        self._flush: Any = None
+
+    def _flush_buffer(self) -> Any:
+        import torch
+
+        if self._flush is None:
+            l2 = self.device.l2_bytes or 64 * 1024 * 1024
+            self._flush = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
+        return self._flush
+
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        import torch
+
+        notes: list[str] = []
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture wants
+            for _ in range(plan.warmup_calls):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+        eager_ms = self._eager_ms(fn)
+        peak_mib = self._peak_mib(fn)
+        calls = 1
+        if plan.mode == "hot":
+            calls = max(1, min(64, math.ceil(plan.hot_sample_ms / max(eager_ms, 1e-3))))
+        graph = None
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: time eagerly
+            graph = None
+            torch.cuda.synchronize()
+            notes.append(f"not graph-capturable ({type(exc).__name__}: {str(exc)[:120]}); "
+                         "timed with events around eager launches, launch overhead included")
+
+        run = graph.replay if graph is not None else (lambda: [fn() for _ in range(calls)])
+        flush = self._flush_buffer() if plan.mode == "cold" else None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def take_ms() -> float:
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / calls
+
+        samples = sample_adaptively(take_ms, plan)
+        mhz, throttled = read_sm_clock(torch.cuda.current_device())
+        if throttled:
+            notes.append(f"clock throttled ({', '.join(throttled)}) at {mhz} MHz; re-measured")
+            samples = sample_adaptively(take_ms, plan)
+            mhz, throttled = read_sm_clock(torch.cuda.current_device())
+            if throttled:
+                notes.append(f"still throttled ({', '.join(throttled)}) after re-measuring")
+        captured = graph is not None
+        del graph, run
+        return Measurement(
+            tuple(samples),
+            clock="cuda-graph" if captured else "cuda-events",
+            mode=plan.mode,
+            calls_per_sample=calls,
+            eager_ms=eager_ms,
+            peak_mib=peak_mib,
+            notes=tuple(notes),
+            sm_clock_mhz=mhz,
+        )
+
+    @staticmethod
+    def _eager_ms(fn: Callable[[], Any], calls: int = 10) -> float:
+        """Median of events around single eager calls, launched back to back."""
+        import torch
+
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
+        torch.cuda.synchronize()
+        events[0].record()
+        for i in range(calls):
+            fn()
+            events[i + 1].record()
+        torch.cuda.synchronize()
+        return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(calls))
+
+    @staticmethod
+    def _peak_mib(fn: Callable[[], Any]) -> float:
+        """Memory one call allocates at its peak, above what was allocated before it."""
+        import torch
+
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        del result
+        return peak / 2**20
+
+
+def default_timer(device: DetectedDevice) -> Timer:
+    return CudaTimer(device) if device.is_gpu else HostTimer()

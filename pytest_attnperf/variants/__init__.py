@@ -1,0 +1,13 @@
+"""Built-in kernels, one module per attention family."""
+
+from __future__ import annotations
+
+from ..registry import KernelRegistry
+
+__all__ = ["register_builtin"]
+
+
+def register_builtin(registry: KernelRegistry) -> None:
+    from . import softmax
+
+    softmax.register(registry)
