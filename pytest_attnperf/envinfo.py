@@ -35,7 +35,7 @@ def environment(device: DetectedDevice, hw_name: str) -> dict[str, str | None]:
     """The header of a baseline file measured now."""
     import torch
 
-    return {
+    found = {
         "hardware": hw_name,
         "device": device.name,
         "torch": torch.__version__,
@@ -46,6 +46,7 @@ def environment(device: DetectedDevice, hw_name: str) -> dict[str, str | None]:
         "python": platform.python_version(),
         "date": _dt.date.today().isoformat(),
     }
+    return {key: None if value is None else str(value) for key, value in found.items()}
 
 
 def drift(baseline_meta: dict[str, object], now: dict[str, str | None]) -> list[str]:
