@@ -1,11 +1,16 @@
 """Numerical checks against an fp64 reference, with tolerances derived per case.
 
 The rule (FlashAttention's tests use the same idea): a kernel's largest error against the
-fp64 reference may be at most ``FACTOR`` times the largest error that plain PyTorch makes on
+fp64 reference may be at most ``factor`` times the largest error that plain PyTorch makes on
 the same inputs at the same precision (the unfused, materialised computation in that dtype),
 plus one unit of rounding at the output's scale so an exact baseline does not demand an exact
 kernel. Where PyTorch's own error is the yardstick the tolerance adapts to dtype, shape and
 input scale without magic numbers. NaN and Inf always fail, whatever the tolerance.
+
+``factor`` is 2 for outputs and 3 for gradients. Gradients sum over the whole sequence in a
+kernel-specific tile order, so they drift further from the unfused order than outputs do:
+on the H200 the efficient backend's fp32 dq at B=2 H=8 T=512 d=64 causal was 2.2x PyTorch's
+own fp32 error (2.48e-6 against 1.13e-6), a correct kernel that a factor of 2 would fail.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FACTOR", "Closeness", "assert_close", "poison_allocator", "max_error"]
+__all__ = ["FACTOR", "GRAD_FACTOR", "Closeness", "assert_close", "poison_allocator", "max_error"]
 
 FACTOR = 2.0
+GRAD_FACTOR = 3.0
 
 _EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "fp64": 2.0**-53}
 
@@ -32,7 +38,9 @@ def max_error(value: Any, reference: Any) -> float:
     return float((value.double() - reference.double()).abs().max().item())
 
 
-def assert_close(name: str, value: Any, reference: Any, torch_value: Any, dtype: str) -> Closeness:
+def assert_close(
+    name: str, value: Any, reference: Any, torch_value: Any, dtype: str, factor: float = FACTOR
+) -> Closeness:
     """Fail unless ``value`` is finite, shaped like ``reference`` and within the allowance."""
     import torch
 
@@ -48,12 +56,12 @@ def assert_close(name: str, value: Any, reference: Any, torch_value: Any, dtype:
     error = max_error(value, reference)
     torch_error = max_error(torch_value, reference)
     scale = float(reference.abs().max().item())
-    allowed = FACTOR * torch_error + _EPS[dtype] * max(scale, 1e-30)
+    allowed = factor * torch_error + _EPS[dtype] * max(scale, 1e-30)
     result = Closeness(name, error, allowed, torch_error)
     if not error <= allowed:
         raise AssertionError(
             f"{name}: max |error| {error:.3g} against fp64 exceeds {allowed:.3g} "
-            f"(= {FACTOR:g} x PyTorch's own {dtype} error {torch_error:.3g} + one {dtype} ulp "
+            f"(= {factor:g} x PyTorch's own {dtype} error {torch_error:.3g} + one {dtype} ulp "
             f"at scale {scale:.3g})"
         )
     return result
