@@ -88,19 +88,23 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     mark = item.get_closest_marker("sdpa_backend")
     if mark is None:
         return (yield)
+    backend = mark.args[0]
+    reason = None
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         try:
-            with markers.pin_backend(mark.args[0]):
-                return (yield)
+            with markers.pin_backend(backend):
+                result = yield
         except RuntimeError as exc:
             reason = markers.unavailable_reason(exc, [str(w.message) for w in seen])
             if reason is None:
                 raise
-            pytest.skip(f"sdpa_backend('{mark.args[0]}') cannot run here: {reason}")
-        finally:
-            for w in seen:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    for w in seen:  # hand the test's warnings on to pytest, now that recording has stopped
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if reason is not None:
+        where = get_session(item.config).device.name
+        pytest.skip(f"sdpa_backend('{backend}') cannot run on {where}: {reason}")
+    return result
 
 
 @pytest.hookimpl(wrapper=True)
