@@ -4,4 +4,4 @@ When pytest-attnperf is installed, its pytest11 entry point already registered t
 under the name ``pytest_attnperf.plugin``, and pytest skips this request.
 """
 
-pytest_plugins = ["pytest_attnperf.plugin"]
+pytest_plugins = ["pytester", "pytest_attnperf.plugin"]

@@ -117,10 +117,13 @@ class Perf:
 
     def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
         session = self._session
+        problem = None
         try:
             baseline = session.baseline
         except BaselineError as exc:
-            pytest.fail(f"{exc}. Nothing was written; fix or remove the file.", pytrace=False)
+            problem = f"{exc}\nNothing was written; fix or remove the file."
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
         summary = baseline.summary(self._request.node.nodeid) if baseline else None

@@ -1,0 +1,328 @@
+"""The plugin end to end under pytester, with fake hardware and a scripted timer.
+
+The scripted timer (in the generated conftest) gives every case 20 per-call samples around
+1 ms times a factor read from ``speed.json``, so a test can make one case 10% slower and
+check that exactly that test fails, with a readable message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+PLUGIN = ("-p", "pytest_attnperf.plugin")
+
+CONFTEST = '''
+import json
+import os
+import pathlib
+
+import pytest
+
+from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.timing import Measurement
+
+HERE = pathlib.Path(__file__).parent
+DEVICE = os.environ.get("FAKE_DEVICE", "h200")
+DEVICES = {
+    "h200": DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20),
+    "cpu": DetectedDevice("cpu", "x86_64"),
+}
+
+
+def pytest_attnperf_detect_device(config):
+    return DEVICES[DEVICE]
+
+
+class ScriptedTimer:
+    """20 samples around 1 ms x the factor speed.json gives the current test."""
+
+    def measure(self, fn, plan):
+        fn()
+        test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
+        speed = HERE / "speed.json"
+        factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
+        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
+        return Measurement(tuple(factor * (1 + j) for j in jitter), clock="scripted", mode=plan.mode)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return ScriptedTimer()
+'''
+
+TESTS = '''
+import pytest
+
+from pytest_attnperf.costs import Cost
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_case(name, attnperf):
+    result = attnperf.measure(lambda: None, cost=Cost(flops=1e12, bytes=1e9), dtype="bf16")
+    assert result.median_ms > 0
+'''
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_cases=TESTS)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    return pytester
+
+
+def baseline(pytester: pytest.Pytester, hw: str = "h200") -> dict:
+    return yaml.safe_load((pytester.path / "baselines" / f"{hw}.yaml").read_text())
+
+
+def set_speed(pytester: pytest.Pytester, **factors: float) -> None:
+    (pytester.path / "speed.json").write_text(json.dumps({f"test_case[{k}]": v for k, v in factors.items()}))
+
+
+def test_update_then_unchanged_rerun_passes(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    data = baseline(project)
+    assert sorted(data["entries"]) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]
+    entry = data["entries"]["test_cases.py::test_case[a]"]
+    assert entry["n_samples"] == 20 and entry["median_ms"] == pytest.approx(1.0, rel=0.01)
+    assert data["meta"]["hardware"] == "h200" and data["meta"]["device"] == "NVIDIA H200"
+    rerun = project.runpytest(*PLUGIN, "--hw=h200")
+    rerun.assert_outcomes(passed=2)
+    assert "unchanged" in rerun.stdout.str()
+
+
+def test_ten_percent_slower_fails_that_test_only(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.10)
+    result = project.runpytest(*PLUGIN, "--hw=h200")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_case?a?: REGRESSED +10.0% against the baseline*"])
+    assert "baseline: median 1 ms" in out and "current:  median 1.1 ms" in out
+    assert "FAILED test_cases.py::test_case[b]" not in out
+    assert "re-measured after a suspected regression" in out
+
+
+def test_faster_case_passes_and_is_reported(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, b=0.8)
+    result = project.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_case[[]b[]]*-20.0% improved*"])
+
+
+def test_update_rewrites_only_what_it_measured(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    before = baseline(project)
+    set_speed(project, a=1.5)
+    project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[a]").assert_outcomes(passed=1)
+    after = baseline(project)
+    key_a, key_b = "test_cases.py::test_case[a]", "test_cases.py::test_case[b]"
+    assert after["entries"][key_b] == before["entries"][key_b]
+    assert after["entries"][key_a]["median_ms"] == pytest.approx(1.5, rel=0.01)
+    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
+
+
+def test_failed_test_is_not_recorded(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_more='''
+        from pytest_attnperf.costs import Cost
+
+        def test_measures_then_fails(attnperf):
+            attnperf.measure(lambda: None, cost=Cost(1.0, 1.0), dtype="bf16")
+            assert False, "wrong numbers"
+        '''
+    )
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2, failed=1)
+    assert "test_more.py::test_measures_then_fails" not in baseline(project)["entries"]
+
+
+def test_hw_mismatch_is_a_usage_error(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN, "--hw=h100")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--hw=h100 does not match the device present: 'NVIDIA H200'*is 'h200'*"])
+
+
+def test_unknown_hw_name_lists_known_ones(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN, "--hw=h300")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown hardware 'h300': known names are a100, a6000, cpu, gb10, h100, h200*"])
+
+
+def test_misspelt_marker_fails_under_strict_markers(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_marker='''
+        import pytest
+
+        @pytest.mark.sdpa_backnd("flash")
+        def test_x():
+            pass
+        '''
+    )
+    result = project.runpytest(*PLUGIN, "test_marker.py")
+    assert result.ret != pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*'sdpa_backnd' not found in `markers` configuration option*"])
+
+
+def test_bad_backend_name_is_a_usage_error(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_marker='''
+        import pytest
+
+        @pytest.mark.sdpa_backend("flsh")
+        def test_x():
+            pass
+        '''
+    )
+    result = project.runpytest(*PLUGIN, "test_marker.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*sdpa_backend('flsh',) must name one of flash, efficient, cudnn, math*"])
+
+
+def test_corrupt_baseline_fails_loudly_and_is_never_overwritten(project: pytest.Pytester) -> None:
+    folder = project.path / "baselines"
+    folder.mkdir()
+    corrupt = "format: 1\nentries: {test_cases.py::test_case[a]: [unclosed\n"
+    (folder / "h200.yaml").write_text(corrupt)
+    result = project.runpytest(*PLUGIN)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*baseline file *h200.yaml is not valid YAML*"])
+    assert "During handling" not in result.stdout.str()
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*Nothing was written; fix or remove the file.*"])
+    assert (folder / "h200.yaml").read_text() == corrupt
+
+
+def test_summary_table_has_every_column(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN)
+    result.stdout.fnmatch_lines(
+        [
+            "*attnperf on h200: 2 measured cases*",
+            "*case*backend*median*spread*TFLOP/s*MFU %*GB/s*BW %*peak MiB*eager*vs baseline*",
+            # 1e12 FLOP in 1 ms = 1000 TFLOP/s, 101% of the H200's 989.5 dense bf16 peak
+            "*test_case[[]a[]]*1.000 ms*1000.00*101.1*1000.0*20.8*new*",
+        ]
+    )
+
+
+def test_benchmark_json_carries_device_samples(project: pytest.Pytester) -> None:
+    set_speed(project, a=2.0)
+    project.runpytest(*PLUGIN, "--benchmark-json=out.json").assert_outcomes(passed=2)
+    data = json.loads((project.path / "out.json").read_text())
+    bench = {b["name"]: b for b in data["benchmarks"]}["test_case[a]"]
+    assert bench["stats"]["median"] == pytest.approx(2.0e-3, rel=0.01)
+    assert bench["stats"]["rounds"] == 20
+    assert bench["extra_info"]["tflops"] == pytest.approx(500.0, rel=0.01)
+    assert set(bench["extra_info"]) >= {"mfu", "gb_per_s", "bandwidth_frac", "peak_mib", "eager_ms"}
+
+
+def test_requires_hw_skips_with_reason_on_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_DEVICE", "cpu")
+    project.makepyfile(
+        test_gpu='''
+        import pytest
+
+        @pytest.mark.requires_hw(gpu=True, min_capability="8.0")
+        def test_needs_gpu():
+            pass
+        '''
+    )
+    result = project.runpytest(*PLUGIN, "test_gpu.py", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs a CUDA GPU; this run has only the CPU*"])
+
+
+def test_min_capability_skips_older_cards(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_gpu='''
+        import pytest
+
+        @pytest.mark.requires_hw(min_capability="10.0")
+        def test_needs_blackwell():
+            pass
+
+        @pytest.mark.requires_hw(min_capability=(9, 0))
+        def test_needs_hopper():
+            pass
+        '''
+    )
+    result = project.runpytest(*PLUGIN, "test_gpu.py", "-rs")
+    result.assert_outcomes(skipped=1, passed=1)
+    result.stdout.fnmatch_lines(["*needs compute capability >= 10.0; 'NVIDIA H200' has 9.0*"])
+
+
+def test_plugin_imports_nothing_heavy_and_writes_nothing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    pytester.makepyfile(
+        test_plain='''
+        import sys
+
+        def test_plain():
+            assert "torch" not in sys.modules
+        '''
+    )
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert sorted(p.name for p in pytester.path.iterdir()) == ["test_plain.py"]
+
+
+def test_fixtures_are_documented(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN, "--fixtures")
+    out = result.stdout.str()
+    for name in ("attnperf", "attnperf_device", "attnperf_gpu", "attnperf_hw", "attnperf_registry"):
+        assert f"{name} " in out or f"{name} [" in out, name
+    assert "Times a callable on the device" in out
+
+
+# -- backend pins, with real torch on the CPU ----------------------------------------------
+
+PINNED = '''
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytest_attnperf.costs import Cost
+
+q = torch.randn(1, 2, 16, 8)
+
+
+def sdpa():
+    return F.scaled_dot_product_attention(q, q, q)
+
+
+def matmul_only():
+    return torch.softmax(q @ q.transpose(-1, -2), -1) @ q
+
+
+@pytest.mark.sdpa_backend("math")
+def test_math_really_ran(attnperf):
+    assert attnperf.measure(sdpa, cost=Cost(1.0, 1.0), dtype="fp32").backend == "math"
+
+
+@pytest.mark.sdpa_backend("flash")
+def test_flash_pinned_but_not_called(attnperf):
+    attnperf.measure(matmul_only, cost=Cost(1.0, 1.0), dtype="fp32")
+
+
+@pytest.mark.sdpa_backend("efficient")
+def test_efficient_cannot_run_on_cpu(attnperf):
+    attnperf.measure(sdpa, cost=Cost(1.0, 1.0), dtype="fp32")
+'''
+
+
+def test_backend_pin_is_proven_from_the_profiler(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_pinned=PINNED)
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "--attnperf-budget=0.01", "-rs")
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*sdpa_backend('flash') was pinned but no trace of the 'flash' backend*",
+            "*sdpa_backend('efficient') cannot run on *: No viable backend*",
+        ]
+    )
