@@ -127,11 +127,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     terminalreporter.section("attnperf")
     if gone:
-        terminalreporter.write_line(f"{len(gone)} combinations removed at collection:")
-        for line in gone[:20]:
-            terminalreporter.write_line(f"  {line}")
-        if len(gone) > 20:
-            terminalreporter.write_line(f"  ... and {len(gone) - 20} more")
+        terminalreporter.write_line(f"{len(gone)} kernel x case combinations removed at collection:")
+        for reason, count in suite.count_reasons(gone).items():
+            terminalreporter.write_line(f"  {count:4d} x {reason}")
     if state.rows:
         for line in summary_lines(state.rows, state.hardware.name, state.drift()):
             terminalreporter.write_line(line)

@@ -47,6 +47,22 @@ class Kernel:
     backward: bool = True
     device_kinds: tuple[str, ...] = ("cuda", "cpu")
     description: str = ""
+    unsupported: tuple[str, ...] = ()
+
+    def unsupported_reason(self, exc: BaseException) -> str | None:
+        """The kernel's own refusal of a case, or None for a real failure.
+
+        ``NotImplementedError`` is always a refusal; other exceptions count only when their
+        message matches one of ``unsupported`` (regular expressions), such as fla's refusal of
+        a backward on a given triton version. A refusal skips the case quoting the message;
+        anything else, and any wrong number, fails it.
+        """
+        import re
+
+        text = f"{type(exc).__name__}: {exc}".strip()
+        if isinstance(exc, NotImplementedError) or any(re.search(p, text) for p in self.unsupported):
+            return text.splitlines()[0][:300]
+        return None
 
 
 class KernelRegistry:

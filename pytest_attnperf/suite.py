@@ -76,7 +76,7 @@ def remove_invalid(config: pytest.Config, items: list[pytest.Item]) -> None:
         why = invalid_reason(callspec.params) if callspec else None
         if why:
             drop.append(item)
-            reasons.append(f"{item.nodeid}: {why}")
+            reasons.append(f"{callspec.params['kernel'].name}: {why}")
         else:
             keep.append(item)
     if drop:
@@ -87,3 +87,10 @@ def remove_invalid(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 def removed(config: pytest.Config) -> list[str]:
     return config.stash.get(REMOVED_KEY, [])
+
+
+def count_reasons(reasons: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts

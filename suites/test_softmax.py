@@ -1,4 +1,4 @@
-"""Softmax attention: naive and every SDPA backend, forward and forward+backward.
+"""Softmax attention: naive, every SDPA backend, GQA and sliding window; fwd and fwd+bwd.
 
 Shape tables come from the studies in shared/seeds/ (000: B=32 T=1024 d=64 H in {8,12,16};
 001: B=1 H=12 d=64 T from 256 to 2048; 003: the small-sequence regime, B=1000 H=80 T<=48).
@@ -27,10 +27,18 @@ CASES = (
     # dtype coverage at one mid-size shape
     SoftmaxCase("b2-h8-t512-d64-fp16", 2, 8, 512, 64, "fp16", False),
     SoftmaxCase("b2-h8-t512-d64-causal-fp32", 2, 8, 512, 64, "fp32", True),
+    # seed 001: GQA, 12 query heads over 3 K/V heads (group 4), and group 8
+    SoftmaxCase("b2-h12-kv3-t1024-d64-causal-bf16", 2, 12, 1024, 64, "bf16", True, kv_heads=3),
+    SoftmaxCase("b2-h16-kv2-t1024-d64-causal-bf16", 2, 16, 1024, 64, "bf16", True, kv_heads=2),
+    # seed 001: sliding window 128 (and 512), cost counted over the visible keys only
+    SoftmaxCase("b1-h12-t2048-d64-w128-bf16", 1, 12, 2048, 64, "bf16", True, window=128),
+    SoftmaxCase("b1-h12-t4096-d64-w512-bf16", 1, 12, 4096, 64, "bf16", True, window=512),
     # the CPU table: shapes a CPU finishes in milliseconds, same code paths
     SoftmaxCase("cpu-b2-h4-t128-d32-causal-fp32", 2, 4, 128, 32, "fp32", True, gpu=False),
     SoftmaxCase("cpu-b2-h4-t128-d32-bf16", 2, 4, 128, 32, "bf16", False, gpu=False),
     SoftmaxCase("cpu-b16-h8-t32-d64-fp32", 16, 8, 32, 64, "fp32", False, gpu=False),
+    SoftmaxCase("cpu-b2-h12-kv3-t64-d32-causal-fp32", 2, 12, 64, 32, "fp32", True, kv_heads=3, gpu=False),
+    SoftmaxCase("cpu-b1-h4-t256-d32-w32-fp32", 1, 4, 256, 32, "fp32", True, window=32, gpu=False),
 )
 
 

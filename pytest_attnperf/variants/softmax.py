@@ -69,17 +69,75 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | No
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
-def _no_window(case: SoftmaxCase) -> str | None:
+def sdpa_repeat_kv(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """GQA the old way: K/V heads expanded with ``repeat_interleave``, then plain SDPA."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return sdpa(q, k, v, causal=causal, scale=scale, window=window)
+
+
+def sdpa_dense_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """Sliding window as simple profilers do it: a dense T x T boolean mask through SDPA."""
+    import torch.nn.functional as F
+
+    from ..reference import attention_mask
+
+    mask = attention_mask(q.shape[2], causal, window, q.device)
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+_flex: dict[tuple[int, int, str], Any] = {}
+
+
+def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """True sliding window: compiled flex_attention with a block mask, so only the blocks
+    inside the window are computed (the block mask is built once per shape)."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    seq = q.shape[2]
+    key = (seq, int(window or seq), str(q.device))
+    if key not in _flex:
+        width = key[1]
+
+        def in_window(b: Any, h: Any, qi: Any, ki: Any) -> Any:
+            return (ki <= qi) & (qi - ki < width)
+
+        block_mask = create_block_mask(in_window, None, None, seq, seq, device=q.device)
+        _flex[key] = (torch.compile(flex_attention, dynamic=False), block_mask)
+    compiled, block_mask = _flex[key]
+    gqa = q.shape[1] != k.shape[1]
+    return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+def _plain(case: SoftmaxCase) -> str | None:
     return "plain SDPA takes no window (the windowed kernels cover it)" if case.window else None
+
+
+def _gqa_only(case: SoftmaxCase) -> str | None:
+    if case.window:
+        return "plain SDPA takes no window"
+    return None if case.n_kv_heads != case.heads else "the K/V expansion is a GQA variant; this case has no groups"
+
+
+def _window_only(case: SoftmaxCase) -> str | None:
+    return None if case.window else "a windowed kernel; this case has no window"
 
 
 def register(registry: KernelRegistry) -> None:
     registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or ""))
-    registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_no_window,
-                        description="SDPA with torch's default dispatch (backend reported)"))
+    registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain,
+                        description="SDPA with torch's default dispatch (backend reported); native GQA"))
     for backend in ("flash", "efficient", "cudnn", "math"):
-        registry.add(Kernel(FAMILY, f"sdpa-{backend}", sdpa, sdpa_backend=backend, supports=_no_window,
+        registry.add(Kernel(FAMILY, f"sdpa-{backend}", sdpa, sdpa_backend=backend, supports=_plain,
                             description=f"SDPA pinned to the {backend} backend"))
+    registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only,
+                        description=sdpa_repeat_kv.__doc__ or ""))
+    registry.add(Kernel(FAMILY, "sdpa-dense-window", sdpa_dense_window, supports=_window_only,
+                        description=sdpa_dense_window.__doc__ or ""))
+    registry.add(Kernel(FAMILY, "flex-window", flex_window, supports=_window_only,
+                        description=flex_window.__doc__ or ""))
 
 
 # -- running a case -------------------------------------------------------------------------
@@ -144,6 +202,19 @@ def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
     return prepared
 
 
+def call_or_skip(kernel: Kernel, call: Any) -> Any:
+    """``call()``, with a kernel's own refusal of the case turned into a skip that quotes it."""
+    import pytest
+
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - re-raised unless the kernel refused the case
+        reason = kernel.unsupported_reason(exc)
+        if reason is None:
+            raise
+    pytest.skip(f"{kernel.name} does not support this case: {reason}")
+
+
 def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> Any:
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
     ``fwdbwd``); return the zero-argument callable to time."""
@@ -162,7 +233,7 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
         return (out,) + tuple(torch.autograd.grad(out, (p.q, p.k, p.v), p.grad_out))
 
     poison_allocator(device, 4 * sum(x.numel() * x.element_size() for x in (p.q, p.k, p.v)))
-    got = call()
+    got = call_or_skip(kernel, call)
     for name, value, ref, mine in zip(("out", "dq", "dk", "dv"), got, p.reference, p.torch_value):
         factor = FACTOR if name == "out" else GRAD_FACTOR
         assert_close(f"{kernel.name} {name}", value.detach(), ref, mine, case.dtype, factor)

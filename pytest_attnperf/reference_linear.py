@@ -1,0 +1,316 @@
+"""fp64 references for linear attention, written from the recurrences, for clarity rather than speed.
+
+Layout is flash-linear-attention's (fla's): time before heads, ``q, k: [B, T, H, K]``,
+``v: [B, T, H, V]``, per-channel gates ``[B, T, H, K]``, per-head gates and betas ``[B, T, H]``.
+Every function casts its inputs to float64, loops over time (vectorised over batch and heads) and
+returns a float64 output ``[B, T, H, V]``; with ``final_state=True`` it returns ``(output, state)``,
+the state ``[B, H, K, V]`` in fla's default key-first orientation (``state_v_first=False``).
+
+Notation, per (batch, head): ``S_t`` is the ``[K, V]`` state after token ``t``, ``S_0`` the initial
+state (zeros unless given), ``q_t, k_t`` are ``K``-vectors, ``v_t`` a ``V``-vector, and every
+output is a read-out ``o_t = scale * S_t^T q_t``: the state *includes* token ``t``.
+
+Conventions matched to fla 0.6.0 (the default arguments of its kernels):
+
+* ``scale`` is explicit here; fla's kernels and naive references default it to ``K ** -0.5``.
+* Gates are natural-log decays (``g <= 0`` in practice), applied as ``exp(g)``; fla's kernels
+  take their chunk-local cumulative sum in fp32 (and in base 2, an implementation detail).
+* The decay of token ``t`` acts on the state *before* token ``t``'s key and value are written.
+* fla's ``chunk_linear_attn`` and ``fused_chunk_linear_attn`` *normalise by default*
+  (``normalize=True``), while ``fused_recurrent_linear_attn`` and the naive references do not:
+  compare a kernel with ``linear_attention(..., normalize=<the kernel's flag>)``.
+* The delta rule does not L2-normalise ``q``/``k`` unless asked (fla's
+  ``use_qk_l2norm_in_kernel=False`` default); ``beta`` and ``g`` are taken as already activated
+  (fla's ``use_beta_sigmoid_in_kernel=False``, ``use_gate_in_kernel=False`` defaults).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, overload
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = [
+    "NORMALIZE_EPS",
+    "L2NORM_EPS",
+    "l2norm",
+    "linear_attention",
+    "gla",
+    "simple_gla",
+    "gated_delta_rule",
+]
+
+NORMALIZE_EPS = 1e-10
+"""Added to the denominator of normalised linear attention, as fla's ``normalize_with_z_state``."""
+
+L2NORM_EPS = 1e-6
+"""Added to the squared norm by ``l2norm``, as fla's ``fla.modules.l2norm`` default."""
+
+
+def _heads_first(x: Tensor) -> Tensor:
+    """``[B, T, H, ...]`` to ``[B, H, T, ...]`` in float64."""
+    return x.double().transpose(1, 2)
+
+
+def _check_per_head(name: str, x: Tensor, k: Tensor) -> None:
+    """A per-(token, head) input must be ``[B, T, H]``, the keys' shape less the last axis."""
+    if x.shape != k.shape[:3]:
+        raise ValueError(f"{name} must have shape [B, T, H] = {list(k.shape[:3])}, got {list(x.shape)}")
+
+
+def _initial(initial_state: Tensor | None, q: Tensor, key_dim: int, value_dim: int) -> Tensor:
+    """The state before the first token, ``[B, H, K, V]`` float64 (zeros unless given)."""
+    import torch
+
+    batch, heads = q.shape[0], q.shape[1]
+    if initial_state is None:
+        return torch.zeros(batch, heads, key_dim, value_dim, dtype=torch.float64, device=q.device)
+    expected = (batch, heads, key_dim, value_dim)
+    if tuple(initial_state.shape) != expected:
+        raise ValueError(f"initial_state has shape {tuple(initial_state.shape)}, expected {expected}")
+    return initial_state.double()
+
+
+def _readout(q_t: Tensor, state: Tensor, scale: float) -> Tensor:
+    """``scale * S^T q`` for every (batch, head): ``[B, H, K] x [B, H, K, V] -> [B, H, V]``."""
+    import torch
+
+    return scale * torch.einsum("bhk,bhkv->bhv", q_t, state)
+
+
+def _outer(k_t: Tensor, v_t: Tensor) -> Tensor:
+    """``k v^T`` for every (batch, head): ``[B, H, K], [B, H, V] -> [B, H, K, V]``."""
+    return k_t[..., :, None] * v_t[..., None, :]
+
+
+def _finish(outputs: list[Tensor], state: Tensor, final_state: bool) -> Tensor | tuple[Tensor, Tensor]:
+    """Stack per-token ``[B, H, V]`` outputs into ``[B, T, H, V]``; append the state if asked."""
+    import torch
+
+    o = torch.stack(outputs, dim=1)
+    return (o, state) if final_state else o
+
+
+def l2norm(x: Tensor, eps: float = L2NORM_EPS) -> Tensor:
+    """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float64 (fla's ``l2norm`` formula)."""
+    import torch
+
+    x = x.double()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+@overload
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = ..., normalize: bool = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+) -> Tensor: ...
+
+
+@overload
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = ..., normalize: bool = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    causal: bool = True,
+    normalize: bool = False,
+    initial_state: Tensor | None = None,
+    final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Linear attention (no feature map, no gate), fla's ``linear_attn`` semantics.
+
+    Causal recurrence, per (batch, head)::
+
+        S_t = S_{t-1} + k_t v_t^T                  # [K, V]
+        o_t = scale * S_t^T q_t
+
+    With ``normalize=True`` (the default of fla's ``chunk_linear_attn`` and
+    ``fused_chunk_linear_attn``, *not* of ``fused_recurrent_linear_attn`` or the naive
+    references) each output is divided by the running key sum::
+
+        z_t = sum_{s <= t} k_s
+        o_t = (scale * S_t^T q_t) / (scale * q_t . z_t + 1e-10)
+
+    The key sum starts at zero, as fla's does when ``initial_state`` is a plain tensor rather
+    than a ``(kv_state, z_state)`` tuple. With ``causal=False`` every token reads the state after
+    the last token, ``S_T`` (and ``z_T``); fla has no non-causal kernel.
+    """
+    q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    seq, key_dim, value_dim = q.shape[2], q.shape[3], v.shape[3]
+    state = _initial(initial_state, q, key_dim, value_dim)
+    key_sum = q.new_zeros(q.shape[0], q.shape[1], key_dim)
+    if not causal:
+        for t in range(seq):
+            state = state + _outer(k[:, :, t], v[:, :, t])
+        key_sum = k.sum(dim=2)
+    outputs = []
+    for t in range(seq):
+        if causal:
+            state = state + _outer(k[:, :, t], v[:, :, t])
+            key_sum = key_sum + k[:, :, t]
+        o_t = _readout(q[:, :, t], state, scale)
+        if normalize:
+            denominator = scale * (q[:, :, t] * key_sum).sum(-1, keepdim=True) + NORMALIZE_EPS
+            o_t = o_t / denominator
+        outputs.append(o_t)
+    return _finish(outputs, state, final_state)
+
+
+@overload
+def gla(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+) -> Tensor: ...
+
+
+@overload
+def gla(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
+    initial_state: Tensor | None = ..., final_state: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+def gla(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    *,
+    scale: float,
+    initial_state: Tensor | None = None,
+    final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Gated linear attention with a per-key-channel log decay ``g: [B, T, H, K]``.
+
+    fla's ``chunk_gla`` / ``fused_recurrent_gla`` (argument ``gk`` there), per (batch, head)::
+
+        S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T   # row i of S decays by exp(g_t[i])
+        o_t = scale * S_t^T q_t
+    """
+    import torch
+
+    if g.shape != k.shape:
+        raise ValueError(f"g must have the keys' shape [B, T, H, K] = {list(k.shape)}, got {list(g.shape)}")
+    q, k, v, g = _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(g)
+    state = _initial(initial_state, q, q.shape[3], v.shape[3])
+    outputs = []
+    for t in range(q.shape[2]):
+        state = torch.exp(g[:, :, t])[..., :, None] * state + _outer(k[:, :, t], v[:, :, t])
+        outputs.append(_readout(q[:, :, t], state, scale))
+    return _finish(outputs, state, final_state)
+
+
+@overload
+def simple_gla(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+) -> Tensor: ...
+
+
+@overload
+def simple_gla(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
+    initial_state: Tensor | None = ..., final_state: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+def simple_gla(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    *,
+    scale: float,
+    initial_state: Tensor | None = None,
+    final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Linear attention with one log decay per head and token, ``g: [B, T, H]``.
+
+    fla's ``chunk_simple_gla`` / ``fused_recurrent_simple_gla`` with ``g`` (a data-dependent
+    decay; ``g_gamma``, a constant per head, is this with ``g`` broadcast over time)::
+
+        S_t = exp(g_t) S_{t-1} + k_t v_t^T
+        o_t = scale * S_t^T q_t
+    """
+    import torch
+
+    _check_per_head("g", g, k)
+    q, k, v, g = _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(g)
+    state = _initial(initial_state, q, q.shape[3], v.shape[3])
+    outputs = []
+    for t in range(q.shape[2]):
+        state = torch.exp(g[:, :, t])[..., None, None] * state + _outer(k[:, :, t], v[:, :, t])
+        outputs.append(_readout(q[:, :, t], state, scale))
+    return _finish(outputs, state, final_state)
+
+
+@overload
+def gated_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, l2norm_qk: bool = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+) -> Tensor: ...
+
+
+@overload
+def gated_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, l2norm_qk: bool = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+
+
+def gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float,
+    l2norm_qk: bool = False,
+    initial_state: Tensor | None = None,
+    final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Gated DeltaNet: log decay ``g: [B, T, H]`` and write strength ``beta: [B, T, H]``.
+
+    fla's ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule`` (argument order
+    ``q, k, v, g, beta``), with ``a_t = exp(g_t)``, in fla's ``[K, V]`` state orientation::
+
+        S_t = (I - beta_t k_t k_t^T) a_t S_{t-1} + beta_t k_t v_t^T
+        o_t = scale * S_t^T q_t
+
+    (transposed, in the ``[V, K]`` orientation of the GDN paper:
+    ``S_t = a_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``). The decay comes first,
+    then the delta correction reads the *decayed* state; computed in the fused form::
+
+        u_t = beta_t (v_t - a_t S_{t-1}^T k_t)     # what token t writes, a V-vector
+        S_t = a_t S_{t-1} + k_t u_t^T
+
+    ``l2norm_qk=True`` first normalises ``q`` and ``k`` with :func:`l2norm`, as fla's
+    ``use_qk_l2norm_in_kernel=True`` does (default False: pass normalised keys yourself, or the
+    state grows without bound whenever ``beta_t |k_t|^2`` leaves ``(0, 2)``).
+    """
+    import torch
+
+    _check_per_head("g", g, k)
+    _check_per_head("beta", beta, k)
+    if l2norm_qk:
+        q, k = l2norm(q), l2norm(k)
+    q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    g, beta = _heads_first(g), _heads_first(beta)
+    state = _initial(initial_state, q, q.shape[3], v.shape[3])
+    outputs = []
+    for t in range(q.shape[2]):
+        k_t = k[:, :, t]
+        decayed = torch.exp(g[:, :, t])[..., None, None] * state
+        written = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k_t, decayed))
+        state = decayed + _outer(k_t, written)
+        outputs.append(_readout(q[:, :, t], state, scale))
+    return _finish(outputs, state, final_state)
