@@ -1,0 +1,90 @@
+"""Bring your own kernel: README's example runs through the softmax suite, and wrong kernels
+registered the same way fail."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_conftest() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```python\n(# conftest\.py\n.*?)```", text, re.S)
+    assert block, "README.md lost its bring-your-own-kernel example"
+    return block.group(1)
+
+
+@pytest.fixture
+def suite_copy(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # a subprocess per run: torch's compiled and autograd state does not survive pytester's
+    # in-process module resets between runs
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    shutil.copytree(ROOT / "suites", pytester.path / "suites")
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    return pytester
+
+
+def run_cpu_case(pytester: pytest.Pytester, name: str, case: str = "cpu-b2-h4-t128-d32-causal-fp32") -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{case} and {name}-",
+        "--attnperf-budget=0.01", "--benchmark-disable", "-rs",
+    )
+
+
+def test_readme_example_passes(suite_copy: pytest.Pytester) -> None:
+    suite_copy.makeconftest(readme_conftest())
+    result = run_cpu_case(suite_copy, "my-attention")
+    result.assert_outcomes(passed=2)
+    result = run_cpu_case(suite_copy, "my-attention", case="w32")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*my-attention does not support this case: NotImplementedError*"])
+
+
+WRONG = '''
+import torch
+import torch.nn.functional as F
+
+
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="softmax", name="wrong-scale")
+    def wrong_scale(q, k, v, *, causal, scale, window=None):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale * 1.05)
+
+    @registry.kernel(family="softmax", name="mask-off-by-one")
+    def mask_off_by_one(q, k, v, *, causal, scale, window=None):
+        t = q.shape[2]
+        hidden = torch.ones(t, t, dtype=torch.bool).triu(2)  # lets each query see one future key
+        scores = (q @ k.transpose(-1, -2)) * scale
+        return scores.masked_fill(hidden, float("-inf")).softmax(-1) @ v
+
+    @registry.kernel(family="softmax", name="one-nan")
+    def one_nan(q, k, v, *, causal, scale, window=None):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        return out.index_put((torch.tensor([0]),) * 4, torch.tensor(float("nan")))
+
+    @registry.kernel(family="softmax", name="zeroed-dq")
+    def zeroed_dq(q, k, v, *, causal, scale, window=None):
+        q_without_grad = q.detach() + 0 * q  # same values, zero gradient
+        return F.scaled_dot_product_attention(q_without_grad, k, v, is_causal=causal, scale=scale)
+'''
+
+
+@pytest.mark.parametrize(
+    ("name", "outcome", "message"),
+    [
+        ("wrong-scale", dict(failed=2), "*wrong-scale out: max |error|*exceeds*"),
+        ("mask-off-by-one", dict(failed=2), "*mask-off-by-one out: max |error|*exceeds*"),
+        ("one-nan", dict(failed=2), "*one-nan out: 1 non-finite elements*"),
+        ("zeroed-dq", dict(passed=1, failed=1), "*zeroed-dq dq: max |error|*exceeds*"),
+    ],
+)
+def test_wrong_kernels_fail(suite_copy: pytest.Pytester, name: str, outcome: dict, message: str) -> None:
+    suite_copy.makeconftest(WRONG)
+    result = run_cpu_case(suite_copy, name)
+    result.assert_outcomes(**outcome)
+    result.stdout.fnmatch_lines([message])
