@@ -58,17 +58,17 @@ from __future__ import annotations
 from pytest_attnperf.costs import DTYPE_BYTES, Cost
 
 __all__ = [
+    "BACKWARD_FLOP_FACTOR",
     "FORMS",
     "STATE_DTYPE",
-    "BACKWARD_FLOP_FACTOR",
     "chunk_lengths",
-    "triangular_inverse_flops",
-    "linear_attention_flops_per_head",
     "delta_rule_flops_per_head",
-    "linear_attention",
-    "gla",
-    "simple_gla",
     "gated_delta_rule",
+    "gla",
+    "linear_attention",
+    "linear_attention_flops_per_head",
+    "simple_gla",
+    "triangular_inverse_flops",
 ]
 
 FORMS = ("chunk", "recurrent")

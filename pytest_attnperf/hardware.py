@@ -8,8 +8,10 @@ has no such path (Turing has no bf16) or the vendor publishes none; MFU against 
 not reported rather than invented.
 
 Matching never uses the exact device string ("NVIDIA H100 80GB HBM3" is an H100): the name
-is normalised (see ``normalise``) and must contain one of the spec's tokens, *and* the compute
-capability must agree.
+is normalised (see ``normalise``) and must *start* with one of the spec's tokens, *and* the
+compute capability must agree. Variants with other clocks or memory (PCIe and NVL boards,
+laptop parts: "NVIDIA H100 PCIe", "RTX 4090 Laptop GPU") and look-alikes ("GH200" is not an
+H200) are not matched; they run as unlisted GPUs with measured ceilings only.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ TABLE: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             name="rtx4090",
-            tokens=("rtx4090", "4090"),
+            tokens=("rtx4090",),
             capability=(8, 9),
             sm_count=128,
             peak_flops={"bf16": 165.2 * _T, "fp16": 165.2 * _T, "fp32": 82.6 * _T},
@@ -139,7 +141,7 @@ TABLE: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             name="rtx2070",
-            tokens=("rtx2070", "2070"),
+            tokens=("rtx2070",),
             capability=(7, 5),
             sm_count=36,
             peak_flops={"bf16": None, "fp16": 29.9 * _T, "fp32": 7.5 * _T},
@@ -152,7 +154,7 @@ TABLE: dict[str, HardwareSpec] = {
         ),
         HardwareSpec(
             name="a6000",
-            tokens=("a6000",),
+            tokens=("rtxa6000",),
             capability=(8, 6),
             sm_count=84,
             peak_flops={"bf16": 154.8 * _T, "fp16": 154.8 * _T, "fp32": 38.7 * _T},
@@ -175,6 +177,9 @@ TABLE: dict[str, HardwareSpec] = {
 }
 
 
+_OTHER_VARIANTS = ("pcie", "nvl", "laptop", "mobile", "maxq")
+
+
 def normalise(device_name: str) -> str:
     """Lower-case a device string and drop vendor words and punctuation.
 
@@ -195,18 +200,23 @@ def match(device: DetectedDevice) -> HardwareSpec | None:
     if not device.is_gpu:
         return TABLE["cpu"]
     normal = normalise(device.name)
+    if any(word in normal for word in _OTHER_VARIANTS):
+        return None
     for spec in TABLE.values():
         if spec.capability is None or spec.capability != device.capability:
             continue
-        if any(token in normal for token in spec.tokens):
+        if any(normal.startswith(token) for token in spec.tokens):
             return spec
     return None
 
 
 def unlisted_spec(device: DetectedDevice) -> HardwareSpec:
     """A spec for a GPU missing from the table: no vendor peaks (measured ceilings only)."""
+    name = normalise(device.name) or "unknown-gpu"
+    if name in TABLE:  # a name the table uses for another card: keep the baselines apart
+        name += "-cc%d%d" % device.capability if device.capability else "-unlisted"
     return HardwareSpec(
-        name=normalise(device.name) or "unknown-gpu",
+        name=name,
         tokens=(normalise(device.name),),
         capability=device.capability,
         sm_count=device.sm_count,

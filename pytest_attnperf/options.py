@@ -78,7 +78,7 @@ def add_options(parser: pytest.Parser) -> None:
         else:
             group.addoption(opt.flag, action="store", default=None, dest=f"attnperf_{opt.dest}",
                             metavar=opt.dest.upper(), help=f"{opt.help} (env {opt.env}, ini {opt.ini})")
-            parser.addini(opt.ini, help=opt.help, default=opt.default)
+            parser.addini(opt.ini, help=f"{opt.help} (default {opt.default})", default="")
 
 
 def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
@@ -118,6 +118,7 @@ def _positive_int(text: str) -> int:
 
 
 def _mode(text: str) -> str:
+    text = text.strip().lower()
     if text not in MODES:
         raise ValueError(f"must be one of {', '.join(MODES)}")
     return text

@@ -32,13 +32,13 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = [
-    "NORMALIZE_EPS",
     "L2NORM_EPS",
+    "NORMALIZE_EPS",
+    "gated_delta_rule",
+    "gla",
     "l2norm",
     "linear_attention",
-    "gla",
     "simple_gla",
-    "gated_delta_rule",
 ]
 
 NORMALIZE_EPS = 1e-10

@@ -95,7 +95,7 @@ def sample_adaptively(take_ms: Callable[[], float], plan: SamplingPlan) -> list[
     deadline = time.monotonic() + plan.budget_s
     while len(samples) < plan.max_samples:
         samples.append(take_ms())
-        if len(samples) < plan.min_samples:
+        if len(samples) < max(plan.min_samples, 2):  # a spread needs two samples
             continue
         mean = statistics.fmean(samples)
         stdrel = statistics.stdev(samples) / mean if mean > 0 else 0.0

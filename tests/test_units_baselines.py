@@ -1,0 +1,224 @@
+"""Unit tests for ``pytest_attnperf.baselines``: the per-hardware YAML store."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_attnperf import baselines
+from pytest_attnperf.baselines import BaselineError, BaselineFile, load, merge, rounded, save
+from pytest_attnperf.gate import Summary
+
+
+def entry(median_ms: float, n_samples: int = 20) -> dict[str, Any]:
+    """A well-formed baseline entry around ``median_ms`` (no float needs rounding to 5 digits)."""
+    return {
+        "median_ms": median_ms,
+        "ci_low_ms": round(0.99 * median_ms, 9),
+        "ci_high_ms": round(1.01 * median_ms, 9),
+        "stdrel": 0.004,
+        "n_samples": n_samples,
+    }
+
+
+def sample_file() -> BaselineFile:
+    """A small baseline with a metadata header and three entries."""
+    return BaselineFile(
+        meta={"hardware": "h200", "device": "NVIDIA H200", "torch": "2.13.0", "date": "2025-01-01"},
+        entries={
+            "suites/test_softmax.py::test_softmax[sdpa-b1-t256]": entry(0.0125),
+            "suites/test_softmax.py::test_softmax[sdpa-b4-t4096]": entry(1.5),
+            "suites/test_linear.py::test_gla[chunk-b2-t2048]": entry(0.75),
+        },
+    )
+
+
+def write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` and return it."""
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- save and load --------------------------------------------------------------------------
+
+
+def test_save_then_load_round_trips(tmp_path: Path) -> None:
+    """What is saved loads back equal, metadata and entries alike."""
+    path = tmp_path / "h200.yaml"
+    original = sample_file()
+    save(path, original)
+    assert load(path) == original
+
+
+def test_save_creates_the_folder(tmp_path: Path) -> None:
+    """A missing baselines folder is created."""
+    path = tmp_path / "deep" / "er" / "gb10.yaml"
+    save(path, sample_file())
+    assert load(path) == sample_file()
+
+
+def test_load_of_a_missing_file_is_none(tmp_path: Path) -> None:
+    """No file yet: None, not an error."""
+    assert load(tmp_path / "nothing.yaml") is None
+
+
+def test_saved_file_is_sorted_and_starts_with_format(tmp_path: Path) -> None:
+    """Keys are sorted at every level, so the text order of entries is sorted."""
+    path = tmp_path / "h200.yaml"
+    save(path, sample_file())
+    lines = path.read_text(encoding="utf-8").splitlines()
+    top = [line.split(":")[0] for line in lines if line and not line.startswith(" ")]
+    assert top == ["entries", "format", "meta"]
+    keys = [line.strip().rsplit(":", 1)[0] for line in lines if line.startswith("  suites/")]
+    assert keys == sorted(sample_file().entries)
+    assert len(keys) == 3
+    fields = [line.strip().split(":")[0] for line in lines if line.startswith("    ")]
+    assert fields[:5] == sorted(entry(1.0))
+    assert "format: 1" in lines
+
+
+def test_baseline_file_summary() -> None:
+    """``summary`` reads an entry into a Summary, None for an unknown key."""
+    f = sample_file()
+    key = "suites/test_softmax.py::test_softmax[sdpa-b4-t4096]"
+    s = f.summary(key)
+    assert isinstance(s, Summary)
+    assert s.median_ms == 1.5 and s.n_samples == 20
+    assert f.summary("suites/test_softmax.py::test_softmax[nope]") is None
+
+
+# -- unusable files -------------------------------------------------------------------------
+
+
+GOOD_ENTRY = "{median_ms: 1.0, ci_low_ms: 0.9, ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20}"
+BAD_FILES = {
+    "corrupt-yaml": "format: 1\nentries: [unclosed\n",
+    "yaml-list": "- format\n- 1\n",
+    "yaml-scalar": "just words\n",
+    "format-2": f"format: 2\nmeta: {{}}\nentries:\n  a: {GOOD_ENTRY}\n",
+    "no-format": f"meta: {{}}\nentries:\n  a: {GOOD_ENTRY}\n",
+    "entries-list": "format: 1\nmeta: {}\nentries: [1, 2]\n",
+    "meta-list": "format: 1\nmeta: [a]\nentries: {}\n",
+    "entry-missing-median": "format: 1\nmeta: {}\nentries:\n"
+                            "  a: {ci_low_ms: 0.9, ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20}\n",
+    "entry-median-text": "format: 1\nmeta: {}\nentries:\n"
+                         "  a: {median_ms: fast, ci_low_ms: 0.9, ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20}\n",
+    "entry-not-mapping": "format: 1\nmeta: {}\nentries:\n  a: 1.0\n",
+}
+
+
+@pytest.mark.parametrize("text", list(BAD_FILES.values()), ids=list(BAD_FILES))
+def test_unusable_file_raises_naming_the_file(tmp_path: Path, text: str) -> None:
+    """Every unusable file is a BaselineError whose message contains the file's path."""
+    path = write(tmp_path / "h200.yaml", text)
+    with pytest.raises(BaselineError) as info:
+        load(path)
+    assert str(path) in str(info.value)
+
+
+def test_entry_errors_name_the_entry_and_field(tmp_path: Path) -> None:
+    """A malformed entry is named, and so is the field it lacks."""
+    path = write(tmp_path / "h200.yaml", BAD_FILES["entry-missing-median"])
+    with pytest.raises(BaselineError, match=r"entry 'a'.*median_ms"):
+        load(path)
+
+
+# -- merge and rounding ---------------------------------------------------------------------
+
+
+def test_merge_replaces_only_measured_keys() -> None:
+    """Measured entries replace or add; every other entry and the old file stay untouched."""
+    existing = sample_file()
+    before = copy.deepcopy(existing)
+    replaced = "suites/test_softmax.py::test_softmax[sdpa-b1-t256]"
+    added = "suites/test_softmax.py::test_softmax[sdpa-b8-t8192]"
+    measured = {replaced: entry(0.02), added: entry(3.0)}
+    merged = merge(existing, measured, {"torch": "2.14.0", "date": "2025-02-02"})
+
+    expected_entries = copy.deepcopy(before.entries)
+    expected_entries[replaced] = entry(0.02)
+    expected_entries[added] = entry(3.0)
+    assert merged.entries == expected_entries
+    assert merged.meta == {**before.meta, "torch": "2.14.0", "date": "2025-02-02"}
+    assert existing == before
+
+
+def test_merge_into_nothing() -> None:
+    """Merging into no file gives just the measured entries and the metadata."""
+    merged = merge(None, {"k": entry(1.0)}, {"hardware": "cpu"})
+    assert merged == BaselineFile(meta={"hardware": "cpu"}, entries={"k": entry(1.0)})
+
+
+def test_merge_rounds_measured_values_only() -> None:
+    """Measured floats are rounded to 5 significant digits; kept entries are not rewritten."""
+    existing = BaselineFile(entries={"old": {**entry(1.0), "median_ms": 1.23456789}})
+    merged = merge(existing, {"new": {**entry(1.0), "median_ms": 9.87654321, "n_samples": 33}}, {})
+    assert merged.entries["new"]["median_ms"] == 9.8765
+    assert merged.entries["new"]["n_samples"] == 33
+    assert merged.entries["old"]["median_ms"] == 1.23456789
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1.23456789, 1.2346),
+        (123456.789, 123460.0),
+        (0.000123456789, 0.00012346),
+        (-9.87654321, -9.8765),
+        (99999.5, 100000.0),
+        (1.0, 1.0),
+        (0.0, 0.0),
+    ],
+    ids=str,
+)
+def test_rounded_keeps_five_significant_digits(value: float, expected: float) -> None:
+    """Floats keep 5 significant digits whatever their magnitude."""
+    assert rounded(value) == expected
+
+
+@pytest.mark.parametrize("value", [20, True, "1.23456789", None, float("inf")], ids=repr)
+def test_rounded_leaves_other_values_alone(value: object) -> None:
+    """Ints, bools, strings, None and non-finite floats pass through unchanged."""
+    assert rounded(value) is value
+
+
+def test_rounded_leaves_nan_alone() -> None:
+    """NaN is not finite and is returned as it came."""
+    nan = float("nan")
+    assert rounded(nan) is nan
+
+
+# -- atomic save ----------------------------------------------------------------------------
+
+
+def test_failed_save_keeps_the_old_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the final rename fails, the old file is intact and the folder holds nothing else."""
+    path = tmp_path / "h200.yaml"
+    save(path, sample_file())
+    old_text = path.read_text(encoding="utf-8")
+
+    def refuse(src: str, dst: str) -> None:
+        raise OSError("disk said no")
+
+    monkeypatch.setattr(baselines.os, "replace", refuse)
+    changed = merge(load(path), {"k": entry(9.0)}, {"date": "2030-01-01"})
+    with pytest.raises(OSError, match="disk said no"):
+        save(path, changed)
+    assert path.read_text(encoding="utf-8") == old_text
+    assert sorted(os.listdir(tmp_path)) == ["h200.yaml"]
+
+
+def test_successful_save_leaves_no_temporary(tmp_path: Path) -> None:
+    """A save over an existing file leaves only the file itself."""
+    path = tmp_path / "h200.yaml"
+    save(path, sample_file())
+    save(path, merge(load(path), {"k": entry(9.0)}, {}))
+    assert sorted(os.listdir(tmp_path)) == ["h200.yaml"]
+    loaded = load(path)
+    assert loaded is not None and loaded.entries["k"] == entry(9.0)

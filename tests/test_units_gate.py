@@ -1,0 +1,307 @@
+"""Unit tests for ``pytest_attnperf.gate`` (summaries, the regression verdict) and for the
+pure parts of ``pytest_attnperf.timing`` (the adaptive sampling loop, the replay clock).
+
+Samples are synthetic: a centre in ms with gaussian noise drawn from a seeded
+``random.Random``, so every verdict here is deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import pytest
+
+from pytest_attnperf import timing
+from pytest_attnperf.gate import MIN_SAMPLES, Summary, Verdict, judge, median_ci
+from pytest_attnperf.timing import ReplayClock, SamplingPlan, sample_adaptively
+
+
+def draw(seed: int, centre_ms: float, rel_noise: float, n: int) -> list[float]:
+    """``n`` samples around ``centre_ms`` with gaussian noise of ``rel_noise`` (0.005 = 0.5%)."""
+    rng = random.Random(seed)
+    return [centre_ms * (1.0 + rng.gauss(0.0, rel_noise)) for _ in range(n)]
+
+
+def summarise(seed: int, centre_ms: float, rel_noise: float = 0.005, n: int = 20) -> Summary:
+    """The summary of one synthetic draw."""
+    return Summary.from_samples(draw(seed, centre_ms, rel_noise, n))
+
+
+def assert_names_both_medians(verdict: Verdict, current: Summary, baseline: Summary) -> None:
+    """The message shows the baseline's and the current median as ``describe`` prints them."""
+    assert f"median {baseline.median_ms:.4g} ms" in verdict.message
+    assert f"median {current.median_ms:.4g} ms" in verdict.message
+    assert "baseline:" in verdict.message and "current:" in verdict.message
+
+
+# -- Summary --------------------------------------------------------------------------------
+
+
+def test_summary_from_samples() -> None:
+    """Median, its interval, relative spread and count of a small odd sample."""
+    samples = [3.0, 1.0, 2.0, 5.0, 4.0]
+    s = Summary.from_samples(samples)
+    assert s.median_ms == 3.0
+    assert s.n_samples == 5
+    assert s.ci_low_ms <= s.median_ms <= s.ci_high_ms
+    assert s.stdrel == pytest.approx(statistics.stdev(samples) / 3.0)
+
+
+def test_summary_median_of_an_even_sample_is_the_midpoint() -> None:
+    """With an even count the median averages the two middle values."""
+    assert Summary.from_samples([4.0, 1.0, 2.0, 3.0]).median_ms == 2.5
+
+
+def test_summary_of_one_sample_has_no_spread() -> None:
+    """One sample: its value, a zero-width interval and zero spread."""
+    s = Summary.from_samples([1.25])
+    assert (s.median_ms, s.ci_low_ms, s.ci_high_ms, s.stdrel, s.n_samples) == (1.25, 1.25, 1.25, 0.0, 1)
+
+
+def test_summary_of_no_samples_is_refused() -> None:
+    """An empty sample has no median."""
+    with pytest.raises(ValueError):
+        Summary.from_samples([])
+    with pytest.raises(ValueError):
+        median_ci([])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 10, 20, 21, 100, 1000])
+def test_median_ci_contains_the_median_and_is_made_of_samples(n: int) -> None:
+    """The interval's ends are samples and bracket the median, for any count."""
+    values = sorted(draw(n, 1.0, 0.05, n))
+    low, high = median_ci(values)
+    assert low in values and high in values
+    assert low <= statistics.median(values) <= high
+
+
+def test_median_ci_narrows_as_samples_grow() -> None:
+    """More samples of the same distribution give a narrower interval."""
+    widths = []
+    for n in (10, 100, 1000):
+        low, high = median_ci(sorted(draw(7, 1.0, 0.05, n)))
+        widths.append(high - low)
+    assert widths[0] > widths[1] > widths[2]
+
+
+def test_summary_from_mapping_round_trips() -> None:
+    """A baseline entry reads back into the same summary."""
+    s = summarise(1, 2.0)
+    entry = {"median_ms": s.median_ms, "ci_low_ms": s.ci_low_ms, "ci_high_ms": s.ci_high_ms,
+             "stdrel": s.stdrel, "n_samples": s.n_samples, "extra": "ignored"}
+    assert Summary.from_mapping(entry) == s
+
+
+@pytest.mark.parametrize("bad", ["1.0", None, True, [1.0], {"ms": 1.0}], ids=repr)
+def test_summary_from_mapping_rejects_non_numeric_fields(bad: object) -> None:
+    """A string, None, a bool, a list or a mapping is not a time."""
+    entry: dict[str, object] = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01,
+                                "n_samples": 20}
+    entry["median_ms"] = bad
+    with pytest.raises(TypeError, match="median_ms"):
+        Summary.from_mapping(entry)
+
+
+def test_summary_from_mapping_rejects_a_missing_field() -> None:
+    """A missing field is a KeyError naming it."""
+    with pytest.raises(KeyError, match="stdrel"):
+        Summary.from_mapping({"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "n_samples": 20})
+
+
+# -- judge ----------------------------------------------------------------------------------
+
+
+def test_clear_regression_fails_and_shows_both_medians() -> None:
+    """+10% with 0.5% noise, n=20: regressed, failed, intervals apart."""
+    baseline, current = summarise(1, 1.0), summarise(2, 1.1)
+    verdict = judge(current, baseline, tolerance=0.05)
+    assert verdict.status == "regressed"
+    assert verdict.failed is True
+    assert verdict.message.startswith("REGRESSED")
+    assert "do not overlap" in verdict.message
+    assert verdict.ratio == pytest.approx(current.median_ms / baseline.median_ms)
+    assert verdict.change_pct == pytest.approx(10.0, abs=1.0)
+    assert_names_both_medians(verdict, current, baseline)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_alone_is_unchanged(seed: int) -> None:
+    """Two draws of one distribution (0.5% noise) never fail."""
+    baseline, current = summarise(100 + seed, 1.0), summarise(200 + seed, 1.0)
+    verdict = judge(current, baseline, tolerance=0.05)
+    assert verdict.status == "unchanged"
+    assert verdict.failed is False
+
+
+def test_clear_improvement_is_reported_and_passes() -> None:
+    """-10% with 0.5% noise: improved, not failed."""
+    baseline, current = summarise(1, 1.0), summarise(2, 0.9)
+    verdict = judge(current, baseline, tolerance=0.05)
+    assert verdict.status == "improved"
+    assert verdict.failed is False
+    assert verdict.change_pct is not None and verdict.change_pct < -5.0
+    assert_names_both_medians(verdict, current, baseline)
+
+
+def test_real_slowdown_within_tolerance_is_unchanged() -> None:
+    """+3% that the intervals call real still passes a 5% tolerance."""
+    baseline, current = summarise(1, 1.0, 0.001), summarise(2, 1.03, 0.001)
+    assert current.ci_low_ms > baseline.ci_high_ms
+    verdict = judge(current, baseline, tolerance=0.05)
+    assert verdict.status == "unchanged"
+    assert not verdict.failed
+
+
+@pytest.mark.parametrize(("shift", "status"), [(1.10, "regressed"), (1.02, "unchanged"), (0.90, "improved")])
+def test_too_few_samples_rest_on_the_tolerance_alone(shift: float, status: str) -> None:
+    """n=3 on one side: the message says so and only the tolerance decides."""
+    assert 3 < MIN_SAMPLES
+    baseline, current = summarise(1, 1.0, n=20), summarise(2, shift, n=3)
+    verdict = judge(current, baseline, tolerance=0.05)
+    assert verdict.status == status
+    assert verdict.failed == (status == "regressed")
+    assert "too few samples" in verdict.message
+    assert "tolerance alone" in verdict.message
+
+
+def test_too_few_samples_in_the_baseline_also_counts() -> None:
+    """A baseline of n=3 is as untrustworthy as a current measurement of n=3."""
+    verdict = judge(summarise(2, 1.1, n=20), summarise(1, 1.0, n=3), tolerance=0.05)
+    assert verdict.status == "regressed"
+    assert "too few samples" in verdict.message
+
+
+def test_slowdown_above_tolerance_with_overlapping_intervals_passes() -> None:
+    """30% noise, n=20, +6% shift, 5% tolerance: the slowdown is not shown real, so no failure."""
+    baseline, current = summarise(11, 1.0, 0.30), summarise(12, 1.06, 0.30)
+    ratio = current.median_ms / baseline.median_ms
+    assert ratio > 1.05, "precondition: the medians differ by more than the tolerance"
+    assert current.ci_low_ms <= baseline.ci_high_ms, "precondition: the intervals overlap"
+    verdict = judge(current, baseline, tolerance=0.05)
+    assert verdict.status == "unchanged"
+    assert not verdict.failed
+    assert "intervals of the medians overlap" in verdict.message
+
+
+def test_no_baseline_is_new() -> None:
+    """Without a baseline the case is new: no ratio, no failure, the measurement described."""
+    current = summarise(1, 1.0)
+    verdict = judge(current, None, tolerance=0.05)
+    assert verdict.status == "new"
+    assert verdict.ratio is None and verdict.change_pct is None
+    assert not verdict.failed
+    assert f"median {current.median_ms:.4g} ms" in verdict.message
+
+
+def test_tolerance_is_a_fraction() -> None:
+    """The same +10% passes a 20% tolerance and fails a 5% one."""
+    baseline, current = summarise(1, 1.0), summarise(2, 1.1)
+    assert judge(current, baseline, tolerance=0.20).status == "unchanged"
+    assert judge(current, baseline, tolerance=0.05).status == "regressed"
+    assert "tolerance 20.0%" in judge(current, baseline, tolerance=0.20).message
+
+
+# -- timing: the sampling loop and the replay clock ------------------------------------------
+# (no test_units_timing.py was asked for; the stop rule is the gate's spread measure at work)
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+
+def counting(values: list[float]) -> tuple[Callable[[], float], list[int]]:
+    """A take function that cycles through ``values``, and a one-item list counting its calls."""
+    calls = [0]
+
+    def take_ms() -> float:
+        value = values[calls[0] % len(values)]
+        calls[0] += 1
+        return value
+
+    return take_ms, calls
+
+
+def test_constant_samples_stop_at_the_floor() -> None:
+    """No spread: exactly ``min_samples`` calls, however large the budget."""
+    take, calls = counting([2.0])
+    samples = sample_adaptively(take, SamplingPlan(min_samples=7, budget_s=60.0))
+    assert samples == [2.0] * 7
+    assert calls[0] == 7
+
+
+def test_noisy_samples_run_to_max_samples() -> None:
+    """Spread above target with budget to spare: sampling stops only at ``max_samples``."""
+    take, calls = counting(draw(3, 1.0, 0.2, 50))
+    samples = sample_adaptively(take, SamplingPlan(min_samples=5, max_samples=40, target_stdrel=0.005,
+                                                   budget_s=60.0))
+    assert len(samples) == 40 and calls[0] == 40
+
+
+def test_noisy_samples_stop_when_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sample costs 10 ms of fake time; a 45 ms budget stops after the fifth."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    noisy = iter(draw(4, 1.0, 0.2, 1000))
+
+    def take_ms() -> float:
+        clock.now_s += 0.010
+        return next(noisy)
+
+    samples = sample_adaptively(take_ms, SamplingPlan(min_samples=2, max_samples=1000, budget_s=0.045))
+    assert len(samples) == 5
+
+
+def test_budget_never_cuts_below_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget spent before the floor is reached still yields ``min_samples``."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    noisy = iter(draw(5, 1.0, 0.2, 1000))
+
+    def take_ms() -> float:
+        clock.now_s += 1.0
+        return next(noisy)
+
+    assert len(sample_adaptively(take_ms, SamplingPlan(min_samples=12, budget_s=0.05))) == 12
+
+
+def test_real_clock_budget_bounds_a_noisy_case() -> None:
+    """With the real clock, a 50 ms budget ends a noisy case after the floor, in about 50 ms."""
+    take, calls = counting(draw(6, 1.0, 0.2, 97))
+    start = time.monotonic()
+    samples = sample_adaptively(take, SamplingPlan(min_samples=10, max_samples=10**7, budget_s=0.05))
+    elapsed = time.monotonic() - start
+    assert len(samples) > 10
+    assert 0.05 <= elapsed < 2.0
+
+
+def test_min_samples_of_one_is_accepted() -> None:
+    """--attnperf-min-samples=1 passes option checking, so sampling must cope with one sample."""
+    take, _ = counting([1.0])
+    samples = sample_adaptively(take, SamplingPlan(min_samples=1, budget_s=0.05))
+    assert len(samples) >= 1
+
+
+def test_replay_clock_advances_by_loaded_samples() -> None:
+    """load((1.0, 2.0)) then step, step: 0.001 s then 0.003 s, in load order."""
+    clock = ReplayClock()
+    assert clock() == 0.0
+    assert clock.load((1.0, 2.0)) == 2
+    assert clock() == 0.0
+    clock.step()
+    assert clock() == pytest.approx(0.001)
+    clock.step()
+    assert clock() == pytest.approx(0.003)
+    assert clock.load((5.0,)) == 1
+    clock.step()
+    assert clock() == pytest.approx(0.008)
+    with pytest.raises(IndexError):
+        clock.step()

@@ -1,0 +1,144 @@
+"""Unit tests for ``pytest_attnperf.options``: command line > environment > ini > default.
+
+Each test builds a real config with ``pytester.parseconfig`` (the plugin loaded with ``-p``)
+and reads it with ``read_settings``; ``pytest_configure`` is not run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_attnperf.options import OPTIONS, Settings, read_settings
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ATTNPERF_* variable from the calling shell leaks into a test."""
+    for opt in OPTIONS:
+        monkeypatch.delenv(opt.env, raising=False)
+
+
+def settings(pytester: pytest.Pytester, *args: str) -> Settings:
+    """Settings of a config parsed from ``args`` in pytester's folder."""
+    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", *args)
+    return read_settings(config)
+
+
+def usage_error(pytester: pytest.Pytester, *args: str) -> str:
+    """The message of the usage error that reading these arguments raises."""
+    with pytest.raises(pytest.UsageError) as info:
+        settings(pytester, *args)
+    return str(info.value)
+
+
+def test_defaults(pytester: pytest.Pytester) -> None:
+    """Nothing given: 5% tolerance, cold mode, no update, detected hardware, rootdir/baselines."""
+    s = settings(pytester)
+    assert s.tolerance == 0.05
+    assert s.mode == "cold"
+    assert s.update_baselines is False
+    assert s.hw is None
+    assert s.budget_s == 0.5
+    assert s.target_stdrel == 0.005
+    assert s.min_samples == 10
+    assert s.baselines_dir == pytester.path / "baselines"
+
+
+@pytest.mark.parametrize(("given", "expected"), [("10%", 0.10), ("0.02", 0.02), ("2.5%", 0.025), ("0", 0.0)])
+def test_tolerance_as_fraction_or_percentage(pytester: pytest.Pytester, given: str, expected: float) -> None:
+    """'10%' and '0.1' mean the same."""
+    assert settings(pytester, f"--attnperf-tolerance={given}").tolerance == pytest.approx(expected)
+
+
+def test_environment_is_used_without_a_flag(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ATTNPERF_TOLERANCE applies when the command line says nothing."""
+    monkeypatch.setenv("ATTNPERF_TOLERANCE", "7%")
+    assert settings(pytester).tolerance == pytest.approx(0.07)
+
+
+def test_command_line_beats_environment(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flag wins over the variable."""
+    monkeypatch.setenv("ATTNPERF_TOLERANCE", "7%")
+    assert settings(pytester, "--attnperf-tolerance=0.02").tolerance == pytest.approx(0.02)
+
+
+def test_ini_is_used_and_environment_beats_it(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ini key applies below the environment."""
+    pytester.makeini("[pytest]\nattnperf_tolerance = 3%\nattnperf_mode = hot\n")
+    s = settings(pytester)
+    assert s.tolerance == pytest.approx(0.03)
+    assert s.mode == "hot"
+    monkeypatch.setenv("ATTNPERF_TOLERANCE", "0.08")
+    assert settings(pytester).tolerance == pytest.approx(0.08)
+
+
+@pytest.mark.parametrize(
+    ("args", "source"),
+    [
+        (("--attnperf-mode=warm",), "--attnperf-mode"),
+        (("--attnperf-tolerance=abc",), "--attnperf-tolerance"),
+        (("--attnperf-tolerance=-5%",), "--attnperf-tolerance"),
+        (("--attnperf-tolerance=1000%",), "--attnperf-tolerance"),
+        (("--attnperf-budget=0",), "--attnperf-budget"),
+        (("--attnperf-min-samples=0",), "--attnperf-min-samples"),
+        (("--attnperf-min-samples=2.5",), "--attnperf-min-samples"),
+    ],
+    ids=["mode-warm", "tolerance-abc", "tolerance-negative", "tolerance-huge", "budget-zero",
+         "min-samples-zero", "min-samples-float"],
+)
+def test_bad_flag_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: tuple[str, ...], source: str) -> None:
+    """A bad value on the command line is refused at start-up, naming the flag and the value."""
+    message = usage_error(pytester, *args)
+    assert source in message
+    assert args[0].split("=", 1)[1] in message
+
+
+def test_bad_environment_value_names_the_variable(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad ATTNPERF_TOLERANCE is blamed on the variable, not on a flag."""
+    monkeypatch.setenv("ATTNPERF_TOLERANCE", "abc")
+    message = usage_error(pytester)
+    assert "ATTNPERF_TOLERANCE" in message
+    assert "--attnperf-tolerance" not in message
+
+
+def test_bad_ini_value_names_the_key(pytester: pytest.Pytester) -> None:
+    """A bad ini value is blamed on the ini key."""
+    pytester.makeini("[pytest]\nattnperf_mode = lukewarm\n")
+    message = usage_error(pytester)
+    assert "attnperf_mode" in message and "lukewarm" in message
+
+
+def test_update_baselines_from_flag_and_environment(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--update-baselines or ATTNPERF_UPDATE_BASELINES=1 switch recording on."""
+    assert settings(pytester, "--update-baselines").update_baselines is True
+    monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")
+    assert settings(pytester).update_baselines is True
+    monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "maybe")
+    assert "ATTNPERF_UPDATE_BASELINES" in usage_error(pytester)
+
+
+def test_hw_is_lower_cased(pytester: pytest.Pytester) -> None:
+    """--hw=H200 names the h200 row."""
+    assert settings(pytester, "--hw=H200").hw == "h200"
+
+
+def test_relative_baselines_dir_is_resolved_against_rootdir(pytester: pytest.Pytester) -> None:
+    """A relative folder lies under the rootdir, not under wherever pytest was started."""
+    pytester.makeini("[pytest]\n")
+    sub = pytester.mkdir("sub")
+    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--attnperf-baselines=store/hw")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(sub)
+        folder = read_settings(config).baselines_dir
+    assert config.rootpath == pytester.path
+    assert folder == pytester.path / "store" / "hw"
+
+
+def test_absolute_baselines_dir_is_kept(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """An absolute folder is used as given."""
+    target = tmp_path / "elsewhere"
+    assert settings(pytester, f"--attnperf-baselines={target}").baselines_dir == target
