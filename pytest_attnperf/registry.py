@@ -36,7 +36,9 @@ class Kernel:
     not (the case is then skipped at collection with that reason). ``sdpa_backend`` pins
     torch's SDPA dispatch for the test and is proven from profiler records. ``backward``
     says whether gradients are checked and timed. ``device_kinds`` lists where it can run
-    at all ('cuda', 'cpu').
+    at all ('cuda', 'cpu'). ``unsupported`` lists regular expressions of exception messages
+    that mean "this kernel refuses this case" (see ``unsupported_reason``). ``form`` tells a
+    linear family's cost model which algorithm to count ('chunk' or 'recurrent').
     """
 
     family: str
@@ -48,6 +50,7 @@ class Kernel:
     device_kinds: tuple[str, ...] = ("cuda", "cpu")
     description: str = ""
     unsupported: tuple[str, ...] = ()
+    form: str | None = None  # linear families: "chunk" or "recurrent", the cost model's form
 
     def unsupported_reason(self, exc: BaseException) -> str | None:
         """The kernel's own refusal of a case, or None for a real failure.
@@ -87,12 +90,14 @@ class KernelRegistry:
         supports: Supports = _always,
         backward: bool = True,
         device_kinds: tuple[str, ...] = ("cuda", "cpu"),
+        unsupported: tuple[str, ...] = (),
+        form: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
-                            (fn.__doc__ or "").strip()))
+                            (fn.__doc__ or "").strip(), unsupported, form))
             return fn
 
         return register

@@ -29,9 +29,11 @@ def suite_copy(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> py
     return pytester
 
 
-def run_cpu_case(pytester: pytest.Pytester, name: str, case: str = "cpu-b2-h4-t128-d32-causal-fp32") -> pytest.RunResult:
+def run_cpu_case(
+    pytester: pytest.Pytester, name: str, case: str = "cpu-b2-h4-t128-d32-causal-fp32", suite: str = "softmax"
+) -> pytest.RunResult:
     return pytester.runpytest_subprocess(
-        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{case} and {name}-",
+        "-p", "pytest_attnperf.plugin", f"suites/test_{suite}.py", "-k", f"{case} and {name}-",
         "--attnperf-budget=0.01", "--benchmark-disable", "-rs",
     )
 
@@ -67,6 +69,12 @@ def pytest_attnperf_register_kernels(registry, config):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         return out.index_put((torch.tensor([0]),) * 4, torch.tensor(float("nan")))
 
+    @registry.kernel(family="gla", name="dropped-gate")
+    def dropped_gate(q, k, v, g, *, scale):
+        from pytest_attnperf.variants.linear import la_naive
+
+        return la_naive(q, k, v, scale=scale)
+
     @registry.kernel(family="softmax", name="zeroed-dq")
     def zeroed_dq(q, k, v, *, causal, scale, window=None):
         q_without_grad = q.detach() + 0 * q  # same values, zero gradient
@@ -75,16 +83,20 @@ def pytest_attnperf_register_kernels(registry, config):
 
 
 @pytest.mark.parametrize(
-    ("name", "outcome", "message"),
+    ("name", "outcome", "message", "where"),
     [
-        ("wrong-scale", dict(failed=2), "*wrong-scale out: max |error|*exceeds*"),
-        ("mask-off-by-one", dict(failed=2), "*mask-off-by-one out: max |error|*exceeds*"),
-        ("one-nan", dict(failed=2), "*one-nan out: 1 non-finite elements*"),
-        ("zeroed-dq", dict(passed=1, failed=1), "*zeroed-dq dq: max |error|*exceeds*"),
+        ("wrong-scale", dict(failed=2), "*wrong-scale out: max |error|*exceeds*", ()),
+        ("mask-off-by-one", dict(failed=2), "*mask-off-by-one out: max |error|*exceeds*", ()),
+        ("one-nan", dict(failed=2), "*one-nan out: 1 non-finite elements*", ()),
+        ("zeroed-dq", dict(passed=1, failed=1), "*zeroed-dq dq: max |error|*exceeds*", ()),
+        ("dropped-gate", dict(failed=2), "*dropped-gate out: normwise relative error*exceeds*",
+         ("cpu-b2-h2-t33-d16-fp32", "gla")),
     ],
 )
-def test_wrong_kernels_fail(suite_copy: pytest.Pytester, name: str, outcome: dict, message: str) -> None:
+def test_wrong_kernels_fail(
+    suite_copy: pytest.Pytester, name: str, outcome: dict, message: str, where: tuple[str, ...]
+) -> None:
     suite_copy.makeconftest(WRONG)
-    result = run_cpu_case(suite_copy, name)
+    result = run_cpu_case(suite_copy, name, *where)
     result.assert_outcomes(**outcome)
     result.stdout.fnmatch_lines([message])

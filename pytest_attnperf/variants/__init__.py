@@ -8,6 +8,7 @@ __all__ = ["register_builtin"]
 
 
 def register_builtin(registry: KernelRegistry) -> None:
-    from . import softmax
+    from . import linear, softmax
 
     softmax.register(registry)
+    linear.register(registry)

@@ -1,0 +1,279 @@
+"""Linear attention families from flash-linear-attention: LA, GLA and Gated DeltaNet.
+
+Inputs in fla's layout ``[B, T, H, D]``. Signatures of the families' kernels::
+
+    linear_attn: fn(q, k, v, *, scale) -> o                 # S_t = S_{t-1} + k_t v_t^T
+    gla:         fn(q, k, v, g, *, scale) -> o              # g: [B, T, H, K] log decay, fp32
+    gdn:         fn(q, k, v, g, beta, *, scale) -> o        # g, beta: [B, T, H]; q, k L2-normed
+
+``o = scale * S_t^T q_t`` in every family (``pytest_attnperf.reference_linear`` has the fp64
+recurrences). Built-in kernels: fla's Triton kernels (CUDA only) and fla's pure-PyTorch
+``naive`` references (CPU and CUDA), each checked against our fp64 recurrences.
+
+Correctness is normwise: ``|out - ref| / |ref|`` (Frobenius norms) against the fp64 reference.
+A chunked kernel in dtype ``d`` rounds its inputs to the tensor-core format at every chunk
+product, and its intermediates and output to ``d``; each rounding costs at most one unit
+roundoff ``u`` normwise, so outputs may be off by ``2u`` and gradients, which go through twice
+as many products, by ``4u``. fp32 kernels are held to TF32's ``u`` (2^-11), since Triton's
+fp32 dots default to TF32. For bf16 that is 7.8e-3 (outputs) and 1.6e-2 (gradients), the
+range fla's own tests accept (relative RMS errors 5e-3 to 1e-2); a dropped gate or a wrong
+scale is off by tens of percent. NaN and Inf always fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..registry import Kernel, KernelRegistry
+
+__all__ = ["FAMILIES", "LinearCase", "register", "run_case", "cost"]
+
+FAMILIES = ("linear_attn", "gla", "gdn")
+
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
+OUT_UNITS, GRAD_UNITS = 2.0, 4.0
+
+# fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
+FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    """One shape of a linear-attention family; ``beta_max`` 2 allows negative eigenvalues."""
+
+    id: str
+    batch: int
+    heads: int
+    seq: int
+    key_dim: int
+    value_dim: int
+    dtype: str
+    beta_max: float = 1.0
+    gpu: bool = True
+
+    @property
+    def scale(self) -> float:
+        return self.key_dim**-0.5
+
+
+def _first(result: Any) -> Any:
+    return result[0] if isinstance(result, tuple) else result
+
+
+def _fla(module: str, name: str) -> Callable[..., Any]:
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+# -- kernels ------------------------------------------------------------------------------
+
+
+def la_chunk(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla chunk_linear_attn (normalize=False: plain linear attention)."""
+    return _first(_fla("fla.ops.linear_attn", "chunk_linear_attn")(q, k, v, scale=scale, normalize=False))
+
+
+def la_fused_chunk(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla fused_chunk_linear_attn (normalize=False)."""
+    return _first(_fla("fla.ops.linear_attn", "fused_chunk_linear_attn")(q, k, v, scale=scale, normalize=False))
+
+
+def la_fused_recurrent(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla fused_recurrent_linear_attn."""
+    return _first(_fla("fla.ops.linear_attn", "fused_recurrent_linear_attn")(q, k, v, scale=scale, normalize=False))
+
+
+def la_naive(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_linear_attn (fp32 inside)."""
+    fn = _fla("fla.ops.linear_attn.naive", "naive_recurrent_linear_attn")
+    return _first(fn(q, k, v, scale=scale, normalize=False))
+
+
+def gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla chunk_gla."""
+    return _first(_fla("fla.ops.gla", "chunk_gla")(q, k, v, g, scale=scale))
+
+
+def gla_fused_recurrent(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla fused_recurrent_gla (per-key gates as gk)."""
+    return _first(_fla("fla.ops.gla", "fused_recurrent_gla")(q, k, v, gk=g, scale=scale))
+
+
+def gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_gla (fp32 inside; its scale is fixed at K^-0.5)."""
+    if abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise NotImplementedError("naive_recurrent_gla has no scale argument (always K^-0.5)")
+    return _first(_fla("fla.ops.gla.naive", "naive_recurrent_gla")(q, k, v, g)).to(q.dtype)
+
+
+def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+    """fla chunk_gated_delta_rule."""
+    return _first(_fla("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(q, k, v, g, beta, scale=scale))
+
+
+def gdn_fused_recurrent(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+    """fla fused_recurrent_gated_delta_rule."""
+    fn = _fla("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule")
+    return _first(fn(q, k, v, g=g, beta=beta, scale=scale))
+
+
+def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_gated_delta_rule (fp32 inside; note its q, k, v,
+    beta, g argument order)."""
+    fn = _fla("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
+    return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
+
+
+def register(registry: KernelRegistry) -> None:
+    gpu = ("cuda",)
+    for family, name, fn, form, kinds in (
+        ("linear_attn", "fla-chunk", la_chunk, "chunk", gpu),
+        ("linear_attn", "fla-fused-chunk", la_fused_chunk, "chunk", gpu),
+        ("linear_attn", "fla-fused-recurrent", la_fused_recurrent, "recurrent", gpu),
+        ("linear_attn", "fla-naive", la_naive, "recurrent", ("cuda", "cpu")),
+        ("gla", "fla-chunk", gla_chunk, "chunk", gpu),
+        ("gla", "fla-fused-recurrent", gla_fused_recurrent, "recurrent", gpu),
+        ("gla", "fla-naive", gla_naive, "recurrent", ("cuda", "cpu")),
+        ("gdn", "fla-chunk", gdn_chunk, "chunk", gpu),
+        ("gdn", "fla-fused-recurrent", gdn_fused_recurrent, "recurrent", gpu),
+        ("gdn", "fla-naive", gdn_naive, "recurrent", ("cuda", "cpu")),
+    ):
+        registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
+                            description=(fn.__doc__ or "").strip()))
+
+
+# -- running a case -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    inputs: tuple[Any, ...]  # q, k, v[, g[, beta]] as the kernel takes them
+    grad_out: Any
+    reference: tuple[Any, ...]  # out, then the gradient of each input, fp64
+    names: tuple[str, ...]
+
+
+_GRAD_SLICE = (slice(0, 1), slice(None), slice(0, 2))  # batch 0, all tokens, heads 0-1
+
+
+def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple[Any, ...]:
+    import zlib
+
+    import torch
+    import torch.nn.functional as F
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{family}:{case.id}".encode()))
+    b, t, h, kd, vd = case.batch, case.seq, case.heads, case.key_dim, case.value_dim
+
+    def draw(*shape: int) -> Any:
+        return torch.randn(shape, generator=gen, device=device)
+
+    q, k, v = draw(b, t, h, kd), draw(b, t, h, kd), draw(b, t, h, vd)
+    if family == "gdn":  # GDN's keys and queries are L2-normalised, as in the layer
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    tensors = [q.to(dtype), k.to(dtype), v.to(dtype)]
+    if family == "gla":
+        tensors.append(F.logsigmoid(draw(b, t, h, kd)))  # fp32 log decay, as fla recommends
+    if family == "gdn":
+        tensors.append(F.logsigmoid(draw(b, t, h)))
+        tensors.append((torch.sigmoid(draw(b, t, h)) * case.beta_max).to(dtype))
+    return tuple(x.requires_grad_(backward) for x in tensors)
+
+
+def _reference_fn(family: str) -> Callable[..., Any]:
+    from .. import reference_linear as ref
+
+    return {"linear_attn": ref.linear_attention, "gla": ref.gla, "gdn": ref.gated_delta_rule}[family]
+
+
+_cache: dict[tuple[str, LinearCase, str, str], Prepared] = {}
+
+
+def prepare(family: str, case: LinearCase, direction: str, device: Any) -> Prepared:
+    """Inputs and the fp64 reference (cached for the case, which every kernel shares).
+
+    The forward reference covers the whole output. Gradients are checked on batch 0, heads
+    0-1: batches and heads are independent, so those gradients are exact, and the fp64
+    recurrence's autograd memory (one state per token) stays bounded at long sequences.
+    """
+    import torch
+
+    key = (family, case, direction, str(device))
+    if key in _cache:
+        return _cache[key]
+    _cache.clear()
+    backward = direction == "fwdbwd"
+    inputs = _inputs(family, case, device, backward)
+    names = ("q", "k", "v", "g", "beta")[: len(inputs)]
+    fn = _reference_fn(family)
+    grad_out = torch.randn(inputs[2].shape, device=device).to(inputs[0].dtype)
+    with torch.no_grad():
+        out = fn(*(x.detach().double() for x in inputs), scale=case.scale)
+    reference: tuple[Any, ...] = (out,)
+    if backward:
+        leaves = [x.detach()[_GRAD_SLICE].double().requires_grad_(True) for x in inputs]
+        sliced = fn(*leaves, scale=case.scale)
+        reference += torch.autograd.grad(sliced, leaves, grad_out[_GRAD_SLICE].double())
+    prepared = Prepared(inputs, grad_out, reference, names)
+    _cache[key] = prepared
+    return prepared
+
+
+def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: float) -> float:
+    """Fail unless finite and ``|value - ref| / |ref| <= units * u(dtype)``; returns the error."""
+    import torch
+
+    bad = ~torch.isfinite(value)
+    if bad.any():
+        raise AssertionError(f"{name}: {int(bad.sum())} non-finite elements (first at {bad.nonzero()[0].tolist()})")
+    if tuple(value.shape) != tuple(reference.shape):
+        raise AssertionError(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
+    ref = reference.double()
+    error = float((value.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+    allowed = units * UNIT_ROUNDOFF[dtype]
+    if not error <= allowed:
+        raise AssertionError(
+            f"{name}: normwise relative error {error:.3g} against fp64 exceeds {allowed:.3g} "
+            f"(= {units:g} x the {dtype} unit roundoff {UNIT_ROUNDOFF[dtype]:.3g})"
+        )
+    return error
+
+
+def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any) -> Callable[[], Any]:
+    """Check ``kernel`` against the fp64 recurrence (output; gradients of every input for
+    ``fwdbwd``) and return the zero-argument callable to time."""
+    import torch
+
+    from ..checks import poison_allocator
+    from .softmax import call_or_skip
+
+    p = prepare(family, case, direction, device)
+    backward = direction == "fwdbwd"
+
+    def call() -> Any:
+        out = kernel.fn(*p.inputs, scale=case.scale)
+        if not backward:
+            return (out,)
+        return (out,) + tuple(torch.autograd.grad(out, p.inputs, p.grad_out))
+
+    poison_allocator(device, 4 * sum(x.numel() * x.element_size() for x in p.inputs))
+    got = call_or_skip(kernel, call)
+    assert_normwise(f"{kernel.name} out", got[0].detach(), p.reference[0], case.dtype, OUT_UNITS)
+    for name, grad, ref in zip(p.names, got[1:], p.reference[1:]):
+        assert_normwise(f"{kernel.name} d{name}", grad.detach()[_GRAD_SLICE], ref, case.dtype, GRAD_UNITS)
+    return call
+
+
+def cost(family: str, kernel: Kernel, case: LinearCase, direction: str) -> Any:
+    """The analytic cost of the kernel's form (chunk or recurrent) on the case."""
+    from .. import costs_linear
+
+    model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
+             "gdn": costs_linear.gated_delta_rule}[family]
+    return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim,
+                 value_dim=case.value_dim, dtype=case.dtype, form=kernel.form or "chunk",
+                 backward=direction == "fwdbwd")
