@@ -28,7 +28,7 @@ import yaml
 
 from .gate import Summary
 
-__all__ = ["BaselineError", "BaselineFile", "load", "save", "merge", "rounded", "FORMAT"]
+__all__ = ["FORMAT", "BaselineError", "BaselineFile", "load", "merge", "rounded", "save"]
 
 FORMAT = 1
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FACTOR", "GRAD_FACTOR", "Closeness", "assert_close", "poison_allocator", "max_error"]
+__all__ = ["FACTOR", "GRAD_FACTOR", "Closeness", "assert_close", "max_error", "poison_allocator"]
 
 FACTOR = 2.0
 GRAD_FACTOR = 3.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Cost", "Metrics", "DTYPE_BYTES", "visible_pairs", "softmax_attention", "metrics"]
+__all__ = ["DTYPE_BYTES", "Cost", "Metrics", "metrics", "softmax_attention", "visible_pairs"]
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 

@@ -8,7 +8,7 @@ from importlib import metadata
 
 from .hardware import DetectedDevice
 
-__all__ = ["environment", "drift"]
+__all__ = ["drift", "environment"]
 
 COMPARED = ("torch", "triton", "fla", "cuda", "driver")
 

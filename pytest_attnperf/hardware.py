@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
+    "TABLE",
     "DetectedDevice",
     "HardwareSpec",
-    "TABLE",
     "match",
     "normalise",
     "resolve",
@@ -214,7 +214,7 @@ def unlisted_spec(device: DetectedDevice) -> HardwareSpec:
     """A spec for a GPU missing from the table: no vendor peaks (measured ceilings only)."""
     name = normalise(device.name) or "unknown-gpu"
     if name in TABLE:  # a name the table uses for another card: keep the baselines apart
-        name += "-cc%d%d" % device.capability if device.capability else "-unlisted"
+        name += "-cc{}{}".format(*device.capability) if device.capability else "-unlisted"
     return HardwareSpec(
         name=name,
         tokens=(normalise(device.name),),

@@ -45,9 +45,9 @@ _OPS = {
     "math": "aten::_scaled_dot_product_attention_math",
 }
 _CUDA_KERNELS = {
-    "flash": re.compile(r"flash_(fwd|bwd)|pytorch_flash", re.I),
-    "efficient": re.compile(r"fmha_cutlass|PyTorchMemEff|mem_eff", re.I),
-    "cudnn": re.compile(r"cudnn.*(sdpa|fprop|dgrad|flash)|sdpa.*cudnn", re.I),
+    "flash": re.compile(r"flash_(fwd|bwd)|pytorch_flash", re.IGNORECASE),
+    "efficient": re.compile(r"fmha_cutlass|PyTorchMemEff|mem_eff", re.IGNORECASE),
+    "cudnn": re.compile(r"cudnn.*(sdpa|fprop|dgrad|flash)|sdpa.*cudnn", re.IGNORECASE),
 }
 
 
@@ -75,7 +75,7 @@ def pin_backend(name: str) -> Iterator[None]:
         yield
 
 
-_UNAVAILABLE = re.compile(r"No available kernel|No viable backend", re.I)
+_UNAVAILABLE = re.compile(r"No available kernel|No viable backend", re.IGNORECASE)
 
 
 def unavailable_reason(exc: BaseException, warnings_seen: Iterable[str]) -> str | None:
@@ -155,7 +155,7 @@ def requirement_failure(marker: pytest.Mark, device: DetectedDevice, hw_name: st
     if minimum is not None:
         want = _capability(minimum)
         if device.capability is None or device.capability < want:
-            have = "none" if device.capability is None else "%d.%d" % device.capability
+            have = "none" if device.capability is None else "{}.{}".format(*device.capability)
             return f"needs compute capability >= {want[0]}.{want[1]}; '{device.name}' has {have}"
     names = marker.kwargs.get("names")
     if names and hw_name not in names:

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["Settings", "add_options", "read_settings", "MODES"]
+__all__ = ["MODES", "Settings", "add_options", "read_settings"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")

@@ -12,11 +12,11 @@ import pytest
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
 from .gate import Verdict, judge
-from .markers import pin_backend, profile_names, backends_seen, prove_backend
+from .markers import backends_seen, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
 
-__all__ = ["Perf", "PerfResult", "PENDING_KEY"]
+__all__ = ["PENDING_KEY", "Perf", "PerfResult"]
 
 PENDING_KEY = pytest.StashKey[dict[str, Any]]()
 

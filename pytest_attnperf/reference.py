@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["softmax_attention", "attention_mask"]
+__all__ = ["attention_mask", "softmax_attention"]
 
 
 def attention_mask(seq: int, causal: bool, window: int | None, device: Any) -> Any:

@@ -54,7 +54,8 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
     widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
     lines = [f"attnperf on {hw_name}: {len(rows)} measured cases"]
     for n, line in enumerate(table):
-        lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
+        cells = zip(line, widths, strict=True)
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(cells)))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     notes = [(r.nodeid, note) for r in rows for note in r.notes]

@@ -20,7 +20,7 @@ from .options import Settings
 from .registry import KernelRegistry
 from .timing import SamplingPlan, Timer, default_timer
 
-__all__ = ["AttnPerfSession", "Row", "SESSION_KEY", "get_session"]
+__all__ = ["SESSION_KEY", "AttnPerfSession", "Row", "get_session"]
 
 
 @dataclass(frozen=True)

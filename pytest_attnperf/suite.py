@@ -17,7 +17,7 @@ import pytest
 from .registry import Kernel
 from .session import get_session
 
-__all__ = ["parametrize", "remove_invalid", "DIRECTIONS"]
+__all__ = ["DIRECTIONS", "parametrize", "remove_invalid"]
 
 DIRECTIONS = ("fwd", "fwdbwd")
 REMOVED_KEY = pytest.StashKey[list[str]]()
@@ -74,7 +74,7 @@ def remove_invalid(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         callspec = getattr(item, "callspec", None)
         why = invalid_reason(callspec.params) if callspec else None
-        if why:
+        if callspec is not None and why:
             drop.append(item)
             reasons.append(f"{callspec.params['kernel'].name}: {why}")
         else:

@@ -38,12 +38,12 @@ if TYPE_CHECKING:
     from .hardware import DetectedDevice
 
 __all__ = [
-    "Measurement",
-    "SamplingPlan",
-    "Timer",
     "CudaTimer",
     "HostTimer",
+    "Measurement",
     "ReplayClock",
+    "SamplingPlan",
+    "Timer",
     "sample_adaptively",
 ]
 
@@ -241,7 +241,7 @@ class CudaTimer:
             if throttled:
                 notes.append(f"still throttled ({', '.join(throttled)}) after re-measuring")
         captured = graph is not None
-        del graph, run
+
         return Measurement(
             tuple(samples),
             clock="cuda-graph" if captured else "cuda-events",

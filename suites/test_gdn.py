@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from linear_cases import CASES
+import linear_cases
 
 from pytest_attnperf.variants import linear
 
 FAMILY = "gdn"
+CASES = linear_cases.CASES
 
 
 def test_gdn(case, kernel, direction, attnperf_device, attnperf):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from linear_cases import CASES as ALL_CASES
-
-CASES = tuple(c for c in ALL_CASES if c.beta_max == 1.0)  # beta is GDN's alone
+import linear_cases
 
 from pytest_attnperf.variants import linear
+
+CASES = tuple(c for c in linear_cases.CASES if c.beta_max == 1.0)  # beta is GDN's alone
 
 FAMILY = "gla"
 

@@ -5,11 +5,11 @@ inside a run is imported again by the next user; torch's C-backed modules abort 
 when that happens. Importing them here keeps them loaded for the whole session.
 """
 
-import torch  # noqa: F401
-import torch.nn.attention  # noqa: F401
-import torch.nn.functional  # noqa: F401
-import torch.profiler  # noqa: F401
-import torch.utils.flop_counter  # noqa: F401
+import torch
+import torch.nn.attention
+import torch.nn.functional
+import torch.profiler
+import torch.utils.flop_counter
 
 
 def _load_lazily_imported_modules() -> None:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def readme_conftest() -> str:
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"```python\n(# conftest\.py\n.*?)```", text, re.S)
+    block = re.search(r"```python\n(# conftest\.py\n.*?)```", text, re.DOTALL)
     assert block, "README.md lost its bring-your-own-kernel example"
     return block.group(1)
 

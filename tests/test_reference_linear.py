@@ -618,6 +618,8 @@ def test_modules_import_nothing_heavy() -> None:
         "assert not heavy, heavy"
     )
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..registry import Kernel, KernelRegistry
 
-__all__ = ["FAMILIES", "LinearCase", "register", "run_case", "cost"]
+__all__ = ["FAMILIES", "LinearCase", "cost", "register", "run_case"]
 
 FAMILIES = ("linear_attn", "gla", "gdn")
 
@@ -187,7 +187,10 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple
 def _reference_fn(family: str) -> Callable[..., Any]:
     from .. import reference_linear as ref
 
-    return {"linear_attn": ref.linear_attention, "gla": ref.gla, "gdn": ref.gated_delta_rule}[family]
+    functions: dict[str, Callable[..., Any]] = {
+        "linear_attn": ref.linear_attention, "gla": ref.gla, "gdn": ref.gated_delta_rule,
+    }
+    return functions[family]
 
 
 _cache: dict[tuple[str, LinearCase, str, str], Prepared] = {}
@@ -263,7 +266,7 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
     poison_allocator(device, 4 * sum(x.numel() * x.element_size() for x in p.inputs))
     got = call_or_skip(kernel, call)
     assert_normwise(f"{kernel.name} out", got[0].detach(), p.reference[0], case.dtype, OUT_UNITS)
-    for name, grad, ref in zip(p.names, got[1:], p.reference[1:]):
+    for name, grad, ref in zip(p.names, got[1:], p.reference[1:], strict=True):
         assert_normwise(f"{kernel.name} d{name}", grad.detach()[_GRAD_SLICE], ref, case.dtype, GRAD_UNITS)
     return call
 
