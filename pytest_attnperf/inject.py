@@ -1,0 +1,97 @@
+"""A benchmark-only plugin: known extra work injected into chosen cases, and a do_bench cross-check.
+
+Loaded by the noise benchmark (``python -m pytest_attnperf.noise``) with
+``-p pytest_attnperf.inject``; it does nothing unless its environment variables are set:
+
+* ``ATTNPERF_INJECT=0.05``: every case picked by ``ATTNPERF_INJECT_EVERY`` (default 2: the
+  cases whose crc32(node id) is even) runs 5% extra device work after each call. The kernel is
+  timed once first; the extra work is a spin kernel (``torch.cuda._sleep``) of that fraction of
+  its device time, captured into the same graph, or a busy wait on the CPU.
+* ``ATTNPERF_COMPARE_FILE=path``: after each GPU measurement, times the same callable with
+  ``triton.testing.do_bench_cudagraph`` and appends ``{"nodeid", "ours_ms", "do_bench_ms"}``
+  as a JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Callable, Generator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from .hardware import DetectedDevice
+from .timing import Measurement, SamplingPlan, Timer, default_timer
+
+__all__ = ["InjectingTimer", "is_picked"]
+
+
+def is_picked(nodeid: str, every: int) -> bool:
+    """Whether a case gets the injected work: a fixed choice per node id."""
+    return zlib.crc32(nodeid.encode()) % every == 0
+
+
+def _current_nodeid() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+
+
+def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevice) -> Callable[[], Any]:
+    if device.is_gpu:
+        import torch
+
+        clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1e3  # kHz in torch
+        cycles = max(1, int(extra_s * clock_hz))
+
+        def slowed_gpu() -> Any:
+            result = fn()
+            torch.cuda._sleep(cycles)
+            return result
+
+        return slowed_gpu
+
+    def slowed_cpu() -> Any:
+        result = fn()
+        until = time.perf_counter() + extra_s
+        while time.perf_counter() < until:
+            pass
+        return result
+
+    return slowed_cpu
+
+
+class InjectingTimer:
+    """Wraps the run's timer; see the module docstring."""
+
+    def __init__(self, inner: Timer, device: DetectedDevice, fraction: float, every: int, compare: str | None):
+        self.inner, self.device, self.fraction, self.every, self.compare = inner, device, fraction, every, compare
+
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        nodeid = _current_nodeid()
+        notes: tuple[str, ...] = ()
+        if self.fraction > 0 and is_picked(nodeid, self.every):
+            base = self.inner.measure(fn, replace(plan, budget_s=min(plan.budget_s, 0.2)))
+            fn = _with_extra_work(fn, self.fraction * base.median_ms / 1e3, self.device)
+            notes = (f"injected +{100 * self.fraction:g}% extra work (base {base.median_ms:.4g} ms)",)
+        measured = self.inner.measure(fn, plan)
+        if self.compare and self.device.is_gpu:
+            from triton.testing import do_bench_cudagraph
+
+            with open(self.compare, "a", encoding="utf-8") as out:
+                line = {"nodeid": nodeid, "ours_ms": measured.median_ms, "do_bench_ms": do_bench_cudagraph(fn)}
+                out.write(json.dumps(line) + "\n")
+        return replace(measured, notes=measured.notes + notes) if notes else measured
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_attnperf_make_timer(config: pytest.Config, device: DetectedDevice) -> Generator[None, Any, Any]:
+    timer = yield
+    fraction = float(os.environ.get("ATTNPERF_INJECT", "0") or 0)
+    compare = os.environ.get("ATTNPERF_COMPARE_FILE") or None
+    if fraction <= 0 and compare is None:
+        return timer
+    every = int(os.environ.get("ATTNPERF_INJECT_EVERY", "2"))
+    return InjectingTimer(timer or default_timer(device), device, fraction, every, compare)
