@@ -28,19 +28,26 @@ def _case_param(case: Any) -> Any:
     return pytest.param(case, id=case.id, marks=marks)
 
 
-def _kernel_param(kernel: Kernel, device_kind: str) -> Any:
+def _kernel_param(kernel: Kernel, device_kind: str, with_family: bool) -> Any:
     marks: list[Any] = []
     if kernel.sdpa_backend:
         marks.append(pytest.mark.sdpa_backend(kernel.sdpa_backend))
     if device_kind not in kernel.device_kinds:
         marks.append(pytest.mark.skip(reason=f"{kernel.name} runs on {', '.join(kernel.device_kinds)} only"))
-    return pytest.param(kernel, id=kernel.name, marks=marks)
+    name = f"{kernel.family}-{kernel.name}" if with_family else kernel.name
+    return pytest.param(kernel, id=name, marks=marks)
 
 
 def parametrize(
-    metafunc: pytest.Metafunc, family: str, cases: Sequence[Any], directions: Sequence[str] = DIRECTIONS
+    metafunc: pytest.Metafunc,
+    family: str | Sequence[str],
+    cases: Sequence[Any],
+    directions: Sequence[str] = DIRECTIONS,
 ) -> None:
     """Parametrize ``case``, ``kernel`` and ``direction`` (those the test asks for).
+
+    ``family`` may name several families sharing one case type; kernel ids then carry the
+    family (``gdn-fla-chunk``).
 
     On a GPU the CPU table is left out (it exists so CPU-only machines run something real);
     on the CPU the GPU table stays in and is skipped with its reason.
@@ -51,10 +58,12 @@ def parametrize(
         chosen = [c for c in cases if c.gpu or not device.is_gpu]
         metafunc.parametrize("case", [_case_param(c) for c in chosen])
     if "kernel" in metafunc.fixturenames:
-        kernels = session.registry.family(family)
+        families = [family] if isinstance(family, str) else list(family)
+        kernels = [k for fam in families for k in session.registry.family(fam)]
         if not kernels:
-            raise pytest.UsageError(f"attnperf: no kernels registered in family '{family}'")
-        metafunc.parametrize("kernel", [_kernel_param(k, device.kind) for k in kernels])
+            raise pytest.UsageError(f"attnperf: no kernels registered in family {family!r}")
+        params = [_kernel_param(k, device.kind, len(families) > 1) for k in kernels]
+        metafunc.parametrize("kernel", params)
     if "direction" in metafunc.fixturenames:
         metafunc.parametrize("direction", list(directions))
 

@@ -90,7 +90,7 @@ def pytest_attnperf_register_kernels(registry, config):
         ("one-nan", dict(failed=2), "*one-nan out: 1 non-finite elements*", ()),
         ("zeroed-dq", dict(passed=1, failed=1), "*zeroed-dq dq: max |error|*exceeds*", ()),
         ("dropped-gate", dict(failed=2), "*dropped-gate out: normwise relative error*exceeds*",
-         ("cpu-b2-h2-t33-d16-fp32", "gla")),
+         ("cpu-b2-h2-t33-d16-fp32", "linear")),
     ],
 )
 def test_wrong_kernels_fail(

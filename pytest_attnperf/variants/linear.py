@@ -4,6 +4,7 @@ Inputs in fla's layout ``[B, T, H, D]``. Signatures of the families' kernels::
 
     linear_attn: fn(q, k, v, *, scale) -> o                 # S_t = S_{t-1} + k_t v_t^T
     gla:         fn(q, k, v, g, *, scale) -> o              # g: [B, T, H, K] log decay, fp32
+    simple_gla:  fn(q, k, v, g, *, scale) -> o              # g: [B, T, H] log decay, fp32
     gdn:         fn(q, k, v, g, beta, *, scale) -> o        # g, beta: [B, T, H]; q, k L2-normed
 
 ``o = scale * S_t^T q_t`` in every family (``pytest_attnperf.reference_linear`` has the fp64
@@ -30,7 +31,7 @@ from ..registry import Kernel, KernelRegistry
 
 __all__ = ["FAMILIES", "LinearCase", "cost", "register", "run_case"]
 
-FAMILIES = ("linear_attn", "gla", "gdn")
+FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
@@ -109,6 +110,17 @@ def gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
     return _first(_fla("fla.ops.gla.naive", "naive_recurrent_gla")(q, k, v, g)).to(q.dtype)
 
 
+def simple_gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla chunk_simple_gla (one gate per head and token)."""
+    return _first(_fla("fla.ops.simple_gla", "chunk_simple_gla")(q, k, v, g=g, scale=scale))
+
+
+def simple_gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_simple_gla (fp32 inside)."""
+    fn = _fla("fla.ops.simple_gla.naive", "naive_recurrent_simple_gla")
+    return _first(fn(q, k, v, g, scale=scale)).to(q.dtype)
+
+
 def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
     """fla chunk_gated_delta_rule."""
     return _first(_fla("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(q, k, v, g, beta, scale=scale))
@@ -127,6 +139,14 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
     return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
 
 
+def _any_case(case: LinearCase) -> str | None:
+    return None
+
+
+def _beta_is_gdns(case: LinearCase) -> str | None:
+    return None if case.beta_max == 1.0 else "beta_max is a GDN input; this family has no beta"
+
+
 def register(registry: KernelRegistry) -> None:
     gpu = ("cuda",)
     for family, name, fn, form, kinds in (
@@ -137,11 +157,14 @@ def register(registry: KernelRegistry) -> None:
         ("gla", "fla-chunk", gla_chunk, "chunk", gpu),
         ("gla", "fla-fused-recurrent", gla_fused_recurrent, "recurrent", gpu),
         ("gla", "fla-naive", gla_naive, "recurrent", ("cuda", "cpu")),
+        ("simple_gla", "fla-chunk", simple_gla_chunk, "chunk", gpu),
+        ("simple_gla", "fla-naive", simple_gla_naive, "recurrent", ("cuda", "cpu")),
         ("gdn", "fla-chunk", gdn_chunk, "chunk", gpu),
         ("gdn", "fla-fused-recurrent", gdn_fused_recurrent, "recurrent", gpu),
         ("gdn", "fla-naive", gdn_naive, "recurrent", ("cuda", "cpu")),
     ):
         registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
+                            supports=_beta_is_gdns if family != "gdn" else _any_case,
                             description=(fn.__doc__ or "").strip()))
 
 
@@ -178,6 +201,8 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple
     tensors = [q.to(dtype), k.to(dtype), v.to(dtype)]
     if family == "gla":
         tensors.append(F.logsigmoid(draw(b, t, h, kd)))  # fp32 log decay, as fla recommends
+    if family == "simple_gla":
+        tensors.append(F.logsigmoid(draw(b, t, h)))
     if family == "gdn":
         tensors.append(F.logsigmoid(draw(b, t, h)))
         tensors.append((torch.sigmoid(draw(b, t, h)) * case.beta_max).to(dtype))
@@ -188,7 +213,8 @@ def _reference_fn(family: str) -> Callable[..., Any]:
     from .. import reference_linear as ref
 
     functions: dict[str, Callable[..., Any]] = {
-        "linear_attn": ref.linear_attention, "gla": ref.gla, "gdn": ref.gated_delta_rule,
+        "linear_attn": ref.linear_attention, "gla": ref.gla, "simple_gla": ref.simple_gla,
+        "gdn": ref.gated_delta_rule,
     }
     return functions[family]
 
@@ -276,7 +302,7 @@ def cost(family: str, kernel: Kernel, case: LinearCase, direction: str) -> Any:
     from .. import costs_linear
 
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
-             "gdn": costs_linear.gated_delta_rule}[family]
+             "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[family]
     return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim,
                  value_dim=case.value_dim, dtype=case.dtype, form=kernel.form or "chunk",
                  backward=direction == "fwdbwd")
