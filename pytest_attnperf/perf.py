@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -132,11 +132,7 @@ class Perf:
             again = session.timer.measure(fn, plan)
             second = judge(again.summary, summary, session.settings.tolerance)
             note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
-            again = Measurement(
-                again.samples_ms, again.clock, again.mode, again.calls_per_sample,
-                again.eager_ms, again.peak_mib, again.notes + (note,), again.sm_clock_mhz,
-            )
-            return second, again
+            return second, replace(again, notes=again.notes + (note,))
         return verdict, measurement
 
     def _record(self, result: PerfResult) -> None:
@@ -158,6 +154,10 @@ class Perf:
         if m.eager_ms is not None:
             entry["eager_ms"] = m.eager_ms
         self._request.node.stash[PENDING_KEY] = entry
+        eager_change = None
+        before = self._baseline_entry()
+        if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)):
+            eager_change = 100.0 * (m.eager_ms / before["eager_ms"] - 1.0)
         self._session.rows.append(
             Row(
                 nodeid=self._request.node.nodeid,
@@ -172,9 +172,17 @@ class Perf:
                 eager_ms=m.eager_ms,
                 status=result.verdict.status,
                 change_pct=result.verdict.change_pct,
+                eager_change_pct=eager_change,
                 notes=m.notes,
             )
         )
+
+    def _baseline_entry(self) -> dict[str, Any] | None:
+        try:
+            baseline = self._session.baseline
+        except BaselineError:
+            return None
+        return baseline.entries.get(self._request.node.nodeid) if baseline else None
 
     def _feed_benchmark(self, result: PerfResult) -> None:
         """Hand the device samples to pytest-benchmark (its timer is ``REPLAY_CLOCK``)."""

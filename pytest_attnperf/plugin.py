@@ -36,6 +36,12 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
     session = AttnPerfSession(config, read_settings(config))
+    distributed = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
+    if session.settings.update_baselines and distributed:
+        raise pytest.UsageError(
+            "attnperf: --update-baselines cannot run under pytest-xdist (each worker would write the "
+            "file on its own and lose the others' entries); run it without -n"
+        )
     config.stash[SESSION_KEY] = session
     if session.settings.hw is not None:
         session.hardware  # noqa: B018 - an explicit --hw is checked at start-up

@@ -9,7 +9,7 @@ from .session import Row
 __all__ = ["summary_lines"]
 
 _HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "peak MiB",
-           "eager", "vs baseline")
+           "eager", "eager vs base", "vs baseline")
 
 
 def _time(ms: float | None) -> str:
@@ -29,12 +29,15 @@ def _change(row: Row) -> str:
 
 
 def _case(nodeid: str) -> str:
-    name = nodeid.rsplit("::", 1)[-1]
-    return name
+    return nodeid.rsplit("::", 1)[-1]
 
 
 def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) -> list[str]:
-    """A fixed-width table, one line per measured case, then notes."""
+    """A fixed-width table, one line per measured case, then notes.
+
+    "vs baseline" is the gated device-time verdict; "eager vs base" is the eager per-call time
+    (host overhead included) against the baseline's, reported and never gated: host time is
+    too noisy to fail a test on, but a kernel author should see which of the two moved."""
     table = [_HEADER] + [
         (
             _case(r.nodeid),
@@ -47,6 +50,7 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
             _pct(r.bandwidth_frac),
             "-" if r.peak_mib is None else f"{r.peak_mib:.1f}",
             _time(r.eager_ms),
+            "-" if r.eager_change_pct is None else f"{r.eager_change_pct:+.1f}%",
             _change(r),
         )
         for r in rows

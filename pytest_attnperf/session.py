@@ -1,6 +1,6 @@
 """The run's state: device, hardware, timer, kernels, baselines, results.
 
-Registered as a second plugin by ``pytest_configure`` and kept in ``config.stash``. Everything
+Created by ``pytest_configure`` and kept in ``config.stash``. Everything
 heavy (torch, the device query, the baseline file) is resolved on first use, so a run with no
 attention tests imports nothing and writes nothing.
 """
@@ -39,6 +39,7 @@ class Row:
     eager_ms: float | None
     status: str
     change_pct: float | None
+    eager_change_pct: float | None = None
     notes: tuple[str, ...] = ()
 
 

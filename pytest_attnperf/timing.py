@@ -164,7 +164,9 @@ def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        reasons = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+        read_reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        read_reasons = read_reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # older NVML
+        reasons = int(read_reasons(handle))
     except Exception:  # noqa: BLE001 - NVML is optional; absence means "not read"
         return None, ()
     return mhz, tuple(name for bit, name in _THROTTLE_NAMES.items() if reasons & bit)
