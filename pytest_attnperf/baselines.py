@@ -59,8 +59,12 @@ def load(path: Path) -> BaselineFile | None:
     if not path.exists():
         return None
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BaselineError(f"baseline file {path} cannot be read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise BaselineError(f"baseline file {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BaselineError(
@@ -94,6 +98,15 @@ def merge(
     return merged
 
 
+def _file_mode(path: Path) -> int:
+    """The old file's permissions, or what the umask gives a new file (mkstemp makes 0600)."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def save(path: Path, baseline: BaselineFile) -> None:
     """Write atomically: temporary file in the same folder, fsync, rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +122,7 @@ def save(path: Path, baseline: BaselineFile) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, _file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

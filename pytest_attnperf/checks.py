@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FACTOR", "GRAD_FACTOR", "Closeness", "assert_close", "max_error", "poison_allocator"]
+__all__ = [
+    "FACTOR", "GRAD_FACTOR", "Closeness", "assert_close", "assert_unchanged", "poison_allocator", "max_error",
+]
 
 FACTOR = 2.0
 GRAD_FACTOR = 3.0
@@ -67,14 +69,30 @@ def assert_close(
     return result
 
 
-def poison_allocator(device: Any, nbytes: int) -> None:
-    """Fill ``nbytes`` of free CUDA caching-allocator memory with 0xFF (NaN in bf16, fp16 and
-    fp32) so a kernel output that reuses it and leaves elements unwritten shows NaN.
-    A no-op on the CPU, whose allocator gives no such handle."""
+def poison_allocator(device: Any, sizes: list[int]) -> None:
+    """Make the CUDA caching allocator hand out NaN-filled memory for the next blocks of these
+    byte sizes (the outputs a kernel is about to allocate), so elements it never writes show
+    as NaN (0xFF bytes are NaN in bf16, fp16 and fp32).
+
+    The cache is emptied first, then one block per size is filled and freed: the allocator
+    serves a request from the best-fitting free block, which is then one of these. Likely,
+    not certain (a kernel may allocate in another order); a no-op on the CPU, whose allocator
+    gives no such handle."""
     import torch
 
     if device.type != "cuda":
         return
-    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    block.fill_(0xFF)
-    del block
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(0xFF) for n in sizes]
+    torch.cuda.synchronize()
+    del blocks
+
+
+def assert_unchanged(names: str, tensors: tuple[Any, ...], snapshots: tuple[Any, ...]) -> None:
+    """Fail when a kernel wrote into one of its inputs (later kernels would inherit it)."""
+    import torch
+
+    for label, now, before in zip(names.split(","), tensors, snapshots, strict=True):
+        if not torch.equal(now.detach(), before):
+            raise AssertionError(f"the kernel wrote into its input {label.strip()}")

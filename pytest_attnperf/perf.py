@@ -126,6 +126,13 @@ class Perf:
             pytest.fail(problem, pytrace=False)
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
+        entry = baseline.entries.get(self._request.node.nodeid) if baseline else None
+        if entry is not None and (entry.get("mode"), entry.get("clock")) != (measurement.mode, measurement.clock):
+            return Verdict(
+                "not compared", None,
+                f"baseline measured as {entry.get('mode')}/{entry.get('clock')}, this run as "
+                f"{measurement.mode}/{measurement.clock}: times are not comparable",
+            ), measurement
         summary = baseline.summary(self._request.node.nodeid) if baseline else None
         verdict = judge(measurement.summary, summary, session.settings.tolerance)
         if verdict.failed:  # a suspected regression is measured once more before the verdict

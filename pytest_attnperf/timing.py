@@ -156,13 +156,27 @@ _THROTTLE_NAMES = {
 }
 
 
+def _nvml_handle(pynvml: Any, index: int) -> Any:
+    """NVML's handle for torch's CUDA device ``index``: by UUID, since NVML ignores
+    CUDA_VISIBLE_DEVICES and its indices need not be torch's."""
+    import torch
+
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    if uuid:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        except Exception:  # noqa: BLE001 - fall back to the index
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
 def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
     """SM clock (MHz) and active throttle reasons through NVML, or (None, ()) without it."""
     try:
         import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = _nvml_handle(pynvml, index)
         mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
         read_reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         read_reasons = read_reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # older NVML
@@ -201,21 +215,17 @@ class CudaTimer:
 
         eager_ms = self._eager_ms(fn)
         peak_mib = self._peak_mib(fn)
+        graph, failure = _capture(fn, 1)
         calls = 1
-        if plan.mode == "hot":
-            calls = max(1, min(64, math.ceil(plan.hot_sample_ms / max(eager_ms, 1e-3))))
-        graph = None
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(calls):
-                    fn()
-            torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 - any capture failure means: time eagerly
-            graph = None
-            torch.cuda.synchronize()
-            notes.append(f"not graph-capturable ({type(exc).__name__}: {str(exc)[:120]}); "
-                         "timed with events around eager launches, launch overhead included")
+        if graph is not None and plan.mode == "hot":
+            # calls per graph from the device time of one replay, not the eager (host) time
+            one_ms = _time_replay(graph.replay)
+            calls = max(1, min(64, math.ceil(plan.hot_sample_ms / max(one_ms, 1e-3))))
+            if calls > 1:
+                graph, failure = _capture(fn, calls)
+        if failure:
+            notes.append(f"not graph-capturable ({failure}); timed with events around eager "
+                         "launches, launch overhead included")
 
         run = graph.replay if graph is not None else (lambda: [fn() for _ in range(calls)])
         flush = self._flush_buffer() if plan.mode == "cold" else None
@@ -282,6 +292,45 @@ class CudaTimer:
         peak = torch.cuda.max_memory_allocated() - before
         del result
         return peak / 2**20
+
+
+def _capture(fn: Callable[[], Any], calls: int) -> tuple[Any, str | None]:
+    """A CUDA graph of ``calls`` back-to-back calls, or (None, why) when capture fails.
+
+    A failed capture can leave the capture stream current (torch leaves its stream context
+    only after ending the capture, which is what raised): the previous stream is restored."""
+    import torch
+
+    previous = torch.cuda.current_stream()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        torch.cuda.synchronize()
+        return graph, None
+    except Exception as exc:  # noqa: BLE001 - any capture failure means: time eagerly
+        torch.cuda.set_stream(previous)
+        torch.cuda.synchronize()
+        return None, f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
+def _time_replay(replay: Callable[[], Any]) -> float:
+    """Device ms of one replay (median of 5), launch latency kept out by a spin kernel."""
+    import torch
+
+    spin = getattr(torch.cuda, "_sleep", None)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        if spin is not None:
+            spin(SPIN_CYCLES)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def default_timer(device: DetectedDevice) -> Timer:

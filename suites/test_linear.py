@@ -24,6 +24,8 @@ GPU = (
     # seed 000: model ladder heads (hidden 512 = 8 x 64, hidden 1024 = 8 x 128), B=32 T=1024
     LinearCase("ladder-h512-b32-h8-t1024-d64-bf16", 32, 8, 1024, 64, 64, "bf16"),
     LinearCase("ladder-h1024-b32-h8-t1024-d128-bf16", 32, 8, 1024, 128, 128, "bf16"),
+    # a length that is not a multiple of the chunk size: the tail-chunk path
+    LinearCase("b2-h8-t1000-d128-bf16", 2, 8, 1000, 128, 128, "bf16"),
     # GDN with negative eigenvalues allowed: beta in (0, 2)
     LinearCase("b4-h16-t1024-d128-beta2-bf16", 4, 16, 1024, 128, 128, "bf16", beta_max=2.0),
 )

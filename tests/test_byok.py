@@ -69,6 +69,13 @@ def pytest_attnperf_register_kernels(registry, config):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         return out.index_put((torch.tensor([0]),) * 4, torch.tensor(float("nan")))
 
+    @registry.kernel(family="softmax", name="writes-into-q")
+    def writes_into_q(q, k, v, *, causal, scale, window=None):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        with torch.no_grad():
+            q.mul_(2)
+        return out
+
     @registry.kernel(family="gla", name="dropped-gate")
     def dropped_gate(q, k, v, g, *, scale):
         from pytest_attnperf.variants.linear import la_naive
@@ -89,6 +96,7 @@ def pytest_attnperf_register_kernels(registry, config):
         ("mask-off-by-one", dict(failed=2), "*mask-off-by-one out: max |error|*exceeds*", ()),
         ("one-nan", dict(failed=2), "*one-nan out: 1 non-finite elements*", ()),
         ("zeroed-dq", dict(passed=1, failed=1), "*zeroed-dq dq: max |error|*exceeds*", ()),
+        ("writes-into-q", dict(failed=2), "*the kernel wrote into its input q*", ()),
         ("dropped-gate", dict(failed=2), "*dropped-gate out: normwise relative error*exceeds*",
          ("cpu-b2-h2-t33-d16-fp32", "linear")),
     ],

@@ -220,6 +220,27 @@ def test_benchmark_json_carries_device_samples(project: pytest.Pytester) -> None
     assert set(bench["extra_info"]) >= {"mfu", "gb_per_s", "bandwidth_frac", "peak_mib", "eager_ms"}
 
 
+def test_benchmark_skip_skips_before_measuring(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.5)
+    project.runpytest(*PLUGIN, "--benchmark-skip").assert_outcomes(skipped=2)
+    project.runpytest(*PLUGIN, "--benchmark-only").assert_outcomes(passed=1, failed=1)
+
+
+def test_runs_without_pytest_benchmark(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "-p", "no:benchmark", "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.5)
+    project.runpytest(*PLUGIN, "-p", "no:benchmark").assert_outcomes(passed=1, failed=1)
+
+
+def test_baseline_from_another_mode_is_not_compared(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.5)
+    result = project.runpytest(*PLUGIN, "--attnperf-mode=hot")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_case[[]a[]]*not compared*"])
+
+
 def test_requires_hw_skips_with_reason_on_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_DEVICE", "cpu")
     project.makepyfile(

@@ -222,3 +222,21 @@ def test_successful_save_leaves_no_temporary(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["h200.yaml"]
     loaded = load(path)
     assert loaded is not None and loaded.entries["k"] == entry(9.0)
+
+
+def test_save_keeps_the_old_files_permissions_and_gives_new_ones_the_umasks(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from pytest_attnperf.baselines import BaselineFile, save
+
+    fresh = tmp_path / "new.yaml"
+    save(fresh, BaselineFile())
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
+    old = tmp_path / "old.yaml"
+    old.write_text("format: 1\n")
+    old.chmod(0o640)
+    save(old, BaselineFile())
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640

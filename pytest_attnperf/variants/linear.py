@@ -179,7 +179,11 @@ class Prepared:
     names: tuple[str, ...]
 
 
-_GRAD_SLICE = (slice(0, 1), slice(None), slice(0, 2))  # batch 0, all tokens, heads 0-1
+def _edges(x: Any) -> Any:
+    """First and last batch, first and last head (fla layout ``[B, T, H, ...]``)."""
+    batches = sorted({0, x.shape[0] - 1})
+    heads = sorted({0, x.shape[2] - 1})
+    return x[batches][:, :, heads]
 
 
 def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple[Any, ...]:
@@ -225,40 +229,47 @@ _cache: dict[tuple[str, LinearCase, str, str], Prepared] = {}
 def prepare(family: str, case: LinearCase, direction: str, device: Any) -> Prepared:
     """Inputs and the fp64 reference (cached for the case, which every kernel shares).
 
-    The forward reference covers the whole output. Gradients are checked on batch 0, heads
-    0-1: batches and heads are independent, so those gradients are exact, and the fp64
-    recurrence's autograd memory (one state per token) stays bounded at long sequences.
+    The forward reference covers the whole output. Gradients are compared on the first and
+    last batch and the first and last head (batches and heads are independent, so those
+    gradients are exact, and the fp64 recurrence's autograd memory, one state per token,
+    stays bounded at long sequences); every gradient element is checked to be finite.
     """
     import torch
 
     key = (family, case, direction, str(device))
     if key in _cache:
         return _cache[key]
-    _cache.clear()
+    while len(_cache) >= 2:  # both directions of the case in hand; older cases dropped
+        _cache.pop(next(iter(_cache)))
     backward = direction == "fwdbwd"
     inputs = _inputs(family, case, device, backward)
     names = ("q", "k", "v", "g", "beta")[: len(inputs)]
     fn = _reference_fn(family)
-    grad_out = torch.randn(inputs[2].shape, device=device).to(inputs[0].dtype)
+    gen = torch.Generator(device=device).manual_seed(7)
+    grad_out = torch.randn(inputs[2].shape, generator=gen, device=device).to(inputs[0].dtype)
     with torch.no_grad():
         out = fn(*(x.detach().double() for x in inputs), scale=case.scale)
     reference: tuple[Any, ...] = (out,)
     if backward:
-        leaves = [x.detach()[_GRAD_SLICE].double().requires_grad_(True) for x in inputs]
+        leaves = [_edges(x.detach()).double().requires_grad_(True) for x in inputs]
         sliced = fn(*leaves, scale=case.scale)
-        reference += torch.autograd.grad(sliced, leaves, grad_out[_GRAD_SLICE].double())
+        reference += torch.autograd.grad(sliced, leaves, _edges(grad_out).double())
     prepared = Prepared(inputs, grad_out, reference, names)
     _cache[key] = prepared
     return prepared
 
 
-def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: float) -> float:
-    """Fail unless finite and ``|value - ref| / |ref| <= units * u(dtype)``; returns the error."""
+def assert_finite(name: str, value: Any) -> None:
     import torch
 
     bad = ~torch.isfinite(value)
     if bad.any():
         raise AssertionError(f"{name}: {int(bad.sum())} non-finite elements (first at {bad.nonzero()[0].tolist()})")
+
+
+def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: float) -> float:
+    """Fail unless finite and ``|value - ref| / |ref| <= units * u(dtype)``; returns the error."""
+    assert_finite(name, value)
     if tuple(value.shape) != tuple(reference.shape):
         raise AssertionError(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
     ref = reference.double()
@@ -277,7 +288,7 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
     ``fwdbwd``) and return the zero-argument callable to time."""
     import torch
 
-    from ..checks import poison_allocator
+    from ..checks import assert_unchanged, poison_allocator
     from .softmax import call_or_skip
 
     p = prepare(family, case, direction, device)
@@ -289,11 +300,14 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
             return (out,)
         return (out,) + tuple(torch.autograd.grad(out, p.inputs, p.grad_out))
 
-    poison_allocator(device, 4 * sum(x.numel() * x.element_size() for x in p.inputs))
+    poison_allocator(device, [x.numel() * x.element_size() for x in p.inputs])
+    before = tuple(x.detach().clone() for x in p.inputs)
     got = call_or_skip(kernel, call)
+    assert_unchanged(", ".join(p.names), p.inputs, before)
     assert_normwise(f"{kernel.name} out", got[0].detach(), p.reference[0], case.dtype, OUT_UNITS)
     for name, grad, ref in zip(p.names, got[1:], p.reference[1:], strict=False):
-        assert_normwise(f"{kernel.name} d{name}", grad.detach()[_GRAD_SLICE], ref, case.dtype, GRAD_UNITS)
+        assert_finite(f"{kernel.name} d{name}", grad.detach())
+        assert_normwise(f"{kernel.name} d{name}", _edges(grad.detach()), ref, case.dtype, GRAD_UNITS)
     return call
 
 

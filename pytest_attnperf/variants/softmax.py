@@ -166,8 +166,10 @@ _cache: dict[tuple[SoftmaxCase, str, str], Prepared] = {}
 
 
 def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
-    """Fresh random inputs for the case (seeded by its id) and both yardsticks; the last one
-    is cached, since every kernel of the family runs on the same case in turn."""
+    """Fresh random inputs for the case (seeded by its id) and both yardsticks; the last two
+    (the case's two directions) are cached, since every kernel runs on the same case in turn.
+    The ``naive`` kernel is itself the same-dtype yardstick: for it only shape and finiteness
+    are really checked."""
     import torch
 
     from ..reference import softmax_attention as reference
@@ -175,7 +177,8 @@ def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
     key = (case, direction, str(device))
     if key in _cache:
         return _cache[key]
-    _cache.clear()
+    while len(_cache) >= 2:  # both directions of the case in hand; older cases dropped
+        _cache.pop(next(iter(_cache)))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     gen = torch.Generator(device=device).manual_seed(_seed(case.id))
     shape_q = (case.batch, case.heads, case.seq, case.head_dim)
@@ -220,7 +223,7 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
     ``fwdbwd``); return the zero-argument callable to time."""
     import torch
 
-    from ..checks import FACTOR, GRAD_FACTOR, assert_close, poison_allocator
+    from ..checks import FACTOR, GRAD_FACTOR, assert_close, assert_unchanged, poison_allocator
 
     p = prepare(case, direction, device)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
@@ -232,8 +235,11 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
             return (out,)
         return (out,) + tuple(torch.autograd.grad(out, (p.q, p.k, p.v), p.grad_out))
 
-    poison_allocator(device, 4 * sum(x.numel() * x.element_size() for x in (p.q, p.k, p.v)))
+    inputs = (p.q, p.k, p.v)
+    poison_allocator(device, [x.numel() * x.element_size() for x in inputs])
+    before = tuple(x.detach().clone() for x in inputs)
     got = call_or_skip(kernel, call)
+    assert_unchanged("q, k, v", inputs, before)
     for name, value, ref, mine in zip(("out", "dq", "dk", "dv"), got, p.reference, p.torch_value, strict=False):
         factor = FACTOR if name == "out" else GRAD_FACTOR
         assert_close(f"{kernel.name} {name}", value.detach(), ref, mine, case.dtype, factor)
