@@ -212,4 +212,7 @@ class Perf:
             }
         )
         rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)
-        bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
+        try:
+            bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
+        finally:
+            REPLAY_CLOCK.finish()

@@ -115,16 +115,26 @@ class ReplayClock:
     def __init__(self) -> None:
         self._now_s = 0.0
         self._pending: list[float] = []
+        self._loaded = False
 
     def __call__(self) -> float:
+        if not self._loaded:  # e.g. benchmark(fn) calibrating this clock: it would never advance
+            raise RuntimeError(
+                "a test using the attnperf fixture has pytest-benchmark's timer set to attnperf's "
+                "device clock; call benchmark(...) in a test of its own"
+            )
         return self._now_s
 
     def load(self, samples_ms: tuple[float, ...]) -> int:
         self._pending = [s / 1e3 for s in reversed(samples_ms)]
+        self._loaded = True
         return len(samples_ms)
 
     def step(self) -> None:
         self._now_s += self._pending.pop()
+
+    def finish(self) -> None:
+        self._pending, self._loaded = [], False
 
 
 REPLAY_CLOCK = ReplayClock()

@@ -293,7 +293,8 @@ def test_min_samples_of_one_is_accepted() -> None:
 def test_replay_clock_advances_by_loaded_samples() -> None:
     """load((1.0, 2.0)) then step, step: 0.001 s then 0.003 s, in load order."""
     clock = ReplayClock()
-    assert clock() == 0.0
+    with pytest.raises(RuntimeError, match="call benchmark"):
+        clock()  # unloaded: a calibration loop on it would never end
     assert clock.load((1.0, 2.0)) == 2
     assert clock() == 0.0
     clock.step()
