@@ -43,6 +43,10 @@ OPTIONS = (
            "baselines", "folder of per-hardware baseline files (relative to the rootdir)"),
     Option("tolerance", "--attnperf-tolerance", "ATTNPERF_TOLERANCE", "attnperf_tolerance",
            "5%", "slowdown tolerated before a case regresses: '5%' or 0.05"),
+    Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
+           "attnperf_require_baseline", "false",
+           "fail a measured case that has no entry in the baseline file (default: pass as 'new')",
+           is_flag=True),
     Option("mode", "--attnperf-mode", "ATTNPERF_MODE", "attnperf_mode", "cold",
            "cold: L2 flushed before every sample (default, for gating); hot: back-to-back replays"),
     Option("budget", "--attnperf-budget", "ATTNPERF_BUDGET", "attnperf_budget", "0.5",
@@ -60,6 +64,7 @@ class Settings:
 
     hw: str | None
     update_baselines: bool
+    require_baseline: bool
     baselines_dir: Path
     tolerance: float
     mode: str
@@ -151,6 +156,7 @@ def read_settings(config: pytest.Config) -> Settings:
     return Settings(
         hw=hw.lower() if hw else None,
         update_baselines=_get(config, "update_baselines", _bool),
+        require_baseline=_get(config, "require_baseline", _bool),
         baselines_dir=folder,
         tolerance=_get(config, "tolerance", _fraction),
         mode=_get(config, "mode", _mode),

@@ -134,6 +134,12 @@ class Perf:
                 f"{measurement.mode}/{measurement.clock}: times are not comparable",
             ), measurement
         summary = baseline.summary(self._request.node.nodeid) if baseline else None
+        if summary is None and session.settings.require_baseline:
+            pytest.fail(
+                f"{self._request.node.nodeid}: no entry in {session.baseline_path} and "
+                "--attnperf-require-baseline is set; record it with --update-baselines",
+                pytrace=False,
+            )
         verdict = judge(measurement.summary, summary, session.settings.tolerance)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)

@@ -106,6 +106,15 @@ def test_ten_percent_slower_fails_that_test_only(project: pytest.Pytester) -> No
     assert "re-measured after a suspected regression" in out
 
 
+def test_missing_entry_passes_as_new_unless_required(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
+    result = project.runpytest(*PLUGIN, "--attnperf-require-baseline")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*no entry in *h200.yaml and --attnperf-require-baseline is set*"])
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    project.runpytest(*PLUGIN, "--attnperf-require-baseline").assert_outcomes(passed=2)
+
+
 def test_faster_case_passes_and_is_reported(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
     set_speed(project, b=0.8)
