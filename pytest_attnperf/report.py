@@ -8,8 +8,8 @@ from .session import Row
 
 __all__ = ["summary_lines"]
 
-_HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "peak MiB",
-           "eager", "eager vs base", "vs baseline")
+_HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B",
+           "peak MiB", "eager", "eager vs base", "vs baseline")
 
 
 def _time(ms: float | None) -> str:
@@ -35,6 +35,9 @@ def _case(nodeid: str) -> str:
 def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) -> list[str]:
     """A fixed-width table, one line per measured case, then notes.
 
+    "FLOP/B" is the cost model's arithmetic intensity, marked "cmp" or "mem" by the side of
+    the hardware's ridge point (peak FLOP/s over bandwidth) it falls on.
+
     "vs baseline" is the gated device-time verdict; "eager vs base" is the eager per-call time
     (host overhead included) against the baseline's, reported and never gated: host time is
     too noisy to fail a test on, but a kernel author should see which of the two moved."""
@@ -48,6 +51,7 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
             _pct(r.mfu),
             f"{r.gb_per_s:.1f}",
             _pct(r.bandwidth_frac),
+            f"{r.intensity:.0f}" + {"compute": " cmp", "memory": " mem"}.get(r.bound or "", ""),
             "-" if r.peak_mib is None else f"{r.peak_mib:.1f}",
             _time(r.eager_ms),
             "-" if r.eager_change_pct is None else f"{r.eager_change_pct:+.1f}%",

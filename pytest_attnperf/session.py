@@ -37,6 +37,8 @@ class Row:
     bandwidth_frac: float | None
     peak_mib: float | None
     eager_ms: float | None
+    intensity: float
+    bound: str | None
     status: str
     change_pct: float | None
     eager_change_pct: float | None = None
