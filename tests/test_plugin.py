@@ -300,7 +300,7 @@ def test_plugin_imports_nothing_heavy_and_writes_nothing(
     )
     result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", "-p", "no:benchmark")
     result.assert_outcomes(passed=1)
-    pytesters_own = {"runpytest-0", "runpytest-current", "stdout", "stderr"}
+    pytesters_own = {"runpytest-0", "runpytest-current", "stdout", "stderr", "__pycache__"}  # and Python's
     assert sorted(p.name for p in pytester.path.iterdir() if p.name not in pytesters_own) == ["test_plain.py"]
 
 
