@@ -198,6 +198,19 @@ def linear_attention(
     )
 
 
+def _gated_linear(
+    *, gates_per_token: int, batch: int, heads: int, seq: int, key_dim: int, value_dim: int, dtype: str,
+    form: str, chunk: int, gate_dtype: str, initial_state: bool, final_state: bool, backward: bool,
+) -> Cost:
+    """Linear attention's FLOPs (gates are element-wise) plus the gates' bytes."""
+    gate_bytes = float(batch * seq * heads * gates_per_token * _elem_bytes(gate_dtype, "gate_dtype"))
+    return _cost(
+        flops_per_head=linear_attention_flops_per_head(seq, key_dim, value_dim, form, chunk),
+        batch=batch, heads=heads, seq=seq, key_dim=key_dim, value_dim=value_dim, dtype=dtype,
+        extra_input_bytes=gate_bytes, initial_state=initial_state, final_state=final_state, backward=backward,
+    )
+
+
 def gla(
     *,
     batch: int,
@@ -214,11 +227,10 @@ def gla(
     backward: bool = False,
 ) -> Cost:
     """Gated linear attention, per-key-channel gates ``g: [B, T, H, K]`` (fla's ``chunk_gla``)."""
-    gate_bytes = float(batch * seq * heads * key_dim * _elem_bytes(gate_dtype, "gate_dtype"))
-    return _cost(
-        flops_per_head=linear_attention_flops_per_head(seq, key_dim, value_dim, form, chunk),
-        batch=batch, heads=heads, seq=seq, key_dim=key_dim, value_dim=value_dim, dtype=dtype,
-        extra_input_bytes=gate_bytes, initial_state=initial_state, final_state=final_state, backward=backward,
+    return _gated_linear(
+        gates_per_token=key_dim, batch=batch, heads=heads, seq=seq, key_dim=key_dim, value_dim=value_dim,
+        dtype=dtype, form=form, chunk=chunk, gate_dtype=gate_dtype, initial_state=initial_state,
+        final_state=final_state, backward=backward,
     )
 
 
@@ -238,11 +250,10 @@ def simple_gla(
     backward: bool = False,
 ) -> Cost:
     """Linear attention with one gate per (token, head), ``g: [B, T, H]`` (fla's ``chunk_simple_gla``)."""
-    gate_bytes = float(batch * seq * heads * _elem_bytes(gate_dtype, "gate_dtype"))
-    return _cost(
-        flops_per_head=linear_attention_flops_per_head(seq, key_dim, value_dim, form, chunk),
-        batch=batch, heads=heads, seq=seq, key_dim=key_dim, value_dim=value_dim, dtype=dtype,
-        extra_input_bytes=gate_bytes, initial_state=initial_state, final_state=final_state, backward=backward,
+    return _gated_linear(
+        gates_per_token=1, batch=batch, heads=heads, seq=seq, key_dim=key_dim, value_dim=value_dim,
+        dtype=dtype, form=form, chunk=chunk, gate_dtype=gate_dtype, initial_state=initial_state,
+        final_state=final_state, backward=backward,
     )
 
 

@@ -240,16 +240,12 @@ def simple_gla(
         S_t = exp(g_t) S_{t-1} + k_t v_t^T
         o_t = scale * S_t^T q_t
     """
-    import torch
-
     _check_per_head("g", g, k)
-    q, k, v, g = _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(g)
-    state = _initial(initial_state, q, q.shape[3], v.shape[3])
-    outputs = []
-    for t in range(q.shape[2]):
-        state = torch.exp(g[:, :, t])[..., None, None] * state + _outer(k[:, :, t], v[:, :, t])
-        outputs.append(_readout(q[:, :, t], state, scale))
-    return _finish(outputs, state, final_state)
+    # one decay for every key channel: GLA with the gate broadcast over K, exactly
+    per_key = g[..., None].expand(k.shape)
+    if final_state:
+        return gla(q, k, v, per_key, scale=scale, initial_state=initial_state, final_state=True)
+    return gla(q, k, v, per_key, scale=scale, initial_state=initial_state)
 
 
 @overload
