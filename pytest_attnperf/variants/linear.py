@@ -139,12 +139,26 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
     return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
 
 
-def _any_case(case: LinearCase) -> str | None:
-    return None
+NAIVE_MAX_SEQ = 1024
 
 
 def _beta_is_gdns(case: LinearCase) -> str | None:
     return None if case.beta_max == 1.0 else "beta_max is a GDN input; this family has no beta"
+
+
+def _supports(family: str, name: str) -> Callable[[LinearCase], str | None]:
+    """GDN takes every case, the other families none with a beta; fla's naive recurrences
+    loop over T in Python (several launches per token, and autograd keeps a state per token),
+    so they take sequences up to ``NAIVE_MAX_SEQ`` only."""
+
+    def supports(case: LinearCase) -> str | None:
+        if family != "gdn" and (why := _beta_is_gdns(case)):
+            return why
+        if name == "fla-naive" and case.seq > NAIVE_MAX_SEQ:
+            return f"fla's naive recurrence loops over T in Python: run at T <= {NAIVE_MAX_SEQ} only"
+        return None
+
+    return supports
 
 
 def register(registry: KernelRegistry) -> None:
@@ -164,7 +178,7 @@ def register(registry: KernelRegistry) -> None:
         ("gdn", "fla-naive", gdn_naive, "recurrent", ("cuda", "cpu")),
     ):
         registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
-                            supports=_beta_is_gdns if family != "gdn" else _any_case,
+                            supports=_supports(family, name),
                             description=(fn.__doc__ or "").strip()))
 
 

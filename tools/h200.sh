@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The device runs quoted in the issue notes, run from the repo root on the lent H200:
+#   bash tools/h200.sh record-linear | gate | noise-steady | noise-inject
+# Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
+# fla's autotune results from .triton-cache/ (both git-ignored; see README, "On a GPU").
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
+OUT="${OUT:-/tmp/attnperf-out}"
+mkdir -p "$OUT" "$TRITON_CACHE_DIR"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+PYTEST=(python3 -m pytest -p no:cacheprovider -q --tb=short -rs --timeout=240)
+
+keep_cache() {  # autotune results (small) travel back, so the next machine skips autotuning
+  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$OUT/autotune.tgz" --null -T -)
+  ls -la "$OUT/autotune.tgz"
+}
+
+case "${1:-}" in
+  record-linear)
+    timeout -s INT "${BUDGET:-480}" "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines \
+      --benchmark-disable ${K:+-k "$K"} 2>&1 | tee "$OUT/record-linear.log"
+    cp baselines/h200.yaml "$OUT/"; keep_cache ;;
+  gate)
+    timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --benchmark-json="$OUT/gate.json" \
+      ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
+    keep_cache ;;
+  noise-steady|noise-inject)
+    stage=${1#noise-}
+    timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir noise-work --stages "$stage" \
+      ${NOISE_ARGS:-} -- suites/test_softmax.py --hw=h200 --attnperf-tolerance=1.5% 2>&1 | tee "$OUT/noise-$stage.log"
+    tar czf "$OUT/noise-work.tgz" noise-work ;;
+  *) echo "usage: $0 record-linear|gate|noise-steady|noise-inject" >&2; exit 2 ;;
+esac
