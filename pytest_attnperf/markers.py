@@ -78,13 +78,33 @@ def pin_backend(name: str) -> Iterator[None]:
 _UNAVAILABLE = re.compile(r"No available kernel|No viable backend", re.IGNORECASE)
 
 
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
+_HEADER = re.compile(r"kernel not used because:?$")
+
+
 def unavailable_reason(exc: BaseException, warnings_seen: Iterable[str]) -> str | None:
-    """torch's reason a pinned backend cannot run, or None when ``exc`` is something else."""
+    """torch's reason a pinned backend cannot run, or None when ``exc`` is something else.
+
+    torch warns a header per backend ("Flash attention kernel not used because:") followed by
+    one warning per failed check ("Expected query, key and value to all be of dtype ...");
+    each header is joined with its checks. "has been runtime disabled" is the pin itself
+    switching the other backends off, so it is left out."""
     if not isinstance(exc, RuntimeError) or not _UNAVAILABLE.search(str(exc)):
         return None
-    why = [w.strip() for w in warnings_seen if re.search(r"not used because|not supported|requires", w)]
-    detail = "; ".join(dict.fromkeys(why)) or str(exc).strip().splitlines()[0]
-    return detail
+    parts: list[str] = []
+    for raw in dict.fromkeys(str(w) for w in warnings_seen):
+        message = _TRIGGERED.sub("", raw.strip())
+        if "runtime disabled" in message or not message:
+            continue
+        if _HEADER.search(message):
+            parts.append(message.rstrip(":") + ":")
+        elif parts and parts[-1].endswith(":"):
+            parts[-1] += " " + message
+        elif re.search(r"not used because|not supported|requires|[Ee]xpected", message):
+            parts.append(message)
+    parts = [p[:-1] + " (torch named no check)" if p.endswith(":") else p for p in parts]
+    first = str(exc).strip().splitlines()[0]
+    return "; ".join(parts) + f" [{first}]" if parts else first
 
 
 def backends_seen(op_names: Iterable[str], kernel_names: Iterable[str]) -> set[str]:

@@ -2,17 +2,32 @@
 
     python -m pytest_attnperf.noise --runs 5 --inject 0.02,0.05,0.10 -- suites/ --hw=h200 -k softmax
 
-1. records fresh baselines for the selected cases into a scratch folder;
-2. runs the same cases ``--runs`` times with unchanged code, gating against them: each case's
-   run-to-run spread of the reported median, and every (false) regression;
-3. for each injected fraction, reruns with that much extra device work added to half of the
-   cases (``pytest_attnperf.inject``): how many the gate caught, by kernel size, and how many
-   untouched cases it flagged;
-4. on a GPU, with ``--compare``, the harness's median against ``triton.testing.do_bench_cudagraph``
-   on the same callables (one extra run).
+It runs four stages, in this order (``--stages`` picks some; default all four):
 
-Everything after ``--`` goes to pytest unchanged (tolerance, mode, budget included). A script,
-not a test: it takes minutes of device time and asserts nothing; it reports.
+1. ``record``: records fresh baselines for the selected cases into the work folder;
+2. ``steady``: runs the same cases ``--runs`` times with unchanged code, gating against them
+   (``run<i>.json``, ``run<i>.xml``): each case's run-to-run spread of the reported median, the
+   runs it appeared in, and every (false) regression;
+3. ``inject``: for each injected fraction, reruns with that much extra device work added to the
+   cases picked by ``--every`` (``pytest_attnperf.inject``): how many the gate caught, by kernel
+   size (the steady runs' medians, or the baseline file's without them), and how many untouched
+   cases it flagged;
+4. ``compare``: on a GPU, with ``--compare``, the harness's median against
+   ``triton.testing.do_bench_cudagraph`` on the same callables (one extra run).
+
+A GPU run of the suite takes about a minute, so the stages can be split over two calls that
+share the work folder (``--stages steady`` is short for ``record,steady``, ``--stages inject``
+for ``inject,compare``)::
+
+    python -m pytest_attnperf.noise --workdir noise-work --stages steady -- suites/ --hw=h200
+    python -m pytest_attnperf.noise --workdir noise-work --stages inject --compare -- suites/ --hw=h200
+
+Each call prints, and writes to ``<workdir>/report-<stages>.txt`` (``report-record-steady.txt``),
+what the work folder gives: the steady table whenever ``run*.json`` files are there, the
+injection and comparison lines of the stages it ran. Everything after ``--`` goes to pytest
+unchanged (tolerance, mode, budget included). A script, not a test: it takes minutes of device
+time and asserts nothing; it reports. Its exit status is 0, or 2 when ``inject`` has no baseline
+file to gate against.
 """
 
 from __future__ import annotations
@@ -27,9 +42,27 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from . import baselines as store
 from .inject import is_picked
 
 __all__ = ["main"]
+
+STAGES = ("record", "steady", "inject", "compare")
+SHORTHANDS = {"steady": ("record", "steady"), "inject": ("inject", "compare")}
+SIZES = (">=50us", ">=10us", "<10us")
+
+
+def _stages(text: str) -> tuple[str, ...]:
+    """``--stages``: names from STAGES, comma-separated, in run order; one word may be a shorthand."""
+    if text.strip() in SHORTHANDS:
+        return SHORTHANDS[text.strip()]
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = names - set(STAGES)
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: stages are a comma-separated subset of {','.join(STAGES)} (or 'steady', 'inject')"
+        )
+    return tuple(stage for stage in STAGES if stage in names)
 
 
 def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
@@ -38,24 +71,150 @@ def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
     return subprocess.run(cmd, env={**os.environ, **(env or {})}, check=False).returncode
 
 
+def _hw(args: list[str]) -> str | None:
+    """The ``--hw`` among the pytest arguments (the last one, as pytest reads them), if any."""
+    hw = None
+    for i, arg in enumerate(args):
+        if arg.startswith("--hw="):
+            hw = arg.split("=", 1)[1]
+        elif arg == "--hw" and i + 1 < len(args):
+            hw = args[i + 1]
+    return hw
+
+
+def _baseline_path(work: Path, hw: str | None) -> Path | None:
+    """The record stage's ``<hw>.yaml`` in the work folder: that of ``--hw``, else any one."""
+    if hw:
+        path = work / f"{hw}.yaml"
+        return path if path.exists() else None
+    return next(iter(sorted(work.glob("*.yaml"))), None)
+
+
+def _missing_baseline(work: Path, hw: str | None) -> str:
+    return (
+        f"noise: stage inject gates against the baselines of a record stage, and there is no "
+        f"{hw or '<hw>'}.yaml in {work.resolve()}; run --stages steady (or record) with the same --workdir first"
+    )
+
+
+def _run_files(work: Path, suffix: str = ".json") -> list[Path]:
+    """The steady runs' ``run<i>.json`` (or other ``suffix``) in the work folder, by run number."""
+    numbered = [(int(p.stem[3:]), p) for p in work.glob(f"run*{suffix}") if p.stem[3:].isdigit()]
+    return [p for _, p in sorted(numbered)]
+
+
 def _medians_ms(path: Path) -> dict[str, float]:
     data = json.loads(path.read_text())
     return {b["fullname"]: b["stats"]["median"] * 1e3 for b in data["benchmarks"]}
 
 
-def _regressed(path: Path) -> set[str]:
-    """Node ids whose failure message says REGRESSED, from a JUnit XML report."""
-    found = set()
+def _testcases(path: Path) -> dict[str, bool]:
+    """Node id -> whether its failure message says REGRESSED, from a JUnit XML report."""
+    found: dict[str, bool] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         failure = case.find("failure")
-        if failure is not None and "REGRESSED" in (failure.get("message", "") + (failure.text or "")):
-            module = case.get("classname", "").replace(".", "/") + ".py"
-            found.add(f"{module}::{case.get('name')}")
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        found[f"{module}::{case.get('name')}"] = failure is not None and "REGRESSED" in (
+            failure.get("message", "") + (failure.text or "")
+        )
     return found
+
+
+def _regressed(path: Path) -> set[str]:
+    """Node ids whose failure message says REGRESSED; none when the run left no report."""
+    return {case for case, regressed in _testcases(path).items() if regressed} if path.exists() else set()
 
 
 def _size_class(ms: float) -> str:
     return ">=50us" if ms >= 0.05 else ">=10us" if ms >= 0.01 else "<10us"
+
+
+def _per_case(runs: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Each case's medians over the runs it appeared in."""
+    return {case: [r[case] for r in runs if case in r] for case in sorted(set().union(*runs))}
+
+
+def _steady_runs(work: Path) -> tuple[dict[Path, dict[str, float]], list[str]]:
+    """The medians of each readable ``run<i>.json`` in the work folder, and a note per unreadable one."""
+    runs: dict[Path, dict[str, float]] = {}
+    notes: list[str] = []
+    for path in _run_files(work):
+        try:
+            runs[path] = _medians_ms(path)
+        except (ValueError, KeyError, TypeError) as exc:
+            notes.append(f"{path.name}: unreadable, left out ({type(exc).__name__}: {exc})")
+    return runs, notes
+
+
+def _steady_lines(work: Path) -> list[str]:
+    """The steady table, from whatever ``run*.json`` (and ``run*.xml``) the work folder holds."""
+    by_path, notes = _steady_runs(work)
+    runs = list(by_path.values())
+    false_regressions = [_regressed(path.with_suffix(".xml")) for path in by_path]
+    if not runs:
+        return [f"no steady runs in {work}", *notes]
+    lines = [f"{len(runs)} unchanged runs (run*.json in the work folder)", ""]
+    lines.append(f"{'case':<78} {'median':>10} {'run-to-run':>10} {'runs':>5} {'false':>5}")
+    spread_over, sized = 0, 0
+    for case, values in _per_case(runs).items():
+        median = statistics.median(values)
+        spread = (max(values) - min(values)) / median if median > 0 else 0.0
+        if median >= 0.01:
+            sized += 1
+            spread_over += spread > 0.01
+        times_flagged = sum(case in f for f in false_regressions)
+        lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms "
+                     f"{100 * spread:>9.2f}% {len(values):>5} {times_flagged:>5}")
+    lines.append(f"false regressions over {len(runs)} unchanged runs: {sum(len(f) for f in false_regressions)}")
+    lines.append(f"cases >= 10 us with run-to-run spread > 1%: {spread_over} of {sized}")
+    return [*lines, *notes]
+
+
+def _size_medians(work: Path, baseline: Path) -> tuple[dict[str, float], str]:
+    """Each case's median in ms for the size classes, and where it came from: the steady runs if
+    the work folder has them, else the baseline file."""
+    runs = list(_steady_runs(work)[0].values())
+    if runs:
+        medians = {case: statistics.median(values) for case, values in _per_case(runs).items()}
+        return medians, f"the medians of {len(runs)} steady runs"
+    loaded = store.load(baseline)
+    entries = loaded.entries if loaded else {}
+    return {case: float(entry["median_ms"]) for case, entry in entries.items()}, f"the medians in {baseline.name}"
+
+
+def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base: dict[str, float]) -> list[str]:
+    """One injected run: caught per size class among the picked cases, untouched cases flagged."""
+    tag = f"inject{int(round(fraction * 1000))}"
+    env = {"ATTNPERF_INJECT": str(fraction), "ATTNPERF_INJECT_EVERY": str(every)}
+    code = _pytest([*gate, "--benchmark-disable", f"--junitxml={work}/{tag}.xml"], env)
+    if not (work / f"{tag}.xml").exists():
+        return [f"+{100 * fraction:g}%: pytest (exit {code}) wrote no report {tag}.xml"]
+    cases = _testcases(work / f"{tag}.xml")
+    flagged = {case for case, regressed in cases.items() if regressed}
+    picked = {case for case in cases if is_picked(case, every)}
+    lines: list[str] = []
+    for size in SIZES:
+        group = {case for case in picked if case in base and _size_class(base[case]) == size}
+        if group:
+            lines.append(f"+{100 * fraction:g}% on {len(group)} cases {size}: caught {len(group & flagged)}")
+    unsized = {case for case in picked if case not in base}
+    if unsized:  # e.g. tests that measure nothing; listed so that no count hides them
+        lines.append(f"+{100 * fraction:g}%: {len(unsized)} picked cases without a median "
+                     f"(caught {len(unsized & flagged)})")
+    lines.append(f"+{100 * fraction:g}%: untouched cases flagged: {len(flagged - picked)}")
+    return lines
+
+
+def _compare_lines(gate: list[str], work: Path) -> list[str]:
+    compare = work / "compare.jsonl"
+    _pytest([*gate, "--benchmark-disable"], {"ATTNPERF_COMPARE_FILE": str(compare)})
+    rows = [json.loads(line) for line in compare.read_text().splitlines()] if compare.exists() else []
+    ratios = [r["ours_ms"] / r["do_bench_ms"] for r in rows if r["do_bench_ms"] > 0]
+    if not ratios:
+        return [f"compare: no do_bench_cudagraph timings in {compare} (it needs a GPU)"]
+    worst = max(ratios, key=lambda x: abs(x - 1))
+    return [f"harness median / do_bench_cudagraph over {len(ratios)} cases: median "
+            f"{statistics.median(ratios):.3f}, worst {worst:.3f}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,59 +223,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inject", default="0.02,0.05,0.10", help="fractions of extra work, comma-separated")
     parser.add_argument("--every", type=int, default=2, help="inject into cases with crc32(nodeid) %% EVERY == 0")
     parser.add_argument("--compare", action="store_true", help="also compare with do_bench_cudagraph (GPU)")
+    parser.add_argument("--stages", type=_stages, default=",".join(STAGES),
+                        help="comma-separated subset of record,steady,inject,compare (default: all); "
+                             "alone, 'steady' means record,steady and 'inject' inject,compare; "
+                             "compare runs only with --compare")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
+    stages: tuple[str, ...] = opts.stages
     args = [a for a in opts.pytest_args if a != "--"]
     work = opts.workdir or Path(tempfile.mkdtemp(prefix="attnperf-noise-"))
     work.mkdir(parents=True, exist_ok=True)
     gate = [*args, f"--attnperf-baselines={work}"]
+    hw = _hw(args)
+    if "inject" in stages and "record" not in stages and _baseline_path(work, hw) is None:
+        print(_missing_baseline(work, hw), file=sys.stderr)
+        return 2
 
-    _pytest([*gate, "--update-baselines", "--benchmark-disable"])
-    runs: list[dict[str, float]] = []
-    false_regressions: list[set[str]] = []
-    for i in range(opts.runs):
-        _pytest([*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"])
-        runs.append(_medians_ms(work / f"run{i}.json"))
-        false_regressions.append(_regressed(work / f"run{i}.xml"))
+    status = 0
+    ran: list[str] = []  # the lines of the inject and compare stages run in this call
+    notes: list[str] = []
+    try:
+        if "record" in stages:
+            _pytest([*gate, "--update-baselines", "--benchmark-disable"])
+        if "steady" in stages:
+            for old in [*_run_files(work), *_run_files(work, ".xml")]:  # an earlier call's runs
+                old.unlink()
+            for i in range(opts.runs):
+                _pytest([*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"])
+        if "inject" in stages:
+            baseline = _baseline_path(work, hw)
+            if baseline is None:  # the record stage of this call wrote none
+                print(_missing_baseline(work, hw), file=sys.stderr)
+                notes.append(_missing_baseline(work, hw))
+                status = 2
+            else:
+                try:
+                    base, source = _size_medians(work, baseline)
+                except store.BaselineError as exc:
+                    base, source = {}, f"nothing: {exc}"
+                ran.append(f"injected work: every {opts.every}, size classes from {source}")
+                for fraction in [float(f) for f in opts.inject.split(",") if f]:
+                    ran.extend(_inject_lines(gate, work, fraction, opts.every, base))
+        if "compare" in stages and opts.compare:
+            ran.extend(_compare_lines(gate, work))
+    except KeyboardInterrupt:  # e.g. `timeout -s INT`: report what the finished runs left
+        notes.append("interrupted: the report covers the runs that finished")
 
-    lines = [f"noise benchmark: {opts.runs} unchanged runs, pytest {' '.join(args)}", ""]
-    lines.append(f"{'case':<78} {'median':>10} {'run-to-run':>10} {'false':>5}")
-    for case in sorted(runs[0]):
-        values = [r[case] for r in runs if case in r]
-        spread = (max(values) - min(values)) / statistics.median(values)
-        times_flagged = sum(case in f for f in false_regressions)
-        lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {statistics.median(values):>8.4f}ms "
-                     f"{100 * spread:>9.2f}% {times_flagged:>5}")
-    lines.append(f"false regressions over {opts.runs} unchanged runs: {sum(len(f) for f in false_regressions)}")
-
-    base = {case: statistics.median(r[case] for r in runs if case in r) for case in runs[0]}
-    for fraction in [float(f) for f in opts.inject.split(",") if f]:
-        tag = f"inject{int(round(fraction * 1000))}"
-        env = {"ATTNPERF_INJECT": str(fraction), "ATTNPERF_INJECT_EVERY": str(opts.every)}
-        _pytest([*gate, "--benchmark-disable", f"--junitxml={work}/{tag}.xml"], env)
-        flagged = _regressed(work / f"{tag}.xml")
-        picked = {c for c in base if is_picked(c, opts.every)}
-        for size in (">=50us", ">=10us", "<10us"):
-            group = {c for c in picked if _size_class(base[c]) == size}
-            if group:
-                lines.append(f"+{100 * fraction:g}% on {len(group)} cases {size}: caught {len(group & flagged)}")
-        lines.append(f"+{100 * fraction:g}%: untouched cases flagged: {len(flagged - picked)}")
-
-    if opts.compare:
-        compare = work / "compare.jsonl"
-        _pytest([*gate, "--benchmark-disable"], {"ATTNPERF_COMPARE_FILE": str(compare)})
-        rows = [json.loads(line) for line in compare.read_text().splitlines()] if compare.exists() else []
-        ratios = [r["ours_ms"] / r["do_bench_ms"] for r in rows if r["do_bench_ms"] > 0]
-        if ratios:
-            worst = max(ratios, key=lambda x: abs(x - 1))
-            lines.append(f"harness median / do_bench_cudagraph over {len(ratios)} cases: median "
-                         f"{statistics.median(ratios):.3f}, worst {worst:.3f}")
-
+    lines = [f"noise benchmark: stages {','.join(stages)}, workdir {work}", f"pytest {' '.join(args)}", ""]
+    lines += _steady_lines(work)
+    lines += ["", *ran] if ran else []
+    lines += ["", *notes] if notes else []
     report = "\n".join(lines)
-    (work / "report.txt").write_text(report + "\n")
+    (work / f"report-{'-'.join(stages)}.txt").write_text(report + "\n")
     print(report)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -1,13 +1,20 @@
-"""The noise benchmark's injection: a fixed half of the cases, and work that really adds time."""
+"""The noise benchmark: its injection (a fixed half of the cases, work that really adds time), and the
+script run in stages over two calls on a tiny project."""
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from pytest_attnperf.hardware import DetectedDevice
 from pytest_attnperf.inject import InjectingTimer, is_picked
+from pytest_attnperf.noise import _stages
 from pytest_attnperf.timing import HostTimer, SamplingPlan
 
 
@@ -35,3 +42,117 @@ def test_injected_work_adds_its_fraction(monkeypatch: pytest.MonkeyPatch) -> Non
     untouched = InjectingTimer(HostTimer(), cpu, fraction=0.5, every=10**9, compare=None)
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::other (call)")
     assert untouched.measure(work, plan).median_ms == pytest.approx(plain, rel=0.15)
+
+
+# -- the script, end to end on a tiny project: fake CPU device, scripted timer -------------------
+
+CONFTEST = '''
+import os
+
+from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.timing import Measurement
+
+MS = {"big": 1.0, "mid": 0.02, "small": 0.005}
+
+
+def pytest_attnperf_detect_device(config):
+    return DetectedDevice("cpu", "x86_64")
+
+
+class ScriptedTimer:
+    """20 samples around the case's time; slower by ATTNPERF_INJECT when the inject plugin has
+    wrapped the callable, so a gate that works catches every injected case."""
+
+    def measure(self, fn, plan):
+        fn()
+        case = os.environ["PYTEST_CURRENT_TEST"].split("[")[1].split("]")[0]
+        slowed = fn.__name__.startswith("slowed")
+        factor = MS[case] * (1 + float(os.environ["ATTNPERF_INJECT"]) if slowed else 1)
+        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
+        return Measurement(tuple(factor * (1 + j) for j in jitter), clock="scripted", mode=plan.mode)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return ScriptedTimer()
+'''
+
+CASES = '''
+import pytest
+
+from pytest_attnperf.costs import Cost
+
+
+@pytest.mark.parametrize("size", ["big", "mid", "small"])
+def test_case(size, attnperf):
+    attnperf.measure(lambda: None, cost=Cost(flops=1e9, bytes=1e6), dtype="fp32")
+'''
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_cases.py").write_text(CASES)
+    return tmp_path
+
+
+def noise(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest_attnperf.noise OPTIONS -- <the tiny project's tests>``, in the project."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest_attnperf.noise", "--workdir", "work", *options,
+           "--", "-p", "pytest_attnperf.plugin", "--hw=cpu", "test_cases.py"]
+    return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_stages_parse_lists_and_shorthands() -> None:
+    assert _stages("steady") == ("record", "steady")
+    assert _stages("inject") == ("inject", "compare")
+    assert _stages("compare, steady") == ("steady", "compare")
+    assert _stages("record,steady,inject,compare") == ("record", "steady", "inject", "compare")
+    with pytest.raises(argparse.ArgumentTypeError, match="subset of record,steady,inject,compare"):
+        _stages("steady,injcet")
+
+
+def test_steady_then_inject_in_two_calls(project: Path) -> None:
+    work = project / "work"
+    work.mkdir()
+    (work / "run7.json").write_text("{}")  # an earlier call's run: not one of this call's runs
+    first = noise(project, "--stages", "steady", "--runs", "2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert not (work / "run7.json").exists()
+    assert (work / "cpu.yaml").exists() and (work / "run1.json").exists() and not (work / "run2.json").exists()
+    steady = (work / "report-record-steady.txt").read_text()
+    assert steady in first.stdout
+    assert "2 unchanged runs" in steady and "false regressions over 2 unchanged runs: 0" in steady
+    assert "cases >= 10 us with run-to-run spread > 1%: 0 of 2" in steady
+    assert "+50%" not in steady
+    row = next(line for line in steady.splitlines() if line.startswith("test_case[small]"))
+    assert row.split()[-2:] == ["2", "0"]  # in both runs, never flagged
+
+    second = noise(project, "--stages", "inject", "--inject", "0.5", "--every", "1")
+    assert second.returncode == 0, second.stdout + second.stderr
+    report = (work / "report-inject-compare.txt").read_text()
+    assert report in second.stdout
+    assert "2 unchanged runs" in report  # the first call's steady table, read back from the folder
+    assert "size classes from the medians of 2 steady runs" in report
+    for size in (">=50us", ">=10us", "<10us"):
+        assert f"+50% on 1 cases {size}: caught 1" in report
+    assert "+50%: untouched cases flagged: 0" in report
+
+
+def test_inject_without_steady_runs_sizes_from_the_baseline(project: Path) -> None:
+    result = noise(project, "--stages", "record,inject", "--inject", "0.5", "--every", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = (project / "work" / "report-record-inject.txt").read_text()
+    assert "no steady runs in" in report
+    assert "size classes from the medians in cpu.yaml" in report
+    assert "+50% on 1 cases <10us: caught 1" in report
+
+
+def test_inject_on_an_empty_workdir_names_the_missing_baseline(project: Path) -> None:
+    result = noise(project, "--stages", "inject")
+    assert result.returncode != 0
+    assert f"no cpu.yaml in {(project / 'work').resolve()}" in result.stderr
+    assert "+ " not in result.stdout  # no pytest run started
