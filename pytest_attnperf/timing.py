@@ -223,7 +223,7 @@ class CudaTimer:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
 
-        eager_ms = self._eager_ms(fn)
+        eager_ms = self._eager_ms(fn, budget_s=plan.budget_s)
         peak_mib = self._peak_mib(fn)
         graph, failure = _capture(fn, 1)
         calls = 1
@@ -276,18 +276,25 @@ class CudaTimer:
         )
 
     @staticmethod
-    def _eager_ms(fn: Callable[[], Any], calls: int = 10) -> float:
-        """Median of events around single eager calls, launched back to back."""
+    def _eager_ms(fn: Callable[[], Any], calls: int = 10, budget_s: float = 0.5) -> float:
+        """Median of events around single eager calls, launched back to back: ``calls`` of
+        them, or at least 3 once the host has spent ``budget_s`` launching (a slow, host-bound
+        callable, such as a Python loop over tokens, need not run ten times)."""
         import torch
 
         events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
         torch.cuda.synchronize()
+        deadline = time.monotonic() + budget_s
         events[0].record()
-        for i in range(calls):
+        made = 0
+        while made < calls:
             fn()
-            events[i + 1].record()
+            made += 1
+            events[made].record()
+            if made >= 3 and time.monotonic() >= deadline:
+                break
         torch.cuda.synchronize()
-        return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(calls))
+        return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(made))
 
     @staticmethod
     def _peak_mib(fn: Callable[[], Any]) -> float:
