@@ -48,7 +48,9 @@ class BaselineFile:
 
 
 def rounded(value: Any, digits: int = 5) -> Any:
-    """Floats to ``digits`` significant digits; other values unchanged."""
+    """Floats (also in a list) to ``digits`` significant digits; other values unchanged."""
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
     if isinstance(value, float) and math.isfinite(value) and value != 0.0:
         return round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
     return value

@@ -1,11 +1,21 @@
 """Sample summaries and the regression verdict. Pure: numbers in, verdicts out.
 
-A case regresses only when both hold:
+A case regresses only when all hold:
 
-1. its median is slower than the baseline's by more than the tolerance, and
-2. the slowdown is statistically real: the 95% confidence intervals of the two medians do
-   not overlap (distribution-free order-statistic intervals, so a skewed timing distribution
-   with a long tail of interrupted samples does not need a normal model).
+1. its median is slower than the baseline's by more than the tolerance;
+2. the slowdown is statistically real within the run: the 95% confidence intervals of the two
+   medians do not overlap (distribution-free order-statistic intervals, so a skewed timing
+   distribution with a long tail of interrupted samples does not need a normal model);
+3. the slowdown is larger than the noise between runs: more than three standard deviations of
+   the difference between two runs' medians, ``3 * sigma * sqrt(1 + 1/m)``. A run's median
+   moves between processes by more than its own interval says (on the H200 the ratio of two
+   runs' medians had a standard deviation of 0.37-0.54% over the softmax cases, while the
+   intervals were 0.1-0.3% wide), so (2) alone flags unchanged cases at a low tolerance.
+   ``sigma`` is the case's own spread over the ``m`` recordings in the baseline
+   (``run_medians_ms``, kept by ``--update-baselines`` while a case stays within the tolerance),
+   once there are ``HISTORY_MIN`` of them, and never below the ``run_noise`` floor
+   (``--attnperf-run-noise``); with fewer recordings it is the floor, ``m = 1``. With a
+   history, the baseline's centre is the median of its recordings.
 
 An improvement is judged symmetrically and never fails. With fewer than ``MIN_SAMPLES``
 samples on either side no interval can be trusted; the verdict then rests on the tolerance
@@ -19,9 +29,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MIN_SAMPLES", "Summary", "Verdict", "judge", "median_ci"]
+__all__ = ["HISTORY_MIN", "MIN_SAMPLES", "Summary", "Verdict", "judge", "median_ci", "run_noise"]
 
 MIN_SAMPLES = 5
+HISTORY_MIN = 3  # recordings before a case's own run-to-run spread is trusted
 _Z95 = 1.959963984540054
 
 
@@ -46,6 +57,7 @@ class Summary:
     ci_high_ms: float
     stdrel: float
     n_samples: int
+    run_medians_ms: tuple[float, ...] = ()  # a baseline's medians of its recordings, oldest first
 
     @classmethod
     def from_samples(cls, samples_ms: Sequence[float]) -> Summary:
@@ -73,12 +85,18 @@ class Summary:
                 raise TypeError(f"'{key}' is {value!r}, not a number")
             return float(value)
 
+        runs = entry.get("run_medians_ms", [])
+        if not isinstance(runs, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in runs
+        ):
+            raise TypeError(f"'run_medians_ms' is {runs!r}, not a list of positive numbers")
         return cls(
             median_ms=num("median_ms"),
             ci_low_ms=num("ci_low_ms"),
             ci_high_ms=num("ci_high_ms"),
             stdrel=num("stdrel"),
             n_samples=int(num("n_samples")),
+            run_medians_ms=tuple(float(v) for v in runs),
         )
 
     def describe(self) -> str:
@@ -105,11 +123,26 @@ class Verdict:
         return None if self.ratio is None else 100.0 * (self.ratio - 1.0)
 
 
-def judge(current: Summary, baseline: Summary | None, tolerance: float) -> Verdict:
-    """Compare a measurement with its baseline; ``tolerance`` is a fraction (0.05 = 5%)."""
+def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
+    """The baseline's centre, its recordings ``m``, the run-to-run ``sigma`` and where it came from."""
+    runs = baseline.run_medians_ms
+    if len(runs) >= HISTORY_MIN:
+        centre = statistics.median(runs)
+        own = statistics.stdev(runs) / centre
+        source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
+            f", floored at {100 * floor:.2f}%" if own < floor else "")
+        return centre, len(runs), max(own, floor), source
+    return baseline.median_ms, 1, floor, f"{100 * floor:.2f}% floor ({len(runs) or 1} recording)"
+
+
+def judge(current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0) -> Verdict:
+    """Compare a measurement with its baseline; ``tolerance`` and ``noise_floor`` (the least
+    run-to-run standard deviation assumed) are fractions (0.05 = 5%)."""
     if baseline is None:
         return Verdict("new", None, f"no baseline; measured {current.describe()}")
-    ratio = current.median_ms / baseline.median_ms
+    centre, m, sigma, source = run_noise(baseline, noise_floor)
+    ratio = current.median_ms / centre
+    bar = 3.0 * sigma * math.sqrt(1.0 + 1.0 / m)
     few = min(current.n_samples, baseline.n_samples) < MIN_SAMPLES
     slower = ratio > 1.0 + tolerance
     faster = ratio < 1.0 / (1.0 + tolerance)
@@ -120,13 +153,17 @@ def judge(current: Summary, baseline: Summary | None, tolerance: float) -> Verdi
             f"{baseline.n_samples} in the baseline, need {MIN_SAMPLES}): judged on the tolerance alone"
         )
     else:
-        real_slower = slower and current.ci_low_ms > baseline.ci_high_ms
-        real_faster = faster and current.ci_high_ms < baseline.ci_low_ms
+        beyond_noise = abs(ratio - 1.0) > bar
+        real_slower = slower and current.ci_low_ms > baseline.ci_high_ms and beyond_noise
+        real_faster = faster and current.ci_high_ms < baseline.ci_low_ms and beyond_noise
         overlap = current.ci_low_ms <= baseline.ci_high_ms and baseline.ci_low_ms <= current.ci_high_ms
-        test = "95% intervals of the medians " + ("overlap" if overlap else "do not overlap")
+        test = (f"95% intervals of the medians {'overlap' if overlap else 'do not overlap'}; "
+                f"run-to-run noise {source}: {'beyond' if beyond_noise else 'within'} "
+                f"its 3-sigma bar of {100 * bar:.2f}%")
+    centre_note = f", centre {centre:.4g} ms = median of {m} recordings" if m > 1 else ""
     body = (
         f"{100 * (ratio - 1):+.1f}% against the baseline (tolerance {100 * tolerance:.1f}%; {test})\n"
-        f"  baseline: {baseline.describe()}\n"
+        f"  baseline: {baseline.describe()}{centre_note}\n"
         f"  current:  {current.describe()}"
     )
     if real_slower:

@@ -4,7 +4,8 @@
 
 It runs four stages, in this order (``--stages`` picks some; default all four):
 
-1. ``record``: records fresh baselines for the selected cases into the work folder;
+1. ``record``: records fresh baselines for the selected cases into the work folder, ``--records``
+   times (each recording adds to a case's ``run_medians_ms``, the gate's run-to-run noise);
 2. ``steady``: runs the same cases ``--runs`` times with unchanged code, gating against them
    (``run<i>.json``, ``run<i>.xml``): each case's run-to-run spread of the reported median, the
    runs it appeared in, and every (false) regression;
@@ -220,6 +221,8 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--records", type=int, default=3,
+                        help="recordings by the record stage: three give each case its own run-to-run noise")
     parser.add_argument("--inject", default="0.02,0.05,0.10", help="fractions of extra work, comma-separated")
     parser.add_argument("--every", type=int, default=2, help="inject into cases with crc32(nodeid) %% EVERY == 0")
     parser.add_argument("--compare", action="store_true", help="also compare with do_bench_cudagraph (GPU)")
@@ -244,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     ran: list[str] = []  # the lines of the inject and compare stages run in this call
     notes: list[str] = []
     try:
-        if "record" in stages:
-            _pytest([*gate, "--update-baselines", "--benchmark-disable"])
+        if "record" in stages:  # each recording adds to the cases' run_medians_ms
+            for _ in range(opts.records):
+                _pytest([*gate, "--update-baselines", "--benchmark-disable"])
         if "steady" in stages:
             for old in [*_run_files(work), *_run_files(work, ".xml")]:  # an earlier call's runs
                 old.unlink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -11,7 +12,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import Verdict, judge
+from .gate import Summary, Verdict, judge
 from .markers import backends_seen, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -19,6 +20,7 @@ from .timing import REPLAY_CLOCK, Measurement
 __all__ = ["PENDING_KEY", "Perf", "PerfResult"]
 
 PENDING_KEY = pytest.StashKey[dict[str, Any]]()
+HISTORY_KEEP = 5  # recordings of a case kept for its run-to-run spread
 
 
 @dataclass(frozen=True)
@@ -140,10 +142,11 @@ class Perf:
                 "--attnperf-require-baseline is set; record it with --update-baselines",
                 pytrace=False,
             )
-        verdict = judge(measurement.summary, summary, session.settings.tolerance)
+        tolerance, floor = session.settings.tolerance, session.settings.run_noise
+        verdict = judge(measurement.summary, summary, tolerance, floor)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)
-            second = judge(again.summary, summary, session.settings.tolerance)
+            second = judge(again.summary, summary, tolerance, floor)
             note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
             return second, replace(again, notes=again.notes + (note,))
         return verdict, measurement
@@ -166,9 +169,10 @@ class Perf:
             entry["peak_mib"] = m.peak_mib
         if m.eager_ms is not None:
             entry["eager_ms"] = m.eager_ms
+        before = self._baseline_entry()
+        entry["run_medians_ms"] = self._history(before, s.median_ms, m)
         self._request.node.stash[PENDING_KEY] = entry
         eager_change = None
-        before = self._baseline_entry()
         if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)):
             eager_change = 100.0 * (m.eager_ms / before["eager_ms"] - 1.0)
         self._session.rows.append(
@@ -191,6 +195,23 @@ class Perf:
                 notes=m.notes,
             )
         )
+
+    def _history(self, before: dict[str, Any] | None, median_ms: float, m: Measurement) -> list[float]:
+        """The medians of this case's recordings, this one last: the earlier ones are kept
+        (up to ``HISTORY_KEEP``) while the case was measured the same way and this median is
+        within the tolerance of theirs; a larger change starts the history afresh (the kernel
+        changed, so its old run-to-run spread says nothing)."""
+        if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
+            return [median_ms]
+        try:
+            earlier = Summary.from_mapping(before)
+        except (KeyError, TypeError, ValueError):
+            return [median_ms]
+        runs = list(earlier.run_medians_ms) or [earlier.median_ms]
+        centre = statistics.median(runs)
+        if abs(median_ms / centre - 1.0) > self._session.settings.tolerance:
+            return [median_ms]
+        return [*runs, median_ms][-HISTORY_KEEP:]
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pytest_attnperf.hardware import DetectedDevice
 from pytest_attnperf.inject import InjectingTimer, is_picked
@@ -119,10 +120,12 @@ def test_steady_then_inject_in_two_calls(project: Path) -> None:
     work = project / "work"
     work.mkdir()
     (work / "run7.json").write_text("{}")  # an earlier call's run: not one of this call's runs
-    first = noise(project, "--stages", "steady", "--runs", "2")
+    first = noise(project, "--stages", "steady", "--runs", "2", "--records", "2")
     assert first.returncode == 0, first.stdout + first.stderr
     assert not (work / "run7.json").exists()
     assert (work / "cpu.yaml").exists() and (work / "run1.json").exists() and not (work / "run2.json").exists()
+    entries = yaml.safe_load((work / "cpu.yaml").read_text())["entries"]
+    assert {len(e["run_medians_ms"]) for e in entries.values()} == {2}  # one median per recording
     steady = (work / "report-record-steady.txt").read_text()
     assert steady in first.stdout
     assert "2 unchanged runs" in steady and "false regressions over 2 unchanged runs: 0" in steady
@@ -143,7 +146,7 @@ def test_steady_then_inject_in_two_calls(project: Path) -> None:
 
 
 def test_inject_without_steady_runs_sizes_from_the_baseline(project: Path) -> None:
-    result = noise(project, "--stages", "record,inject", "--inject", "0.5", "--every", "1")
+    result = noise(project, "--stages", "record,inject", "--records", "1", "--inject", "0.5", "--every", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     report = (project / "work" / "report-record-inject.txt").read_text()
     assert "no steady runs in" in report

@@ -358,3 +358,34 @@ def test_backend_pin_is_proven_from_the_profiler(pytester: pytest.Pytester) -> N
             "*sdpa_backend('efficient') cannot run on *: No viable backend*",
         ]
     )
+
+
+def test_recordings_build_a_history_and_a_real_change_restarts_it(project: pytest.Pytester) -> None:
+    """Re-recording an unchanged case appends its median (the gate's run-to-run spread); a
+    change beyond the tolerance (a new kernel) starts the history afresh."""
+    key = "test_cases.py::test_case[a]"
+    for factor in (1.0, 1.01, 0.99):
+        set_speed(project, a=factor)
+        project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    runs = baseline(project)["entries"][key]["run_medians_ms"]
+    assert runs == pytest.approx([1.0, 1.01, 0.99], rel=1e-3)
+    # sigma 1% over 3 recordings: +2.5% is within the bar at a 1% tolerance
+    set_speed(project, a=1.025)
+    result = project.runpytest(*PLUGIN, "--attnperf-tolerance=1%")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_case[[]a[]]*+2.5% unchanged*"])
+    set_speed(project, a=0.5)
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    assert baseline(project)["entries"][key]["run_medians_ms"] == pytest.approx([0.5], rel=1e-3)
+
+
+def test_run_noise_floor_is_an_option(project: pytest.Pytester) -> None:
+    """One recording, 1% slower at a 0.5% tolerance: within the default 0.3% floor's bar
+    (1.27%), a regression once the floor is 0."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.01)
+    project.runpytest(*PLUGIN, "--attnperf-tolerance=0.5%").assert_outcomes(passed=2)
+    failed = project.runpytest(*PLUGIN, "--attnperf-tolerance=0.5%", "--attnperf-run-noise=0")
+    failed.assert_outcomes(passed=1, failed=1)
+    bad = project.runpytest(*PLUGIN, "--attnperf-run-noise=lots")
+    bad.stderr.fnmatch_lines(["*bad value 'lots' from --attnperf-run-noise*"])

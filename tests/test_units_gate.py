@@ -306,3 +306,63 @@ def test_replay_clock_advances_by_loaded_samples() -> None:
     assert clock() == pytest.approx(0.008)
     with pytest.raises(IndexError):
         clock.step()
+
+
+# -- run-to-run noise -----------------------------------------------------------------------
+
+
+def with_history(summary: Summary, runs: list[float]) -> Summary:
+    from dataclasses import replace
+
+    return replace(summary, run_medians_ms=tuple(runs))
+
+
+def test_two_percent_on_a_quiet_case_regresses_at_a_low_tolerance() -> None:
+    """Recordings agree to 0.1%: +2% is beyond their 3-sigma bar and the tolerance."""
+    base = with_history(summarise(1, 1.0, n=200), [1.0, 1.001, 0.999, 1.0005])
+    current = summarise(2, 1.02, n=200)
+    verdict = judge(current, base, 0.015, 0.0)
+    assert verdict.status == "regressed"
+    assert "over 4 recordings" in verdict.message and "beyond its 3-sigma bar" in verdict.message
+
+
+def test_two_percent_on_a_case_that_moves_one_percent_between_runs_is_noise() -> None:
+    """Recordings spread by ~1% (sigma ~0.8%): +2% is within 3 sigma of two runs' difference,
+    although the within-run intervals, tight at n=200, do not overlap."""
+    base = with_history(summarise(1, 1.0, n=200), [1.0, 1.01, 0.99, 1.005, 0.995])
+    current = summarise(2, 1.02, n=200)
+    verdict = judge(current, base, 0.015, 0.0)
+    assert current.ci_low_ms > base.ci_high_ms
+    assert verdict.status == "unchanged"
+    assert "within its 3-sigma bar" in verdict.message
+
+
+def test_single_recording_uses_the_floor() -> None:
+    """No history: the floor is the run-to-run sigma; 3 * 0.3% * sqrt(2) = 1.27%."""
+    base, current = summarise(1, 1.0, n=200), summarise(2, 1.01, n=200)
+    assert judge(current, base, 0.005, 0.003).status == "unchanged"
+    assert judge(current, base, 0.005, 0.0).status == "regressed"
+    assert "0.30% floor (1 recording)" in judge(current, base, 0.005, 0.003).message
+
+
+def test_history_centre_is_the_median_of_recordings() -> None:
+    """The baseline's centre is the median of its recordings, not the last one alone."""
+    base = with_history(summarise(1, 1.03, n=200), [1.0, 1.0, 1.03])
+    verdict = judge(summarise(2, 1.0, n=200), base, 0.05, 0.003)
+    assert verdict.ratio == pytest.approx(1.0, abs=0.002)
+    assert "median of 3 recordings" in verdict.message
+
+
+def test_history_quieter_than_the_floor_is_floored() -> None:
+    """Three identical recordings do not make the bar zero."""
+    base = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.0])
+    verdict = judge(summarise(2, 1.01, n=200), base, 0.005, 0.003)
+    assert verdict.status == "unchanged" and "floored at 0.30%" in verdict.message
+
+
+def test_malformed_history_is_rejected() -> None:
+    entry = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01, "n_samples": 10}
+    assert Summary.from_mapping({**entry, "run_medians_ms": [1.0, 1.1]}).run_medians_ms == (1.0, 1.1)
+    for bad in ("1.0", [1.0, "x"], [0.0], [True]):
+        with pytest.raises(TypeError, match="run_medians_ms"):
+            Summary.from_mapping({**entry, "run_medians_ms": bad})
