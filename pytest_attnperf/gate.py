@@ -11,11 +11,12 @@ A case regresses only when all hold:
    moves between processes by more than its own interval says (on the H200 the ratio of two
    runs' medians had a standard deviation of 0.37-0.54% over the softmax cases, while the
    intervals were 0.1-0.3% wide), so (2) alone flags unchanged cases at a low tolerance.
-   ``sigma`` is the case's own spread over the ``m`` recordings in the baseline
-   (``run_medians_ms``, kept by ``--update-baselines`` while a case stays within the tolerance),
-   once there are ``HISTORY_MIN`` of them, and never below the ``run_noise`` floor
-   (``--attnperf-run-noise``); with fewer recordings it is the floor, ``m = 1``. With a
-   history, the baseline's centre is the median of its recordings.
+   ``sigma`` is the case's own spread (median absolute deviation) over the ``m`` recordings in
+   the baseline (``run_medians_ms``, kept by ``--update-baselines`` while a case stays within
+   the tolerance), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
+   floor (``--attnperf-run-noise``); with fewer recordings it is the floor, ``m = 1``. With a
+   history, the baseline's centre is the median of its recordings, and the interval of (2) is
+   the latest recording's, moved to that centre.
 
 An improvement is judged symmetrically and never fails. With fewer than ``MIN_SAMPLES``
 samples on either side no interval can be trusted; the verdict then rests on the tolerance
@@ -86,6 +87,8 @@ class Summary:
             return float(value)
 
         runs = entry.get("run_medians_ms", [])
+        if num("median_ms") <= 0:
+            raise ValueError(f"'median_ms' is {entry['median_ms']!r}; a time must be positive")
         if not isinstance(runs, list) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in runs
         ):
@@ -123,16 +126,23 @@ class Verdict:
         return None if self.ratio is None else 100.0 * (self.ratio - 1.0)
 
 
+MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
+
+
 def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
-    """The baseline's centre, its recordings ``m``, the run-to-run ``sigma`` and where it came from."""
+    """The baseline's centre, its recordings ``m``, the run-to-run ``sigma`` and where it came from.
+
+    From ``HISTORY_MIN`` recordings on, the centre is their median and sigma their median
+    absolute deviation scaled to a normal sigma: robust, so a step change kept in the history
+    (one smaller than the tolerance) does not widen the bar until it is the majority."""
     runs = baseline.run_medians_ms
     if len(runs) >= HISTORY_MIN:
         centre = statistics.median(runs)
-        own = statistics.stdev(runs) / centre
+        own = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs) / centre
         source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
             f", floored at {100 * floor:.2f}%" if own < floor else "")
         return centre, len(runs), max(own, floor), source
-    return baseline.median_ms, 1, floor, f"{100 * floor:.2f}% floor ({len(runs) or 1} recording)"
+    return baseline.median_ms, 1, floor, f"the {100 * floor:.2f}% floor (fewer than {HISTORY_MIN} recordings)"
 
 
 def judge(current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0) -> Verdict:
@@ -154,9 +164,11 @@ def judge(current: Summary, baseline: Summary | None, tolerance: float, noise_fl
         )
     else:
         beyond_noise = abs(ratio - 1.0) > bar
-        real_slower = slower and current.ci_low_ms > baseline.ci_high_ms and beyond_noise
-        real_faster = faster and current.ci_high_ms < baseline.ci_low_ms and beyond_noise
-        overlap = current.ci_low_ms <= baseline.ci_high_ms and baseline.ci_low_ms <= current.ci_high_ms
+        shift = centre / baseline.median_ms  # the latest recording's interval, moved to the centre
+        low, high = baseline.ci_low_ms * shift, baseline.ci_high_ms * shift
+        real_slower = slower and current.ci_low_ms > high and beyond_noise
+        real_faster = faster and current.ci_high_ms < low and beyond_noise
+        overlap = current.ci_low_ms <= high and low <= current.ci_high_ms
         test = (f"95% intervals of the medians {'overlap' if overlap else 'do not overlap'}; "
                 f"run-to-run noise {source}: {'beyond' if beyond_noise else 'within'} "
                 f"its 3-sigma bar of {100 * bar:.2f}%")

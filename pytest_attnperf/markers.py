@@ -87,14 +87,18 @@ def unavailable_reason(exc: BaseException, warnings_seen: Iterable[str]) -> str 
 
     torch warns a header per backend ("Flash attention kernel not used because:") followed by
     one warning per failed check ("Expected query, key and value to all be of dtype ...");
-    each header is joined with its checks. "has been runtime disabled" is the pin itself
-    switching the other backends off, so it is left out."""
+    each header is joined with its checks. A header followed by "... has been runtime
+    disabled" is the pin itself switching that backend off, so both are left out."""
     if not isinstance(exc, RuntimeError) or not _UNAVAILABLE.search(str(exc)):
         return None
     parts: list[str] = []
-    for raw in dict.fromkeys(str(w) for w in warnings_seen):
-        message = _TRIGGERED.sub("", raw.strip())
-        if "runtime disabled" in message or not message:
+    for raw in warnings_seen:
+        message = _TRIGGERED.sub("", str(raw).strip())
+        if not message:
+            continue
+        if "runtime disabled" in message:
+            if parts and parts[-1].endswith(":"):
+                parts.pop()  # the header of a backend the pin switched off
             continue
         if _HEADER.search(message):
             parts.append(message.rstrip(":") + ":")
@@ -104,7 +108,7 @@ def unavailable_reason(exc: BaseException, warnings_seen: Iterable[str]) -> str 
             parts.append(message)
     parts = [p[:-1] + " (torch named no check)" if p.endswith(":") else p for p in parts]
     first = str(exc).strip().splitlines()[0]
-    return "; ".join(parts) + f" [{first}]" if parts else first
+    return "; ".join(dict.fromkeys(parts)) + f" [{first}]" if parts else first
 
 
 def backends_seen(op_names: Iterable[str], kernel_names: Iterable[str]) -> set[str]:

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 from . import baselines as store
@@ -64,6 +65,18 @@ def _stages(text: str) -> tuple[str, ...]:
             f"{text!r}: stages are a comma-separated subset of {','.join(STAGES)} (or 'steady', 'inject')"
         )
     return tuple(stage for stage in STAGES if stage in names)
+
+
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than ``least``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text}: must be at least {least}")
+        return value
+
+    return parse
 
 
 def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
@@ -220,8 +233,8 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--records", type=int, default=3,
+    parser.add_argument("--runs", type=_count(0), default=5)
+    parser.add_argument("--records", type=_count(1), default=3,
                         help="recordings by the record stage: three give each case its own run-to-run noise")
     parser.add_argument("--inject", default="0.02,0.05,0.10", help="fractions of extra work, comma-separated")
     parser.add_argument("--every", type=int, default=2, help="inject into cases with crc32(nodeid) %% EVERY == 0")

@@ -99,6 +99,10 @@ class Perf:
                 backend = "-"
             plan = session.plan(mode)
             measurement = session.timer.measure(fn, plan)
+            if not measurement.median_ms > 0:
+                pytest.fail(f"{node.nodeid}: the {measurement.clock} clock measured a median of "
+                            f"{measurement.median_ms} ms; a time must be positive (did the callable "
+                            "do any work?). Nothing is gated or recorded.", pytrace=False)
             verdict, measurement = self._gate(fn, measurement, plan)
 
         peak = hw.peak_flops_for(dtype)
@@ -201,6 +205,8 @@ class Perf:
         (up to ``HISTORY_KEEP``) while the case was measured the same way and this median is
         within the tolerance of theirs; a larger change starts the history afresh (the kernel
         changed, so its old run-to-run spread says nothing)."""
+        if median_ms <= 0:  # nothing measurable (a no-op on a coarse clock): no history
+            return []
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
             return [median_ms]
         try:

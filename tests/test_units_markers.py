@@ -10,10 +10,14 @@ NO_KERNEL = RuntimeError("No available kernel. Aborting execution.")
 
 
 def test_header_joined_with_its_cause_and_pin_noise_dropped() -> None:
+    """torch's order: each backend's header, then its first failed check; for the backends the
+    pin switched off that check is "has been runtime disabled", and both are left out."""
     seen = [
+        "Memory efficient kernel not used because:" + AT,
         "Memory Efficient attention has been runtime disabled." + AT,
         "Flash attention kernel not used because:" + AT,
         "Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Query dtype: float" + AT,
+        "cuDNN attention kernel not used because:" + AT,
         "cuDNN attention has been runtime disabled." + AT,
     ]
     reason = unavailable_reason(NO_KERNEL, seen)
@@ -23,8 +27,18 @@ def test_header_joined_with_its_cause_and_pin_noise_dropped() -> None:
     )
 
 
+def test_a_check_shared_by_two_backends_is_quoted_for_both() -> None:
+    both = "Both fused kernels requires query, key and value to be 4 dimensional" + AT
+    seen = ["Flash attention kernel not used because:", both,
+            "Memory efficient kernel not used because:", both]
+    reason = unavailable_reason(NO_KERNEL, seen)
+    assert reason is not None
+    assert "Flash attention kernel not used because: Both fused kernels" in reason
+    assert "Memory efficient kernel not used because: Both fused kernels" in reason
+
+
 def test_header_without_a_cause_says_so() -> None:
-    seen = ["Memory efficient kernel not used because:" + AT, "Flash attention has been runtime disabled." + AT]
+    seen = ["Memory efficient kernel not used because:" + AT]
     reason = unavailable_reason(NO_KERNEL, seen)
     assert reason == ("Memory efficient kernel not used because (torch named no check) "
                       "[No available kernel. Aborting execution.]")
