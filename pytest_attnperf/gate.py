@@ -9,8 +9,9 @@ A case regresses only when all hold:
 3. the slowdown is larger than the noise between runs: more than three standard deviations of
    the difference between two runs' medians, ``3 * sigma * sqrt(1 + 1/m)``. A run's median
    moves between processes by more than its own interval says (on the H200 the ratio of two
-   runs' medians had a standard deviation of 0.37-0.54% over the softmax cases, while the
-   intervals were 0.1-0.3% wide), so (2) alone flags unchanged cases at a low tolerance.
+   runs' medians had a standard deviation of 0.37-0.54% over the softmax cases, while half of
+   those cases had intervals under 0.2% wide), so (2) alone flags unchanged cases at a low
+   tolerance.
    ``sigma`` is the case's own spread (median absolute deviation) over the ``m`` recordings in
    the baseline (``run_medians_ms``, kept by ``--update-baselines`` while a case stays within
    the tolerance), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``

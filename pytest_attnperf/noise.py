@@ -123,9 +123,12 @@ def _medians_ms(path: Path) -> dict[str, float]:
 
 
 def _testcases(path: Path) -> dict[str, bool]:
-    """Node id -> whether its failure message says REGRESSED, from a JUnit XML report."""
+    """Node id -> whether its failure message says REGRESSED, from a JUnit XML report; skipped
+    tests (nothing measured) are left out."""
     found: dict[str, bool] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
+        if case.find("skipped") is not None:
+            continue
         failure = case.find("failure")
         module = case.get("classname", "").replace(".", "/") + ".py"
         found[f"{module}::{case.get('name')}"] = failure is not None and "REGRESSED" in (
@@ -246,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
-    stages: tuple[str, ...] = opts.stages
+    stages: tuple[str, ...] = tuple(s for s in opts.stages if s != "compare" or opts.compare)
     args = [a for a in opts.pytest_args if a != "--"]
     work = opts.workdir or Path(tempfile.mkdtemp(prefix="attnperf-noise-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                 ran.append(f"injected work: every {opts.every}, size classes from {source}")
                 for fraction in [float(f) for f in opts.inject.split(",") if f]:
                     ran.extend(_inject_lines(gate, work, fraction, opts.every, base))
-        if "compare" in stages and opts.compare:
+        if "compare" in stages:
             ran.extend(_compare_lines(gate, work))
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: report what the finished runs left
         notes.append("interrupted: the report covers the runs that finished")

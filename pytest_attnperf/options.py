@@ -45,7 +45,8 @@ OPTIONS = (
            "5%", "slowdown tolerated before a case regresses: '5%' or 0.05"),
     Option("run_noise", "--attnperf-run-noise", "ATTNPERF_RUN_NOISE", "attnperf_run_noise", "0.3%",
            "least run-to-run standard deviation of a case's median assumed by the gate (0.3%: "
-           "measured on the H200); a case's own, from its recordings, is used when larger"),
+           "two H200 runs' medians differed with a sd of about 0.45%, /sqrt(2) per run); "
+           "a case's own, from its recordings, is used when larger"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
            "fail a measured case that has no entry in the baseline file (default: pass as 'new')",
