@@ -223,15 +223,25 @@ def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base
 
 
 def _compare_lines(gate: list[str], work: Path) -> list[str]:
+    """Our median against triton's do_bench_cudagraph on the same callables, per size class."""
     compare = work / "compare.jsonl"
+    compare.unlink(missing_ok=True)
     _pytest([*gate, "--benchmark-disable"], {"ATTNPERF_COMPARE_FILE": str(compare)})
     rows = [json.loads(line) for line in compare.read_text().splitlines()] if compare.exists() else []
-    ratios = [r["ours_ms"] / r["do_bench_ms"] for r in rows if r["do_bench_ms"] > 0]
-    if not ratios:
+    timed = [r for r in rows if r["do_bench_ms"] > 0]
+    if not timed:
         return [f"compare: no do_bench_cudagraph timings in {compare} (it needs a GPU)"]
-    worst = max(ratios, key=lambda x: abs(x - 1))
-    return [f"harness median / do_bench_cudagraph over {len(ratios)} cases: median "
-            f"{statistics.median(ratios):.3f}, worst {worst:.3f}"]
+    lines = []
+    for size in SIZES:
+        ratios = [r["ours_ms"] / r["do_bench_ms"] for r in timed if _size_class(r["ours_ms"]) == size]
+        if ratios:
+            worst = max(ratios, key=lambda x: abs(x - 1))
+            within = sum(abs(x - 1) <= 0.03 for x in ratios)
+            lines.append(f"harness / do_bench_cudagraph, {len(ratios)} cases {size}: median ratio "
+                         f"{statistics.median(ratios):.3f}, worst {worst:.3f}, within 3%: {within}")
+    if len(timed) < len(rows):
+        lines.append(f"compare: do_bench_cudagraph failed on {len(rows) - len(timed)} cases (see {compare})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,6 +67,18 @@ class Kernel:
             return text.splitlines()[0][:300]
         return None
 
+    def call_or_skip(self, call: Callable[[], Any]) -> Any:
+        """``call()``, with the kernel's own refusal of the case turned into a skip that quotes it."""
+        import pytest
+
+        try:
+            return call()
+        except Exception as exc:
+            reason = self.unsupported_reason(exc)
+            if reason is None:
+                raise
+        pytest.skip(f"{self.name} does not support this case: {reason}")
+
 
 class KernelRegistry:
     """Kernels by family, in registration order; names are unique within a family."""

@@ -4,6 +4,7 @@ script run in stages over two calls on a tiny project."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -164,3 +165,33 @@ def test_inject_on_an_empty_workdir_names_the_missing_baseline(project: Path) ->
     assert result.returncode != 0
     assert f"no cpu.yaml in {(project / 'work').resolve()}" in result.stderr
     assert "+ " not in result.stdout  # no pytest run started
+
+
+def test_compare_report_counts_each_size_class_and_failed_captures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The do_bench cross-check: ratios per size class, how many lie within 3%, the worst one,
+    and callables do_bench_cudagraph could not capture counted, not averaged in."""
+    from pytest_attnperf import noise
+
+    rows = [
+        {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101},  # >=50us, within 3%
+        {"nodeid": "b", "ours_ms": 0.090, "do_bench_ms": 0.100},  # >=50us, 10% fast
+        {"nodeid": "c", "ours_ms": 0.020, "do_bench_ms": 0.020},  # 10-50us, equal
+        {"nodeid": "d", "ours_ms": 0.200, "do_bench_ms": 0.0, "error": "RuntimeError('capture')"},
+    ]
+    (tmp_path / "compare.jsonl").write_text("stale line from an earlier call\n")
+
+    def fake_pytest(args: list[str], env: dict[str, str] | None = None) -> int:
+        path = Path(env["ATTNPERF_COMPARE_FILE"])
+        with path.open("a") as out:
+            out.writelines(f"{json.dumps(r)}\n" for r in rows)
+        return 0
+
+    monkeypatch.setattr(noise, "_pytest", fake_pytest)
+    lines = noise._compare_lines(["suites/"], tmp_path)
+    assert lines[0].startswith("harness / do_bench_cudagraph, 2 cases >=50us: median ratio 0.945, worst 0.900")
+    assert lines[0].endswith("within 3%: 1")
+    assert lines[1].startswith("harness / do_bench_cudagraph, 1 cases >=10us: median ratio 1.000")
+    assert lines[2] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
+    assert len(lines) == 3

@@ -205,19 +205,6 @@ def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
     return prepared
 
 
-def call_or_skip(kernel: Kernel, call: Any) -> Any:
-    """``call()``, with a kernel's own refusal of the case turned into a skip that quotes it."""
-    import pytest
-
-    try:
-        return call()
-    except Exception as exc:
-        reason = kernel.unsupported_reason(exc)
-        if reason is None:
-            raise
-    pytest.skip(f"{kernel.name} does not support this case: {reason}")
-
-
 def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> Any:
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
     ``fwdbwd``); return the zero-argument callable to time."""
@@ -238,7 +225,7 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
     inputs = (p.q, p.k, p.v)
     poison_allocator(device, [x.numel() * x.element_size() for x in inputs])
     before = tuple(x.detach().clone() for x in inputs)
-    got = call_or_skip(kernel, call)
+    got = kernel.call_or_skip(call)
     assert_unchanged("q, k, v", inputs, before)
     for name, value, ref, mine in zip(("out", "dq", "dk", "dv"), got, p.reference, p.torch_value, strict=False):
         factor = FACTOR if name == "out" else GRAD_FACTOR
