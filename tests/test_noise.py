@@ -175,8 +175,8 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     from pytest_attnperf import noise
 
     rows = [
-        {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101},  # >=50us, within 3%
-        {"nodeid": "b", "ours_ms": 0.090, "do_bench_ms": 0.100},  # >=50us, 10% fast
+        {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101, "do_bench_1ms_ms": 0.100},  # >=50us, within 3%
+        {"nodeid": "b", "ours_ms": 0.090, "do_bench_ms": 0.100, "do_bench_1ms_ms": 0.091},  # >=50us, 10% fast
         {"nodeid": "c", "ours_ms": 0.020, "do_bench_ms": 0.020},  # 10-50us, equal
         {"nodeid": "d", "ours_ms": 0.200, "do_bench_ms": 0.0, "error": "RuntimeError('capture')"},
     ]
@@ -191,7 +191,7 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     monkeypatch.setattr(noise, "_pytest", fake_pytest)
     lines = noise._compare_lines(["suites/"], tmp_path)
     assert lines[0].startswith("harness / do_bench_cudagraph, 2 cases >=50us: median ratio 0.945, worst 0.900")
-    assert lines[0].endswith("within 3%: 1")
-    assert lines[1].startswith("harness / do_bench_cudagraph, 1 cases >=10us: median ratio 1.000")
+    assert lines[0].endswith("within 3%: 1; at rep=1 ms: median 0.995, within 3%: 2")
+    assert lines[1] == "harness / do_bench_cudagraph, 1 cases >=10us: median ratio 1.000, worst 1.000, within 3%: 1"
     assert lines[2] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
     assert len(lines) == 3
