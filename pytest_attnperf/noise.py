@@ -2,7 +2,8 @@
 
     python -m pytest_attnperf.noise --runs 5 --inject 0.02,0.05,0.10 -- suites/ --hw=h200 -k softmax
 
-It runs four stages, in this order (``--stages`` picks some; default all four):
+It runs four stages, in this order (``--stages`` names some; default the first three, and
+``compare`` too with ``--compare``):
 
 1. ``record``: records fresh baselines for the selected cases into the work folder, ``--records``
    times (each recording adds to a case's ``run_medians_ms``, the gate's run-to-run noise);
@@ -13,17 +14,18 @@ It runs four stages, in this order (``--stages`` picks some; default all four):
    cases picked by ``--every`` (``pytest_attnperf.inject``): how many the gate caught, by kernel
    size (the steady runs' medians, or the baseline file's without them), and how many untouched
    cases it flagged;
-4. ``compare``: on a GPU, with ``--compare``, the harness's median against
+4. ``compare``: on a GPU, the harness's median against
    ``triton.testing.do_bench_cudagraph`` on the same callables (one extra run, in hot mode:
    do_bench_cudagraph replays back to back without flushing the L2), at its default 20 ms of
    calls per graph and at 1 ms.
 
-A GPU run of the suite takes about a minute, so the stages can be split over two calls that
-share the work folder (``--stages steady`` is short for ``record,steady``, ``--stages inject``
-for ``inject,compare``)::
+A GPU run of the suite takes about a minute or two, so the stages can be split over calls that
+share the work folder; ``--keep-runs`` adds a call's unchanged runs to those already there
+instead of starting over, so five runs can be taken three and two::
 
-    python -m pytest_attnperf.noise --workdir noise-work --stages steady -- suites/ --hw=h200
-    python -m pytest_attnperf.noise --workdir noise-work --stages inject --compare -- suites/ --hw=h200
+    python -m pytest_attnperf.noise --workdir noise-work --stages record,steady --runs 3 -- suites/ --hw=h200
+    python -m pytest_attnperf.noise --workdir noise-work --stages steady --keep-runs --runs 2 -- suites/ --hw=h200
+    python -m pytest_attnperf.noise --workdir noise-work --stages inject,compare -- suites/ --hw=h200
 
 Each call prints, and writes to ``<workdir>/report-<stages>.txt`` (``report-record-steady.txt``),
 what the work folder gives: the steady table whenever ``run*.json`` files are there, the
@@ -52,20 +54,15 @@ from .inject import is_picked
 __all__ = ["main"]
 
 STAGES = ("record", "steady", "inject", "compare")
-SHORTHANDS = {"steady": ("record", "steady"), "inject": ("inject", "compare")}
 SIZES = (">=50us", ">=10us", "<10us")
 
 
 def _stages(text: str) -> tuple[str, ...]:
-    """``--stages``: names from STAGES, comma-separated, in run order; one word may be a shorthand."""
-    if text.strip() in SHORTHANDS:
-        return SHORTHANDS[text.strip()]
+    """``--stages``: names from STAGES, comma-separated; they run in STAGES order."""
     names = {name.strip() for name in text.split(",") if name.strip()}
     unknown = names - set(STAGES)
     if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: stages are a comma-separated subset of {','.join(STAGES)} (or 'steady', 'inject')"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r}: stages are a comma-separated subset of {','.join(STAGES)}")
     return tuple(stage for stage in STAGES if stage in names)
 
 
@@ -109,7 +106,7 @@ def _baseline_path(work: Path, hw: str | None) -> Path | None:
 def _missing_baseline(work: Path, hw: str | None) -> str:
     return (
         f"noise: stage inject gates against the baselines of a record stage, and there is no "
-        f"{hw or '<hw>'}.yaml in {work.resolve()}; run --stages steady (or record) with the same --workdir first"
+        f"{hw or '<hw>'}.yaml in {work.resolve()}; run --stages record with the same --workdir first"
     )
 
 
@@ -257,15 +254,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="recordings by the record stage: three give each case its own run-to-run noise")
     parser.add_argument("--inject", default="0.02,0.05,0.10", help="fractions of extra work, comma-separated")
     parser.add_argument("--every", type=int, default=2, help="inject into cases with crc32(nodeid) %% EVERY == 0")
-    parser.add_argument("--compare", action="store_true", help="also compare with do_bench_cudagraph (GPU)")
-    parser.add_argument("--stages", type=_stages, default=",".join(STAGES),
-                        help="comma-separated subset of record,steady,inject,compare (default: all); "
-                             "alone, 'steady' means record,steady and 'inject' inject,compare; "
-                             "compare runs only with --compare")
+    parser.add_argument("--compare", action="store_true",
+                        help="add the compare stage (do_bench_cudagraph, GPU) to the default stages")
+    parser.add_argument("--stages", type=_stages, default=None,
+                        help="comma-separated subset of record,steady,inject,compare "
+                             "(default: record,steady,inject, and compare with --compare)")
+    parser.add_argument("--keep-runs", action="store_true",
+                        help="steady: keep the work folder's earlier runs and add this call's after them")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
-    stages: tuple[str, ...] = tuple(s for s in opts.stages if s != "compare" or opts.compare)
+    stages: tuple[str, ...] = opts.stages or tuple(s for s in STAGES if s != "compare" or opts.compare)
     args = [a for a in opts.pytest_args if a != "--"]
     work = opts.workdir or Path(tempfile.mkdtemp(prefix="attnperf-noise-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -283,9 +282,13 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(opts.records):
                 _pytest([*gate, "--update-baselines", "--benchmark-disable"])
         if "steady" in stages:
-            for old in [*_run_files(work), *_run_files(work, ".xml")]:  # an earlier call's runs
-                old.unlink()
-            for i in range(opts.runs):
+            earlier = _run_files(work)
+            if not opts.keep_runs:  # an earlier call's runs are not this call's
+                for old in [*earlier, *_run_files(work, ".xml")]:
+                    old.unlink()
+                earlier = []
+            first = int(earlier[-1].stem[3:]) + 1 if earlier else 0
+            for i in range(first, first + opts.runs):
                 _pytest([*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"])
         if "inject" in stages:
             baseline = _baseline_path(work, hw)

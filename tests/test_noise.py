@@ -112,9 +112,9 @@ def noise(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_stages_parse_lists_and_shorthands() -> None:
-    assert _stages("steady") == ("record", "steady")
-    assert _stages("inject") == ("inject", "compare")
+def test_stages_parse_as_named_and_run_in_order() -> None:
+    assert _stages("steady") == ("steady",)
+    assert _stages("inject") == ("inject",)
     assert _stages("compare, steady") == ("steady", "compare")
     assert _stages("record,steady,inject,compare") == ("record", "steady", "inject", "compare")
     with pytest.raises(argparse.ArgumentTypeError, match="subset of record,steady,inject,compare"):
@@ -125,7 +125,7 @@ def test_steady_then_inject_in_two_calls(project: Path) -> None:
     work = project / "work"
     work.mkdir()
     (work / "run7.json").write_text("{}")  # an earlier call's run: not one of this call's runs
-    first = noise(project, "--stages", "steady", "--runs", "2", "--records", "2")
+    first = noise(project, "--stages", "record,steady", "--runs", "2", "--records", "2")
     assert first.returncode == 0, first.stdout + first.stderr
     assert not (work / "run7.json").exists()
     assert (work / "cpu.yaml").exists() and (work / "run1.json").exists() and not (work / "run2.json").exists()
@@ -139,12 +139,20 @@ def test_steady_then_inject_in_two_calls(project: Path) -> None:
     row = next(line for line in steady.splitlines() if line.startswith("test_case[small]"))
     assert row.split()[-2:] == ["2", "0"]  # in both runs, never flagged
 
+    more = noise(project, "--stages", "steady", "--keep-runs", "--runs", "1")  # no new recording
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert [p.name for p in sorted(work.glob("run*.json"))] == ["run0.json", "run1.json", "run2.json"]
+    entries = yaml.safe_load((work / "cpu.yaml").read_text())["entries"]
+    assert {len(e["run_medians_ms"]) for e in entries.values()} == {2}  # gating recorded nothing
+    assert "3 unchanged runs" in (work / "report-steady.txt").read_text()
+
     second = noise(project, "--stages", "inject", "--inject", "0.5", "--every", "1")
     assert second.returncode == 0, second.stdout + second.stderr
     report = (work / "report-inject.txt").read_text()
     assert report in second.stdout
-    assert "2 unchanged runs" in report  # the first call's steady table, read back from the folder
-    assert "size classes from the medians of 2 steady runs" in report
+    assert "3 unchanged runs" in report  # the earlier calls' steady table, read back from the folder
+    assert "size classes from the medians of 3 steady runs" in report
+    assert "do_bench" not in report  # compare runs only when named
     for size in (">=50us", ">=10us", "<10us"):
         assert f"+50% on 1 cases {size}: caught 1" in report
     assert "+50%: untouched cases flagged: 0" in report

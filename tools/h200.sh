@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
-#   bash tools/h200.sh record-linear | gate | noise-steady | noise-inject | noise-compare
+#   bash tools/h200.sh record-linear | gate | noise
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # fla's autotune results from .triton-cache/ (both git-ignored; see README, "On a GPU").
 set -uo pipefail
@@ -28,10 +28,9 @@ case "${1:-}" in
     timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --benchmark-json="$OUT/gate.json" \
       ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
     keep_cache ;;
-  noise-steady|noise-inject|noise-compare)
-    stage=${1#noise-}; [ "$stage" = compare ] && NOISE_ARGS="--compare ${NOISE_ARGS:-}"
-    timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir noise-work --stages "$stage" \
-      ${NOISE_ARGS:-} -- suites/test_softmax.py --hw=h200 --attnperf-tolerance=1.5% 2>&1 | tee "$OUT/noise-$stage.log"
+  noise)  # STAGES=record,steady NOISE_ARGS="--runs 3"; the work folder travels back as noise-work.tgz
+    timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir noise-work --stages "${STAGES:?STAGES=...}" \
+      ${NOISE_ARGS:-} -- suites/test_softmax.py --hw=h200 --attnperf-tolerance=1.5% 2>&1 | tee "$OUT/noise-${STAGES//,/-}.log"
     tar czf "$OUT/noise-work.tgz" noise-work ;;
-  *) echo "usage: $0 record-linear|gate|noise-steady|noise-inject|noise-compare" >&2; exit 2 ;;
+  *) echo "usage: $0 record-linear|gate|noise" >&2; exit 2 ;;
 esac
