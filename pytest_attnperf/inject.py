@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from .hardware import DetectedDevice
-from .timing import Measurement, SamplingPlan, Timer, default_timer
+from .timing import Measurement, SamplingPlan, Timer, default_timer, read_sm_clock
 
 __all__ = ["InjectingTimer", "is_picked"]
 
@@ -78,16 +78,21 @@ class InjectingTimer:
             notes = (f"injected +{100 * self.fraction:g}% extra work (base {base.median_ms:.4g} ms)",)
         measured = self.inner.measure(fn, plan)
         if self.compare and self.device.is_gpu:
+            import torch
             from triton.testing import do_bench_cudagraph
 
             # triton's median over its replays, like ours, at its default 20 ms of calls per graph
             # and at 1 ms (near our hot samples): a gap only at 20 ms points at sustained load
             # (power-capped clocks, very large graphs) rather than at either timer.
             # A callable it cannot capture is recorded with its error and left out of the ratios.
-            line = {"nodeid": nodeid, "mode": measured.mode, "ours_ms": measured.median_ms}
+            # The SM clock (NVML) right after each, to see whether a gap follows the clock.
+            line = {"nodeid": nodeid, "mode": measured.mode, "ours_ms": measured.median_ms,
+                    "clock_after_ours": read_sm_clock(torch.cuda.current_device())}
             try:
                 line["do_bench_ms"] = do_bench_cudagraph(fn, return_mode="median")
+                line["clock_after_do_bench"] = read_sm_clock(torch.cuda.current_device())
                 line["do_bench_1ms_ms"] = do_bench_cudagraph(fn, rep=1, return_mode="median")
+                line["clock_after_do_bench_1ms"] = read_sm_clock(torch.cuda.current_device())
             except Exception as exc:  # noqa: BLE001 - recorded, not raised: the cross-check is advisory
                 line.update(do_bench_ms=0.0, error=repr(exc)[:200])
             with open(self.compare, "a", encoding="utf-8") as out:

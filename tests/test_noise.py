@@ -46,6 +46,44 @@ def test_injected_work_adds_its_fraction(monkeypatch: pytest.MonkeyPatch) -> Non
     assert untouched.measure(work, plan).median_ms == pytest.approx(plain, rel=0.15)
 
 
+def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cross-check's line per case: our median, do_bench_cudagraph at 20 ms and 1 ms, the SM
+    clock after each; a callable do_bench cannot take is written with its error, not raised."""
+    import torch
+    import triton.testing
+
+    from pytest_attnperf import inject
+    from pytest_attnperf.timing import Measurement
+
+    class Fixed:
+        def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
+            return Measurement(samples_ms=(0.2, 0.2, 0.2), clock="cuda-graph", mode="hot")
+
+    calls: list[float] = []
+
+    def fake_do_bench(fn: object, rep: float = 20, return_mode: str = "mean") -> float:
+        assert return_mode == "median"
+        calls.append(rep)
+        if len(calls) > 2:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 0.21 if rep == 20 else 0.2
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", fake_do_bench)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(inject, "read_sm_clock", lambda index: (1980.0, ()))
+    out = tmp_path / "compare.jsonl"
+    timer = InjectingTimer(Fixed(), DetectedDevice("cuda", "fake"), fraction=0.0, every=2, compare=str(out))
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::a (call)")
+    assert timer.measure(lambda: None, SamplingPlan()).median_ms == 0.2
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::b (call)")
+    timer.measure(lambda: None, SamplingPlan())
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert first == {"nodeid": "t.py::a", "mode": "hot", "ours_ms": 0.2, "clock_after_ours": [1980.0, []],
+                     "do_bench_ms": 0.21, "clock_after_do_bench": [1980.0, []],
+                     "do_bench_1ms_ms": 0.2, "clock_after_do_bench_1ms": [1980.0, []]}
+    assert second["do_bench_ms"] == 0.0 and "stream is capturing" in second["error"]
+
+
 # -- the script, end to end on a tiny project: fake CPU device, scripted timer -------------------
 
 CONFTEST = '''
