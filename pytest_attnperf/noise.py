@@ -2,8 +2,8 @@
 
     python -m pytest_attnperf.noise --runs 5 --inject 0.02,0.05,0.10 -- suites/ --hw=h200 -k softmax
 
-It runs four stages, in this order (``--stages`` names some; default the first three, and
-``compare`` too with ``--compare``):
+It runs four stages, in this order (``--stages`` names some, default the first three;
+``--compare`` adds the fourth):
 
 1. ``record``: records fresh baselines for the selected cases into the work folder, ``--records``
    times (each recording adds to a case's ``run_medians_ms``, the gate's run-to-run noise);
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inject", default="0.02,0.05,0.10", help="fractions of extra work, comma-separated")
     parser.add_argument("--every", type=int, default=2, help="inject into cases with crc32(nodeid) %% EVERY == 0")
     parser.add_argument("--compare", action="store_true",
-                        help="add the compare stage (do_bench_cudagraph, GPU) to the default stages")
+                        help="add the compare stage (do_bench_cudagraph, GPU) to the stages")
     parser.add_argument("--stages", type=_stages, default=None,
                         help="comma-separated subset of record,steady,inject,compare "
                              "(default: record,steady,inject, and compare with --compare)")
@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
-    stages: tuple[str, ...] = opts.stages or tuple(s for s in STAGES if s != "compare" or opts.compare)
+    named = set(opts.stages or ("record", "steady", "inject")) | ({"compare"} if opts.compare else set())
+    stages: tuple[str, ...] = tuple(s for s in STAGES if s in named)
     args = [a for a in opts.pytest_args if a != "--"]
     work = opts.workdir or Path(tempfile.mkdtemp(prefix="attnperf-noise-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -150,6 +150,16 @@ def noise(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def test_compare_flag_adds_the_compare_stage_to_named_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_attnperf import noise
+
+    ran: list[dict[str, str] | None] = []
+    monkeypatch.setattr(noise, "_pytest", lambda args, env=None: ran.append(env) or 0)
+    assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "1", "--compare", "--", "x.py"]) == 0
+    assert ran[0] is None and "ATTNPERF_COMPARE_FILE" in ran[1] and len(ran) == 2
+    assert (tmp_path / "report-steady-compare.txt").exists()
+
+
 def test_stages_parse_as_named_and_run_in_order() -> None:
     assert _stages("steady") == ("steady",)
     assert _stages("inject") == ("inject",)
