@@ -85,9 +85,10 @@ class InjectingTimer:
             # and at 1 ms (near our hot samples): a gap only at 20 ms points at sustained load
             # (power-capped clocks, very large graphs) rather than at either timer.
             # A callable it cannot capture is recorded with its error and left out of the ratios.
-            # The SM clock (NVML) right after each, to see whether a gap follows the clock.
+            # The SM clock (NVML) after each (ours: read by the timer after sampling), to see
+            # whether a gap follows the clock.
             line = {"nodeid": nodeid, "mode": measured.mode, "ours_ms": measured.median_ms,
-                    "clock_after_ours": read_sm_clock(torch.cuda.current_device())}
+                    "clock_after_ours": measured.sm_clock_mhz}
             try:
                 line["do_bench_ms"] = do_bench_cudagraph(fn, return_mode="median")
                 line["clock_after_do_bench"] = read_sm_clock(torch.cuda.current_device())

@@ -232,12 +232,12 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
         return [f"compare: no do_bench_cudagraph timings in {compare} (it needs a GPU)"]
     lines = []
     for size in SIZES:
-        ratios = [r["ours_ms"] / r["do_bench_ms"] for r in timed if _size_class(r["ours_ms"]) == size]
-        if ratios:
+        group = [r for r in timed if _size_class(r["ours_ms"]) == size]
+        if group:
+            ratios = [r["ours_ms"] / r["do_bench_ms"] for r in group]
             worst = max(ratios, key=lambda x: abs(x - 1))
             within = sum(abs(x - 1) <= 0.03 for x in ratios)
-            short = [r["ours_ms"] / r["do_bench_1ms_ms"] for r in timed
-                     if _size_class(r["ours_ms"]) == size and r.get("do_bench_1ms_ms", 0) > 0]
+            short = [r["ours_ms"] / r["do_bench_1ms_ms"] for r in group if r.get("do_bench_1ms_ms", 0) > 0]
             lines.append(f"harness / do_bench_cudagraph, {len(ratios)} cases {size}: median ratio "
                          f"{statistics.median(ratios):.3f}, worst {worst:.3f}, within 3%: {within}"
                          + (f"; at rep=1 ms: median {statistics.median(short):.3f}, within 3%: "

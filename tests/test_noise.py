@@ -57,7 +57,7 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
 
     class Fixed:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
-            return Measurement(samples_ms=(0.2, 0.2, 0.2), clock="cuda-graph", mode="hot")
+            return Measurement(samples_ms=(0.2, 0.2, 0.2), clock="cuda-graph", mode="hot", sm_clock_mhz=1995.0)
 
     calls: list[float] = []
 
@@ -78,7 +78,7 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::b (call)")
     timer.measure(lambda: None, SamplingPlan())
     first, second = (json.loads(line) for line in out.read_text().splitlines())
-    assert first == {"nodeid": "t.py::a", "mode": "hot", "ours_ms": 0.2, "clock_after_ours": [1980.0, []],
+    assert first == {"nodeid": "t.py::a", "mode": "hot", "ours_ms": 0.2, "clock_after_ours": 1995.0,
                      "do_bench_ms": 0.21, "clock_after_do_bench": [1980.0, []],
                      "do_bench_1ms_ms": 0.2, "clock_after_do_bench_1ms": [1980.0, []]}
     assert second["do_bench_ms"] == 0.0 and "stream is capturing" in second["error"]
