@@ -169,20 +169,25 @@ def _steady_lines(work: Path) -> list[str]:
     false_regressions = [_regressed(path.with_suffix(".xml")) for path in by_path]
     if not runs:
         return [f"no steady runs in {work}", *notes]
-    lines = [f"{len(runs)} unchanged runs (run*.json in the work folder)", ""]
-    lines.append(f"{'case':<78} {'median':>10} {'run-to-run':>10} {'runs':>5} {'false':>5}")
-    spread_over, sized = 0, 0
+    lines = [f"{len(runs)} unchanged runs (run*.json in the work folder); run-to-run spread of a case's "
+             "median: range = (max - min) / median, sd = standard deviation / mean", ""]
+    lines.append(f"{'case':<78} {'median':>10} {'range':>7} {'sd':>6} {'runs':>5} {'false':>5}")
+    over = {"range": 0, "sd": 0}
+    sized = 0
     for case, values in _per_case(runs).items():
         median = statistics.median(values)
         spread = (max(values) - min(values)) / median if median > 0 else 0.0
+        sd = statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 and median > 0 else 0.0
         if median >= 0.01:
             sized += 1
-            spread_over += spread > 0.01
+            over["range"] += spread > 0.01
+            over["sd"] += sd > 0.01
         times_flagged = sum(case in f for f in false_regressions)
         lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms "
-                     f"{100 * spread:>9.2f}% {len(values):>5} {times_flagged:>5}")
+                     f"{100 * spread:>6.2f}% {100 * sd:>5.2f}% {len(values):>5} {times_flagged:>5}")
     lines.append(f"false regressions over {len(runs)} unchanged runs: {sum(len(f) for f in false_regressions)}")
-    lines.append(f"cases >= 10 us with run-to-run spread > 1%: {spread_over} of {sized}")
+    lines.append(f"cases >= 10 us with run-to-run range > 1%: {over['range']} of {sized}; "
+                 f"with sd > 1%: {over['sd']} of {sized}")
     return [*lines, *notes]
 
 

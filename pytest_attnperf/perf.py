@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -174,7 +173,7 @@ class Perf:
         if m.eager_ms is not None:
             entry["eager_ms"] = m.eager_ms
         before = self._baseline_entry()
-        entry["run_medians_ms"] = self._history(before, s.median_ms, m)
+        entry["run_medians_ms"] = self._history(before, m)
         self._request.node.stash[PENDING_KEY] = entry
         eager_change = None
         if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)):
@@ -200,11 +199,17 @@ class Perf:
             )
         )
 
-    def _history(self, before: dict[str, Any] | None, median_ms: float, m: Measurement) -> list[float]:
+    def _history(self, before: dict[str, Any] | None, m: Measurement) -> list[float]:
         """The medians of this case's recordings, this one last: the earlier ones are kept
-        (up to ``HISTORY_KEEP``) while the case was measured the same way and this median is
-        within the tolerance of theirs; a larger change starts the history afresh (the kernel
-        changed, so its old run-to-run spread says nothing)."""
+        (up to ``HISTORY_KEEP``) while the case was measured the same way and the gate, judging
+        this recording against them, found no real change; a change it calls regressed or
+        improved (beyond the tolerance *and* the run-to-run noise: a new kernel) starts the
+        history afresh, since the old recordings no longer describe the kernel.
+
+        A change beyond the tolerance alone is not enough: at a tight tolerance (1.5%) the
+        medians of an unchanged ~10 us kernel move that much between runs, and restarting on
+        them left such cases with one recording, gated on the noise floor alone."""
+        median_ms = m.summary.median_ms
         if median_ms <= 0:  # nothing measurable (a no-op on a coarse clock): no history
             return []
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
@@ -213,10 +218,10 @@ class Perf:
             earlier = Summary.from_mapping(before)
         except (KeyError, TypeError, ValueError):
             return [median_ms]
-        runs = list(earlier.run_medians_ms) or [earlier.median_ms]
-        centre = statistics.median(runs)
-        if abs(median_ms / centre - 1.0) > self._session.settings.tolerance:
+        settings = self._session.settings
+        if judge(m.summary, earlier, settings.tolerance, settings.run_noise).status in ("regressed", "improved"):
             return [median_ms]
+        runs = list(earlier.run_medians_ms) or [earlier.median_ms]
         return [*runs, median_ms][-HISTORY_KEEP:]
 
     def _baseline_entry(self) -> dict[str, Any] | None:

@@ -182,7 +182,7 @@ def test_steady_then_inject_in_two_calls(project: Path) -> None:
     steady = (work / "report-record-steady.txt").read_text()
     assert steady in first.stdout
     assert "2 unchanged runs" in steady and "false regressions over 2 unchanged runs: 0" in steady
-    assert "cases >= 10 us with run-to-run spread > 1%: 0 of 2" in steady
+    assert "cases >= 10 us with run-to-run range > 1%: 0 of 2; with sd > 1%: 0 of 2" in steady
     assert "+50%" not in steady
     row = next(line for line in steady.splitlines() if line.startswith("test_case[small]"))
     assert row.split()[-2:] == ["2", "0"]  # in both runs, never flagged
@@ -251,3 +251,19 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     assert lines[1] == "harness / do_bench_cudagraph, 1 cases >=10us: median ratio 1.000, worst 1.000, within 3%: 1"
     assert lines[2] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
     assert len(lines) == 3
+
+
+def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) -> None:
+    """One odd run among five moves the range past 1% while the sd stays under it; the table
+    counts each by its own definition."""
+    from pytest_attnperf.noise import _steady_lines
+
+    medians = {"t.py::odd": [1.0, 1.02, 1.0, 1.0, 1.0], "t.py::steady": [0.05, 0.05, 0.05, 0.05, 0.05],
+               "t.py::wild": [0.02, 0.021, 0.019, 0.02, 0.021]}
+    for i in range(5):
+        runs = [{"fullname": case, "stats": {"median": values[i] / 1e3}} for case, values in medians.items()]
+        (tmp_path / f"run{i}.json").write_text(json.dumps({"benchmarks": runs}))
+    lines = _steady_lines(tmp_path)
+    row = {line.split()[0]: line.split()[2:4] for line in lines if line.split()[:1] in (["odd"], ["steady"], ["wild"])}
+    assert row == {"odd": ["2.00%", "0.89%"], "steady": ["0.00%", "0.00%"], "wild": ["10.00%", "4.14%"]}
+    assert lines[-1] == "cases >= 10 us with run-to-run range > 1%: 2 of 3; with sd > 1%: 1 of 3"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
-#   bash tools/h200.sh record-linear | gate | noise
+#   bash tools/h200.sh record-linear | gate | noise | diag
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # fla's autotune results from .triton-cache/ (both git-ignored; see README, "On a GPU").
 set -uo pipefail
@@ -32,5 +32,7 @@ case "${1:-}" in
     timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir noise-work --stages "${STAGES:?STAGES=...}" \
       ${NOISE_ARGS:-} -- suites/test_softmax.py --hw=h200 --attnperf-tolerance=1.5% 2>&1 | tee "$OUT/noise-${STAGES//,/-}.log"
     tar czf "$OUT/noise-work.tgz" noise-work ;;
-  *) echo "usage: $0 record-linear|gate|noise" >&2; exit 2 ;;
+  diag)  # why do_bench_cudagraph and the harness differ in the suite (tools/timer_diag.py)
+    python3 tools/timer_diag.py --out "$OUT/timer_diag.json" 2>&1 | tee "$OUT/timer_diag.log" ;;
+  *) echo "usage: $0 record-linear|gate|noise|diag" >&2; exit 2 ;;
 esac
