@@ -9,7 +9,10 @@ own, found them within 2% of each other. Two differences between the settings ar
 - graph length: the suite's callables launch fast eagerly, so do_bench (20 ms over an eager
   5-call estimate) put about ten times more calls in its graph than it did here;
 - the profiler: the suite runs ``torch.profiler`` (CUPTI) once per case to see which backend
-  ran, before timing.
+  ran, before timing, and Kineto may leave CUPTI attached after a profile ends (pytorch issue
+  #144455: 10-20% slower training after profiling; ``TEARDOWN_CUPTI=1`` detaches it), which
+  would slow every later launch in the process. ``tools/h200.sh diag`` runs this script twice,
+  the second time with ``TEARDOWN_CUPTI=1``.
 
 For a few softmax cases (furthest from do_bench in the suite, and one control), on a GPU, it
 times the same callable (backend pinned around the whole measurement, as the suite does) with
