@@ -12,9 +12,9 @@ A case regresses only when all hold:
    runs' medians had a standard deviation of 0.37-0.54% over the softmax cases, while half of
    those cases had intervals under 0.2% wide), so (2) alone flags unchanged cases at a low
    tolerance.
-   ``sigma`` is the case's own spread (median absolute deviation) over the ``m`` recordings in
-   the baseline (``run_medians_ms``, kept by ``--update-baselines`` while a case stays within
-   the tolerance), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
+   ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the
+   baseline (``run_medians_ms``, kept by ``--update-baselines`` until a recording is itself a
+   real change), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
    floor (``--attnperf-run-noise``); with fewer recordings it is the floor, ``m = 1``. With a
    history, the baseline's centre is the median of its recordings, and the interval of (2) is
    the latest recording's, moved to that centre.
@@ -83,23 +83,29 @@ class Summary:
 
         def num(key: str) -> float:
             value = entry[key]
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise TypeError(f"'{key}' is {value!r}, not a number")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise TypeError(f"'{key}' is {value!r}, not a finite number")
             return float(value)
 
         runs = entry.get("run_medians_ms", [])
-        if num("median_ms") <= 0:
+        median, low, high = num("median_ms"), num("ci_low_ms"), num("ci_high_ms")
+        if median <= 0:
             raise ValueError(f"'median_ms' is {entry['median_ms']!r}; a time must be positive")
+        if not low <= median <= high:
+            raise ValueError(f"the interval {low!r}..{high!r} does not hold 'median_ms' {median!r}")
+        count = entry["n_samples"]
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise TypeError(f"'n_samples' is {count!r}, not a whole number of at least 1")
         if not isinstance(runs, list) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in runs
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in runs
         ):
             raise TypeError(f"'run_medians_ms' is {runs!r}, not a list of positive numbers")
         return cls(
-            median_ms=num("median_ms"),
-            ci_low_ms=num("ci_low_ms"),
-            ci_high_ms=num("ci_high_ms"),
+            median_ms=median,
+            ci_low_ms=low,
+            ci_high_ms=high,
             stdrel=num("stdrel"),
-            n_samples=int(num("n_samples")),
+            n_samples=count,
             run_medians_ms=tuple(float(v) for v in runs),
         )
 
@@ -112,7 +118,8 @@ class Summary:
 
 @dataclass(frozen=True)
 class Verdict:
-    """``status`` is one of: new, unchanged, improved, regressed."""
+    """``status`` is one of: new, unchanged, improved, regressed, and (set by the plugin) recorded,
+    not compared (another mode), clock changed (fails: see ``perf._clock_changed``)."""
 
     status: str
     ratio: float | None
@@ -120,7 +127,7 @@ class Verdict:
 
     @property
     def failed(self) -> bool:
-        return self.status == "regressed"
+        return self.status in ("regressed", "clock changed")
 
     @property
     def change_pct(self) -> float | None:
@@ -133,13 +140,17 @@ MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute devia
 def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
     """The baseline's centre, its recordings ``m``, the run-to-run ``sigma`` and where it came from.
 
-    From ``HISTORY_MIN`` recordings on, the centre is their median and sigma their median
-    absolute deviation scaled to a normal sigma: robust, so a step change kept in the history
-    (one smaller than the tolerance) does not widen the bar until it is the majority."""
+    From ``HISTORY_MIN`` recordings on, the centre is their median and sigma the smaller of two
+    estimates: the median absolute deviation scaled to a normal sigma, which one odd recording
+    does not move (a step held by a minority of the recordings leaves it at zero), and the
+    sample standard deviation, which is exact for a history split evenly between two levels
+    (a lease-to-lease step: there the scaled MAD overstates the spread by half, and a bar that
+    wide let a real +7% pass at a 5% tolerance)."""
     runs = baseline.run_medians_ms
     if len(runs) >= HISTORY_MIN:
         centre = statistics.median(runs)
-        own = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs) / centre
+        mad = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs)
+        own = min(mad, statistics.stdev(runs)) / centre
         source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
             f", floored at {100 * floor:.2f}%" if own < floor else "")
         return centre, len(runs), max(own, floor), source

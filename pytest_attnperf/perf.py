@@ -22,6 +22,20 @@ PENDING_KEY = pytest.StashKey[dict[str, Any]]()
 HISTORY_KEEP = 5  # recordings of a case kept for its run-to-run spread
 
 
+def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
+    """A failing verdict for a case whose baseline was timed with another clock in the same
+    mode: the kernel changed how it can be timed (typically it stopped being graph-capturable),
+    which no tolerance can judge, so it is never passed silently."""
+    why = "; ".join(measurement.notes) or "no reason given"
+    return Verdict(
+        "clock changed", None,
+        f"CLOCK CHANGED: the baseline was timed with the {baseline_clock} clock, this run with the "
+        f"{measurement.clock} clock ({why}), so the times are not comparable and the case cannot be "
+        f"gated (this run: {measurement.summary.describe()}). If the kernel is meant to be timed "
+        "this way now, re-record it with --update-baselines.",
+    )
+
+
 @dataclass(frozen=True)
 class PerfResult:
     """What one case measured: times, rates against the hardware, and the baseline verdict."""
@@ -117,6 +131,11 @@ class Perf:
         if verdict.failed:
             drift = session.drift()
             extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
+            if measurement.notes:  # throttled clocks, eager fallback, re-measuring: part of the verdict
+                extra += "\n  notes: " + "; ".join(measurement.notes)
+            earlier = (self._baseline_entry() or {}).get("notes")
+            if isinstance(earlier, list) and earlier:
+                extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
             pytest.fail(f"{node.nodeid}: {verdict.message}{extra}", pytrace=False)
         return result
 
@@ -132,12 +151,14 @@ class Perf:
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
         entry = baseline.entries.get(self._request.node.nodeid) if baseline else None
-        if entry is not None and (entry.get("mode"), entry.get("clock")) != (measurement.mode, measurement.clock):
+        if entry is not None and entry.get("mode") != measurement.mode:  # the run's choice (--attnperf-mode)
             return Verdict(
                 "not compared", None,
                 f"baseline measured as {entry.get('mode')}/{entry.get('clock')}, this run as "
                 f"{measurement.mode}/{measurement.clock}: times are not comparable",
             ), measurement
+        if entry is not None and entry.get("clock") != measurement.clock:  # the kernel's doing: fail
+            return _clock_changed(entry.get("clock"), measurement), measurement
         summary = baseline.summary(self._request.node.nodeid) if baseline else None
         if summary is None and session.settings.require_baseline:
             pytest.fail(
@@ -149,6 +170,11 @@ class Perf:
         verdict = judge(measurement.summary, summary, tolerance, floor)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)
+            if again.clock != measurement.clock:  # not comparable: the first verdict stands
+                note = (f"re-measuring the suspected regression fell back to the {again.clock} clock "
+                        f"({'; '.join(again.notes) or 'no reason given'}); the {measurement.clock} "
+                        "measurement's verdict stands")
+                return verdict, replace(measurement, notes=measurement.notes + (note,))
             second = judge(again.summary, summary, tolerance, floor)
             note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
             return second, replace(again, notes=again.notes + (note,))
@@ -172,6 +198,8 @@ class Perf:
             entry["peak_mib"] = m.peak_mib
         if m.eager_ms is not None:
             entry["eager_ms"] = m.eager_ms
+        if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
+            entry["notes"] = list(m.notes)
         before = self._baseline_entry()
         entry["run_medians_ms"] = self._history(before, m)
         self._request.node.stash[PENDING_KEY] = entry

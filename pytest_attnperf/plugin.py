@@ -21,6 +21,8 @@ from .report import summary_lines
 from .session import SESSION_KEY, AttnPerfSession, get_session
 from .timing import REPLAY_CLOCK
 
+CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
+
 # -- configuration --------------------------------------------------------------------------
 
 
@@ -127,6 +129,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     passed = report.passed and not hasattr(report, "wasxfail")  # an unexpected pass is no baseline
     if report.when == "call" and passed and PENDING_KEY in item.stash:
+        item.stash[CALL_PASSED_KEY] = True
+    elif report.when == "teardown" and report.passed and item.stash.get(CALL_PASSED_KEY, False):
+        # committed once teardown passed too: a fixture that fails after the measurement
+        # (a leak check, say) keeps the test's entry out of the baseline
         get_session(item.config).pending[item.nodeid] = item.stash[PENDING_KEY]
     return report
 

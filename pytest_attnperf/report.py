@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from .session import Row
 
 __all__ = ["summary_lines"]
 
+SHARED_NOTE = 3  # a note on more cases than this is printed once, with its count
 _HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B",
            "peak MiB", "eager", "eager vs base", "vs baseline")
 
@@ -67,8 +69,13 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     notes = [(r.nodeid, note) for r in rows for note in r.notes]
-    for nodeid, note in notes:
-        lines.append(f"note: {_case(nodeid)}: {note}")
+    shared = Counter(note for _, note in notes)
+    for nodeid, note in notes:  # a note most cases share (no NVML, say) is printed once
+        if shared[note] <= SHARED_NOTE:
+            lines.append(f"note: {_case(nodeid)}: {note}")
+    for note, count in shared.items():
+        if count > SHARED_NOTE:
+            lines.append(f"note, {count} cases: {note}")
     if drift:
         lines.append("environment differs from the baseline's header: " + ", ".join(drift))
     return lines

@@ -226,18 +226,20 @@ class CudaTimer:
         eager_ms = self._eager_ms(fn, budget_s=plan.budget_s)
         peak_mib = self._peak_mib(fn)
         graph, failure = _capture(fn, 1)
-        calls = 1
+        calls, replays = 1, 1  # calls per sample; replays of the graph per sample
         if graph is not None and plan.mode == "hot":
             # calls per graph from the device time of one replay, not the eager (host) time
-            one_ms = _time_replay(graph.replay)
-            calls = max(1, min(64, math.ceil(plan.hot_sample_ms / max(one_ms, 1e-3))))
-            if calls > 1:
-                graph, failure = _capture(fn, calls)
+            graph, calls, replays, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms)
+            notes.extend([note] if note else [])
         if failure:
             notes.append(f"not graph-capturable ({failure}); timed with events around eager "
                          "launches, launch overhead included")
 
-        run = graph.replay if graph is not None else (lambda: [fn() for _ in range(calls)])
+        if graph is not None:
+            one_graph = graph
+            run = one_graph.replay if replays == 1 else (lambda: [one_graph.replay() for _ in range(replays)])
+        else:
+            run = lambda: [fn() for _ in range(calls)]  # noqa: E731
         flush = self._flush_buffer() if plan.mode == "cold" else None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
@@ -256,6 +258,8 @@ class CudaTimer:
 
         samples = sample_adaptively(take_ms, plan)
         mhz, throttled = read_sm_clock(torch.cuda.current_device())
+        if mhz is None:
+            notes.append("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked")
         if throttled:
             notes.append(f"clock throttled ({', '.join(throttled)}) at {mhz} MHz; re-measured")
             samples = sample_adaptively(take_ms, plan)
@@ -309,6 +313,27 @@ class CudaTimer:
         peak = torch.cuda.max_memory_allocated() - before
         del result
         return peak / 2**20
+
+
+def hot_graph(
+    fn: Callable[[], Any], one_call: Any, one_ms: float, sample_ms: float,
+    capture: Callable[[Callable[[], Any], int], tuple[Any, str | None]] | None = None,
+) -> tuple[Any, int, int, str | None]:
+    """Hot mode's graph: ``(graph, calls per sample, replays per sample, note)``.
+
+    Enough back-to-back calls in one graph for a sample of about ``sample_ms`` (at most 64),
+    from ``one_ms``, the device time of one replay of ``one_call``. When that longer capture
+    fails (the graph pool holds every call's outputs, so memory can run out), the one-call
+    graph, which did capture, is replayed that many times per sample instead, and the note
+    says so: the case stays graph-timed rather than falling back to eager launches."""
+    calls = max(1, min(64, math.ceil(sample_ms / max(one_ms, 1e-3))))
+    if calls == 1:
+        return one_call, 1, 1, None
+    longer, failure = (capture or _capture)(fn, calls)
+    if longer is not None:
+        return longer, calls, 1, None
+    return one_call, calls, calls, (f"a graph of {calls} calls failed ({failure}); each sample "
+                                    f"replays the one-call graph {calls} times")
 
 
 def _capture(fn: Callable[[], Any], calls: int) -> tuple[Any, str | None]:

@@ -44,5 +44,4 @@ def test_linear(case, kernel, direction, attnperf_device, attnperf):
     """Output and gradients against our fp64 recurrence, then device time against the baseline."""
     timed = linear.run_case(kernel.family, kernel, case, direction, attnperf_device)
     cost = linear.cost(kernel.family, kernel, case, direction)
-    result = attnperf.measure(timed, cost=cost, dtype=case.dtype)
-    assert result.median_ms > 0
+    attnperf.measure(timed, cost=cost, dtype=case.dtype)  # gates the time; fails on a regression

@@ -50,5 +50,4 @@ def test_softmax(case, kernel, direction, attnperf_device, attnperf):
         head_dim=case.head_dim, dtype=case.dtype, causal=case.causal, window=case.window,
         backward=direction == "fwdbwd",
     )
-    result = attnperf.measure(timed, cost=cost, dtype=case.dtype, detect_backend=kernel.sdpa_backend is None)
-    assert result.median_ms > 0
+    attnperf.measure(timed, cost=cost, dtype=case.dtype, detect_backend=kernel.sdpa_backend is None)

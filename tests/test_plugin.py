@@ -38,7 +38,10 @@ def pytest_attnperf_detect_device(config):
 
 
 class ScriptedTimer:
-    """20 samples around 1 ms x the factor speed.json gives the current test."""
+    """20 samples around 1 ms x the factor speed.json gives the current test; clock.json may
+    give a test the clocks of its successive measurements (default "scripted")."""
+
+    calls = {}
 
     def measure(self, fn, plan):
         fn()
@@ -46,7 +49,12 @@ class ScriptedTimer:
         speed = HERE / "speed.json"
         factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
         jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
-        return Measurement(tuple(factor * (1 + j) for j in jitter), clock="scripted", mode=plan.mode)
+        clocks = HERE / "clock.json"
+        sequence = json.loads(clocks.read_text()).get(test, ["scripted"]) if clocks.exists() else ["scripted"]
+        n = self.calls[test] = self.calls.get(test, -1) + 1
+        clock = sequence[min(n, len(sequence) - 1)]
+        notes = () if clock == "scripted" else (f"scripted fallback to {clock}",)
+        return Measurement(tuple(factor * (1 + j) for j in jitter), clock=clock, mode=plan.mode, notes=notes)
 
 
 def pytest_attnperf_make_timer(config, device):
@@ -249,6 +257,76 @@ def test_baseline_from_another_mode_is_not_compared(project: pytest.Pytester) ->
     result = project.runpytest(*PLUGIN, "--attnperf-mode=hot")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_case[[]a[]]*not compared*"])
+
+
+def set_clocks(pytester: pytest.Pytester, **sequences: list[str]) -> None:
+    (pytester.path / "clock.json").write_text(json.dumps({f"test_case[{k}]": v for k, v in sequences.items()}))
+
+
+def test_a_case_whose_clock_changed_fails_naming_both(project: pytest.Pytester) -> None:
+    """Baseline graph-timed, this run eager (the kernel stopped being capturable): however
+    slow, it cannot be gated, so it fails instead of passing as 'not compared'."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.5)
+    set_clocks(project, a=["cuda-events"])
+    result = project.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*test_case[[]a[]]: CLOCK CHANGED: the baseline was timed with the scripted clock, this run with "
+        "the cuda-events clock (scripted fallback to cuda-events)*",
+    ])
+    set_speed(project, a=1.0)  # re-recording accepts the new clock; then it gates again
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["clock"] == "cuda-events"
+    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
+
+
+def test_a_re_measurement_on_another_clock_keeps_the_first_verdict(project: pytest.Pytester) -> None:
+    """+10% on the baseline's clock, then the confirming run falls back to another clock: the
+    comparable measurement's verdict stands and the message says why."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.1)
+    set_clocks(project, a=["scripted", "cuda-events"])
+    result = project.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*REGRESSED +10.0%*",
+        "*baseline: median 1 ms*",
+        "*notes: re-measuring the suspected regression fell back to the cuda-events clock (scripted "
+        "fallback to cuda-events); the scripted measurement's verdict stands*",
+    ])
+
+
+def test_notes_are_recorded_with_the_entry_and_shown_when_it_fails(project: pytest.Pytester) -> None:
+    """A figure recorded with a note (here an eager fallback) keeps it in the baseline file,
+    and a later failure against that entry quotes it."""
+    set_clocks(project, a=["cuda-events"])
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    entries = baseline(project)["entries"]
+    assert entries["test_cases.py::test_case[a]"]["notes"] == ["scripted fallback to cuda-events"]
+    assert "notes" not in entries["test_cases.py::test_case[b]"]
+    set_speed(project, a=1.2)
+    result = project.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*REGRESSED +20.0%*", "*baseline notes: scripted fallback to cuda-events*"])
+
+
+def test_a_teardown_error_keeps_the_entry_out_of_the_baseline(project: pytest.Pytester) -> None:
+    """The measurement passed but a fixture failed afterwards: the test errors, and its entry
+    is not recorded (the earlier one is kept); the other case is recorded."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    before = baseline(project)["entries"]
+    project.makepyfile(test_cases=TESTS.replace(
+        '@pytest.mark.parametrize("name", ["a", "b"])\ndef test_case(name, attnperf):',
+        "@pytest.fixture\ndef leak_check(name):\n    yield\n    assert name != 'a', 'leaked'\n\n\n"
+        '@pytest.mark.parametrize("name", ["a", "b"])\ndef test_case(name, attnperf, leak_check):',
+    ))
+    set_speed(project, a=0.5, b=0.5)
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(passed=2, errors=1)
+    after = baseline(project)["entries"]
+    assert after["test_cases.py::test_case[a]"] == before["test_cases.py::test_case[a]"]
+    assert after["test_cases.py::test_case[b]"]["median_ms"] == pytest.approx(0.5, rel=0.01)
 
 
 def test_requires_hw_skips_with_reason_on_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """Unit tests for ``pytest_attnperf.gate`` (summaries, the regression verdict) and for the
-pure parts of ``pytest_attnperf.timing`` (the adaptive sampling loop, the replay clock).
+pure parts of ``pytest_attnperf.timing`` (the adaptive sampling loop, the replay clock, hot mode's graph choice).
 
 Samples are synthetic: a centre in ms with gaussian noise drawn from a seeded
 ``random.Random``, so every verdict here is deterministic.
@@ -16,7 +16,7 @@ import pytest
 
 from pytest_attnperf import timing
 from pytest_attnperf.gate import MIN_SAMPLES, Summary, Verdict, judge, median_ci
-from pytest_attnperf.timing import ReplayClock, SamplingPlan, sample_adaptively
+from pytest_attnperf.timing import ReplayClock, SamplingPlan, hot_graph, sample_adaptively
 
 
 def draw(seed: int, centre_ms: float, rel_noise: float, n: int) -> list[float]:
@@ -380,3 +380,71 @@ def test_a_time_must_be_positive() -> None:
     entry = {"median_ms": 0.0, "ci_low_ms": 0.0, "ci_high_ms": 0.0, "stdrel": 0.0, "n_samples": 10}
     with pytest.raises(ValueError, match="must be positive"):
         Summary.from_mapping(entry)
+
+
+def test_a_history_split_between_two_levels_does_not_hide_a_regression() -> None:
+    """Two recordings on one lease, two 3% slower on another: the scaled MAD (2.2%) would put
+    the bar at 7.4% and pass a real +7% at a 5% tolerance; the sample sd (1.7%) is the
+    spread of such a history, and +7% regresses."""
+    base = with_history(summarise(1, 10.3, n=200), [10.0, 10.0, 10.3, 10.3])
+    verdict = judge(summarise(2, 10.15 * 1.07, n=200), base, 0.05, 0.005)
+    assert verdict.status == "regressed"
+    assert "1.71% over 4 recordings" in verdict.message
+
+
+def test_one_odd_recording_does_not_widen_the_bar() -> None:
+    """One recording 30% off among five: the MAD is zero, so the floor rules, and +2% regresses
+    at a 1.5% tolerance (the sample sd alone, 13%, would hide anything)."""
+    base = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.3, 1.0, 1.0])
+    verdict = judge(summarise(2, 1.02, n=200, rel_noise=0.001), base, 0.015, 0.003)
+    assert verdict.status == "regressed" and "floored at 0.30%" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"median_ms": float("nan")}, "median_ms"),
+        ({"ci_high_ms": float("inf")}, "ci_high_ms"),
+        ({"n_samples": float("inf")}, "n_samples"),
+        ({"n_samples": 10.5}, "n_samples"),
+        ({"n_samples": 0}, "n_samples"),
+        ({"ci_low_ms": 1.05}, "does not hold"),
+        ({"run_medians_ms": [1.0, float("nan")]}, "run_medians_ms"),
+    ],
+)
+def test_entries_with_impossible_numbers_are_rejected(change: dict, match: str) -> None:
+    """NaN or infinite times, a fractional or empty sample count, an interval that misses its
+    own median: each names the field (an entry like that would otherwise gate nothing)."""
+    entry = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01, "n_samples": 10}
+    with pytest.raises((TypeError, ValueError), match=match):
+        Summary.from_mapping({**entry, **change})
+
+
+# -- hot mode's graph ----------------------------------------------------------------------
+
+
+def test_hot_graph_packs_calls_for_the_sample_length() -> None:
+    """0.05 ms per call, 0.5 ms samples: a graph of 10 calls, replayed once per sample."""
+    captured = []
+
+    def capture(fn, calls):
+        captured.append(calls)
+        return f"graph x{calls}", None
+
+    assert hot_graph(lambda: None, "graph x1", 0.05, 0.5, capture) == ("graph x10", 10, 1, None)
+    assert captured == [10]
+    assert hot_graph(lambda: None, "graph x1", 2.0, 0.5, capture)[:3] == ("graph x1", 1, 1)  # long call
+    assert hot_graph(lambda: None, "graph x1", 0.0001, 0.5, capture)[1] == 64  # capped
+
+
+def test_hot_graph_replays_the_one_call_graph_when_the_longer_capture_fails() -> None:
+    """The longer capture runs out of memory: still graph-timed, ten replays of the one-call
+    graph per sample, and the note names the failure (not 'not graph-capturable')."""
+
+    def capture(fn, calls):
+        return None, "OutOfMemoryError: CUDA out of memory"
+
+    graph, calls, replays, note = hot_graph(lambda: None, "graph x1", 0.05, 0.5, capture)
+    assert (graph, calls, replays) == ("graph x1", 10, 10)
+    assert note == ("a graph of 10 calls failed (OutOfMemoryError: CUDA out of memory); each sample "
+                    "replays the one-call graph 10 times")
