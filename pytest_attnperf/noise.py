@@ -141,6 +141,19 @@ def _regressed(path: Path) -> set[str]:
     return {case for case, regressed in _testcases(path).items() if regressed} if path.exists() else set()
 
 
+def _other_failures(path: Path) -> set[str]:
+    """Node ids that failed or errored for another reason than REGRESSED (a changed clock, a
+    wrong result, a crash): in unchanged runs each is a problem the spread table would hide."""
+    if not path.exists():
+        return set()
+    found = set()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        bad = [*case.findall("failure"), *case.findall("error")]
+        if bad and not any("REGRESSED" in b.get("message", "") + (b.text or "") for b in bad):
+            found.add(f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}")
+    return found
+
+
 def _size_class(ms: float) -> str:
     return ">=50us" if ms >= 0.05 else ">=10us" if ms >= 0.01 else "<10us"
 
@@ -186,6 +199,10 @@ def _steady_lines(work: Path) -> list[str]:
         lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms "
                      f"{100 * spread:>6.2f}% {100 * sd:>5.2f}% {len(values):>5} {times_flagged:>5}")
     lines.append(f"false regressions over {len(runs)} unchanged runs: {sum(len(f) for f in false_regressions)}")
+    others = sorted({case for path in by_path for case in _other_failures(path.with_suffix(".xml"))})
+    if others:
+        shown = ", ".join(c.rsplit("::", 1)[-1] for c in others[:5]) + (", ..." if len(others) > 5 else "")
+        lines.append(f"cases that failed for another reason in some run: {len(others)} ({shown})")
     lines.append(f"cases >= 10 us with run-to-run range > 1%: {over['range']} of {sized}; "
                  f"with sd > 1%: {over['sd']} of {sized}")
     return [*lines, *notes]
