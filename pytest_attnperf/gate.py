@@ -60,6 +60,7 @@ class Summary:
     stdrel: float
     n_samples: int
     run_medians_ms: tuple[float, ...] = ()  # a baseline's medians of its recordings, oldest first
+    run_machines: tuple[str | None, ...] = ()  # the machine of each recording (None: not known)
 
     @classmethod
     def from_samples(cls, samples_ms: Sequence[float]) -> Summary:
@@ -100,6 +101,11 @@ class Summary:
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in runs
         ):
             raise TypeError(f"'run_medians_ms' is {runs!r}, not a list of positive numbers")
+        machines = entry.get("run_machines", [None] * len(runs))
+        if not isinstance(machines, list) or len(machines) != len(runs) or not all(
+            m is None or isinstance(m, str) for m in machines
+        ):
+            raise TypeError(f"'run_machines' is {machines!r}, not one name (or null) per recording")
         return cls(
             median_ms=median,
             ci_low_ms=low,
@@ -107,6 +113,7 @@ class Summary:
             stdrel=num("stdrel"),
             n_samples=count,
             run_medians_ms=tuple(float(v) for v in runs),
+            run_machines=tuple(machines),
         )
 
     def describe(self) -> str:
@@ -145,26 +152,42 @@ def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
     does not move (a step held by a minority of the recordings leaves it at zero), and the
     sample standard deviation, which is exact for a history split evenly between two levels
     (a lease-to-lease step: there the scaled MAD overstates the spread by half, and a bar that
-    wide let a real +7% pass at a 5% tolerance)."""
+    wide let a real +7% pass at a 5% tolerance). When the recordings come from two or more
+    machines it is the standard deviation alone: each machine moves a case by its own amount,
+    and a machine with a minority of the recordings is exactly what the MAD would leave out."""
     runs = baseline.run_medians_ms
     if len(runs) >= HISTORY_MIN:
         centre = statistics.median(runs)
         mad = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs)
-        own = min(mad, statistics.stdev(runs)) / centre
+        machines = len(set(baseline.run_machines) - {None})
+        own = (statistics.stdev(runs) if machines >= 2 else min(mad, statistics.stdev(runs))) / centre
         source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
+            f" from {machines} machines" if machines >= 2 else "") + (
             f", floored at {100 * floor:.2f}%" if own < floor else "")
-        return centre, len(runs), max(own, floor), source
-    return baseline.median_ms, 1, floor, f"the {100 * floor:.2f}% floor (fewer than {HISTORY_MIN} recordings)"
+        m, sigma = len(runs), max(own, floor)
+    else:
+        centre, m, sigma = baseline.median_ms, 1, floor
+        source = f"the {100 * floor:.2f}% floor (fewer than {HISTORY_MIN} recordings)"
+    return centre, m, sigma, source
 
 
-def judge(current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0) -> Verdict:
-    """Compare a measurement with its baseline; ``tolerance`` and ``noise_floor`` (the least
-    run-to-run standard deviation assumed) are fractions (0.05 = 5%)."""
+def judge(
+    current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0, machine_noise: float = 0.0
+) -> Verdict:
+    """Compare a measurement with its baseline; ``tolerance``, ``noise_floor`` (the least
+    run-to-run standard deviation assumed) and ``machine_noise`` are fractions (0.05 = 5%).
+
+    ``machine_noise`` is the standard deviation of a case's move between two machines (another
+    GPU, lease or boot: each shifts a case's median by its own amount), for a baseline whose
+    recordings cannot show it, all being from one machine other than this run's. It adds to
+    the variance of the difference: ``bar = 3 * sqrt(sigma**2 * (1 + 1/m) + machine_noise**2)``."""
     if baseline is None:
         return Verdict("new", None, f"no baseline; measured {current.describe()}")
     centre, m, sigma, source = run_noise(baseline, noise_floor)
+    if machine_noise > 0:
+        source += f", plus {100 * machine_noise:.2f}% between machines (no recording from this one)"
     ratio = current.median_ms / centre
-    bar = 3.0 * sigma * math.sqrt(1.0 + 1.0 / m)
+    bar = 3.0 * math.sqrt(sigma**2 * (1.0 + 1.0 / m) + machine_noise**2)
     few = min(current.n_samples, baseline.n_samples) < MIN_SAMPLES
     slower = ratio > 1.0 + tolerance
     faster = ratio < 1.0 / (1.0 + tolerance)

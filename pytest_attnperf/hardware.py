@@ -19,11 +19,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = [
     "TABLE",
     "DetectedDevice",
     "HardwareSpec",
+    "machine_id",
     "match",
     "normalise",
     "resolve",
@@ -262,3 +264,20 @@ def resolve(requested: str | None, device: DetectedDevice) -> HardwareSpec:
         f"--hw={requested} does not match the device present: {shown} is '{detected.name}', "
         f"not '{name}'"
     )
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def machine_id(device: DetectedDevice, boot_id: Path = BOOT_ID) -> str:
+    """A short name for this machine as it runs now, for a baseline's recording history: the
+    GPU's UUID (``device.extra['uuid']``; the device name without one) and the kernel's boot id
+    (another lease of the same card, or a reboot, can move a case's median), e.g.
+    ``gpu-1a2b3c4d/boot-5e6f7a8b``. ``--attnperf-machine`` overrides it."""
+    uuid = re.sub(r"[^0-9a-f]", "", str(device.extra.get("uuid", "")).lower())
+    card = f"gpu-{uuid[:8]}" if uuid else normalise(device.name) or device.kind
+    try:
+        boot = re.sub(r"[^0-9a-f]", "", boot_id.read_text().lower())[:8]
+    except OSError:
+        boot = ""
+    return f"{card}/boot-{boot}" if boot else card

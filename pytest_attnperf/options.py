@@ -47,6 +47,13 @@ OPTIONS = (
            "least run-to-run standard deviation of a case's median assumed by the gate (0.5%: over "
            "five unchanged H200 runs a median's sd was up to 0.61% for cases >= 50 us and 0.89% for 10-50 us); "
            "a case's own, from its recordings, is used when larger"),
+    Option("machine_noise", "--attnperf-machine-noise", "ATTNPERF_MACHINE_NOISE", "attnperf_machine_noise", "0.7%",
+           "standard deviation of a case's move between two machines (another GPU, lease or boot), added to "
+           "the noise bar when no recording in the baseline comes from this machine and they all come from "
+           "one (0.7%: RMS move of 162 H200 softmax cases between two leases)"),
+    Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
+           "this machine's name in the baselines' recording history (default: the GPU's UUID and the boot "
+           "id); a fixed name makes reboots of a dedicated box one machine"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
            "fail a measured case that has no entry in the baseline file (default: pass as 'new')",
@@ -72,6 +79,8 @@ class Settings:
     baselines_dir: Path
     tolerance: float
     run_noise: float
+    machine_noise: float
+    machine: str | None
     mode: str
     budget_s: float
     target_stdrel: float
@@ -165,6 +174,8 @@ def read_settings(config: pytest.Config) -> Settings:
         baselines_dir=folder,
         tolerance=_get(config, "tolerance", _fraction),
         run_noise=_get(config, "run_noise", _fraction),
+        machine_noise=_get(config, "machine_noise", _fraction),
+        machine=_get(config, "machine", str).strip() or None,
         mode=_get(config, "mode", _mode),
         budget_s=_get(config, "budget", _positive_float),
         target_stdrel=_get(config, "stdrel", _fraction),

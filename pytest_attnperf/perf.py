@@ -11,7 +11,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import Summary, Verdict, judge
+from .gate import HISTORY_MIN, Summary, Verdict, judge
 from .markers import backends_seen, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -167,7 +167,8 @@ class Perf:
                 pytrace=False,
             )
         tolerance, floor = session.settings.tolerance, session.settings.run_noise
-        verdict = judge(measurement.summary, summary, tolerance, floor)
+        machine = self._machine_noise(summary)
+        verdict = judge(measurement.summary, summary, tolerance, floor, machine)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)
             if again.clock != measurement.clock:  # not comparable: the first verdict stands
@@ -175,7 +176,7 @@ class Perf:
                         f"({'; '.join(again.notes) or 'no reason given'}); the {measurement.clock} "
                         "measurement's verdict stands")
                 return verdict, replace(measurement, notes=measurement.notes + (note,))
-            second = judge(again.summary, summary, tolerance, floor)
+            second = judge(again.summary, summary, tolerance, floor, machine)
             note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
             return second, replace(again, notes=again.notes + (note,))
         return verdict, measurement
@@ -201,7 +202,7 @@ class Perf:
         if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
             entry["notes"] = list(m.notes)
         before = self._baseline_entry()
-        entry["run_medians_ms"] = self._history(before, m)
+        entry["run_medians_ms"], entry["run_machines"] = self._history(before, m)
         self._request.node.stash[PENDING_KEY] = entry
         eager_change = None
         if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)):
@@ -227,30 +228,48 @@ class Perf:
             )
         )
 
-    def _history(self, before: dict[str, Any] | None, m: Measurement) -> list[float]:
-        """The medians of this case's recordings, this one last: the earlier ones are kept
-        (up to ``HISTORY_KEEP``) while the case was measured the same way and the gate, judging
-        this recording against them, found no real change; a change it calls regressed or
-        improved (beyond the tolerance *and* the run-to-run noise: a new kernel) starts the
-        history afresh, since the old recordings no longer describe the kernel.
+    def _history(self, before: dict[str, Any] | None, m: Measurement) -> tuple[list[float], list[str | None]]:
+        """The medians of this case's recordings, this one last, and the machine of each: the
+        earlier ones are kept (up to ``HISTORY_KEEP``) while the case was measured the same way
+        and the gate, judging this recording against them, found no real change; a change it
+        calls regressed or improved (beyond the tolerance *and* the noise bar: a new kernel)
+        starts the history afresh, since the old recordings no longer describe the kernel.
 
         A change beyond the tolerance alone is not enough: at a tight tolerance (1.5%) the
         medians of an unchanged ~10 us kernel move that much between runs, and restarting on
         them left such cases with one recording, gated on the noise floor alone."""
-        median_ms = m.summary.median_ms
+        median_ms, here = m.summary.median_ms, self._session.machine
         if median_ms <= 0:  # nothing measurable (a no-op on a coarse clock): no history
-            return []
+            return [], []
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
-            return [median_ms]
+            return [median_ms], [here]
         try:
             earlier = Summary.from_mapping(before)
         except (KeyError, TypeError, ValueError):
-            return [median_ms]
+            return [median_ms], [here]
         settings = self._session.settings
-        if judge(m.summary, earlier, settings.tolerance, settings.run_noise).status in ("regressed", "improved"):
-            return [median_ms]
-        runs = list(earlier.run_medians_ms) or [earlier.median_ms]
-        return [*runs, median_ms][-HISTORY_KEEP:]
+        judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise, self._machine_noise(earlier))
+        if judged.status in ("regressed", "improved"):
+            return [median_ms], [here]
+        if earlier.run_medians_ms:
+            runs, machines = list(earlier.run_medians_ms), list(earlier.run_machines)
+        else:  # an entry from before histories: its median, machine unknown
+            runs, machines = [earlier.median_ms], [None]
+        return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
+
+    def _machine_noise(self, baseline: Summary | None) -> float:
+        """The between-machines term for judging against ``baseline``: none when one of its
+        recordings is from this machine, or when they come from several machines (then their
+        own spread shows the moves between machines); else ``--attnperf-machine-noise``."""
+        if baseline is None:
+            return 0.0
+        machines = set(baseline.run_machines)
+        if self._session.machine in machines:
+            return 0.0
+        known = machines - {None}
+        if len(known) >= 2 and len(baseline.run_medians_ms) >= HISTORY_MIN:
+            return 0.0
+        return self._session.settings.machine_noise
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:

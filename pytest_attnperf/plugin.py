@@ -62,6 +62,7 @@ def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
             capability=(props.major, props.minor),
             sm_count=props.multi_processor_count,
             l2_bytes=getattr(props, "L2_cache_size", None),
+            extra={"uuid": str(getattr(props, "uuid", "") or "")},
         )
     import platform
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from . import baselines as store
-from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, resolve
+from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
 from .options import Settings
 from .registry import KernelRegistry
 from .timing import SamplingPlan, Timer, default_timer
@@ -67,6 +67,11 @@ class AttnPerfSession:
             return resolve(self.settings.hw, self.device)
         except HardwareMismatch as exc:
             raise pytest.UsageError(f"attnperf: {exc}") from None
+
+    @cached_property
+    def machine(self) -> str:
+        """This machine's name in the recording histories (``--attnperf-machine`` or detected)."""
+        return self.settings.machine or machine_id(self.device)
 
     @cached_property
     def timer(self) -> Timer:

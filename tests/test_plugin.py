@@ -471,6 +471,28 @@ def test_a_recording_beyond_the_tolerance_but_within_the_noise_keeps_the_history
     assert baseline(project)["entries"][key]["run_medians_ms"] == pytest.approx([1.06], rel=1e-3)
 
 
+def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(project: pytest.Pytester) -> None:
+    """Three recordings on machine A; +2.5% at a 1.5% tolerance fails on A (same machine) and
+    passes on B, where the between-machines term applies and the message says so. Once the
+    history also holds a recording from B, its own spread covers the moves and C gets no extra
+    term."""
+    key = "test_cases.py::test_case[a]"
+    for _ in range(3):
+        project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    assert baseline(project)["entries"][key]["run_machines"] == ["A", "A", "A"]
+    set_speed(project, a=1.025)
+    tight = ("--attnperf-tolerance=1.5%", "--attnperf-stdrel=0.05%")
+    project.runpytest(*PLUGIN, *tight, "--attnperf-machine=A").assert_outcomes(passed=1, failed=1)
+    on_b = project.runpytest(*PLUGIN, *tight, "--attnperf-machine=B")
+    on_b.assert_outcomes(passed=2)
+    on_b.stdout.fnmatch_lines(["test_case[[]a[]]*+2.5% unchanged"])
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=B").assert_outcomes(passed=2)
+    assert baseline(project)["entries"][key]["run_machines"] == ["A", "A", "A", "B"]
+    on_c = project.runpytest(*PLUGIN, *tight, "--attnperf-machine=C", "--attnperf-machine-noise=5%")
+    on_c.assert_outcomes(passed=2)
+    assert "between machines" not in on_c.stdout.str()
+
+
 def test_run_noise_floor_is_an_option(project: pytest.Pytester) -> None:
     """One recording, 1% slower at a 0.5% tolerance: within the default 0.5% floor's bar
     (2.12%), a regression once the floor is 0."""

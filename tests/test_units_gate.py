@@ -448,3 +448,45 @@ def test_hot_graph_replays_the_one_call_graph_when_the_longer_capture_fails() ->
     assert (graph, calls, replays) == ("graph x1", 10, 10)
     assert note == ("a graph of 10 calls failed (OutOfMemoryError: CUDA out of memory); each sample "
                     "replays the one-call graph 10 times")
+
+
+# -- between machines ----------------------------------------------------------------------
+
+
+def test_a_move_between_machines_widens_the_bar_by_its_own_variance() -> None:
+    """Three quiet recordings from another machine, +2.5% now at a 1.5% tolerance: beyond the
+    same-machine bar (3 * 0.5% * sqrt(4/3) = 1.73%), within 3 * sqrt(0.5%^2 * 4/3 + 0.7%^2) =
+    2.72% once the move between machines is counted."""
+    base = with_history(summarise(1, 1.0, n=200, rel_noise=0.001), [1.0, 1.0, 1.0])
+    current = summarise(2, 1.025, n=200, rel_noise=0.001)
+    assert judge(current, base, 0.015, 0.005).status == "regressed"
+    verdict = judge(current, base, 0.015, 0.005, 0.007)
+    assert verdict.status == "unchanged"
+    assert "plus 0.70% between machines (no recording from this one): within its 3-sigma bar of 2.72%" in (
+        verdict.message
+    )
+    assert judge(summarise(2, 1.04, n=200, rel_noise=0.001), base, 0.015, 0.005, 0.007).status == "regressed"
+
+
+def test_recording_machines_must_match_the_recordings() -> None:
+    entry = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01, "n_samples": 10,
+             "run_medians_ms": [1.0, 1.0]}
+    assert Summary.from_mapping(entry).run_machines == (None, None)  # older files: unknown
+    assert Summary.from_mapping({**entry, "run_machines": ["a", None]}).run_machines == ("a", None)
+    for bad in (["a"], "a", ["a", 3]):
+        with pytest.raises(TypeError, match="run_machines"):
+            Summary.from_mapping({**entry, "run_machines": bad})
+
+
+def test_a_history_from_several_machines_keeps_their_moves_in_its_spread() -> None:
+    """Three recordings from machine A and one from B, 2.5% apart: the MAD (zero) would drop
+    B's move; from two machines on, the spread is the standard deviation (1.25%)."""
+    from dataclasses import replace
+
+    runs = [1.0, 1.0, 1.0, 1.025]
+    one = with_history(summarise(1, 1.025, n=200), runs)
+    two = replace(one, run_machines=("A", "A", "A", "B"))
+    current = summarise(2, 1.025, n=200, rel_noise=0.001)
+    assert "floored at 0.50%" in judge(current, one, 0.015, 0.005).message
+    verdict = judge(current, two, 0.015, 0.005)
+    assert verdict.status == "unchanged" and "1.25% over 4 recordings from 2 machines" in verdict.message

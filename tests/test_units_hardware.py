@@ -178,3 +178,14 @@ def test_cpu_resolves_to_cpu() -> None:
     assert resolve("cpu", CPU) is TABLE["cpu"]
     with pytest.raises(HardwareMismatch, match="x86_64"):
         resolve("h200", CPU)
+
+
+def test_machine_id_names_the_card_and_the_boot(tmp_path) -> None:
+    from pytest_attnperf.hardware import DetectedDevice, machine_id
+
+    boot = tmp_path / "boot_id"
+    boot.write_text("5e6f7a8b-1111-2222-3333-444455556666\n")
+    gpu = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, extra={"uuid": "GPU-1a2b3c4d-aaaa-bbbb"})
+    assert machine_id(gpu, boot) == "gpu-1a2b3c4d/boot-5e6f7a8b"
+    assert machine_id(DetectedDevice("cuda", "NVIDIA H200"), boot) == "h200/boot-5e6f7a8b"  # no UUID
+    assert machine_id(gpu, tmp_path / "missing") == "gpu-1a2b3c4d"  # no boot id (not Linux)
