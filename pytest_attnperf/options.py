@@ -49,8 +49,8 @@ OPTIONS = (
            "a case's own, from its recordings, is used when larger"),
     Option("machine_noise", "--attnperf-machine-noise", "ATTNPERF_MACHINE_NOISE", "attnperf_machine_noise", "0.7%",
            "standard deviation of a case's move between two machines (another GPU, lease or boot), added to "
-           "the noise bar when no recording in the baseline comes from this machine and they all come from "
-           "one (0.7%: RMS move of 162 H200 softmax cases between two leases)"),
+           "the noise bar unless the baseline's centre is known to come from this machine or its recordings "
+           "come from two or more machines (0.7%: RMS move of 162 H200 softmax cases between two leases)"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: the GPU's UUID and the boot "
            "id); a fixed name makes reboots of a dedicated box one machine"),

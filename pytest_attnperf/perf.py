@@ -131,7 +131,7 @@ class Perf:
         if verdict.failed:
             drift = session.drift()
             extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
-            if measurement.notes:  # throttled clocks, eager fallback, re-measuring: part of the verdict
+            if measurement.notes and verdict.status != "clock changed":  # that message quotes them
                 extra += "\n  notes: " + "; ".join(measurement.notes)
             earlier = (self._baseline_entry() or {}).get("notes")
             if isinstance(earlier, list) and earlier:
@@ -258,18 +258,20 @@ class Perf:
         return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
 
     def _machine_noise(self, baseline: Summary | None) -> float:
-        """The between-machines term for judging against ``baseline``: none when one of its
-        recordings is from this machine, or when they come from several machines (then their
-        own spread shows the moves between machines); else ``--attnperf-machine-noise``."""
+        """The between-machines term for judging against ``baseline``, else 0: with fewer than
+        ``HISTORY_MIN`` recordings the centre is the latest one, so the term applies unless it
+        is known to come from this machine; with more, the centre is their median, and the
+        term applies unless one of them is from this machine or they come from two or more
+        known machines (their own spread then shows the moves). Unknown machines (older
+        entries) count as other machines."""
         if baseline is None:
             return 0.0
-        machines = set(baseline.run_machines)
-        if self._session.machine in machines:
-            return 0.0
-        known = machines - {None}
-        if len(known) >= 2 and len(baseline.run_medians_ms) >= HISTORY_MIN:
-            return 0.0
-        return self._session.settings.machine_noise
+        here, machines = self._session.machine, baseline.run_machines
+        if len(baseline.run_medians_ms) < HISTORY_MIN:
+            known_here = bool(machines) and machines[-1] == here
+        else:
+            known_here = here in machines or len(set(machines) - {None}) >= 2
+        return 0.0 if known_here else self._session.settings.machine_noise
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:

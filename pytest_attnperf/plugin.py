@@ -129,8 +129,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     passed = report.passed and not hasattr(report, "wasxfail")  # an unexpected pass is no baseline
-    if report.when == "call" and passed and PENDING_KEY in item.stash:
-        item.stash[CALL_PASSED_KEY] = True
+    if report.when == "call":  # set on every call, so a rerun's earlier attempt never counts
+        item.stash[CALL_PASSED_KEY] = passed and PENDING_KEY in item.stash
     elif report.when == "teardown" and report.passed and item.stash.get(CALL_PASSED_KEY, False):
         # committed once teardown passed too: a fixture that fails after the measurement
         # (a leak check, say) keeps the test's entry out of the baseline

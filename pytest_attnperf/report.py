@@ -9,7 +9,7 @@ from .session import Row
 
 __all__ = ["summary_lines"]
 
-SHARED_NOTE = 3  # a note on more cases than this is printed once, with its count
+SHARED_NOTE = 3  # a note on more cases than this, and on most of them, is printed once with its count
 _HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B",
            "peak MiB", "eager", "eager vs base", "vs baseline")
 
@@ -69,13 +69,13 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     notes = [(r.nodeid, note) for r in rows for note in r.notes]
-    shared = Counter(note for _, note in notes)
+    counts = Counter(note for _, note in notes)
+    shared = {note for note, n in counts.items() if n > SHARED_NOTE and 2 * n > len(rows)}
     for nodeid, note in notes:  # a note most cases share (no NVML, say) is printed once
-        if shared[note] <= SHARED_NOTE:
+        if note not in shared:
             lines.append(f"note: {_case(nodeid)}: {note}")
-    for note, count in shared.items():
-        if count > SHARED_NOTE:
-            lines.append(f"note, {count} cases: {note}")
+    for note in sorted(shared):
+        lines.append(f"note, {counts[note]} of {len(rows)} cases: {note}")
     if drift:
         lines.append("environment differs from the baseline's header: " + ", ".join(drift))
     return lines

@@ -266,11 +266,13 @@ class CudaTimer:
             mhz, throttled = read_sm_clock(torch.cuda.current_device())
             if throttled:
                 notes.append(f"still throttled ({', '.join(throttled)}) after re-measuring")
-        captured = graph is not None
+        # replays of a one-call graph leave launch gaps a graph of many calls does not: another
+        # clock, so the gate never compares the two ("clock changed")
+        clock = "cuda-events" if graph is None else "cuda-graph" if replays == 1 else "cuda-graph-replays"
 
         return Measurement(
             tuple(samples),
-            clock="cuda-graph" if captured else "cuda-events",
+            clock=clock,
             mode=plan.mode,
             calls_per_sample=calls,
             eager_ms=eager_ms,
@@ -325,7 +327,9 @@ def hot_graph(
     from ``one_ms``, the device time of one replay of ``one_call``. When that longer capture
     fails (the graph pool holds every call's outputs, so memory can run out), the one-call
     graph, which did capture, is replayed that many times per sample instead, and the note
-    says so: the case stays graph-timed rather than falling back to eager launches."""
+    says so: the case stays graph-timed rather than falling back to eager launches, under its
+    own clock name (``cuda-graph-replays``), since host-launched replays leave gaps between
+    short calls that one long graph does not."""
     calls = max(1, min(64, math.ceil(sample_ms / max(one_ms, 1e-3))))
     if calls == 1:
         return one_call, 1, 1, None

@@ -488,9 +488,36 @@ def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(pr
     on_b.stdout.fnmatch_lines(["test_case[[]a[]]*+2.5% unchanged"])
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=B").assert_outcomes(passed=2)
     assert baseline(project)["entries"][key]["run_machines"] == ["A", "A", "A", "B"]
+    # on C the A+B history's own spread (sd 1.25%: bar 4.2%) judges +5%; a 5% machine term
+    # on top (bar 15.6%) would pass it
+    set_speed(project, a=1.05)
     on_c = project.runpytest(*PLUGIN, *tight, "--attnperf-machine=C", "--attnperf-machine-noise=5%")
-    on_c.assert_outcomes(passed=2)
-    assert "between machines" not in on_c.stdout.str()
+    on_c.assert_outcomes(passed=1, failed=1)
+    on_c.stdout.fnmatch_lines(["*1.25% over 4 recordings from 2 machines: beyond its 3-sigma bar of 4.19%*"])
+
+
+def test_with_two_recordings_the_machine_term_follows_the_latest(project: pytest.Pytester) -> None:
+    """Below three recordings the centre is the latest one: recorded on A then B, a run on A
+    is judged against B's recording, so the between-machines term applies; on B it does not."""
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    set_speed(project, a=0.985)
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=B").assert_outcomes(passed=2)
+    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_machines"] == ["A", "B"]
+    set_speed(project, a=1.01)  # +2.5% against B's 0.985
+    tight = ("--attnperf-tolerance=1.5%", "--attnperf-stdrel=0.05%")
+    project.runpytest(*PLUGIN, *tight, "--attnperf-machine=A").assert_outcomes(passed=2)
+    project.runpytest(*PLUGIN, *tight, "--attnperf-machine=B").assert_outcomes(passed=1, failed=1)
+
+
+def test_the_history_keeps_five_recordings_and_their_machines(project: pytest.Pytester) -> None:
+    """Six recordings (the sixth on another machine): the oldest drops out of both lists."""
+    key = "test_cases.py::test_case[a]"
+    for machine in "AAAAAB":
+        project.runpytest(*PLUGIN, "--update-baselines", f"--attnperf-machine={machine}").assert_outcomes(passed=2)
+    entry = baseline(project)["entries"][key]
+    assert entry["run_machines"] == ["A", "A", "A", "A", "B"]
+    assert len(entry["run_medians_ms"]) == 5
+    project.runpytest(*PLUGIN).assert_outcomes(passed=2)  # and the file still loads
 
 
 def test_run_noise_floor_is_an_option(project: pytest.Pytester) -> None:

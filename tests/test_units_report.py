@@ -21,7 +21,7 @@ def test_a_note_most_cases_share_is_printed_once_with_its_count() -> None:
     notes = [line for line in summary_lines(rows, "h200", []) if line.startswith("note")]
     assert notes == [
         "note: test[odd]: re-measured after a suspected regression (+6.0% first)",
-        f"note, {SHARED_NOTE + 3} cases: {missing}",
+        f"note, {SHARED_NOTE + 3} of {SHARED_NOTE + 3} cases: {missing}",
     ]
 
 
@@ -29,3 +29,10 @@ def test_notes_on_few_cases_stay_on_their_cases() -> None:
     rows = [row(str(i), "not graph-capturable (x)") for i in range(SHARED_NOTE)]
     notes = [line for line in summary_lines(rows, "h200", []) if line.startswith("note")]
     assert notes == [f"note: test[{i}]: not graph-capturable (x)" for i in range(SHARED_NOTE)]
+
+
+def test_a_note_on_a_minority_of_cases_keeps_their_names() -> None:
+    """Four of ten cases not graph-capturable: more than SHARED_NOTE, but not most, so each is named."""
+    rows = [row(str(i), *(["not graph-capturable (x)"] if i < 4 else [])) for i in range(10)]
+    notes = [line for line in summary_lines(rows, "h200", []) if line.startswith("note")]
+    assert notes == [f"note: test[{i}]: not graph-capturable (x)" for i in range(4)]
