@@ -156,13 +156,14 @@ def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
     sample standard deviation, which is exact for a history split evenly between two levels
     (a lease-to-lease step: there the scaled MAD overstates the spread by half, and a bar that
     wide let a real +7% pass at a 5% tolerance). When the recordings come from two or more
-    machines it is the standard deviation alone: each machine moves a case by its own amount,
+    machines (recordings of unknown machine, from older files, counting as one more) it is the
+    standard deviation alone: each machine moves a case by its own amount,
     and a machine with a minority of the recordings is exactly what the MAD would leave out."""
     runs = baseline.run_medians_ms
     if len(runs) >= HISTORY_MIN:
         centre = statistics.median(runs)
         mad = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs)
-        machines = len(set(baseline.run_machines) - {None})
+        machines = len(set(baseline.run_machines))  # unknown machines (None) count as one more
         own = (statistics.stdev(runs) if machines >= 2 else min(mad, statistics.stdev(runs))) / centre
         source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
             f" from {machines} machines" if machines >= 2 else "") + (

@@ -262,15 +262,15 @@ class Perf:
         ``HISTORY_MIN`` recordings the centre is the latest one, so the term applies unless it
         is known to come from this machine; with more, the centre is their median, and the
         term applies unless one of them is from this machine or they come from two or more
-        known machines (their own spread then shows the moves). Unknown machines (older
-        entries) count as other machines."""
+        machines (their own spread then shows the moves). Unknown machines (entries recorded
+        before machines were noted) count as one other machine."""
         if baseline is None:
             return 0.0
         here, machines = self._session.machine, baseline.run_machines
         if len(baseline.run_medians_ms) < HISTORY_MIN:
             known_here = bool(machines) and machines[-1] == here
         else:
-            known_here = here in machines or len(set(machines) - {None}) >= 2
+            known_here = here in machines or len(set(machines)) >= 2
         return 0.0 if known_here else self._session.settings.machine_noise
 
     def _baseline_entry(self) -> dict[str, Any] | None:

@@ -490,3 +490,14 @@ def test_a_history_from_several_machines_keeps_their_moves_in_its_spread() -> No
     assert "floored at 0.50%" in judge(current, one, 0.015, 0.005).message
     verdict = judge(current, two, 0.015, 0.005)
     assert verdict.status == "unchanged" and "1.25% over 4 recordings from 2 machines" in verdict.message
+
+
+def test_recordings_of_unknown_machine_count_as_one_more_machine() -> None:
+    """An older entry's three recordings (machine unknown) plus one from C: two machines, so the
+    spread is the standard deviation, which holds C's move."""
+    from dataclasses import replace
+
+    base = replace(with_history(summarise(1, 1.025, n=200), [1.0, 1.0, 1.0, 1.025]),
+                   run_machines=(None, None, None, "C"))
+    verdict = judge(summarise(2, 1.025, n=200, rel_noise=0.001), base, 0.015, 0.005)
+    assert "1.25% over 4 recordings from 2 machines" in verdict.message
