@@ -196,6 +196,36 @@ def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
     return mhz, tuple(name for bit, name in _THROTTLE_NAMES.items() if reasons & bit)
 
 
+_VIOLATION_POLICIES = (("power", 0), ("thermal", 1))  # NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL
+
+
+def read_violation_ns(index: int = 0) -> dict[str, int] | None:
+    """NVML's violation counters: the nanoseconds, since the driver loaded, that each policy
+    (power, thermal) has held the clocks down; None without NVML."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        handle = _nvml_handle(pynvml, index)
+        return {name: int(pynvml.nvmlDeviceGetViolationStatus(handle, code).violationTime)
+                for name, code in _VIOLATION_POLICIES}
+    except Exception:  # noqa: BLE001 - NVML is optional; absence means "not read"
+        return None
+
+
+def violation_note(before: dict[str, int] | None, after: dict[str, int] | None, elapsed_s: float) -> str | None:
+    """A note when a violation counter grew over ``elapsed_s`` seconds of sampling: which policy
+    held the clocks down and for what share of the time (reported, not acted on: the re-measure
+    follows the clock read after sampling)."""
+    if not before or not after or elapsed_s <= 0:
+        return None
+    held = {name: (after[name] - before[name]) / 1e9 for name in after if after[name] > before.get(name, after[name])}
+    if not held:
+        return None
+    shares = ", ".join(f"{name} {100 * min(1.0, s / elapsed_s):.0f}%" for name, s in held.items())
+    return f"clocks held down while sampling ({shares} of {elapsed_s:.2f} s, NVML violation counters)"
+
+
 class CudaTimer:
     """Device events around CUDA-graph replays, L2 flushed per sample in cold mode."""
 
@@ -256,16 +286,26 @@ class CudaTimer:
             end.synchronize()
             return start.elapsed_time(end) / calls
 
-        samples = sample_adaptively(take_ms, plan)
-        mhz, throttled = read_sm_clock(torch.cuda.current_device())
+        index = torch.cuda.current_device()
+
+        def watched() -> tuple[list[float], str | None]:
+            """Samples, and a note when NVML's violation counters grew while they were taken
+            (a throttle that has lifted by the time the clock is read afterwards)."""
+            before, started = read_violation_ns(index), time.monotonic()
+            taken = sample_adaptively(take_ms, plan)
+            return taken, violation_note(before, read_violation_ns(index), time.monotonic() - started)
+
+        samples, held = watched()
+        mhz, throttled = read_sm_clock(index)
         if mhz is None:
             notes.append("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked")
         if throttled:
             notes.append(f"clock throttled ({', '.join(throttled)}) at {mhz} MHz; re-measured")
-            samples = sample_adaptively(take_ms, plan)
-            mhz, throttled = read_sm_clock(torch.cuda.current_device())
+            samples, held = watched()
+            mhz, throttled = read_sm_clock(index)
             if throttled:
                 notes.append(f"still throttled ({', '.join(throttled)}) after re-measuring")
+        notes.extend([held] if held else [])
         # replays of a one-call graph leave launch gaps a graph of many calls does not: another
         # clock, so the gate never compares the two ("clock changed")
         clock = "cuda-events" if graph is None else "cuda-graph" if replays == 1 else "cuda-graph-replays"

@@ -501,3 +501,34 @@ def test_recordings_of_unknown_machine_count_as_one_more_machine() -> None:
                    run_machines=(None, None, None, "C"))
     verdict = judge(summarise(2, 1.025, n=200, rel_noise=0.001), base, 0.015, 0.005)
     assert "1.25% over 4 recordings from 2 machines" in verdict.message
+
+
+# -- clocks held down while sampling ---------------------------------------------------------
+
+
+def test_violation_note_names_the_policy_and_its_share_of_the_sampling() -> None:
+    """0.25 s of power violation over 0.5 s of sampling: 50%; counters that did not grow, or no
+    NVML on either side, give no note."""
+    note = timing.violation_note({"power": 10**9, "thermal": 0}, {"power": 10**9 + 250_000_000, "thermal": 0}, 0.5)
+    assert note == "clocks held down while sampling (power 50% of 0.50 s, NVML violation counters)"
+    assert timing.violation_note({"power": 5, "thermal": 0}, {"power": 5, "thermal": 0}, 0.5) is None
+    assert timing.violation_note(None, {"power": 9}, 0.5) is None
+
+
+def test_read_violation_ns_reads_both_policies_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    class Status:
+        def __init__(self, ns: int) -> None:
+            self.violationTime = ns
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetViolationStatus=lambda handle, policy: Status({0: 1200, 1: 34}[policy]),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(timing, "_nvml_handle", lambda pynvml, index: "handle")
+    assert timing.read_violation_ns(0) == {"power": 1200, "thermal": 34}
+    fake.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found"))
+    assert timing.read_violation_ns(0) is None
