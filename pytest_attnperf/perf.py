@@ -224,7 +224,7 @@ class Perf:
                 status=result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
-                notes=m.notes,
+                notes=m.notes + self._verdict_notes(result.verdict, before),
             )
         )
 
@@ -256,6 +256,20 @@ class Perf:
         else:  # an entry from before histories: its median, machine unknown
             runs, machines = [earlier.median_ms], [None]
         return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
+
+    def _verdict_notes(self, verdict: Verdict, entry: dict[str, Any] | None) -> tuple[str, ...]:
+        """For the summary table: a judged case whose bar carried the between-machines term
+        (with most cases sharing it, the table prints it once)."""
+        if verdict.status not in ("unchanged", "improved", "regressed") or not entry:
+            return ()
+        try:
+            machine = self._machine_noise(Summary.from_mapping(entry))
+        except (KeyError, TypeError, ValueError):
+            return ()
+        if machine <= 0:
+            return ()
+        return (f"judged against recordings from another machine: the bar includes "
+                f"{100 * machine:.2f}% between machines (--attnperf-machine-noise)",)
 
     def _machine_noise(self, baseline: Summary | None) -> float:
         """The between-machines term for judging against ``baseline``, else 0: with fewer than
