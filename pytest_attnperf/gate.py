@@ -16,8 +16,8 @@ A case regresses only when all hold:
    ``machine`` is ``--attnperf-machine-noise`` when the recordings cannot show that move
    (decided by the plugin from ``run_machines``), else 0.
    ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the
-   baseline (``run_medians_ms``, kept by ``--update-baselines`` until a recording is itself a
-   real change), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
+   baseline (``run_medians_ms``, grown by ``--update-baselines`` until a recording is itself
+   judged a real change), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
    floor (``--attnperf-run-noise``); with fewer recordings it is the floor, ``m = 1``. With a
    history, the baseline's centre is the median of its recordings, and the interval of (2) is
    the latest recording's, moved to that centre.

@@ -266,10 +266,11 @@ class Perf:
         if verdict.status not in ("unchanged", "improved", "regressed") or not entry:
             return ()
         try:
-            machine = self._machine_noise(Summary.from_mapping(entry))
+            baseline = Summary.from_mapping(entry)
         except (KeyError, TypeError, ValueError):
             return ()
-        if machine <= 0:
+        machine = self._machine_noise(baseline)
+        if machine <= 0 or "judged on the tolerance alone" in verdict.message:  # no bar was used
             return ()
         return (f"judged against recordings from another machine: the bar includes "
                 f"{100 * machine:.2f}% between machines (--attnperf-machine-noise)",)
@@ -279,15 +280,16 @@ class Perf:
         ``HISTORY_MIN`` recordings the centre is the latest one, so the term applies unless it
         is known to come from this machine; with more, the centre is their median, and the
         term applies unless one of them is from this machine or they come from two or more
-        machines (their own spread then shows the moves). Unknown machines (entries recorded
-        before machines were noted) count as one other machine."""
+        known machines (their own spread then shows the moves). Recordings of unknown machine
+        (made before machines were noted) are likely from one box, so they do not make a
+        second machine here (``run_noise`` still counts them as one for its spread)."""
         if baseline is None:
             return 0.0
         here, machines = self._session.machine, baseline.run_machines
         if len(baseline.run_medians_ms) < HISTORY_MIN:
             known_here = bool(machines) and machines[-1] == here
         else:
-            known_here = here in machines or len(set(machines)) >= 2
+            known_here = here in machines or len(set(machines) - {None}) >= 2
         return 0.0 if known_here else self._session.settings.machine_noise
 
     def _baseline_entry(self) -> dict[str, Any] | None:

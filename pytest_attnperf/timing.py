@@ -290,10 +290,11 @@ class CudaTimer:
 
         def watched() -> tuple[list[float], str | None]:
             """Samples, and a note when NVML's violation counters grew while they were taken
-            (a throttle that has lifted by the time the clock is read afterwards)."""
+            (this also catches a throttle that has lifted by the time the clock is read)."""
             before, started = read_violation_ns(index), time.monotonic()
             taken = sample_adaptively(take_ms, plan)
-            return taken, violation_note(before, read_violation_ns(index), time.monotonic() - started)
+            elapsed = time.monotonic() - started  # before the second NVML read
+            return taken, violation_note(before, read_violation_ns(index), elapsed)
 
         samples, held = watched()
         mhz, throttled = read_sm_clock(index)
