@@ -231,16 +231,13 @@ class Perf:
     def _history(self, before: dict[str, Any] | None, m: Measurement) -> tuple[list[float], list[str | None]]:
         """The medians of this case's recordings, this one last, and the machine of each: the
         earlier ones are kept (up to ``HISTORY_KEEP``) while the case was measured the same way
-        and, once there are ``HISTORY_MIN`` of them, while the gate judging this recording
-        against them finds no real change; a change it calls regressed or improved (beyond the
-        tolerance *and* the noise bar: a new kernel) starts the history afresh, since the old
-        recordings no longer describe the kernel.
+        and the gate, judging this recording against them, found no real change; a change it
+        calls regressed or improved (beyond the tolerance *and* the noise bar: a new kernel)
+        starts the history afresh, since the old recordings no longer describe the kernel.
 
         A change beyond the tolerance alone is not enough: at a tight tolerance (1.5%) the
         medians of an unchanged ~10 us kernel move that much between runs, and restarting on
-        them left such cases with one recording, gated on the noise floor alone. Nor is the
-        judgement of a shorter history, whose bar is the floor's guess: where runs move more
-        than that (a CPU), no history would ever grow to measure how much they do."""
+        them left such cases with one recording, gated on the noise floor alone."""
         median_ms, here = m.summary.median_ms, self._session.machine
         if median_ms <= 0:  # nothing measurable (a no-op on a coarse clock): no history
             return [], []
@@ -252,7 +249,7 @@ class Perf:
             return [median_ms], [here]
         settings = self._session.settings
         judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise, self._machine_noise(earlier))
-        if len(earlier.run_medians_ms) >= HISTORY_MIN and judged.status in ("regressed", "improved"):
+        if judged.status in ("regressed", "improved"):
             return [median_ms], [here]
         if earlier.run_medians_ms:
             runs, machines = list(earlier.run_medians_ms), list(earlier.run_machines)
