@@ -514,6 +514,25 @@ def test_with_two_recordings_the_machine_term_follows_the_latest(project: pytest
     project.runpytest(*PLUGIN, *tight, "--attnperf-machine=B").assert_outcomes(passed=1, failed=1)
 
 
+@pytest.mark.parametrize("machines", [[None, None, None], [None, "A", "A"]])
+def test_recordings_of_unknown_machine_do_not_count_as_a_second_machine(
+    project: pytest.Pytester, machines: list[str | None]
+) -> None:
+    """Histories from before machines were noted (all or partly unknown) are likely from one
+    box: on B, +2.5% at a 1.5% tolerance still gets the between-machines term and passes."""
+    for _ in range(3):
+        project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    path = project.path / "baselines" / "h200.yaml"
+    data = yaml.safe_load(path.read_text())
+    for entry in data["entries"].values():
+        entry["run_machines"] = machines
+    path.write_text(yaml.safe_dump(data))
+    set_speed(project, a=1.025)
+    result = project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%", "--attnperf-stdrel=0.05%", "--attnperf-machine=B")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["note: test_case[[]a[]]: judged against recordings from another machine*"])
+
+
 def test_the_history_keeps_five_recordings_and_their_machines(project: pytest.Pytester) -> None:
     """Six recordings (the sixth on another machine): the oldest drops out of both lists."""
     key = "test_cases.py::test_case[a]"
