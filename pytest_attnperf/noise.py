@@ -121,6 +121,16 @@ def _medians_ms(path: Path) -> dict[str, float]:
     return {b["fullname"]: b["stats"]["median"] * 1e3 for b in data["benchmarks"]}
 
 
+def _machines(path: Path) -> set[str]:
+    """The machine names the plugin wrote into a run's benchmark JSON (``attnperf_machine``)."""
+    try:
+        data = json.loads(path.read_text())
+        return {str(b["extra_info"]["attnperf_machine"]) for b in data["benchmarks"]
+                if "attnperf_machine" in b.get("extra_info", {})}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
 def _testcases(path: Path) -> dict[str, bool]:
     """Node id -> whether its failure message says REGRESSED, from a JUnit XML report; skipped
     tests (nothing measured) are left out."""
@@ -199,6 +209,9 @@ def _steady_lines(work: Path) -> list[str]:
         lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms "
                      f"{100 * spread:>6.2f}% {100 * sd:>5.2f}% {len(values):>5} {times_flagged:>5}")
     lines.append(f"false regressions over {len(runs)} unchanged runs: {sum(len(f) for f in false_regressions)}")
+    machines = {path.stem: _machines(path) for path in by_path}
+    if any(machines.values()):  # which runs shared a machine (a lease, a boot): their medians move together
+        lines.append("machines: " + "; ".join(f"{run} on {', '.join(sorted(m)) or '?'}" for run, m in machines.items()))
     others = sorted({case for path in by_path for case in _other_failures(path.with_suffix(".xml"))})
     if others:
         shown = ", ".join(c.rsplit("::", 1)[-1] for c in others[:5]) + (", ..." if len(others) > 5 else "")

@@ -316,6 +316,7 @@ class Perf:
                 "peak_mib": result.peak_mib,
                 "eager_ms": result.measurement.eager_ms,
                 "verdict": result.verdict.status,
+                "attnperf_machine": self._session.machine,
             }
         )
         rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)

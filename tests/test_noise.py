@@ -264,6 +264,7 @@ def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) ->
         runs = [{"fullname": case, "stats": {"median": values[i] / 1e3}} for case, values in medians.items()]
         (tmp_path / f"run{i}.json").write_text(json.dumps({"benchmarks": runs}))
     lines = _steady_lines(tmp_path)
+    assert not any(line.startswith("machines:") for line in lines)  # runs without machine names
     row = {line.split()[0]: line.split()[2:4] for line in lines if line.split()[:1] in (["odd"], ["steady"], ["wild"])}
     assert row == {"odd": ["2.00%", "0.89%"], "steady": ["0.00%", "0.00%"], "wild": ["10.00%", "4.14%"]}
     assert lines[-1] == "cases >= 10 us with run-to-run range > 1%: 2 of 3; with sd > 1%: 1 of 3"
@@ -273,7 +274,8 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
     """A changed clock or a crash in an unchanged run is listed apart from false regressions."""
     from pytest_attnperf.noise import _steady_lines
 
-    runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}} for c in ("slow", "clock", "crash", "fine")]
+    runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"attnperf_machine": "gpu-1/boot-2"}}
+            for c in ("slow", "clock", "crash", "fine")]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
     (tmp_path / "run0.xml").write_text(
         '<testsuites><testsuite name="pytest">'
@@ -286,3 +288,4 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
     lines = _steady_lines(tmp_path)
     assert "false regressions over 1 unchanged runs: 1" in lines
     assert "cases that failed for another reason in some run: 2 (clock, crash)" in lines
+    assert "machines: run0 on gpu-1/boot-2" in lines
