@@ -134,6 +134,7 @@ class Verdict:
     status: str
     ratio: float | None
     message: str
+    machine_noise: float = 0.0  # the between-machines term the noise bar used (0: none, or no bar)
 
     @property
     def failed(self) -> bool:
@@ -163,8 +164,9 @@ def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
     if len(runs) >= HISTORY_MIN:
         centre = statistics.median(runs)
         mad = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs)
+        sd = statistics.stdev(runs)
         machines = len(set(baseline.run_machines))  # unknown machines (None) count as one more
-        own = (statistics.stdev(runs) if machines >= 2 else min(mad, statistics.stdev(runs))) / centre
+        own = (sd if machines >= 2 else min(mad, sd)) / centre
         source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
             f" from {machines} machines" if machines >= 2 else "") + (
             f", floored at {100 * floor:.2f}%" if own < floor else "")
@@ -217,8 +219,9 @@ def judge(
         f"  baseline: {baseline.describe()}{centre_note}\n"
         f"  current:  {current.describe()}"
     )
+    used = 0.0 if few else machine_noise
     if real_slower:
-        return Verdict("regressed", ratio, "REGRESSED " + body)
+        return Verdict("regressed", ratio, "REGRESSED " + body, used)
     if real_faster:
-        return Verdict("improved", ratio, "improved " + body)
-    return Verdict("unchanged", ratio, "unchanged " + body)
+        return Verdict("improved", ratio, "improved " + body, used)
+    return Verdict("unchanged", ratio, "unchanged " + body, used)

@@ -116,52 +116,35 @@ def _run_files(work: Path, suffix: str = ".json") -> list[Path]:
     return [p for _, p in sorted(numbered)]
 
 
-def _medians_ms(path: Path) -> dict[str, float]:
+def _read_run(path: Path) -> tuple[dict[str, float], set[str]]:
+    """A steady run's benchmark JSON: each case's median in ms, and the machine names the plugin
+    wrote beside them (``attnperf_machine``)."""
     data = json.loads(path.read_text())
-    return {b["fullname"]: b["stats"]["median"] * 1e3 for b in data["benchmarks"]}
-
-
-def _machines(path: Path) -> set[str]:
-    """The machine names the plugin wrote into a run's benchmark JSON (``attnperf_machine``)."""
-    try:
-        data = json.loads(path.read_text())
-        return {str(b["extra_info"]["attnperf_machine"]) for b in data["benchmarks"]
+    medians = {b["fullname"]: b["stats"]["median"] * 1e3 for b in data["benchmarks"]}
+    machines = {str(b["extra_info"]["attnperf_machine"]) for b in data["benchmarks"]
                 if "attnperf_machine" in b.get("extra_info", {})}
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
+    return medians, machines
 
 
-def _testcases(path: Path) -> dict[str, bool]:
-    """Node id -> whether its failure message says REGRESSED, from a JUnit XML report; skipped
-    tests (nothing measured) are left out."""
-    found: dict[str, bool] = {}
+def _outcomes(path: Path) -> dict[str, str]:
+    """Node id -> "regressed" (a failure saying REGRESSED), "failed" (any other failure or
+    error: a changed clock, a wrong result, a crash) or "passed", from a JUnit XML report;
+    skipped tests (nothing measured) are left out, and a run that left no report gives none."""
+    if not path.exists():
+        return {}
+    found: dict[str, str] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         if case.find("skipped") is not None:
             continue
-        failure = case.find("failure")
-        module = case.get("classname", "").replace(".", "/") + ".py"
-        found[f"{module}::{case.get('name')}"] = failure is not None and "REGRESSED" in (
-            failure.get("message", "") + (failure.text or "")
-        )
-    return found
-
-
-def _regressed(path: Path) -> set[str]:
-    """Node ids whose failure message says REGRESSED; none when the run left no report."""
-    return {case for case, regressed in _testcases(path).items() if regressed} if path.exists() else set()
-
-
-def _other_failures(path: Path) -> set[str]:
-    """Node ids that failed or errored for another reason than REGRESSED (a changed clock, a
-    wrong result, a crash): in unchanged runs each is a problem the spread table would hide."""
-    if not path.exists():
-        return set()
-    found = set()
-    for case in ET.parse(path).getroot().iter("testcase"):
         bad = [*case.findall("failure"), *case.findall("error")]
-        if bad and not any("REGRESSED" in b.get("message", "") + (b.text or "") for b in bad):
-            found.add(f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}")
+        said = " ".join(b.get("message", "") + (b.text or "") for b in bad)
+        nodeid = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        found[nodeid] = "regressed" if "REGRESSED" in said else "failed" if bad else "passed"
     return found
+
+
+def _with(outcomes: dict[str, str], outcome: str) -> set[str]:
+    return {case for case, got in outcomes.items() if got == outcome}
 
 
 def _size_class(ms: float) -> str:
@@ -173,13 +156,14 @@ def _per_case(runs: list[dict[str, float]]) -> dict[str, list[float]]:
     return {case: [r[case] for r in runs if case in r] for case in sorted(set().union(*runs))}
 
 
-def _steady_runs(work: Path) -> tuple[dict[Path, dict[str, float]], list[str]]:
-    """The medians of each readable ``run<i>.json`` in the work folder, and a note per unreadable one."""
-    runs: dict[Path, dict[str, float]] = {}
+def _steady_runs(work: Path) -> tuple[dict[Path, tuple[dict[str, float], set[str]]], list[str]]:
+    """Each readable ``run<i>.json`` in the work folder (medians and machines, ``_read_run``),
+    and a note per unreadable one."""
+    runs: dict[Path, tuple[dict[str, float], set[str]]] = {}
     notes: list[str] = []
     for path in _run_files(work):
         try:
-            runs[path] = _medians_ms(path)
+            runs[path] = _read_run(path)
         except (ValueError, KeyError, TypeError) as exc:
             notes.append(f"{path.name}: unreadable, left out ({type(exc).__name__}: {exc})")
     return runs, notes
@@ -188,8 +172,9 @@ def _steady_runs(work: Path) -> tuple[dict[Path, dict[str, float]], list[str]]:
 def _steady_lines(work: Path) -> list[str]:
     """The steady table, from whatever ``run*.json`` (and ``run*.xml``) the work folder holds."""
     by_path, notes = _steady_runs(work)
-    runs = list(by_path.values())
-    false_regressions = [_regressed(path.with_suffix(".xml")) for path in by_path]
+    runs = [medians for medians, _ in by_path.values()]
+    outcomes = [_outcomes(path.with_suffix(".xml")) for path in by_path]
+    false_regressions = [_with(o, "regressed") for o in outcomes]
     if not runs:
         return [f"no steady runs in {work}", *notes]
     lines = [f"{len(runs)} unchanged runs (run*.json in the work folder); run-to-run spread of a case's "
@@ -209,10 +194,10 @@ def _steady_lines(work: Path) -> list[str]:
         lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms "
                      f"{100 * spread:>6.2f}% {100 * sd:>5.2f}% {len(values):>5} {times_flagged:>5}")
     lines.append(f"false regressions over {len(runs)} unchanged runs: {sum(len(f) for f in false_regressions)}")
-    machines = {path.stem: _machines(path) for path in by_path}
+    machines = {path.stem: names for path, (_, names) in by_path.items()}
     if any(machines.values()):  # which runs shared a machine (a lease, a boot): their medians move together
         lines.append("machines: " + "; ".join(f"{run} on {', '.join(sorted(m)) or '?'}" for run, m in machines.items()))
-    others = sorted({case for path in by_path for case in _other_failures(path.with_suffix(".xml"))})
+    others = sorted(set().union(*(_with(o, "failed") for o in outcomes)))
     if others:
         shown = ", ".join(c.rsplit("::", 1)[-1] for c in others[:5]) + (", ..." if len(others) > 5 else "")
         lines.append(f"cases that failed for another reason in some run: {len(others)} ({shown})")
@@ -224,7 +209,7 @@ def _steady_lines(work: Path) -> list[str]:
 def _size_medians(work: Path, baseline: Path) -> tuple[dict[str, float], str]:
     """Each case's median in ms for the size classes, and where it came from: the steady runs if
     the work folder has them, else the baseline file."""
-    runs = list(_steady_runs(work)[0].values())
+    runs = [medians for medians, _ in _steady_runs(work)[0].values()]
     if runs:
         medians = {case: statistics.median(values) for case, values in _per_case(runs).items()}
         return medians, f"the medians of {len(runs)} steady runs"
@@ -240,8 +225,8 @@ def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base
     code = _pytest([*gate, "--benchmark-disable", f"--junitxml={work}/{tag}.xml"], env)
     if not (work / f"{tag}.xml").exists():
         return [f"+{100 * fraction:g}%: pytest (exit {code}) wrote no report {tag}.xml"]
-    cases = _testcases(work / f"{tag}.xml")
-    flagged = {case for case, regressed in cases.items() if regressed}
+    cases = _outcomes(work / f"{tag}.xml")
+    flagged = _with(cases, "regressed")
     picked = {case for case in cases if is_picked(case, every)}
     lines: list[str] = []
     for size in SIZES:

@@ -36,6 +36,15 @@ def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
     )
 
 
+def _verdict_notes(verdict: Verdict) -> tuple[str, ...]:
+    """For the summary table: a case whose bar carried the between-machines term (with most
+    cases sharing it, the table prints it once)."""
+    if verdict.machine_noise <= 0:
+        return ()
+    return (f"judged against recordings from another machine: the bar includes "
+            f"{100 * verdict.machine_noise:.2f}% between machines (--attnperf-machine-noise)",)
+
+
 @dataclass(frozen=True)
 class PerfResult:
     """What one case measured: times, rates against the hardware, and the baseline verdict."""
@@ -183,27 +192,9 @@ class Perf:
 
     def _record(self, result: PerfResult) -> None:
         m, s = result.measurement, result.measurement.summary
-        entry: dict[str, Any] = {
-            "median_ms": s.median_ms,
-            "ci_low_ms": s.ci_low_ms,
-            "ci_high_ms": s.ci_high_ms,
-            "stdrel": s.stdrel,
-            "n_samples": s.n_samples,
-            "tflops": result.tflops,
-            "gb_per_s": result.metrics.gb_per_s,
-            "clock": m.clock,
-            "mode": m.mode,
-            "backend": result.backend,
-        }
-        if m.peak_mib is not None:
-            entry["peak_mib"] = m.peak_mib
-        if m.eager_ms is not None:
-            entry["eager_ms"] = m.eager_ms
-        if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
-            entry["notes"] = list(m.notes)
         before = self._baseline_entry()
-        entry["run_medians_ms"], entry["run_machines"] = self._history(before, m)
-        self._request.node.stash[PENDING_KEY] = entry
+        if self._session.settings.update_baselines:  # the entry is written only then
+            self._request.node.stash[PENDING_KEY] = self._entry(result, before)
         eager_change = None
         if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)):
             eager_change = 100.0 * (m.eager_ms / before["eager_ms"] - 1.0)
@@ -224,9 +215,33 @@ class Perf:
                 status=result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
-                notes=m.notes + self._verdict_notes(result.verdict, before),
+                notes=m.notes + _verdict_notes(result.verdict),
             )
         )
+
+    def _entry(self, result: PerfResult, before: dict[str, Any] | None) -> dict[str, Any]:
+        """The baseline entry ``--update-baselines`` writes for this case."""
+        m, s = result.measurement, result.measurement.summary
+        entry: dict[str, Any] = {
+            "median_ms": s.median_ms,
+            "ci_low_ms": s.ci_low_ms,
+            "ci_high_ms": s.ci_high_ms,
+            "stdrel": s.stdrel,
+            "n_samples": s.n_samples,
+            "tflops": result.tflops,
+            "gb_per_s": result.metrics.gb_per_s,
+            "clock": m.clock,
+            "mode": m.mode,
+            "backend": result.backend,
+        }
+        if m.peak_mib is not None:
+            entry["peak_mib"] = m.peak_mib
+        if m.eager_ms is not None:
+            entry["eager_ms"] = m.eager_ms
+        if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
+            entry["notes"] = list(m.notes)
+        entry["run_medians_ms"], entry["run_machines"] = self._history(before, m)
+        return entry
 
     def _history(self, before: dict[str, Any] | None, m: Measurement) -> tuple[list[float], list[str | None]]:
         """The medians of this case's recordings, this one last, and the machine of each: the
@@ -238,9 +253,7 @@ class Perf:
         A change beyond the tolerance alone is not enough: at a tight tolerance (1.5%) the
         medians of an unchanged ~10 us kernel move that much between runs, and restarting on
         them left such cases with one recording, gated on the noise floor alone."""
-        median_ms, here = m.summary.median_ms, self._session.machine
-        if median_ms <= 0:  # nothing measurable (a no-op on a coarse clock): no history
-            return [], []
+        median_ms, here = m.summary.median_ms, self._session.machine  # > 0: measure() saw to it
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
             return [median_ms], [here]
         try:
@@ -256,21 +269,6 @@ class Perf:
         else:  # an entry from before histories: its median, machine unknown
             runs, machines = [earlier.median_ms], [None]
         return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
-
-    def _verdict_notes(self, verdict: Verdict, entry: dict[str, Any] | None) -> tuple[str, ...]:
-        """For the summary table: a judged case whose bar carried the between-machines term
-        (with most cases sharing it, the table prints it once)."""
-        if verdict.status not in ("unchanged", "improved", "regressed") or not entry:
-            return ()
-        try:
-            baseline = Summary.from_mapping(entry)
-        except (KeyError, TypeError, ValueError):
-            return ()
-        machine = self._machine_noise(baseline)
-        if machine <= 0 or "judged on the tolerance alone" in verdict.message:  # no bar was used
-            return ()
-        return (f"judged against recordings from another machine: the bar includes "
-                f"{100 * machine:.2f}% between machines (--attnperf-machine-noise)",)
 
     def _machine_noise(self, baseline: Summary | None) -> float:
         """The between-machines term for judging against ``baseline``, else 0: with fewer than

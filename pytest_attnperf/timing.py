@@ -25,6 +25,7 @@ the relative standard deviation is under the target or the per-case budget is sp
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -180,13 +181,26 @@ def _nvml_handle(pynvml: Any, index: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
-def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
-    """SM clock (MHz) and active throttle reasons through NVML, or (None, ()) without it."""
+@functools.cache
+def _nvml_device(index: int) -> tuple[Any, Any] | None:
+    """``(pynvml, handle)`` for torch's device ``index``, NVML initialised once per process;
+    None without NVML (not retried: its absence does not change during a run)."""
     try:
         import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
-        handle = _nvml_handle(pynvml, index)
+        return pynvml, _nvml_handle(pynvml, index)
+    except Exception:  # noqa: BLE001 - NVML is optional; absence means "not read"
+        return None
+
+
+def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
+    """SM clock (MHz) and active throttle reasons through NVML, or (None, ()) without it."""
+    nvml = _nvml_device(index)
+    if nvml is None:
+        return None, ()
+    pynvml, handle = nvml
+    try:
         mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
         read_reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         read_reasons = read_reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # older NVML
@@ -202,14 +216,14 @@ _VIOLATION_POLICIES = (("power", 0), ("thermal", 1))  # NVML_PERF_POLICY_POWER, 
 def read_violation_ns(index: int = 0) -> dict[str, int] | None:
     """NVML's violation counters: the nanoseconds, since the driver loaded, that each policy
     (power, thermal) has held the clocks down; None without NVML."""
+    nvml = _nvml_device(index)
+    if nvml is None:
+        return None
+    pynvml, handle = nvml
     try:
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-        handle = _nvml_handle(pynvml, index)
         return {name: int(pynvml.nvmlDeviceGetViolationStatus(handle, code).violationTime)
                 for name, code in _VIOLATION_POLICIES}
-    except Exception:  # noqa: BLE001 - NVML is optional; absence means "not read"
+    except Exception:  # noqa: BLE001 - an NVML without the counters: "not read"
         return None
 
 
@@ -265,11 +279,10 @@ class CudaTimer:
             notes.append(f"not graph-capturable ({failure}); timed with events around eager "
                          "launches, launch overhead included")
 
-        if graph is not None:
-            one_graph = graph
-            run = one_graph.replay if replays == 1 else (lambda: [one_graph.replay() for _ in range(replays)])
-        else:
+        if graph is None:
             run = lambda: [fn() for _ in range(calls)]  # noqa: E731
+        else:
+            run = graph.replay if replays == 1 else (lambda: [graph.replay() for _ in range(replays)])
         flush = self._flush_buffer() if plan.mode == "cold" else None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 

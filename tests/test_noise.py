@@ -1,4 +1,4 @@
-"""The noise benchmark: its injection (a fixed half of the cases, work that really adds time), and the
+"""The noise benchmark: its injection (a fixed part of the cases, work that really adds time), and the
 script run in stages over two calls on a tiny project."""
 
 from __future__ import annotations

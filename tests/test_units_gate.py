@@ -466,6 +466,9 @@ def test_a_move_between_machines_widens_the_bar_by_its_own_variance() -> None:
         verdict.message
     )
     assert judge(summarise(2, 1.04, n=200, rel_noise=0.001), base, 0.015, 0.005, 0.007).status == "regressed"
+    assert verdict.machine_noise == 0.007 and judge(current, base, 0.015, 0.005).machine_noise == 0.0
+    few = judge(summarise(2, 1.025, n=3), base, 0.015, 0.005, 0.007)  # judged on the tolerance alone: no bar
+    assert few.machine_noise == 0.0
 
 
 def test_recording_machines_must_match_the_recordings() -> None:
@@ -529,6 +532,10 @@ def test_read_violation_ns_reads_both_policies_through_nvml(monkeypatch: pytest.
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(timing, "_nvml_handle", lambda pynvml, index: "handle")
+    timing._nvml_device.cache_clear()
     assert timing.read_violation_ns(0) == {"power": 1200, "thermal": 34}
     fake.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found"))
-    assert timing.read_violation_ns(0) is None
+    assert timing.read_violation_ns(0) == {"power": 1200, "thermal": 34}  # initialised once per process
+    timing._nvml_device.cache_clear()
+    assert timing.read_violation_ns(0) is None  # a process without NVML
+    timing._nvml_device.cache_clear()
