@@ -8,6 +8,7 @@ never measured under the wrong name.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ __all__ = [
     "MARKERS",
     "BackendProofError",
     "backends_seen",
+    "cupti_attached_note",
     "pin_backend",
     "prove_backend",
     "requirement_failure",
@@ -120,14 +122,39 @@ def backends_seen(op_names: Iterable[str], kernel_names: Iterable[str]) -> set[s
     return seen
 
 
+CUPTI_ENV = "TEARDOWN_CUPTI"
+_gpu_profiled = False  # has this process profiled a GPU (so attached CUPTI if not torn down)?
+
+
+def cupti_attached_note() -> str | None:
+    """A note for a case timed after a GPU profile in this process when the user's
+    ``TEARDOWN_CUPTI`` kept CUPTI attached; None otherwise."""
+    value = os.environ.get(CUPTI_ENV)
+    if not _gpu_profiled or value == "1":
+        return None
+    return (f"{CUPTI_ENV}={value!r} keeps CUPTI attached after the backend proof's profile; "
+            "later launches in this process may run slower (on the H200, +1..+10% with graphs "
+            "of many short calls); unset it to let attnperf detach CUPTI")
+
+
 def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[str], list[str]]:
-    """ATen op names and CUDA kernel names recorded while ``fn`` ran once."""
+    """ATen op names and CUDA kernel names recorded while ``fn`` ran once.
+
+    On a GPU, Kineto leaves CUPTI attached when a profile ends unless ``TEARDOWN_CUPTI=1``
+    (read when the profile stops; pytorch issue #144455), and every later launch in the
+    process pays for it: on the H200, after one profile per case, triton's
+    ``do_bench_cudagraph`` read 121.9 us instead of 110.7 us for the same math-backend call
+    (``tools/timer_diag.py``). So unless the user has set it, it is set to 1 before profiling;
+    ``cupti_attached_note`` says when a user's setting keeps CUPTI attached."""
+    global _gpu_profiled
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device.is_gpu:
         activities.append(ProfilerActivity.CUDA)
+        os.environ.setdefault(CUPTI_ENV, "1")
+        _gpu_profiled = True
     with profile(activities=activities) as prof:
         fn()
         if device.is_gpu:

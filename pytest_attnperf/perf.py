@@ -12,7 +12,7 @@ import pytest
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
 from .gate import HISTORY_MIN, Summary, Verdict, judge
-from .markers import backends_seen, pin_backend, profile_names, prove_backend
+from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
 
@@ -121,6 +121,9 @@ class Perf:
                 backend = "-"
             plan = session.plan(mode)
             measurement = session.timer.measure(fn, plan)
+            attached = cupti_attached_note() if device.is_gpu else None
+            if attached:
+                measurement = replace(measurement, notes=measurement.notes + (attached,))
             if not measurement.median_ms > 0:
                 pytest.fail(f"{node.nodeid}: the {measurement.clock} clock measured a median of "
                             f"{measurement.median_ms} ms; a time must be positive (did the callable "

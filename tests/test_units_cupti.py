@@ -1,0 +1,73 @@
+"""CUPTI after the backend proof's profile: attnperf asks Kineto to detach it (``TEARDOWN_CUPTI=1``)
+unless the user has chosen otherwise, and then every GPU case timed after a profile says so.
+On the H200 an attached CUPTI slowed later graph launches by 1-10% (tools/timer_diag.py)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch.profiler
+
+from pytest_attnperf import markers
+from pytest_attnperf.hardware import DetectedDevice
+
+GPU = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
+CPU = DetectedDevice("cpu", "cpu")
+
+
+class FakeProfile:
+    """torch.profiler.profile without a profiler: records the activities and the environment
+    Kineto would read when the profile stops."""
+
+    seen: list[tuple[list[Any], str | None]] = []
+
+    def __init__(self, activities: list[Any]) -> None:
+        self.activities = activities
+
+    def __enter__(self) -> FakeProfile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        FakeProfile.seen.append((self.activities, os.environ.get(markers.CUPTI_ENV)))
+
+    def events(self) -> list[Any]:
+        return []
+
+
+@pytest.fixture
+def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Any], str | None]]:
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(markers, "_gpu_profiled", False)
+    monkeypatch.delenv(markers.CUPTI_ENV, raising=False)
+    monkeypatch.setattr("torch.cuda.synchronize", lambda: None)
+    FakeProfile.seen = []
+    return FakeProfile.seen
+
+
+def test_a_gpu_profile_detaches_cupti_when_it_stops(fake_profiler: list[Any]) -> None:
+    assert markers.cupti_attached_note() is None  # nothing profiled yet
+    markers.profile_names(lambda: None, GPU)
+    (activities, env_at_stop), = fake_profiler
+    assert torch.profiler.ProfilerActivity.CUDA in activities
+    assert env_at_stop == "1"
+    assert markers.cupti_attached_note() is None
+
+
+def test_the_users_choice_is_kept_and_every_later_case_says_so(
+        fake_profiler: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(markers.CUPTI_ENV, "0")  # e.g. torch.compile's CUDA graphs need it attached
+    assert markers.cupti_attached_note() is None  # no profile yet: nothing attached
+    markers.profile_names(lambda: None, GPU)
+    assert fake_profiler[0][1] == "0"
+    note = markers.cupti_attached_note()
+    assert note is not None and "TEARDOWN_CUPTI='0'" in note and "slower" in note
+
+
+def test_a_cpu_profile_leaves_the_environment_alone(fake_profiler: list[Any]) -> None:
+    markers.profile_names(lambda: None, CPU)
+    (activities, env_at_stop), = fake_profiler
+    assert activities == [torch.profiler.ProfilerActivity.CPU]
+    assert env_at_stop is None and markers.CUPTI_ENV not in os.environ
+    assert markers.cupti_attached_note() is None
