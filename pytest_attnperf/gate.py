@@ -34,10 +34,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["HISTORY_MIN", "MIN_SAMPLES", "Summary", "Verdict", "judge", "median_ci", "run_noise"]
+__all__ = ["HISTORY_MIN", "HISTORY_ROBUST", "MIN_SAMPLES", "Summary", "Verdict", "judge", "median_ci", "run_noise"]
 
 MIN_SAMPLES = 5
 HISTORY_MIN = 3  # recordings before a case's own run-to-run spread is trusted
+HISTORY_ROBUST = 5  # recordings before one of them may be set aside as odd (the scaled MAD)
 _Z95 = 1.959963984540054
 
 
@@ -151,22 +152,28 @@ MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute devia
 def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
     """The baseline's centre, its recordings ``m``, the run-to-run ``sigma`` and where it came from.
 
-    From ``HISTORY_MIN`` recordings on, the centre is their median and sigma the smaller of two
-    estimates: the median absolute deviation scaled to a normal sigma, which one odd recording
-    does not move (a step held by a minority of the recordings leaves it at zero), and the
-    sample standard deviation, which is exact for a history split evenly between two levels
-    (a lease-to-lease step: there the scaled MAD overstates the spread by half, and a bar that
-    wide let a real +7% pass at a 5% tolerance). When the recordings come from two or more
-    machines (recordings of unknown machine, from older files, counting as one more) it is the
-    standard deviation alone: each machine moves a case by its own amount,
-    and a machine with a minority of the recordings is exactly what the MAD would leave out."""
+    From ``HISTORY_MIN`` recordings on, the centre is their median and sigma their sample
+    standard deviation. From ``HISTORY_ROBUST`` recordings on, sigma is the smaller of that and
+    the median absolute deviation scaled to a normal sigma, which one odd recording does not
+    move (a step held by a minority of the recordings leaves it at zero); the sd stays in the
+    minimum because it is exact for a history split evenly between two levels (a lease-to-lease
+    step: there the scaled MAD overstates the spread by half, and a bar that wide let a real +7%
+    pass at a 5% tolerance). With three or four recordings an odd one cannot be told from a
+    level the case returns to, and the MAD of three is zero whenever two agree, which a clock
+    ticking in 32 ns makes common: on the H200 a 9.2 us cudnn case recorded 9.152, 9.312 and
+    9.152 us, and an unchanged run later read 9.312 us again, which the MAD's bar called a
+    regression. (Every recording kept passed the gate against the ones before it, so none is
+    far off.) When the recordings come from two or more machines (recordings of unknown
+    machine, from older files, counting as one more) it is the standard deviation alone: each
+    machine moves a case by its own amount, and a machine with a minority of the recordings is
+    exactly what the MAD would leave out."""
     runs = baseline.run_medians_ms
     if len(runs) >= HISTORY_MIN:
         centre = statistics.median(runs)
         mad = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs)
         sd = statistics.stdev(runs)
         machines = len(set(baseline.run_machines))  # unknown machines (None) count as one more
-        own = (sd if machines >= 2 else min(mad, sd)) / centre
+        own = (sd if machines >= 2 or len(runs) < HISTORY_ROBUST else min(mad, sd)) / centre
         source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
             f" from {machines} machines" if machines >= 2 else "") + (
             f", floored at {100 * floor:.2f}%" if own < floor else "")
