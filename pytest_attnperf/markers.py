@@ -133,8 +133,9 @@ def cupti_attached_note() -> str | None:
     if not _gpu_profiled or value == "1":
         return None
     return (f"{CUPTI_ENV}={value!r} keeps CUPTI attached after the backend proof's profile; "
-            "later launches in this process may run slower (on the H200, +1..+10% with graphs "
-            "of many short calls); unset it to let attnperf detach CUPTI")
+            "later launches in this process may run slower (on the H200: do_bench_cudagraph up "
+            "to +12%, a graph of 1024 short calls +32%, this harness's short graphs within "
+            "1.5%); unset it to let attnperf detach CUPTI")
 
 
 def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[str], list[str]]:
@@ -144,8 +145,9 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
     (read when the profile stops; pytorch issue #144455), and every later launch in the
     process pays for it: on the H200, after one profile per case, triton's
     ``do_bench_cudagraph`` read 121.9 us instead of 110.7 us for the same math-backend call
-    (``tools/timer_diag.py``). So unless the user has set it, it is set to 1 before profiling;
-    ``cupti_attached_note`` says when a user's setting keeps CUPTI attached."""
+    (``tools/timer_diag.py``; within 1.5% with the variable set). So unless the user has set
+    it, it is set to 1 before profiling; ``cupti_attached_note`` says when a user's setting
+    keeps CUPTI attached."""
     global _gpu_profiled
     import torch
     from torch.profiler import ProfilerActivity, profile
