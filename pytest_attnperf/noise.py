@@ -241,6 +241,28 @@ def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base
     return lines
 
 
+def _clock_lines(timed: list[dict]) -> list[str]:
+    """For the cases outside 3%: in how many the SM clock read right after do_bench was lower
+    than after the harness (do_bench's 20 ms of back-to-back calls can trip a power cap that the
+    harness's shorter samples do not), with the clocks and the throttle reasons NVML gave."""
+    outside = [r for r in timed if abs(r["ours_ms"] / r["do_bench_ms"] - 1) > 0.03]
+    if not outside:
+        return []
+    slower = []
+    for r in outside:
+        after = r.get("clock_after_do_bench") or [None, []]
+        ours, theirs = r.get("clock_after_ours"), after[0]
+        if ours is not None and theirs is not None and theirs < ours:
+            slower.append((theirs, ours, tuple(after[1] or ())))
+    line = f"outside 3%: {len(outside)} cases; the SM clock after do_bench was below the harness's in {len(slower)}"
+    if slower:
+        reasons = sorted({reason for *_, why in slower for reason in why}) or ["none given"]
+        line += (f" (do_bench {min(t for t, _, _ in slower):g}-{max(t for t, _, _ in slower):g} MHz, "
+                 f"harness {min(o for _, o, _ in slower):g}-{max(o for _, o, _ in slower):g} MHz; "
+                 f"throttle reasons: {', '.join(reasons)})")
+    return [line]
+
+
 def _compare_lines(gate: list[str], work: Path) -> list[str]:
     """Our median against triton's do_bench_cudagraph on the same callables, per size class."""
     compare = work / "compare.jsonl"
@@ -262,6 +284,7 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
                          f"{statistics.median(ratios):.3f}, worst {worst:.3f}, within 3%: {within}"
                          + (f"; at rep=1 ms: median {statistics.median(short):.3f}, within 3%: "
                             f"{sum(abs(x - 1) <= 0.03 for x in short)}" if short else ""))
+    lines.extend(_clock_lines(timed))
     if len(timed) < len(rows):
         lines.append(f"compare: do_bench_cudagraph failed on {len(rows) - len(timed)} cases (see {compare})")
     return lines

@@ -232,7 +232,8 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
 
     rows = [
         {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101, "do_bench_1ms_ms": 0.100},  # >=50us, within 3%
-        {"nodeid": "b", "ours_ms": 0.090, "do_bench_ms": 0.100, "do_bench_1ms_ms": 0.091},  # >=50us, 10% fast
+        {"nodeid": "b", "ours_ms": 0.090, "do_bench_ms": 0.100, "do_bench_1ms_ms": 0.091,  # >=50us, 10% fast
+         "clock_after_ours": 1980.0, "clock_after_do_bench": [1860.0, ["sw-power-cap"]]},
         {"nodeid": "c", "ours_ms": 0.020, "do_bench_ms": 0.020},  # 10-50us, equal
         {"nodeid": "d", "ours_ms": 0.200, "do_bench_ms": 0.0, "error": "RuntimeError('capture')"},
     ]
@@ -249,8 +250,21 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     assert lines[0].startswith("harness / do_bench_cudagraph, 2 cases >=50us: median ratio 0.945, worst 0.900")
     assert lines[0].endswith("within 3%: 1; at rep=1 ms: median 0.995, within 3%: 2")
     assert lines[1] == "harness / do_bench_cudagraph, 1 cases >=10us: median ratio 1.000, worst 1.000, within 3%: 1"
-    assert lines[2] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
-    assert len(lines) == 3
+    assert lines[2] == ("outside 3%: 1 cases; the SM clock after do_bench was below the harness's in 1 "
+                        "(do_bench 1860-1860 MHz, harness 1980-1980 MHz; throttle reasons: sw-power-cap)")
+    assert lines[3] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
+    assert len(lines) == 4
+
+
+def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
+    """Outside 3% with do_bench at the harness's clock (or no clock read): counted, not explained."""
+    from pytest_attnperf import noise
+
+    rows = [{"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
+            {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
+            {"ours_ms": 0.1, "do_bench_ms": 0.1}]
+    assert noise._clock_lines(rows) == ["outside 3%: 2 cases; the SM clock after do_bench was below the harness's in 0"]
+    assert noise._clock_lines(rows[2:]) == []
 
 
 def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) -> None:
