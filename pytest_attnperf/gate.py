@@ -10,9 +10,9 @@ A case regresses only when all hold:
    the difference between this run's median and the baseline's centre,
    ``3 * sqrt(sigma**2 * (1 + 1/m) + machine**2)``. A run's median moves between processes by
    more than its own interval says (on the H200 a median's standard deviation over five runs
-   was 0.21% for the median case of 50 us or more, up to 0.89%, while half of the cases had
+   was 0.17% for the median case of 50 us or more, up to 0.90%, while half of the cases had
    intervals under 0.2% wide), so (2) alone flags unchanged cases at a low tolerance; and it
-   moves between machines (leases, reboots) by more again (RMS 0.7% between two leases):
+   moves between machines (leases, reboots), by an RMS of 0.34% to 0.69% between two leases:
    ``machine`` is ``--attnperf-machine-noise`` when the recordings cannot show that move
    (decided by the plugin from ``run_machines``), else 0.
    ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the

@@ -123,19 +123,19 @@ def backends_seen(op_names: Iterable[str], kernel_names: Iterable[str]) -> set[s
 
 
 CUPTI_ENV = "TEARDOWN_CUPTI"
-_gpu_profiled = False  # has this process profiled a GPU (so attached CUPTI if not torn down)?
+# TEARDOWN_CUPTI as it was when this process's last GPU profile stopped (None: no GPU profile yet)
+_cupti_at_stop: str | None = None
 
 
 def cupti_attached_note() -> str | None:
-    """A note for a case timed after a GPU profile in this process when the user's
-    ``TEARDOWN_CUPTI`` kept CUPTI attached; None otherwise."""
-    value = os.environ.get(CUPTI_ENV)
-    if not _gpu_profiled or value == "1":
+    """A note for a case timed after a GPU profile that left CUPTI attached (the variable was
+    not "1" when the profile stopped); None otherwise."""
+    if _cupti_at_stop is None or _cupti_at_stop == "1":
         return None
-    return (f"{CUPTI_ENV}={value!r} keeps CUPTI attached after the backend proof's profile; "
-            "later launches in this process may run slower (on the H200: do_bench_cudagraph up "
-            "to +12%, a graph of 1024 short calls +32%, this harness's short graphs within "
-            "1.5%); unset it to let attnperf detach CUPTI")
+    return (f"{CUPTI_ENV} was {_cupti_at_stop!r} when the backend proof's profile stopped (set by you, "
+            "or by torch.compile's CUDA graphs), so CUPTI stayed attached and later launches in this "
+            "process may run slower (on the H200: do_bench_cudagraph up to +12%, a graph of 1024 "
+            "short calls +32%, this harness's short graphs within 2%)")
 
 
 def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[str], list[str]]:
@@ -145,10 +145,11 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
     (read when the profile stops; pytorch issue #144455), and every later launch in the
     process pays for it: on the H200, after one profile per case, triton's
     ``do_bench_cudagraph`` read 121.9 us instead of 110.7 us for the same math-backend call
-    (``tools/timer_diag.py``; within 1.5% with the variable set). So unless the user has set
-    it, it is set to 1 before profiling; ``cupti_attached_note`` says when a user's setting
-    keeps CUPTI attached."""
-    global _gpu_profiled
+    (``tools/timer_diag.py``; within 1.5% with the variable set). So unless it is already set
+    (by the user, or by torch.compile, which sets it to 0 for its CUDA graphs), it is set to 1
+    before profiling; it applies to the whole process, the user's own profiles included.
+    ``cupti_attached_note`` says when a profile left CUPTI attached."""
+    global _cupti_at_stop
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -156,11 +157,12 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
     if device.is_gpu:
         activities.append(ProfilerActivity.CUDA)
         os.environ.setdefault(CUPTI_ENV, "1")
-        _gpu_profiled = True
     with profile(activities=activities) as prof:
         fn()
         if device.is_gpu:
             torch.cuda.synchronize()
+    if device.is_gpu:  # what Kineto read as the profile stopped
+        _cupti_at_stop = os.environ.get(CUPTI_ENV, "")
     ops, kernels = [], []
     for event in prof.events():
         if str(event.device_type).endswith("CUDA"):

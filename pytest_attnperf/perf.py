@@ -11,7 +11,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import HISTORY_MIN, Summary, Verdict, judge
+from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, judge
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -19,7 +19,7 @@ from .timing import REPLAY_CLOCK, Measurement
 __all__ = ["PENDING_KEY", "Perf", "PerfResult"]
 
 PENDING_KEY = pytest.StashKey[dict[str, Any]]()
-HISTORY_KEEP = 5  # recordings of a case kept for its run-to-run spread
+HISTORY_KEEP = HISTORY_ROBUST  # recordings of a case kept: enough for the robust spread
 
 
 def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
@@ -121,14 +121,14 @@ class Perf:
                 backend = "-"
             plan = session.plan(mode)
             measurement = session.timer.measure(fn, plan)
-            attached = cupti_attached_note() if device.is_gpu else None
-            if attached:
-                measurement = replace(measurement, notes=measurement.notes + (attached,))
             if not measurement.median_ms > 0:
                 pytest.fail(f"{node.nodeid}: the {measurement.clock} clock measured a median of "
                             f"{measurement.median_ms} ms; a time must be positive (did the callable "
                             "do any work?). Nothing is gated or recorded.", pytrace=False)
             verdict, measurement = self._gate(fn, measurement, plan)
+        attached = cupti_attached_note() if device.is_gpu else None  # about every measurement taken
+        if attached:
+            measurement = replace(measurement, notes=measurement.notes + (attached,))
 
         peak = hw.peak_flops_for(dtype)
         result = PerfResult(

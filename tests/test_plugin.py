@@ -114,6 +114,24 @@ def test_ten_percent_slower_fails_that_test_only(project: pytest.Pytester) -> No
     assert "re-measured after a suspected regression" in out
 
 
+def test_cupti_left_attached_is_noted_on_the_re_measured_failure(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU profile that stopped with TEARDOWN_CUPTI=0 (as torch.compile's CUDA graphs set it):
+    every GPU case says so, the failing one too, whose notes come from its second measurement."""
+    from pytest_attnperf import markers
+
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    monkeypatch.setattr(markers, "_cupti_at_stop", "0")
+    set_speed(project, a=1.10)
+    result = project.runpytest(*PLUGIN, "--hw=h200")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    failure = out[out.index("REGRESSED"):out.index("short test summary")]
+    assert "re-measured after a suspected regression" in failure
+    assert "TEARDOWN_CUPTI was '0' when the backend proof's profile stopped" in failure
+    assert out.count("TEARDOWN_CUPTI was '0'") >= 2  # the summary notes the passing case too
+
+
 def test_missing_entry_passes_as_new_unless_required(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN).assert_outcomes(passed=2)
     result = project.runpytest(*PLUGIN, "--attnperf-require-baseline")

@@ -403,6 +403,25 @@ def test_three_recordings_keep_every_level_they_saw() -> None:
     assert judge(summarise(3, 0.009152 * 1.05, n=1192, rel_noise=0.001), base, 0.015, 0.005).status == "regressed"
 
 
+def test_four_recordings_still_use_the_standard_deviation() -> None:
+    """HISTORY_ROBUST is five: with four recordings, one 2% off, the spread is their sd (1.00%),
+    not the MAD (zero, which would floor it)."""
+    base = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.0, 1.02])
+    verdict = judge(summarise(2, 1.01, n=200, rel_noise=0.001), base, 0.015, 0.005)
+    assert "1.00% over 4 recordings" in verdict.message and "floored" not in verdict.message
+
+
+def test_an_odd_recording_widens_the_bar_until_five() -> None:
+    """The price of the rule above: a recording 4.5% off (kept, as inside a 5% tolerance) puts
+    a three-recording bar at 9%, and a real +7% passes; with five recordings the MAD sets the
+    odd one aside and the same +7% regresses."""
+    current = summarise(2, 1.07, n=200, rel_noise=0.001)
+    three = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.045])
+    five = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.0, 1.0, 1.045])
+    assert judge(current, three, 0.05, 0.005).status == "unchanged"
+    assert judge(current, five, 0.05, 0.005).status == "regressed"
+
+
 def test_one_odd_recording_does_not_widen_the_bar() -> None:
     """One recording 30% off among five: the MAD is zero, so the floor rules, and +2% regresses
     at a 1.5% tolerance (the sample sd alone, 13%, would hide anything)."""

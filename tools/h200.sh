@@ -32,9 +32,10 @@ case "${1:-}" in
     timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir noise-work --stages "${STAGES:?STAGES=...}" \
       ${NOISE_ARGS:-} -- suites/test_softmax.py --hw=h200 --attnperf-tolerance=1.5% 2>&1 | tee "$OUT/noise-${STAGES//,/-}.log"
     tar czf "$OUT/noise-work.tgz" noise-work ;;
-  diag)  # why do_bench_cudagraph and the harness differ in the suite (tools/timer_diag.py); the
-    # second process asks Kineto to tear CUPTI down after profiling (TEARDOWN_CUPTI=1)
-    python3 tools/timer_diag.py --out "$OUT/timer_diag.json" 2>&1 | tee "$OUT/timer_diag.log" | tail -12
+  diag)  # what a profile that leaves CUPTI attached does to later timings (tools/timer_diag.py):
+    # the first process keeps CUPTI attached (TEARDOWN_CUPTI=0; attnperf would otherwise set 1),
+    # the second asks Kineto to tear it down after profiling (TEARDOWN_CUPTI=1, attnperf's default)
+    TEARDOWN_CUPTI=0 python3 tools/timer_diag.py --out "$OUT/timer_diag.json" 2>&1 | tee "$OUT/timer_diag.log" | tail -12
     TEARDOWN_CUPTI=1 python3 tools/timer_diag.py --out "$OUT/timer_diag_teardown.json" 2>&1 \
       | tee "$OUT/timer_diag_teardown.log" | tail -12 ;;
   *) echo "usage: $0 record-linear|gate|noise|diag" >&2; exit 2 ;;

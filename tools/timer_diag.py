@@ -12,7 +12,9 @@ own, found them within 2% of each other. Two differences between the settings ar
   ran, before timing, and Kineto may leave CUPTI attached after a profile ends (pytorch issue
   #144455: 10-20% slower training after profiling; ``TEARDOWN_CUPTI=1`` detaches it), which
   would slow every later launch in the process. ``tools/h200.sh diag`` runs this script twice,
-  the second time with ``TEARDOWN_CUPTI=1``.
+  with ``TEARDOWN_CUPTI=0`` and ``=1`` (``markers.profile_names`` sets 1 unless it is set).
+  Session 5 on the H200: with 0, do_bench after profiling +8% to +12% on the three small
+  cases; with 1, within 1.5%. attnperf now detaches CUPTI by default.
 
 For a few softmax cases (furthest from do_bench in the suite, and one control), on a GPU, it
 times the same callable (backend pinned around the whole measurement, as the suite does) with
