@@ -28,10 +28,13 @@ case "${1:-}" in
     timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --benchmark-json="$OUT/gate.json" \
       ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
     keep_cache ;;
-  noise)  # STAGES=record,steady NOISE_ARGS="--runs 3"; the work folder travels back as noise-work.tgz
-    timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir noise-work --stages "${STAGES:?STAGES=...}" \
-      ${NOISE_ARGS:-} -- suites/test_softmax.py --hw=h200 --attnperf-tolerance=1.5% 2>&1 | tee "$OUT/noise-${STAGES//,/-}.log"
-    tar czf "$OUT/noise-work.tgz" noise-work ;;
+  noise)  # STAGES=record,steady NOISE_ARGS="--runs 3" [SUITE=suites/test_linear.py]; the work
+    # folder ($WORK, default noise-work) travels back as $WORK.tgz
+    WORK="${WORK:-noise-work}"
+    timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir "$WORK" --stages "${STAGES:?STAGES=...}" \
+      ${NOISE_ARGS:-} -- "${SUITE:-suites/test_softmax.py}" --hw=h200 --attnperf-tolerance=1.5% 2>&1 \
+      | tee "$OUT/noise-${STAGES//,/-}.log"
+    tar czf "$OUT/$WORK.tgz" "$WORK"; keep_cache ;;
   diag)  # what a profile that leaves CUPTI attached does to later timings (tools/timer_diag.py):
     # the first process keeps CUPTI attached (TEARDOWN_CUPTI=0; attnperf would otherwise set 1),
     # the second asks Kineto to tear it down after profiling (TEARDOWN_CUPTI=1, attnperf's default)
