@@ -1,0 +1,66 @@
+"""tools/rejudge.py: a saved noise work folder judged again with the gate in this tree."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_attnperf.baselines import FORMAT
+
+SPEC = importlib.util.spec_from_file_location("rejudge", Path(__file__).resolve().parents[1] / "tools" / "rejudge.py")
+rejudge = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(rejudge)
+
+A, B = "suites/test_x.py::test_x[a]", "suites/test_x.py::test_x[b]"
+
+
+def entry(ms: float, runs: list[float]) -> dict:
+    return {"median_ms": ms, "ci_low_ms": ms * 0.999, "ci_high_ms": ms * 1.001, "stdrel": 0.001,
+            "n_samples": 500, "run_medians_ms": runs, "mode": "cold", "clock": "cuda-graph"}
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """Three recordings of two quiet 1 ms cases; run0 moves a by +3% and b by +0.2%; the +2%
+    inject report flagged both, b's current median inside its bar."""
+    base = {"format": FORMAT, "meta": {"hardware": "h200"},
+            "entries": {A: entry(1.0, [1.0, 1.001, 0.999]), B: entry(1.0, [1.0, 1.001, 0.999])}}
+    (tmp_path / "h200.yaml").write_text(yaml.safe_dump(base))
+    run = {"benchmarks": [{"fullname": A, "stats": {"median": 1.03e-3}, "extra_info": {}},
+                          {"fullname": B, "stats": {"median": 1.002e-3}, "extra_info": {}}]}
+    (tmp_path / "run0.json").write_text(json.dumps(run))
+    cases = "".join(
+        f'<testcase classname="suites.test_x" name="{name}"><failure message="REGRESSED">'
+        f"REGRESSED ...\n  current:  median {ms} ms (95% CI ...)</failure></testcase>"
+        for name, ms in (("test_x[a]", 1.02), ("test_x[b]", 1.004)))
+    (tmp_path / "inject20.xml").write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    return tmp_path
+
+
+def test_steady_runs_are_judged_with_the_gate_in_this_tree(work: Path, capsys: pytest.CaptureFixture) -> None:
+    assert rejudge.main([str(work)]) == 0
+    out = capsys.readouterr().out
+    assert "steady runs: 2 judgements, 1 regressed" in out
+    assert [line for line in out.splitlines() if line.startswith("  run")] == [f"  run0.json {A} +3.00%"]
+    assert "inject20.xml: 2 flagged on the device, 1 still regressed" in out
+
+
+def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFixture) -> None:
+    """A 5% tolerance passes the +3% run and the +2% catch; the machine term alone widens the
+    bar (3 * sqrt(0.5%^2 * 4/3 + 0.7%^2) = 2.6%) past the +2% catch but not the +3% run."""
+    rejudge.main([str(work), "--tolerance", "5%"])
+    out = capsys.readouterr().out
+    assert "2 judgements, 0 regressed" in out
+    assert "2 flagged on the device, 0 still regressed" in out
+    rejudge.main([str(work), "--machine-noise", "0.7%"])
+    out = capsys.readouterr().out
+    assert "2 judgements, 1 regressed" in out and "2 flagged on the device, 0 still regressed" in out
+
+
+def test_a_folder_without_one_baseline_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        rejudge.main([str(tmp_path)])

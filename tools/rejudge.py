@@ -1,0 +1,103 @@
+"""Judge a noise-benchmark work folder's saved runs again with the gate in this tree.
+
+    python3 tools/rejudge.py noise-work [--tolerance 1.5%] [--floor 0.5%] [--machine-noise 0]
+
+For changing the gate without a GPU: the steady runs' medians (``run<i>.json``) are judged
+against the work folder's baseline (``<hw>.yaml``) as ``pytest_attnperf.gate.judge`` would
+judge them now; the injected runs' flags (``inject<pct>.xml``, each failure quoting its
+current median) are judged again to see which still stand. Only medians are saved, so each
+current sample set is taken as a point (its interval test passes whenever the baseline's
+interval does not hold it): the false flags are an upper bound, the catches too. The same
+``--machine-noise`` applies to every case (the plugin applies it only where the recordings
+cannot show the move between machines; pass 0 for runs on the recording machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pytest_attnperf import baselines  # noqa: E402
+from pytest_attnperf.gate import Summary, judge  # noqa: E402
+from pytest_attnperf.noise import _read_run, _run_files  # noqa: E402
+from pytest_attnperf.options import _fraction  # noqa: E402
+
+CURRENT = re.compile(r"current:\s+median ([0-9.eE+-]+) ms")
+
+
+def point(ms: float) -> Summary:
+    """A run's median with no spread of its own (only medians are saved)."""
+    return Summary(ms, ms, ms, 0.0, 1000)
+
+
+def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
+           machine: float) -> tuple[int, list[tuple[str, str, float]]]:
+    """Judgements made and (run, case, change %) of those that regressed."""
+    made, flagged = 0, []
+    for run in _run_files(work):
+        medians, _ = _read_run(run)
+        for case, ms in sorted(medians.items()):
+            summary = base.summary(case)
+            if summary is None:
+                continue
+            verdict = judge(point(ms), summary, tolerance, floor, machine)
+            made += 1
+            if verdict.status == "regressed":
+                flagged.append((run.name, case, verdict.change_pct))
+    return made, flagged
+
+
+def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
+             machine: float) -> dict[str, tuple[int, int]]:
+    """Per inject report: (cases flagged REGRESSED on the device, of them still regressed)."""
+    out = {}
+    for report in sorted(work.glob("inject*.xml")):
+        flagged = kept = 0
+        for case in ET.parse(report).getroot().iter("testcase"):
+            said = " ".join(f.get("message", "") + (f.text or "") for f in case.findall("failure"))
+            found = CURRENT.search(said)
+            if "REGRESSED" not in said or not found:
+                continue
+            nodeid = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+            summary = base.summary(nodeid)
+            if summary is None:
+                continue
+            flagged += 1
+            kept += judge(point(float(found.group(1))), summary, tolerance, floor, machine).status == "regressed"
+        out[report.name] = (flagged, kept)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--hw", help="the baseline's name in the work folder (default: its only .yaml)")
+    parser.add_argument("--tolerance", type=_fraction, default=0.015)
+    parser.add_argument("--floor", type=_fraction, default=0.005, help="--attnperf-run-noise")
+    parser.add_argument("--machine-noise", type=_fraction, default=0.0)
+    args = parser.parse_args(argv)
+    found = [args.workdir / f"{args.hw}.yaml"] if args.hw else sorted(args.workdir.glob("*.yaml"))
+    if len(found) != 1 or not found[0].exists():
+        parser.error(f"need one baseline .yaml in {args.workdir} (found {[p.name for p in found]}); pass --hw")
+    base = baselines.load(found[0])
+    if base is None:
+        parser.error(f"{found[0]} holds no baseline")
+    settings = (args.tolerance, args.floor, args.machine_noise)
+    made, flagged = steady(args.workdir, base, *settings)
+    print(f"tolerance {100 * args.tolerance:g}%, floor {100 * args.floor:g}%, machine noise "
+          f"{100 * args.machine_noise:g}% (each interval test taken as passed: upper bounds)")
+    print(f"steady runs: {made} judgements, {len(flagged)} regressed")
+    for run, case, change in flagged:
+        print(f"  {run} {case} {change:+.2f}%")
+    for report, (was, kept) in injected(args.workdir, base, *settings).items():
+        print(f"{report}: {was} flagged on the device, {kept} still regressed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
