@@ -51,7 +51,7 @@ from pathlib import Path
 from . import baselines as store
 from .inject import is_picked
 
-__all__ = ["main"]
+__all__ = ["main", "testcase_nodeid"]
 
 STAGES = ("record", "steady", "inject", "compare")
 SIZES = (">=50us", ">=10us", "<10us")
@@ -126,6 +126,11 @@ def _read_run(path: Path) -> tuple[dict[str, float], set[str]]:
     return medians, machines
 
 
+def testcase_nodeid(case: ET.Element) -> str:
+    """The pytest node id of a JUnit XML ``testcase`` (``classname`` is the module's dotted path)."""
+    return f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+
+
 def _outcomes(path: Path) -> dict[str, str]:
     """Node id -> "regressed" (a failure saying REGRESSED), "failed" (any other failure or
     error: a changed clock, a wrong result, a crash) or "passed", from a JUnit XML report;
@@ -138,8 +143,7 @@ def _outcomes(path: Path) -> dict[str, str]:
             continue
         bad = [*case.findall("failure"), *case.findall("error")]
         said = " ".join(b.get("message", "") + (b.text or "") for b in bad)
-        nodeid = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-        found[nodeid] = "regressed" if "REGRESSED" in said else "failed" if bad else "passed"
+        found[testcase_nodeid(case)] = "regressed" if "REGRESSED" in said else "failed" if bad else "passed"
     return found
 
 
@@ -249,7 +253,7 @@ def _ratio(row: dict) -> float:
 
 
 def _clock_lines(timed: list[dict]) -> list[str]:
-    """For the cases outside 3%: in how many the SM clock read right after do_bench was lower
+    """For the cases outside ``WITHIN``: in how many the SM clock read right after do_bench was lower
     than after the harness (do_bench's 20 ms of back-to-back calls can trip a power cap that the
     harness's shorter samples do not), with the clocks and the throttle reasons NVML gave."""
     outside = [r for r in timed if abs(_ratio(r) - 1) > WITHIN]
@@ -261,7 +265,8 @@ def _clock_lines(timed: list[dict]) -> list[str]:
         ours, theirs = r.get("clock_after_ours"), after[0]
         if ours is not None and theirs is not None and theirs < ours:
             slower.append((theirs, ours, tuple(after[1] or ())))
-    line = f"outside 3%: {len(outside)} cases; the SM clock after do_bench was below the harness's in {len(slower)}"
+    line = (f"outside {100 * WITHIN:g}%: {len(outside)} cases; the SM clock after do_bench was below the "
+            f"harness's in {len(slower)}")
     if slower:
         reasons = sorted({reason for *_, why in slower for reason in why}) or ["none given"]
         line += (f" (do_bench {min(t for t, _, _ in slower):g}-{max(t for t, _, _ in slower):g} MHz, "
@@ -288,8 +293,8 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
             within = sum(abs(x - 1) <= WITHIN for x in ratios)
             short = [r["ours_ms"] / r["do_bench_1ms_ms"] for r in group if r.get("do_bench_1ms_ms", 0) > 0]
             lines.append(f"harness / do_bench_cudagraph, {len(ratios)} cases {size}: median ratio "
-                         f"{statistics.median(ratios):.3f}, worst {worst:.3f}, within 3%: {within}"
-                         + (f"; at rep=1 ms: median {statistics.median(short):.3f}, within 3%: "
+                         f"{statistics.median(ratios):.3f}, worst {worst:.3f}, within {100 * WITHIN:g}%: {within}"
+                         + (f"; at rep=1 ms: median {statistics.median(short):.3f}, within {100 * WITHIN:g}%: "
                             f"{sum(abs(x - 1) <= WITHIN for x in short)}" if short else ""))
     lines.extend(_clock_lines(timed))
     if len(timed) < len(rows):

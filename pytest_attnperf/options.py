@@ -50,7 +50,8 @@ OPTIONS = (
     Option("machine_noise", "--attnperf-machine-noise", "ATTNPERF_MACHINE_NOISE", "attnperf_machine_noise", "0.7%",
            "standard deviation of a case's move between two machines (another GPU, lease or boot), added to "
            "the noise bar unless the baseline's centre is known to come from this machine or its recordings "
-           "come from two or more machines (0.7%: RMS move of 162 H200 softmax cases between two leases)"),
+           "come from two or more machines (0.7%: RMS move of 162 H200 softmax cases between two leases in "
+           "session 4, CUPTI attached; 0.34% between two others in session 5)"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: the GPU's UUID and the boot "
            "id); a fixed name makes reboots of a dedicated box one machine"),

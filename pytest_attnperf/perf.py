@@ -143,8 +143,9 @@ class Perf:
         if verdict.failed:
             drift = session.drift()
             extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
-            if measurement.notes and verdict.status != "clock changed":  # that message quotes them
-                extra += "\n  notes: " + "; ".join(measurement.notes)
+            unquoted = [n for n in measurement.notes if n not in verdict.message]  # "clock changed" quotes its own
+            if unquoted:
+                extra += "\n  notes: " + "; ".join(unquoted)
             earlier = (self._baseline_entry() or {}).get("notes")
             if isinstance(earlier, list) and earlier:
                 extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)

@@ -299,6 +299,24 @@ def test_a_case_whose_clock_changed_fails_naming_both(project: pytest.Pytester) 
     project.runpytest(*PLUGIN).assert_outcomes(passed=2)
 
 
+def test_a_changed_clock_failure_quotes_each_note_once(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLOCK CHANGED message quotes the timer's notes as its reason; a note added after the
+    gate (CUPTI left attached) is still shown, under "notes:", and nothing twice."""
+    from pytest_attnperf import markers
+
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    monkeypatch.setattr(markers, "_cupti_at_stop", "0")
+    set_clocks(project, a=["cuda-events"])
+    result = project.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    start = out.index("CLOCK CHANGED")
+    failure = out[start:out.index("\n=", start)]  # the failure section, not the summary after it
+    assert failure.count("scripted fallback to cuda-events") == 1
+    assert failure.count("TEARDOWN_CUPTI was '0'") == 1 and "\n  notes: TEARDOWN_CUPTI" in failure
+
+
 def test_a_re_measurement_on_another_clock_keeps_the_first_verdict(project: pytest.Pytester) -> None:
     """+10% on the baseline's clock, then the confirming run falls back to another clock: the
     comparable measurement's verdict stands and the message says why."""

@@ -2,7 +2,8 @@
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
 #   bash tools/h200.sh record-linear | gate | noise | diag
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
-# fla's autotune results from .triton-cache/ (both git-ignored; see README, "On a GPU").
+# Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored;
+# see README, "Device runs with fla").
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
 OUT="${OUT:-/tmp/attnperf-out}"

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_attnperf import baselines  # noqa: E402
 from pytest_attnperf.gate import Summary, judge  # noqa: E402
-from pytest_attnperf.noise import _read_run, _run_files  # noqa: E402
+from pytest_attnperf.noise import _read_run, _run_files, testcase_nodeid  # noqa: E402
 from pytest_attnperf.options import _fraction  # noqa: E402
 
 CURRENT = re.compile(r"current:\s+median ([0-9.eE+-]+) ms")
@@ -63,8 +63,7 @@ def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: 
             found = CURRENT.search(said)
             if "REGRESSED" not in said or not found:
                 continue
-            nodeid = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-            summary = base.summary(nodeid)
+            summary = base.summary(testcase_nodeid(case))
             if summary is None:
                 continue
             flagged += 1
