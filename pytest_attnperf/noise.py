@@ -51,7 +51,7 @@ from pathlib import Path
 from . import baselines as store
 from .inject import is_picked
 
-__all__ = ["main", "testcase_nodeid"]
+__all__ = ["main", "read_run", "run_files", "testcase_nodeid"]
 
 STAGES = ("record", "steady", "inject", "compare")
 SIZES = (">=50us", ">=10us", "<10us")
@@ -110,13 +110,13 @@ def _missing_baseline(work: Path, hw: str | None) -> str:
     )
 
 
-def _run_files(work: Path, suffix: str = ".json") -> list[Path]:
+def run_files(work: Path, suffix: str = ".json") -> list[Path]:
     """The steady runs' ``run<i>.json`` (or other ``suffix``) in the work folder, by run number."""
     numbered = [(int(p.stem[3:]), p) for p in work.glob(f"run*{suffix}") if p.stem[3:].isdigit()]
     return [p for _, p in sorted(numbered)]
 
 
-def _read_run(path: Path) -> tuple[dict[str, float], set[str]]:
+def read_run(path: Path) -> tuple[dict[str, float], set[str]]:
     """A steady run's benchmark JSON: each case's median in ms, and the machine names the plugin
     wrote beside them (``attnperf_machine``)."""
     data = json.loads(path.read_text())
@@ -161,13 +161,13 @@ def _per_case(runs: list[dict[str, float]]) -> dict[str, list[float]]:
 
 
 def _steady_runs(work: Path) -> tuple[dict[Path, tuple[dict[str, float], set[str]]], list[str]]:
-    """Each readable ``run<i>.json`` in the work folder (medians and machines, ``_read_run``),
+    """Each readable ``run<i>.json`` in the work folder (medians and machines, ``read_run``),
     and a note per unreadable one."""
     runs: dict[Path, tuple[dict[str, float], set[str]]] = {}
     notes: list[str] = []
-    for path in _run_files(work):
+    for path in run_files(work):
         try:
-            runs[path] = _read_run(path)
+            runs[path] = read_run(path)
         except (ValueError, KeyError, TypeError) as exc:
             notes.append(f"{path.name}: unreadable, left out ({type(exc).__name__}: {exc})")
     return runs, notes
@@ -338,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(opts.records):
                 _pytest([*gate, "--update-baselines", "--benchmark-disable"])
         if "steady" in stages:
-            earlier = _run_files(work)
+            earlier = run_files(work)
             if not opts.keep_runs:  # an earlier call's runs are not this call's
-                for old in [*earlier, *_run_files(work, ".xml")]:
+                for old in [*earlier, *run_files(work, ".xml")]:
                     old.unlink()
                 earlier = []
             first = int(earlier[-1].stem[3:]) + 1 if earlier else 0

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["MODES", "Settings", "add_options", "read_settings"]
+__all__ = ["MODES", "Settings", "add_options", "fraction", "read_settings"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -115,7 +115,8 @@ def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
     return opt.default, "the default"
 
 
-def _fraction(text: str) -> float:
+def fraction(text: str) -> float:
+    """'5%' or '0.05' as 0.05; ``ValueError`` outside [0, 10)."""
     text = text.strip()
     value = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
     if not 0.0 <= value < 10.0:
@@ -173,12 +174,12 @@ def read_settings(config: pytest.Config) -> Settings:
         update_baselines=_get(config, "update_baselines", _bool),
         require_baseline=_get(config, "require_baseline", _bool),
         baselines_dir=folder,
-        tolerance=_get(config, "tolerance", _fraction),
-        run_noise=_get(config, "run_noise", _fraction),
-        machine_noise=_get(config, "machine_noise", _fraction),
+        tolerance=_get(config, "tolerance", fraction),
+        run_noise=_get(config, "run_noise", fraction),
+        machine_noise=_get(config, "machine_noise", fraction),
         machine=_get(config, "machine", str).strip() or None,
         mode=_get(config, "mode", _mode),
         budget_s=_get(config, "budget", _positive_float),
-        target_stdrel=_get(config, "stdrel", _fraction),
+        target_stdrel=_get(config, "stdrel", fraction),
         min_samples=_get(config, "min_samples", _positive_int),
     )

@@ -36,11 +36,12 @@ case "${1:-}" in
     timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --benchmark-json="$OUT/gate.json" \
       ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
     keep_cache ;;
-  noise)  # STAGES=record,steady NOISE_ARGS="--runs 3" [SUITE=suites/test_linear.py]; the work
-    # folder ($WORK, default noise-work) travels back as $WORK.tgz
+  noise)  # STAGES=record,steady NOISE_ARGS="--runs 3" [SUITE=suites/test_linear.py]
+    # [EXTRA="--durations=20"] (more pytest arguments); the work folder ($WORK, default noise-work)
+    # travels back as $WORK.tgz
     WORK="${WORK:-noise-work}"
     timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir "$WORK" --stages "${STAGES:?STAGES=...}" \
-      ${NOISE_ARGS:-} -- "${SUITE:-suites/test_softmax.py}" --hw=h200 --attnperf-tolerance=1.5% 2>&1 \
+      ${NOISE_ARGS:-} -- "${SUITE:-suites/test_softmax.py}" --hw=h200 --attnperf-tolerance=1.5% ${EXTRA:-} 2>&1 \
       | tee "$OUT/noise-${STAGES//,/-}.log"
     tar czf "$OUT/$WORK.tgz" "$WORK"; keep_cache ;;
   diag)  # what a profile that leaves CUPTI attached does to later timings (tools/timer_diag.py):

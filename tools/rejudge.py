@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_attnperf import baselines  # noqa: E402
 from pytest_attnperf.gate import Summary, judge  # noqa: E402
-from pytest_attnperf.noise import _read_run, _run_files, testcase_nodeid  # noqa: E402
-from pytest_attnperf.options import _fraction  # noqa: E402
+from pytest_attnperf.noise import read_run, run_files, testcase_nodeid  # noqa: E402
+from pytest_attnperf.options import fraction  # noqa: E402
 
 CURRENT = re.compile(r"current:\s+median ([0-9.eE+-]+) ms")
 
@@ -39,8 +39,8 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
            machine: float) -> tuple[int, list[tuple[str, str, float]]]:
     """Judgements made and (run, case, change %) of those that regressed."""
     made, flagged = 0, []
-    for run in _run_files(work):
-        medians, _ = _read_run(run)
+    for run in run_files(work):
+        medians, _ = read_run(run)
         for case, ms in sorted(medians.items()):
             summary = base.summary(case)
             if summary is None:
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--hw", help="the baseline's name in the work folder (default: its only .yaml)")
-    parser.add_argument("--tolerance", type=_fraction, default=0.015)
-    parser.add_argument("--floor", type=_fraction, default=0.005, help="--attnperf-run-noise")
-    parser.add_argument("--machine-noise", type=_fraction, default=0.0)
+    parser.add_argument("--tolerance", type=fraction, default=0.015)
+    parser.add_argument("--floor", type=fraction, default=0.005, help="--attnperf-run-noise")
+    parser.add_argument("--machine-noise", type=fraction, default=0.0)
     args = parser.parse_args(argv)
     found = [args.workdir / f"{args.hw}.yaml"] if args.hw else sorted(args.workdir.glob("*.yaml"))
     if len(found) != 1 or not found[0].exists():

@@ -1,0 +1,74 @@
+"""Running one linear-attention case (``pytest_attnperf.variants.linear.run_case``) on the CPU:
+the fp64 reference is computed only once a kernel has answered, once per case, and it is what
+a kernel's output is held to."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_attnperf import reference_linear
+from pytest_attnperf.registry import Kernel
+from pytest_attnperf.variants import linear
+
+CASE = linear.LinearCase("unit-b1-h2-t24-d8-fp32", 1, 2, 24, 8, 8, "fp32", gpu=False)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def references(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The families whose fp64 reference was computed, in order (the case cache starts empty)."""
+    computed: list[str] = []
+    real = linear._reference_fn
+
+    def counting(family: str):
+        fn = real(family)
+
+        def reference(*args, **kwargs):
+            computed.append(family)
+            return fn(*args, **kwargs)
+
+        return reference
+
+    monkeypatch.setattr(linear, "_reference_fn", counting)
+    monkeypatch.setattr(linear, "_cache", {})
+    return computed
+
+
+def exact(q, k, v, *, scale):
+    """A kernel that is our fp64 recurrence, rounded back to the input dtype."""
+    return reference_linear.linear_attention(q.double(), k.double(), v.double(), scale=scale).to(q.dtype)
+
+
+def off_by_one_percent(q, k, v, *, scale):
+    return exact(q, k, v, scale=scale) * 1.01
+
+
+def refuses(q, k, v, *, scale):
+    raise RuntimeError("backward is not supported with Triton >= 3.4.0 and < 3.7.1 on Hopper (see #640)")
+
+
+@pytest.mark.parametrize("direction", ["fwd", "fwdbwd"])
+def test_a_refusal_skips_without_computing_the_reference(references, direction):
+    kernel = Kernel("linear_attn", "refuses", refuses, unsupported=linear.FLA_REFUSALS)
+    with pytest.raises(pytest.skip.Exception, match="refuses does not support this case: RuntimeError"):
+        linear.run_case("linear_attn", kernel, CASE, direction, CPU)
+    assert references == []
+
+
+@pytest.mark.parametrize("direction", ["fwd", "fwdbwd"])
+def test_the_reference_is_computed_once_for_the_kernels_of_a_case(references, direction):
+    call = linear.run_case("linear_attn", Kernel("linear_attn", "exact", exact), CASE, direction, CPU)
+    assert callable(call)
+    linear.run_case("linear_attn", Kernel("linear_attn", "exact-again", exact), CASE, direction, CPU)
+    # the forward reference, and for fwdbwd the one on the edges that autograd differentiates
+    assert references == ["linear_attn"] * (1 if direction == "fwd" else 2)
+
+
+def test_a_refusal_then_an_answer_still_checks_the_answer(references):
+    with pytest.raises(pytest.skip.Exception):
+        linear.run_case("linear_attn", Kernel("linear_attn", "refuses", refuses,
+                                              unsupported=linear.FLA_REFUSALS), CASE, "fwd", CPU)
+    with pytest.raises(AssertionError, match="normwise relative error .* exceeds"):
+        linear.run_case("linear_attn", Kernel("linear_attn", "off", off_by_one_percent), CASE, "fwd", CPU)
+    assert references == ["linear_attn"]
