@@ -27,6 +27,11 @@ instead of starting over, so five runs can be taken three and two::
     python -m pytest_attnperf.noise --workdir noise-work --stages steady --keep-runs --runs 2 -- suites/ --hw=h200
     python -m pytest_attnperf.noise --workdir noise-work --stages inject,compare -- suites/ --hw=h200
 
+``--time-limit SECONDS`` keeps a call inside a device lease: before each pytest run it stops
+if the time used plus the longest run so far in this call would pass the limit, and the report
+says where it stopped (a run cut short by an outside ``timeout`` leaves a broken ``run<i>.json``
+and wastes its minutes).
+
 Each call prints, and writes to ``<workdir>/report-<stages>.txt`` (``report-record-steady.txt``),
 what the work folder gives: the steady table whenever ``run*.json`` files are there, the
 injection and comparison lines of the stages it ran. Everything after ``--`` goes to pytest
@@ -44,12 +49,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from . import baselines as store
 from .inject import is_picked
+
+T = TypeVar("T")
 
 __all__ = ["main", "read_run", "run_files", "testcase_nodeid"]
 
@@ -64,6 +73,20 @@ def _stages(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"{text!r}: stages are a comma-separated subset of {','.join(STAGES)}")
     return tuple(stage for stage in STAGES if stage in names)
+
+
+_now = time.monotonic  # the clock of --time-limit (tests put a fake one here)
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive number of seconds")
+    return value
 
 
 def _count(least: int) -> Callable[[str], int]:
@@ -245,6 +268,30 @@ def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base
     return lines
 
 
+class OutOfTime(Exception):
+    """The next pytest run would not finish inside ``--time-limit``; the message says where."""
+
+
+class Deadline:
+    """Runs each pytest call of a noise call unless it would pass the time limit, taking the next
+    run to last as long as the longest one before it in this call (the first always runs)."""
+
+    def __init__(self, limit_s: float | None, clock: Callable[[], float]) -> None:
+        self.limit_s, self.clock = limit_s, clock
+        self.start, self.longest = clock(), 0.0
+
+    def run(self, what: str, call: Callable[[], T]) -> T:
+        used = self.clock() - self.start
+        if self.limit_s is not None and used + self.longest > self.limit_s:
+            raise OutOfTime(f"stopped before {what}: {used:.0f} s of the {self.limit_s:g} s time limit used, "
+                            f"and the longest pytest run in this call took {self.longest:.0f} s")
+        begin = self.clock()
+        try:
+            return call()
+        finally:
+            self.longest = max(self.longest, self.clock() - begin)
+
+
 WITHIN = 0.03  # the issue's bar for the harness against do_bench_cudagraph
 
 
@@ -317,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-runs", action="store_true",
                         help="steady: keep the work folder's earlier runs and add this call's after them")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
+                        help="start no pytest run that would end past this many seconds after the call began, "
+                             "taking each run to last as long as the longest one before it")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     named = set(opts.stages or ("record", "steady", "inject")) | ({"compare"} if opts.compare else set())
@@ -330,13 +380,15 @@ def main(argv: list[str] | None = None) -> int:
         print(_missing_baseline(work, hw), file=sys.stderr)
         return 2
 
+    deadline = Deadline(opts.time_limit, _now)
     status = 0
     ran: list[str] = []  # the lines of the inject and compare stages run in this call
     notes: list[str] = []
     try:
         if "record" in stages:  # each recording adds to the cases' run_medians_ms
-            for _ in range(opts.records):
-                _pytest([*gate, "--update-baselines", "--benchmark-disable"])
+            for r in range(opts.records):
+                deadline.run(f"recording {r + 1} of {opts.records}",
+                             lambda: _pytest([*gate, "--update-baselines", "--benchmark-disable"]))
         if "steady" in stages:
             earlier = run_files(work)
             if not opts.keep_runs:  # an earlier call's runs are not this call's
@@ -345,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                 earlier = []
             first = int(earlier[-1].stem[3:]) + 1 if earlier else 0
             for i in range(first, first + opts.runs):
-                _pytest([*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"])
+                deadline.run(f"steady run{i}", lambda i=i: _pytest(
+                    [*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"]))
         if "inject" in stages:
             baseline = _baseline_path(work, hw)
             if baseline is None:  # the record stage of this call wrote none
@@ -359,11 +412,14 @@ def main(argv: list[str] | None = None) -> int:
                     base, source = {}, f"nothing: {exc}"
                 ran.append(f"injected work: every {opts.every}, size classes from {source}")
                 for fraction in [float(f) for f in opts.inject.split(",") if f]:
-                    ran.extend(_inject_lines(gate, work, fraction, opts.every, base))
+                    ran.extend(deadline.run(f"the +{100 * fraction:g}% injected run", lambda fraction=fraction:
+                                            _inject_lines(gate, work, fraction, opts.every, base)))
         if "compare" in stages:
-            ran.extend(_compare_lines(gate, work))
+            ran.extend(deadline.run("the compare run", lambda: _compare_lines(gate, work)))
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: report what the finished runs left
         notes.append("interrupted: the report covers the runs that finished")
+    except OutOfTime as exc:
+        notes.append(f"{exc}; the report covers the runs that finished")
 
     lines = [f"noise benchmark: stages {','.join(stages)}, workdir {work}", f"pytest {' '.join(args)}", ""]
     lines += _steady_lines(work)

@@ -303,3 +303,61 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
     assert "false regressions over 1 unchanged runs: 1" in lines
     assert "cases that failed for another reason in some run: 2 (clock, crash)" in lines
     assert "machines: run0 on gpu-1/boot-2" in lines
+
+
+class FakeClock:
+    """A clock that each fake pytest run moves on by the next of ``durations`` seconds."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.now, self.durations, self.runs = 1000.0, list(durations), []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def pytest(self, args: list[str], env: dict[str, str] | None = None) -> int:
+        self.runs.append(args)
+        self.now += self.durations.pop(0)
+        return 0
+
+
+def test_time_limit_stops_before_a_run_that_would_pass_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_attnperf import noise
+
+    clock = FakeClock([90, 100, 80, 100])
+    monkeypatch.setattr(noise, "_now", clock)
+    monkeypatch.setattr(noise, "_pytest", clock.pytest)
+    code = noise.main(["--workdir", str(tmp_path), "--stages", "record,steady", "--records", "2", "--runs", "3",
+                       "--time-limit", "300", "--", "x.py"])
+    # recordings 90 s and 100 s, steady run0 80 s: 270 s used, and 270 + 100 passes 300
+    assert code == 0 and len(clock.runs) == 3
+    assert "--update-baselines" in clock.runs[1] and "--junitxml=" + str(tmp_path / "run0.xml") in clock.runs[2]
+    message = "stopped before steady run1: 270 s of the 300 s time limit used, and the longest pytest run in " \
+              "this call took 100 s; the report covers the runs that finished"
+    assert message in capsys.readouterr().out
+    assert message in (tmp_path / "report-record-steady.txt").read_text()
+
+
+def test_time_limit_always_runs_the_first_and_none_without_a_limit(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_attnperf import noise
+
+    clock = FakeClock([500, 500])
+    monkeypatch.setattr(noise, "_now", clock)
+    monkeypatch.setattr(noise, "_pytest", clock.pytest)
+    noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "2", "--time-limit", "10", "--", "x.py"])
+    assert len(clock.runs) == 1  # the first run has no longer run before it to go by
+    clock = FakeClock([500, 500])
+    monkeypatch.setattr(noise, "_now", clock)
+    monkeypatch.setattr(noise, "_pytest", clock.pytest)
+    noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "2", "--", "x.py"])
+    assert len(clock.runs) == 2
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "ten", "nan"])
+def test_time_limit_must_be_a_positive_number(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_attnperf import noise
+
+    with pytest.raises(SystemExit):
+        noise.main(["--stages", "steady", "--time-limit", text, "--", "x.py"])
+    assert "must be a positive number of seconds" in capsys.readouterr().err

@@ -40,7 +40,9 @@ case "${1:-}" in
     # [EXTRA="--durations=20"] (more pytest arguments); the work folder ($WORK, default noise-work)
     # travels back as $WORK.tgz
     WORK="${WORK:-noise-work}"
+    # --time-limit starts no run that would end past BUDGET less 20 s (for the tar and the cache)
     timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir "$WORK" --stages "${STAGES:?STAGES=...}" \
+      --time-limit $(( ${BUDGET:-560} - 20 )) \
       ${NOISE_ARGS:-} -- "${SUITE:-suites/test_softmax.py}" --hw=h200 --attnperf-tolerance=1.5% ${EXTRA:-} 2>&1 \
       | tee "$OUT/noise-${STAGES//,/-}.log"
     tar czf "$OUT/$WORK.tgz" "$WORK"; keep_cache ;;
