@@ -37,9 +37,13 @@ case "${1:-}" in
       ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
     keep_cache ;;
   noise)  # STAGES=record,steady NOISE_ARGS="--runs 3" [SUITE=suites/test_linear.py]
-    # [EXTRA="--durations=20"] (more pytest arguments); the work folder ($WORK, default noise-work)
-    # travels back as $WORK.tgz
+    # [EXTRA="--durations=20"] (more pytest arguments) [FROM_BASELINES=1] (a new work folder starts
+    # with baselines/h200.yaml, so steady runs gate against the committed recordings); the work
+    # folder ($WORK, default noise-work) travels back as $WORK.tgz
     WORK="${WORK:-noise-work}"
+    if [ -n "${FROM_BASELINES:-}" ] && [ ! -e "$WORK/h200.yaml" ]; then  # gate against the committed file
+      mkdir -p "$WORK" && cp baselines/h200.yaml "$WORK/"
+    fi
     # --time-limit starts no run that would end past BUDGET less 20 s (for the tar and the cache)
     timeout -s INT "${BUDGET:-560}" python3 -m pytest_attnperf.noise --workdir "$WORK" --stages "${STAGES:?STAGES=...}" \
       --time-limit $(( ${BUDGET:-560} - 20 )) \
