@@ -28,16 +28,17 @@ instead of starting over, so five runs can be taken three and two::
     python -m pytest_attnperf.noise --workdir noise-work --stages inject,compare -- suites/ --hw=h200
 
 ``--time-limit SECONDS`` keeps a call inside a device lease: before each pytest run it stops
-if the time used plus the longest run so far in this call would pass the limit, and the report
-says where it stopped (a run cut short by an outside ``timeout`` leaves a broken ``run<i>.json``
-and wastes its minutes).
+if the time used plus that run's likely length would pass the limit (``Deadline``: the longest
+run of its stage so far in the call, or twice the longest of any for a stage not yet run; the
+first run always starts), and the report says where it stopped (a run cut short by an outside
+``timeout`` leaves a broken ``run<i>.json`` and wastes its minutes).
 
 Each call prints, and writes to ``<workdir>/report-<stages>.txt`` (``report-record-steady.txt``),
 what the work folder gives: the steady table whenever ``run*.json`` files are there, the
 injection and comparison lines of the stages it ran. Everything after ``--`` goes to pytest
 unchanged (tolerance, mode, budget included). A script, not a test: it takes minutes of device
-time and asserts nothing; it reports. Its exit status is 0, or 2 when ``inject`` has no baseline
-file to gate against.
+time and asserts nothing; it reports. Its exit status is 0, 2 when ``inject`` has no baseline
+file to gate against, or 3 when ``--time-limit`` stopped it before all its runs.
 """
 
 from __future__ import annotations
@@ -273,23 +274,37 @@ class OutOfTime(Exception):
 
 
 class Deadline:
-    """Runs each pytest call of a noise call unless it would pass the time limit, taking the next
-    run to last as long as the longest one before it in this call (the first always runs)."""
+    """Runs each pytest call of a noise call unless it would end past the time limit. A run is taken
+    to last as long as the longest run of its stage so far in this call; for a stage not yet run,
+    twice the longest run of any stage (an injected run re-measures every case it catches: on the
+    H200's softmax suite in session 5 it took 107-109 s against 66-92 s for an unchanged one). The
+    first run of a call always starts."""
 
     def __init__(self, limit_s: float | None, clock: Callable[[], float]) -> None:
         self.limit_s, self.clock = limit_s, clock
-        self.start, self.longest = clock(), 0.0
+        self.start = clock()
+        self.longest: dict[str, float] = {}  # stage -> its longest run in this call
 
-    def run(self, what: str, call: Callable[[], T]) -> T:
+    def check(self, stage: str, what: str) -> None:
+        """``OutOfTime`` when ``what``, a run of ``stage``, would end past the limit."""
+        if self.limit_s is None or not self.longest:
+            return
         used = self.clock() - self.start
-        if self.limit_s is not None and used + self.longest > self.limit_s:
+        if stage in self.longest:
+            guess, basis = self.longest[stage], f"the longest {stage} run in this call"
+        else:
+            guess, basis = 2.0 * max(self.longest.values()), f"twice the longest run in this call, no {stage} run yet"
+        if used + guess > self.limit_s:
             raise OutOfTime(f"stopped before {what}: {used:.0f} s of the {self.limit_s:g} s time limit used, "
-                            f"and the longest pytest run in this call took {self.longest:.0f} s")
+                            f"and it would take about {guess:.0f} s ({basis})")
+
+    def run(self, stage: str, what: str, call: Callable[[], T]) -> T:
+        self.check(stage, what)
         begin = self.clock()
         try:
             return call()
         finally:
-            self.longest = max(self.longest, self.clock() - begin)
+            self.longest[stage] = max(self.longest.get(stage, 0.0), self.clock() - begin)
 
 
 WITHIN = 0.03  # the issue's bar for the harness against do_bench_cudagraph
@@ -365,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="steady: keep the work folder's earlier runs and add this call's after them")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     parser.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
-                        help="start no pytest run that would end past this many seconds after the call began, "
-                             "taking each run to last as long as the longest one before it")
+                        help="start no pytest run likely to end past this many seconds after the call began "
+                             "(taken to last as long as the longest run of its stage so far, twice the longest "
+                             "of any for a new stage; the first run always starts); exit status 3 when it stops")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     named = set(opts.stages or ("record", "steady", "inject")) | ({"compare"} if opts.compare else set())
@@ -387,39 +403,44 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "record" in stages:  # each recording adds to the cases' run_medians_ms
             for r in range(opts.records):
-                deadline.run(f"recording {r + 1} of {opts.records}",
+                deadline.run("record", f"recording {r + 1} of {opts.records}",
                              lambda: _pytest([*gate, "--update-baselines", "--benchmark-disable"]))
         if "steady" in stages:
-            earlier = run_files(work)
-            if not opts.keep_runs:  # an earlier call's runs are not this call's
-                for old in [*earlier, *run_files(work, ".xml")]:
-                    old.unlink()
-                earlier = []
+            earlier = run_files(work) if opts.keep_runs else []
             first = int(earlier[-1].stem[3:]) + 1 if earlier else 0
+            if opts.runs:  # before an earlier call's runs are deleted for this call's
+                deadline.check("steady", f"steady run{first}")
+            if not opts.keep_runs:  # an earlier call's runs are not this call's
+                for old in [*run_files(work), *run_files(work, ".xml")]:
+                    old.unlink()
             for i in range(first, first + opts.runs):
-                deadline.run(f"steady run{i}", lambda i=i: _pytest(
+                deadline.run("steady", f"steady run{i}", lambda i=i: _pytest(
                     [*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"]))
         if "inject" in stages:
             baseline = _baseline_path(work, hw)
+            fractions = [float(f) for f in opts.inject.split(",") if f]
             if baseline is None:  # the record stage of this call wrote none
                 print(_missing_baseline(work, hw), file=sys.stderr)
                 notes.append(_missing_baseline(work, hw))
                 status = 2
-            else:
+            elif fractions:
+                deadline.check("inject", f"the +{100 * fractions[0]:g}% injected run")
                 try:
                     base, source = _size_medians(work, baseline)
                 except store.BaselineError as exc:
                     base, source = {}, f"nothing: {exc}"
                 ran.append(f"injected work: every {opts.every}, size classes from {source}")
-                for fraction in [float(f) for f in opts.inject.split(",") if f]:
-                    ran.extend(deadline.run(f"the +{100 * fraction:g}% injected run", lambda fraction=fraction:
-                                            _inject_lines(gate, work, fraction, opts.every, base)))
+                for fraction in fractions:
+                    ran.extend(deadline.run("inject", f"the +{100 * fraction:g}% injected run",
+                                            lambda fraction=fraction: _inject_lines(gate, work, fraction, opts.every,
+                                                                                    base)))
         if "compare" in stages:
-            ran.extend(deadline.run("the compare run", lambda: _compare_lines(gate, work)))
+            ran.extend(deadline.run("compare", "the compare run", lambda: _compare_lines(gate, work)))
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: report what the finished runs left
         notes.append("interrupted: the report covers the runs that finished")
     except OutOfTime as exc:
         notes.append(f"{exc}; the report covers the runs that finished")
+        status = status or 3
 
     lines = [f"noise benchmark: stages {','.join(stages)}, workdir {work}", f"pytest {' '.join(args)}", ""]
     lines += _steady_lines(work)

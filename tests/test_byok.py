@@ -76,6 +76,12 @@ def pytest_attnperf_register_kernels(registry, config):
             q.mul_(2)
         return out
 
+    @registry.kernel(family="softmax", name="writes-into-k-then-refuses")
+    def writes_into_k_then_refuses(q, k, v, *, causal, scale, window=None):
+        with torch.no_grad():
+            k.add_(1)
+        raise NotImplementedError("refused, after writing into k")
+
     @registry.kernel(family="gla", name="dropped-gate")
     def dropped_gate(q, k, v, g, *, scale):
         from pytest_attnperf.variants.linear import la_naive
@@ -97,6 +103,7 @@ def pytest_attnperf_register_kernels(registry, config):
         ("one-nan", dict(failed=2), "*one-nan out: 1 non-finite elements*", ()),
         ("zeroed-dq", dict(passed=1, failed=1), "*zeroed-dq dq: max |error|*exceeds*", ()),
         ("writes-into-q", dict(failed=2), "*the kernel wrote into its input q*", ()),
+        ("writes-into-k-then-refuses", dict(failed=2), "*the kernel wrote into its input k (restored*", ()),
         ("dropped-gate", dict(failed=2), "*dropped-gate out: normwise relative error*exceeds*",
          ("cpu-b2-h2-t33-d16-fp32", "linear")),
     ],

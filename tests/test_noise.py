@@ -319,21 +319,29 @@ class FakeClock:
         self.now += self.durations.pop(0)
         return 0
 
+    @classmethod
+    def installed(cls, monkeypatch: pytest.MonkeyPatch, durations: list[float]) -> FakeClock:
+        """A clock that the noise module reads, and its pytest runs."""
+        from pytest_attnperf import noise
+
+        clock = cls(durations)
+        monkeypatch.setattr(noise, "_now", clock)
+        monkeypatch.setattr(noise, "_pytest", clock.pytest)
+        return clock
+
 
 def test_time_limit_stops_before_a_run_that_would_pass_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from pytest_attnperf import noise
 
-    clock = FakeClock([90, 100, 80, 100])
-    monkeypatch.setattr(noise, "_now", clock)
-    monkeypatch.setattr(noise, "_pytest", clock.pytest)
+    clock = FakeClock.installed(monkeypatch, [90, 100, 80])
     code = noise.main(["--workdir", str(tmp_path), "--stages", "record,steady", "--records", "2", "--runs", "3",
                        "--time-limit", "300", "--", "x.py"])
-    # recordings 90 s and 100 s, steady run0 80 s: 270 s used, and 270 + 100 passes 300
-    assert code == 0 and len(clock.runs) == 3
-    assert "--update-baselines" in clock.runs[1] and "--junitxml=" + str(tmp_path / "run0.xml") in clock.runs[2]
-    message = "stopped before steady run1: 270 s of the 300 s time limit used, and the longest pytest run in " \
-              "this call took 100 s; the report covers the runs that finished"
+    # recordings 90 s and 100 s (190 s used; a first steady run is taken as 2 x 100 s: 390 > 300)
+    assert code == 3 and len(clock.runs) == 2
+    assert all("--update-baselines" in run for run in clock.runs)
+    message = ("stopped before steady run0: 190 s of the 300 s time limit used, and it would take about 200 s "
+               "(twice the longest run in this call, no steady run yet); the report covers the runs that finished")
     assert message in capsys.readouterr().out
     assert message in (tmp_path / "report-record-steady.txt").read_text()
 
@@ -342,14 +350,10 @@ def test_time_limit_always_runs_the_first_and_none_without_a_limit(tmp_path: Pat
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_attnperf import noise
 
-    clock = FakeClock([500, 500])
-    monkeypatch.setattr(noise, "_now", clock)
-    monkeypatch.setattr(noise, "_pytest", clock.pytest)
+    clock = FakeClock.installed(monkeypatch, [500, 500])
     noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "2", "--time-limit", "10", "--", "x.py"])
     assert len(clock.runs) == 1  # the first run has no longer run before it to go by
-    clock = FakeClock([500, 500])
-    monkeypatch.setattr(noise, "_now", clock)
-    monkeypatch.setattr(noise, "_pytest", clock.pytest)
+    clock = FakeClock.installed(monkeypatch, [500, 500])
     noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "2", "--", "x.py"])
     assert len(clock.runs) == 2
 
@@ -361,3 +365,43 @@ def test_time_limit_must_be_a_positive_number(text: str, capsys: pytest.CaptureF
     with pytest.raises(SystemExit):
         noise.main(["--stages", "steady", "--time-limit", text, "--", "x.py"])
     assert "must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_time_limit_goes_by_the_longest_run_of_the_same_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_attnperf import noise
+
+    clock = FakeClock.installed(monkeypatch, [60, 70, 65])
+    code = noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "5", "--time-limit", "250",
+                       "--", "x.py"])
+    # 60 + 70 + 65 = 195 s used; the next steady run is taken as 70 s: 265 > 250
+    assert code == 3 and len(clock.runs) == 3
+    assert "stopped before steady run3: 195 s of the 250 s time limit used, and it would take about 70 s " \
+           "(the longest steady run in this call)" in capsys.readouterr().out
+
+
+def test_time_limit_keeps_the_earlier_runs_when_no_steady_run_can_start(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_attnperf import noise
+
+    (tmp_path / "run0.json").write_text("{}")  # an earlier call's run
+    clock = FakeClock.installed(monkeypatch, [200])
+    code = noise.main(["--workdir", str(tmp_path), "--stages", "record,steady", "--records", "1", "--runs", "2",
+                       "--time-limit", "300", "--", "x.py"])
+    assert code == 3 and len(clock.runs) == 1
+    assert (tmp_path / "run0.json").exists()  # not deleted for runs that never started
+
+
+def test_time_limit_stops_inject_before_its_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_attnperf import noise
+
+    (tmp_path / "h200.yaml").write_text("format: 1\nmeta: {}\nentries: {}\n")
+    clock = FakeClock.installed(monkeypatch, [100, 100])
+    code = noise.main(["--workdir", str(tmp_path), "--stages", "steady,inject,compare", "--runs", "2",
+                       "--time-limit", "350", "--", "x.py", "--hw=h200"])
+    report = (tmp_path / "report-steady-inject-compare.txt").read_text()
+    assert code == 3 and len(clock.runs) == 2
+    assert "stopped before the +2% injected run: 200 s of the 350 s time limit used" in report
+    assert "injected work" not in report

@@ -72,3 +72,36 @@ def test_a_refusal_then_an_answer_still_checks_the_answer(references):
     with pytest.raises(AssertionError, match="normwise relative error .* exceeds"):
         linear.run_case("linear_attn", Kernel("linear_attn", "off", off_by_one_percent), CASE, "fwd", CPU)
     assert references == ["linear_attn"]
+
+
+def writes_into_v_then_refuses(q, k, v, *, scale):
+    with torch.no_grad():
+        v.mul_(2.0)
+    raise NotImplementedError("refused after writing into v")
+
+
+def right_output_wrong_dv(q, k, v, *, scale):
+    """The exact output, plus a term whose value is zero but whose gradient adds 5% of dO to dv."""
+    return exact(q, k, v, scale=scale) + 0.05 * (v - v.detach())
+
+
+def test_a_kernel_that_writes_into_its_inputs_fails_even_when_it_refuses(references):
+    writer = Kernel("linear_attn", "writer", writes_into_v_then_refuses)
+    try:
+        with pytest.raises(AssertionError, match="the kernel wrote into its input v"):
+            linear.run_case("linear_attn", writer, CASE, "fwd", CPU)
+    except pytest.skip.Exception as exc:  # a skip would hide the write
+        pytest.fail(f"skipped instead of failing: {exc}")
+    # the case's inputs are put back for its other kernels and for the reference they are held to
+    (prepared,) = linear._cache.values()
+    clean = linear._inputs("linear_attn", CASE, CPU, backward=False)
+    assert all(torch.equal(x, y) for x, y in zip(prepared.inputs, clean, strict=True))
+    with pytest.raises(AssertionError, match="normwise relative error"):
+        linear.run_case("linear_attn", Kernel("linear_attn", "off", off_by_one_percent), CASE, "fwd", CPU)
+    linear.run_case("linear_attn", Kernel("linear_attn", "exact", exact), CASE, "fwd", CPU)
+
+
+def test_a_wrong_gradient_fails_with_a_right_output(references):
+    with pytest.raises(AssertionError, match="wrong-dv dv: normwise relative error"):
+        linear.run_case("linear_attn", Kernel("linear_attn", "wrong-dv", right_output_wrong_dv), CASE, "fwdbwd", CPU)
+    linear.run_case("linear_attn", Kernel("linear_attn", "wrong-dv", right_output_wrong_dv), CASE, "fwd", CPU)

@@ -196,6 +196,7 @@ class Prepared:
     names: tuple[str, ...]
     family: str
     scale: float
+    backward: bool  # fwdbwd: the reference carries the gradient of each input
     _reference: tuple[Any, ...] | None = None
 
     def reference(self) -> tuple[Any, ...]:
@@ -218,7 +219,7 @@ class Prepared:
             with torch.no_grad():
                 out = fn(*(x.detach().double() for x in self.inputs), scale=self.scale)
             reference: tuple[Any, ...] = (out,)
-            if self.inputs[0].requires_grad:
+            if self.backward:
                 leaves = [_edges(x.detach()).double().requires_grad_(True) for x in self.inputs]
                 sliced = fn(*leaves, scale=self.scale)
                 reference += torch.autograd.grad(sliced, leaves, _edges(self.grad_out).double())
@@ -286,7 +287,8 @@ def prepare(family: str, case: LinearCase, direction: str, device: Any) -> Prepa
     inputs = _inputs(family, case, device, direction == "fwdbwd")
     gen = torch.Generator(device=device).manual_seed(7)
     grad_out = torch.randn(inputs[2].shape, generator=gen, device=device).to(inputs[0].dtype)
-    prepared = Prepared(inputs, grad_out, ("q", "k", "v", "g", "beta")[: len(inputs)], family, case.scale)
+    names = ("q", "k", "v", "g", "beta")[: len(inputs)]
+    prepared = Prepared(inputs, grad_out, names, family, case.scale, direction == "fwdbwd")
     _cache[key] = prepared
     return prepared
 
@@ -333,10 +335,15 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
 
     poison_allocator(device, [x.numel() * x.element_size() for x in p.inputs])
     before = tuple(x.detach().clone() for x in p.inputs)
-    got = kernel.call_or_skip(call)  # a refusal skips here, before the reference is computed
-    assert_unchanged(", ".join(p.names), p.inputs, before)
+    try:
+        got = kernel.call_or_skip(call)  # a refusal skips here, before the reference is computed
+    finally:  # refusal or not, a kernel that wrote into the inputs fails (and they are put back)
+        assert_unchanged(", ".join(p.names), p.inputs, before)
+    del before
     reference = p.reference()
     assert_normwise(f"{kernel.name} out", got[0].detach(), reference[0], case.dtype, OUT_UNITS)
+    if len(got) != len(reference):  # no gradient goes unchecked
+        raise AssertionError(f"{kernel.name}: {len(got) - 1} gradients for the reference's {len(reference) - 1}")
     for name, grad, ref in zip(p.names, got[1:], reference[1:], strict=False):
         assert_finite(f"{kernel.name} d{name}", grad.detach())
         assert_normwise(f"{kernel.name} d{name}", _edges(grad.detach()), ref, case.dtype, GRAD_UNITS)
