@@ -58,7 +58,7 @@ class SamplingPlan:
     max_samples: int = 2000
     target_stdrel: float = 0.005
     budget_s: float = 0.5
-    warmup_calls: int = 3
+    warmup_calls: int = 3  # at most; fewer once budget_s is spent (see warm_up)
     hot_sample_ms: float = 0.5  # hot mode: calls per graph chosen so a sample lasts about this
 
 
@@ -88,6 +88,22 @@ class Timer(Protocol):
     """Anything that turns a zero-argument callable into a ``Measurement``."""
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement: ...
+
+
+def warm_up(fn: Callable[[], Any], plan: SamplingPlan) -> int:
+    """The untimed calls before sampling (autotuning and lazy initialisation happen here):
+    ``plan.warmup_calls`` of them, or fewer, at least one, once the host has spent
+    ``plan.budget_s`` making them. A host-bound callable, such as fla's naive recurrences (a
+    Python loop over tokens: up to 1.5 s a call on the H200), need not run three times before
+    it is timed. Returns the calls made."""
+    deadline = time.monotonic() + plan.budget_s
+    made = 0
+    while made < plan.warmup_calls:
+        fn()
+        made += 1
+        if time.monotonic() >= deadline:
+            break
+    return made
 
 
 def sample_adaptively(take_ms: Callable[[], float], plan: SamplingPlan) -> list[float]:
@@ -145,8 +161,7 @@ class HostTimer:
     """Host clock around synchronous CPU work."""
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
-        for _ in range(plan.warmup_calls):
-            fn()
+        warm_up(fn, plan)
 
         def take_ms() -> float:
             start = time.perf_counter_ns()
@@ -262,8 +277,7 @@ class CudaTimer:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture wants
-            for _ in range(plan.warmup_calls):
-                fn()
+            warm_up(fn, plan)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
 

@@ -158,3 +158,27 @@ def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: Device, mon
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: None)
     m = CudaTimer(H200).measure(lambda: None, PLAN)
     assert m.notes == ("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked",)
+
+
+def test_warm_up_stops_after_the_first_call_once_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+
+    def slow() -> None:  # a host-bound call of 0.3 s
+        now[0] += 0.3
+
+    plan = SamplingPlan(budget_s=0.5, warmup_calls=3)
+    assert timing.warm_up(slow, plan) == 2  # 0.3 s, then 0.6 s: past the budget
+    assert timing.warm_up(lambda: None, plan) == 3  # quick calls: all three
+    now[0] = 0.0
+    assert timing.warm_up(lambda: now.__setitem__(0, now[0] + 5.0), plan) == 1  # at least one
+    assert timing.warm_up(slow, SamplingPlan(warmup_calls=0)) == 0
+
+
+def test_measure_warms_up_before_sampling(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    warmed: list[int] = []
+    real = timing.warm_up
+    monkeypatch.setattr(timing, "warm_up", lambda fn, plan: warmed.append(real(fn, plan)))
+    CudaTimer(H200).measure(lambda: None, PLAN)
+    timing.HostTimer().measure(lambda: None, SamplingPlan(min_samples=3, budget_s=0.01))
+    assert warmed == [3, 3]
