@@ -405,3 +405,21 @@ def test_time_limit_stops_inject_before_its_header(
     assert code == 3 and len(clock.runs) == 2
     assert "stopped before the +2% injected run: 200 s of the 350 s time limit used" in report
     assert "injected work" not in report
+
+
+def test_steady_table_sets_apart_the_cases_timed_with_events(tmp_path: Path) -> None:
+    """A host-bound callable (no graph) is marked, and counted on a line of its own."""
+    from pytest_attnperf.noise import _steady_lines
+
+    medians = {"t.py::graphed": [1.0, 1.0, 1.0], "t.py::loop": [300.0, 290.0, 310.0], "t.py::tiny": [0.005] * 3}
+    for i in range(3):
+        runs = [{"fullname": case, "stats": {"median": values[i] / 1e3},
+                 "extra_info": {"attnperf_clock": "cuda-events" if case != "t.py::graphed" else "cuda-graph"}}
+                for case, values in medians.items()]
+        (tmp_path / f"run{i}.json").write_text(json.dumps({"benchmarks": runs}))
+    lines = _steady_lines(tmp_path)
+    rows = {line.split()[0]: line.split()[-1] for line in lines if line.split()[:1] in (["graphed"], ["loop"])}
+    assert rows == {"graphed": "0", "loop": "events"}
+    assert lines[-2] == "cases >= 10 us with run-to-run range > 1%: 1 of 2; with sd > 1%: 1 of 2"
+    assert lines[-1] == ("  of them timed with events around eager launches ('events': not graph-capturable, "
+                         "launch and host overhead included): 1, range > 1%: 1, sd > 1%: 1")
