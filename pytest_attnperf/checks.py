@@ -15,11 +15,16 @@ own fp32 error (2.48e-6 against 1.13e-6), a correct kernel that a factor of 2 wo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .registry import Kernel
 
 __all__ = [
-    "FACTOR", "GRAD_FACTOR", "Closeness", "assert_close", "assert_unchanged", "poison_allocator", "max_error",
+    "FACTOR", "GRAD_FACTOR", "Closeness", "assert_close", "assert_unchanged", "call_checked", "poison_allocator",
+    "max_error",
 ]
 
 FACTOR = 2.0
@@ -101,3 +106,15 @@ def assert_unchanged(names: str, tensors: tuple[Any, ...], snapshots: tuple[Any,
             for now, before in zip(tensors, snapshots, strict=True):
                 now.copy_(before)
         raise AssertionError(f"the kernel wrote into its input {', '.join(changed)} (restored for the other kernels)")
+
+
+def call_checked(kernel: Kernel, call: Callable[[], Any], names: str, inputs: tuple[Any, ...], device: Any) -> Any:
+    """``kernel.call_or_skip(call)`` into NaN-poisoned memory (``poison_allocator``, sized as the
+    inputs); refusal or not, it fails if the kernel wrote into ``inputs`` (``assert_unchanged``,
+    which puts them back for the case's other kernels)."""
+    poison_allocator(device, [x.numel() * x.element_size() for x in inputs])
+    before = tuple(x.detach().clone() for x in inputs)
+    try:
+        return kernel.call_or_skip(call)
+    finally:
+        assert_unchanged(names, inputs, before)

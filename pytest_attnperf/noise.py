@@ -55,14 +55,14 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from . import baselines as store
 from .inject import is_picked
 
 T = TypeVar("T")
 
-__all__ = ["main", "read_run", "run_files", "testcase_nodeid"]
+__all__ = ["Run", "main", "read_run", "run_files", "testcase_nodeid"]
 
 STAGES = ("record", "steady", "inject", "compare")
 SIZES = (">=50us", ">=10us", "<10us")
@@ -141,14 +141,25 @@ def run_files(work: Path, suffix: str = ".json") -> list[Path]:
     return [p for _, p in sorted(numbered)]
 
 
-def read_run(path: Path) -> tuple[dict[str, float], set[str]]:
-    """A steady run's benchmark JSON: each case's median in ms, and the machine names the plugin
-    wrote beside them (``attnperf_machine``)."""
+class Run(NamedTuple):
+    """A steady run's benchmark JSON, as the report reads it."""
+
+    medians: dict[str, float]  # each case's median in ms
+    machines: set[str]  # the machine names the plugin wrote beside them (``attnperf_machine``)
+    event_timed: set[str]  # cases timed with events around eager launches (clock ``cuda-events``:
+    # not graph-capturable, so launch and host overhead are in the figure)
+
+
+def read_run(path: Path) -> Run:
     data = json.loads(path.read_text())
-    medians = {b["fullname"]: b["stats"]["median"] * 1e3 for b in data["benchmarks"]}
-    machines = {str(b["extra_info"]["attnperf_machine"]) for b in data["benchmarks"]
-                if "attnperf_machine" in b.get("extra_info", {})}
-    return medians, machines
+    benchmarks = data["benchmarks"]
+    return Run(
+        medians={b["fullname"]: b["stats"]["median"] * 1e3 for b in benchmarks},
+        machines={str(b["extra_info"]["attnperf_machine"]) for b in benchmarks
+                  if "attnperf_machine" in b.get("extra_info", {})},
+        event_timed={b["fullname"] for b in benchmarks
+                     if b.get("extra_info", {}).get("attnperf_clock") == "cuda-events"},
+    )
 
 
 def testcase_nodeid(case: ET.Element) -> str:
@@ -185,10 +196,9 @@ def _per_case(runs: list[dict[str, float]]) -> dict[str, list[float]]:
     return {case: [r[case] for r in runs if case in r] for case in sorted(set().union(*runs))}
 
 
-def _steady_runs(work: Path) -> tuple[dict[Path, tuple[dict[str, float], set[str]]], list[str]]:
-    """Each readable ``run<i>.json`` in the work folder (medians and machines, ``read_run``),
-    and a note per unreadable one."""
-    runs: dict[Path, tuple[dict[str, float], set[str]]] = {}
+def _steady_runs(work: Path) -> tuple[dict[Path, Run], list[str]]:
+    """Each readable ``run<i>.json`` in the work folder (``read_run``), and a note per unreadable one."""
+    runs: dict[Path, Run] = {}
     notes: list[str] = []
     for path in run_files(work):
         try:
@@ -198,20 +208,10 @@ def _steady_runs(work: Path) -> tuple[dict[Path, tuple[dict[str, float], set[str
     return runs, notes
 
 
-def _event_timed(paths: list[Path]) -> set[str]:
-    """The cases some run timed with events around eager launches (clock ``cuda-events``: the
-    callable was not graph-capturable, so launch and host overhead are in its figure)."""
-    found: set[str] = set()
-    for path in paths:
-        found |= {b["fullname"] for b in json.loads(path.read_text())["benchmarks"]
-                  if b.get("extra_info", {}).get("attnperf_clock") == "cuda-events"}
-    return found
-
-
 def _steady_lines(work: Path) -> list[str]:
     """The steady table, from whatever ``run*.json`` (and ``run*.xml``) the work folder holds."""
     by_path, notes = _steady_runs(work)
-    runs = [medians for medians, _ in by_path.values()]
+    runs = [run.medians for run in by_path.values()]
     outcomes = [_outcomes(path.with_suffix(".xml")) for path in by_path]
     false_regressions = [_with(o, "regressed") for o in outcomes]
     if not runs:
@@ -219,7 +219,7 @@ def _steady_lines(work: Path) -> list[str]:
     lines = [f"{len(runs)} unchanged runs (run*.json in the work folder); run-to-run spread of a case's "
              "median: range = (max - min) / median, sd = standard deviation / mean", ""]
     lines.append(f"{'case':<78} {'median':>10} {'range':>7} {'sd':>6} {'runs':>5} {'false':>5}")
-    events = _event_timed(list(by_path))
+    events = set().union(*(run.event_timed for run in by_path.values()))
     over = {"range": 0, "sd": 0}
     over_events = {"range": 0, "sd": 0, "cases": 0}
     sized = 0
@@ -240,7 +240,7 @@ def _steady_lines(work: Path) -> list[str]:
                      f"{100 * spread:>6.2f}% {100 * sd:>5.2f}% {len(values):>5} {times_flagged:>5}"
                      + ("  events" if case in events else ""))
     lines.append(f"false regressions over {len(runs)} unchanged runs: {sum(len(f) for f in false_regressions)}")
-    machines = {path.stem: names for path, (_, names) in by_path.items()}
+    machines = {path.stem: run.machines for path, run in by_path.items()}
     if any(machines.values()):  # which runs shared a machine (a lease, a boot): their medians move together
         lines.append("machines: " + "; ".join(f"{run} on {', '.join(sorted(m)) or '?'}" for run, m in machines.items()))
     others = sorted(set().union(*(_with(o, "failed") for o in outcomes)))
@@ -259,7 +259,7 @@ def _steady_lines(work: Path) -> list[str]:
 def _size_medians(work: Path, baseline: Path) -> tuple[dict[str, float], str]:
     """Each case's median in ms for the size classes, and where it came from: the steady runs if
     the work folder has them, else the baseline file."""
-    runs = [medians for medians, _ in _steady_runs(work)[0].values()]
+    runs = [run.medians for run in _steady_runs(work)[0].values()]
     if runs:
         medians = {case: statistics.median(values) for case, values in _per_case(runs).items()}
         return medians, f"the medians of {len(runs)} steady runs"

@@ -40,7 +40,7 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
     """Judgements made and (run, case, change %) of those that regressed."""
     made, flagged = 0, []
     for run in run_files(work):
-        medians, _ = read_run(run)
+        medians = read_run(run).medians
         for case, ms in sorted(medians.items()):
             summary = base.summary(case)
             if summary is None:
