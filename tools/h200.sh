@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
-#   bash tools/h200.sh record-linear | gate | noise | diag
+#   bash tools/h200.sh record-linear | gate | noise | pair | diag
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored;
 # see README, "Device runs with fla").
@@ -8,9 +8,9 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
 OUT="${OUT:-/tmp/attnperf-out}"
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -z "${WHEELS_READY:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+  export PYTHONPATH=/tmp/site WHEELS_READY=1
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 PYTEST=(python3 -m pytest -p no:cacheprovider -q --tb=short -rs --timeout=240)
@@ -51,12 +51,25 @@ case "${1:-}" in
       --time-limit $(( BUDGET > 40 ? BUDGET - 20 : BUDGET )) \
       ${NOISE_ARGS:-} -- "${SUITE:-suites/test_softmax.py}" --hw=h200 --attnperf-tolerance=1.5% ${EXTRA:-} 2>&1 \
       | tee "$OUT/noise-${STAGES//,/-}.log"
-    tar czf "$OUT/$WORK.tgz" "$WORK"; keep_cache ;;
+    tar czf "$OUT/$WORK.tgz" "$WORK"; [ "${KEEP_CACHE:-1}" = 1 ] && keep_cache ;;
+  pair)  # two noise jobs at once, one per GPU of an nvidia-h200-x2 (device time is the lease's
+    # wall time, not per GPU): each argument is a line of shell assignments for `noise`, e.g.
+    #   bash tools/h200.sh pair 'WORK=full-a SUITE=suites/ STAGES=steady' 'WORK=full-b SUITE=suites/ STAGES=steady'
+    # Job i runs on CUDA_VISIBLE_DEVICES=i, writes under $OUT/g<i>; job 0 alone keeps the Triton
+    # cache (shared by both; Triton writes its entries atomically)
+    shift; i=0
+    for job in "$@"; do
+      ( export CUDA_VISIBLE_DEVICES=$i OUT="$OUT/g$i" KEEP_CACHE=$(( i == 0 )); mkdir -p "$OUT"
+        eval "export $job"; bash "$0" noise >/dev/null 2>&1 ) &
+      i=$(( i + 1 ))
+    done
+    wait
+    for log in "$OUT"/g*/noise-*.log; do echo "== $log"; tail -n "${TAIL:-30}" "$log"; done ;;
   diag)  # what a profile that leaves CUPTI attached does to later timings (tools/timer_diag.py):
     # the first process keeps CUPTI attached (TEARDOWN_CUPTI=0; attnperf would otherwise set 1),
     # the second asks Kineto to tear it down after profiling (TEARDOWN_CUPTI=1, attnperf's default)
     TEARDOWN_CUPTI=0 python3 tools/timer_diag.py --out "$OUT/timer_diag.json" 2>&1 | tee "$OUT/timer_diag.log" | tail -12
     TEARDOWN_CUPTI=1 python3 tools/timer_diag.py --out "$OUT/timer_diag_teardown.json" 2>&1 \
       | tee "$OUT/timer_diag_teardown.log" | tail -12 ;;
-  *) echo "usage: $0 record-linear|gate|noise|diag" >&2; exit 2 ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|diag" >&2; exit 2 ;;
 esac
