@@ -12,9 +12,11 @@ A case regresses only when all hold:
    more than its own interval says (on the H200 a median's standard deviation over five runs
    was 0.17% for the median case of 50 us or more, up to 0.90%, while half of the cases had
    intervals under 0.2% wide), so (2) alone flags unchanged cases at a low tolerance; and it
-   moves between machines (leases, reboots), by an RMS of 0.34% to 0.69% between two leases:
-   ``machine`` is ``--attnperf-machine-noise`` when the recordings cannot show that move
-   (decided by the plugin from ``run_machines``), else 0.
+   moves between machines (leases, reboots), by an RMS of 0.34% to 0.69% between two leases,
+   and by a fixed time per sample on some hosts (1 to 4 us for every short kernel timed cold
+   on two H200 hosts, session 7): when the recordings cannot show that move (decided by the
+   plugin from ``run_machines``), ``machine`` is ``--attnperf-machine-noise`` and
+   ``--attnperf-machine-offset`` over the centre, in quadrature; else 0.
    ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the
    baseline (``run_medians_ms``, grown by ``--update-baselines`` until a recording is itself
    judged a real change), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
@@ -185,22 +187,28 @@ def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
 
 
 def judge(
-    current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0, machine_noise: float = 0.0
+    current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0,
+    machine_noise: float = 0.0, machine_offset_ms: float = 0.0,
 ) -> Verdict:
     """Compare a measurement with its baseline; ``tolerance``, ``noise_floor`` (the least
     run-to-run standard deviation assumed) and ``machine_noise`` are fractions (0.05 = 5%).
 
-    ``machine_noise`` is the standard deviation of a case's move between two machines (another
-    GPU, lease or boot: each shifts a case's median by its own amount), for a baseline whose
-    recordings cannot show it, all being from one machine other than this run's. It adds to
-    the variance of the difference: ``bar = 3 * sqrt(sigma**2 * (1 + 1/m) + machine_noise**2)``."""
+    ``machine_noise`` and ``machine_offset_ms`` are the standard deviations of a case's move
+    between two machines (another GPU, lease or boot: each shifts a case's median by its own
+    amount) as a share of the case and as a fixed time per call, for a baseline whose
+    recordings cannot show it, all being from one machine other than this run's. Together,
+    ``machine = sqrt(machine_noise**2 + (machine_offset_ms / centre)**2)``, they add to the
+    variance of the difference: ``bar = 3 * sqrt(sigma**2 * (1 + 1/m) + machine**2)``. The
+    fixed part matters for short kernels only: 1 us is 11% of a 9 us kernel, 0.1% of a 1 ms one."""
     if baseline is None:
         return Verdict("new", None, f"no baseline; measured {current.describe()}")
     centre, m, sigma, source = run_noise(baseline, noise_floor)
-    if machine_noise > 0:
-        source += f", plus {100 * machine_noise:.2f}% between machines (no recording from this one)"
+    machine = math.hypot(machine_noise, machine_offset_ms / centre)
+    if machine > 0:
+        parts = f"{100 * machine_noise:.2f}% and {1e3 * machine_offset_ms:.2g} us; " if machine_offset_ms > 0 else ""
+        source += f", plus {100 * machine:.2f}% between machines ({parts}no recording from this one)"
     ratio = current.median_ms / centre
-    bar = 3.0 * math.sqrt(sigma**2 * (1.0 + 1.0 / m) + machine_noise**2)
+    bar = 3.0 * math.sqrt(sigma**2 * (1.0 + 1.0 / m) + machine**2)
     few = min(current.n_samples, baseline.n_samples) < MIN_SAMPLES
     slower = ratio > 1.0 + tolerance
     faster = ratio < 1.0 / (1.0 + tolerance)
@@ -226,7 +234,7 @@ def judge(
         f"  baseline: {baseline.describe()}{centre_note}\n"
         f"  current:  {current.describe()}"
     )
-    used = 0.0 if few else machine_noise
+    used = 0.0 if few else machine
     if real_slower:
         return Verdict("regressed", ratio, "REGRESSED " + body, used)
     if real_faster:

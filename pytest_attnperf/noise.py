@@ -148,6 +148,7 @@ class Run(NamedTuple):
     machines: set[str]  # the machine names the plugin wrote beside them (``attnperf_machine``)
     event_timed: set[str]  # cases timed with events around eager launches (clock ``cuda-events``:
     # not graph-capturable, so launch and host overhead are in the figure)
+    verdicts: dict[str, str] = {}  # each case's gate status (``verdict``: unchanged, new, ...), where written
 
 
 def read_run(path: Path) -> Run:
@@ -159,7 +160,30 @@ def read_run(path: Path) -> Run:
                   if "attnperf_machine" in b.get("extra_info", {})},
         event_timed={b["fullname"] for b in benchmarks
                      if b.get("extra_info", {}).get("attnperf_clock") == "cuda-events"},
+        verdicts={b["fullname"]: str(b["extra_info"]["verdict"]) for b in benchmarks
+                  if "verdict" in b.get("extra_info", {})},
     )
+
+
+JUDGED = ("unchanged", "improved", "regressed")  # verdicts of a case compared with its baseline
+
+
+def _judged_line(runs: list[Run], false: int) -> str:
+    """How many cases the gate compared with a baseline, beside the false regressions: a steady
+    run with no baseline file in the work folder reports every case ``new`` and can flag none."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        for status in run.verdicts.values():
+            counts[status] = counts.get(status, 0) + 1
+    judged = sum(counts.get(s, 0) for s in JUDGED)
+    line = f"false regressions over {len(runs)} unchanged runs: {false} in {judged} judgements"
+    others = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if s not in JUDGED)
+    if others:
+        line += f" (not judged: {others})"
+    if counts and not judged:
+        line += ("; NOTHING WAS GATED: no case had a baseline entry (run the record stage in this "
+                 "work folder first, or start it from a baseline file)")
+    return line
 
 
 def testcase_nodeid(case: ET.Element) -> str:
@@ -239,7 +263,7 @@ def _steady_lines(work: Path) -> list[str]:
         lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms "
                      f"{100 * spread:>6.2f}% {100 * sd:>5.2f}% {len(values):>5} {times_flagged:>5}"
                      + ("  events" if case in events else ""))
-    lines.append(f"false regressions over {len(runs)} unchanged runs: {sum(len(f) for f in false_regressions)}")
+    lines.append(_judged_line(list(by_path.values()), sum(len(f) for f in false_regressions)))
     machines = {path.stem: run.machines for path, run in by_path.items()}
     if any(machines.values()):  # which runs shared a machine (a lease, a boot): their medians move together
         lines.append("machines: " + "; ".join(f"{run} on {', '.join(sorted(m)) or '?'}" for run, m in machines.items()))

@@ -36,13 +36,16 @@ def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
     )
 
 
-def _verdict_notes(verdict: Verdict) -> tuple[str, ...]:
-    """For the summary table: a case whose bar carried the between-machines term (with most
-    cases sharing it, the table prints it once)."""
+def _verdict_notes(verdict: Verdict, noise: float, offset_ms: float) -> tuple[str, ...]:
+    """For the summary table: why a case was not compared, or that its bar carried the
+    between-machines terms (the same words for every such case, so the table prints them once)."""
+    if verdict.status == "not compared":
+        return (f"not compared: {verdict.message}",)
     if verdict.machine_noise <= 0:
         return ()
-    return (f"judged against recordings from another machine: the bar includes "
-            f"{100 * verdict.machine_noise:.2f}% between machines (--attnperf-machine-noise)",)
+    return (f"judged against recordings from another machine: the bar includes {100 * noise:.2f}% "
+            f"(--attnperf-machine-noise) and {1e3 * offset_ms:.2g} us (--attnperf-machine-offset) "
+            "between machines",)
 
 
 @dataclass(frozen=True)
@@ -180,8 +183,16 @@ class Perf:
                 pytrace=False,
             )
         tolerance, floor = session.settings.tolerance, session.settings.run_noise
-        machine = self._machine_noise(summary)
-        verdict = judge(measurement.summary, summary, tolerance, floor, machine)
+        machine = self._machine_terms(summary)
+        if summary is not None and measurement.clock == "cuda-events" and any(machine):
+            return Verdict(
+                "not compared", measurement.median_ms / summary.median_ms,
+                "timed with events around eager launches (not graph-capturable), so the host's speed "
+                "is in the figure, and the baseline's recordings come from another machine: a slower "
+                "host cannot be told from a slower kernel; record this machine (--update-baselines) "
+                "to gate it here",
+            ), measurement
+        verdict = judge(measurement.summary, summary, tolerance, floor, *machine)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)
             if again.clock != measurement.clock:  # not comparable: the first verdict stands
@@ -189,7 +200,7 @@ class Perf:
                         f"({'; '.join(again.notes) or 'no reason given'}); the {measurement.clock} "
                         "measurement's verdict stands")
                 return verdict, replace(measurement, notes=measurement.notes + (note,))
-            second = judge(again.summary, summary, tolerance, floor, machine)
+            second = judge(again.summary, summary, tolerance, floor, *machine)
             note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
             return second, replace(again, notes=again.notes + (note,))
         return verdict, measurement
@@ -219,7 +230,7 @@ class Perf:
                 status=result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
-                notes=m.notes + _verdict_notes(result.verdict),
+                notes=m.notes + _verdict_notes(result.verdict, *self._machine_terms_set()),
             )
         )
 
@@ -265,7 +276,7 @@ class Perf:
         except (KeyError, TypeError, ValueError):
             return [median_ms], [here]
         settings = self._session.settings
-        judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise, self._machine_noise(earlier))
+        judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise, *self._machine_terms(earlier))
         if judged.status in ("regressed", "improved"):
             return [median_ms], [here]
         if earlier.run_medians_ms:
@@ -274,8 +285,13 @@ class Perf:
             runs, machines = [earlier.median_ms], [None]
         return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
 
-    def _machine_noise(self, baseline: Summary | None) -> float:
-        """The between-machines term for judging against ``baseline``, else 0: with fewer than
+    def _machine_terms_set(self) -> tuple[float, float]:
+        settings = self._session.settings
+        return settings.machine_noise, settings.machine_offset_ms
+
+    def _machine_terms(self, baseline: Summary | None) -> tuple[float, float]:
+        """The between-machines terms (``--attnperf-machine-noise``, ``--attnperf-machine-offset``
+        in ms) for judging against ``baseline``, else zeros: with fewer than
         ``HISTORY_MIN`` recordings the centre is the latest one, so the term applies unless it
         is known to come from this machine; with more, the centre is their median, and the
         term applies unless one of them is from this machine or they come from two or more
@@ -283,13 +299,13 @@ class Perf:
         (made before machines were noted) are likely from one box, so they do not make a
         second machine here (``run_noise`` still counts them as one for its spread)."""
         if baseline is None:
-            return 0.0
+            return 0.0, 0.0
         here, machines = self._session.machine, baseline.run_machines
         if len(baseline.run_medians_ms) < HISTORY_MIN:
             known_here = bool(machines) and machines[-1] == here
         else:
             known_here = here in machines or len(set(machines) - {None}) >= 2
-        return 0.0 if known_here else self._session.settings.machine_noise
+        return (0.0, 0.0) if known_here else self._machine_terms_set()
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:

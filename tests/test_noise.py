@@ -181,7 +181,7 @@ def test_steady_then_inject_in_two_calls(project: Path) -> None:
     assert {len(e["run_medians_ms"]) for e in entries.values()} == {2}  # one median per recording
     steady = (work / "report-record-steady.txt").read_text()
     assert steady in first.stdout
-    assert "2 unchanged runs" in steady and "false regressions over 2 unchanged runs: 0" in steady
+    assert "2 unchanged runs" in steady and "false regressions over 2 unchanged runs: 0 in 6 judgements" in steady
     assert "cases >= 10 us with run-to-run range > 1%: 0 of 2; with sd > 1%: 0 of 2" in steady
     assert "+50%" not in steady
     row = next(line for line in steady.splitlines() if line.startswith("test_case[small]"))
@@ -288,7 +288,9 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
     """A changed clock or a crash in an unchanged run is listed apart from false regressions."""
     from pytest_attnperf.noise import _steady_lines
 
-    runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"attnperf_machine": "gpu-1/boot-2"}}
+    verdicts = {"slow": "regressed", "clock": "clock changed", "fine": "unchanged"}  # crash: none written
+    runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4},
+             "extra_info": {"attnperf_machine": "gpu-1/boot-2", **({"verdict": verdicts[c]} if c in verdicts else {})}}
             for c in ("slow", "clock", "crash", "fine")]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
     (tmp_path / "run0.xml").write_text(
@@ -300,9 +302,21 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
         "</testsuite></testsuites>"
     )
     lines = _steady_lines(tmp_path)
-    assert "false regressions over 1 unchanged runs: 1" in lines
+    assert "false regressions over 1 unchanged runs: 1 in 2 judgements (not judged: 1 clock changed)" in lines
     assert "cases that failed for another reason in some run: 2 (clock, crash)" in lines
     assert "machines: run0 on gpu-1/boot-2" in lines
+
+
+def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) -> None:
+    """Session 7: a steady run in a work folder without a baseline file reported "0 false
+    regressions" with every case 'new'. The line now counts the judgements and says so."""
+    from pytest_attnperf.noise import _steady_lines
+
+    runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
+    (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
+    line = next(line for line in _steady_lines(tmp_path) if line.startswith("false regressions"))
+    assert line.startswith("false regressions over 1 unchanged runs: 0 in 0 judgements (not judged: 2 new); "
+                           "NOTHING WAS GATED: no case had a baseline entry")
 
 
 class FakeClock:

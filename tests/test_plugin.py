@@ -524,7 +524,7 @@ def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(pr
     on_b.stdout.fnmatch_lines([
         "test_case[[]a[]]*+2.5% unchanged",
         "note: test_case[[]a[]]: judged against recordings from another machine: the bar includes 0.70% "
-        "between machines (--attnperf-machine-noise)",
+        "(--attnperf-machine-noise) and 2 us (--attnperf-machine-offset) between machines",
     ])
     assert "judged against" not in project.runpytest(*PLUGIN, *tight, "--attnperf-machine=A").stdout.str()
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=B").assert_outcomes(passed=2)
@@ -535,6 +535,27 @@ def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(pr
     on_c = project.runpytest(*PLUGIN, *tight, "--attnperf-machine=C", "--attnperf-machine-noise=5%")
     on_c.assert_outcomes(passed=1, failed=1)
     on_c.stdout.fnmatch_lines(["*1.25% over 4 recordings from 2 machines: beyond its 3-sigma bar of 4.19%*"])
+
+
+def test_an_eager_timed_case_is_not_compared_against_another_machines_recordings(project: pytest.Pytester) -> None:
+    """A case timed with events around eager launches has the host's speed in its figure (fla's
+    naive GDN on the H200 moved -22% to +78% between hosts, session 7): recorded on A, 20%
+    slower on B it passes as 'not compared', saying why; on A the same slowdown fails."""
+    set_clocks(project, a=["cuda-events"])
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    set_speed(project, a=1.2, b=1.2)
+    on_b = project.runpytest(*PLUGIN, "--attnperf-machine=B")
+    on_b.assert_outcomes(passed=1, failed=1)  # b, graph-timed, is still judged (and regressed)
+    on_b.stdout.fnmatch_lines([
+        "test_case[[]a[]]*+20.0% not compared",
+        "note: test_case[[]a[]]: not compared: timed with events around eager launches (not "
+        "graph-capturable), so the host's speed is in the figure, and the baseline's recordings come "
+        "from another machine*record this machine (--update-baselines) to gate it here",
+    ])
+    assert "REGRESSED +20.0%" in on_b.stdout.str() and "test_case[b]" in on_b.stdout.str()
+    on_a = project.runpytest(*PLUGIN, "--attnperf-machine=A")
+    on_a.assert_outcomes(passed=0, failed=2)
+    on_a.stdout.fnmatch_lines(["*test_case[[]a[]]: REGRESSED +20.0%*"])
 
 
 def test_with_two_recordings_the_machine_term_follows_the_latest(project: pytest.Pytester) -> None:

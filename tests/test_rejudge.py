@@ -64,3 +64,24 @@ def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFix
 def test_a_folder_without_one_baseline_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         rejudge.main([str(tmp_path)])
+
+
+def test_the_machine_offset_and_eager_cases(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A 10 us case 2.5 us slower and an eager-timed 1 ms case 30% slower: both regress when
+    judged as on the recording machine; as on another, the eager one is not compared and the
+    short one regresses with the relative machine term alone, not with a 1 us offset too."""
+    short, eager = "suites/test_x.py::test_x[short]", "suites/test_x.py::test_x[eager]"
+    base = {"format": FORMAT, "meta": {"hardware": "h200"},
+            "entries": {short: entry(0.01, [0.01, 0.01, 0.01]), eager: entry(1.0, [1.0, 1.0, 1.0])}}
+    (tmp_path / "h200.yaml").write_text(yaml.safe_dump(base))
+    run = {"benchmarks": [
+        {"fullname": short, "stats": {"median": 12.5e-6}, "extra_info": {"attnperf_clock": "cuda-graph"}},
+        {"fullname": eager, "stats": {"median": 1.3e-3}, "extra_info": {"attnperf_clock": "cuda-events"}}]}
+    (tmp_path / "run0.json").write_text(json.dumps(run))
+    rejudge.main([str(tmp_path), "--tolerance", "5%"])
+    assert "steady runs: 2 judgements, 2 regressed" in capsys.readouterr().out
+    rejudge.main([str(tmp_path), "--tolerance", "5%", "--machine-noise", "0.7%"])
+    assert "steady runs: 1 judgements, 1 regressed; 1 eager-timed not compared" in capsys.readouterr().out
+    rejudge.main([str(tmp_path), "--tolerance", "5%", "--machine-noise", "0.7%", "--machine-offset", "1us"])
+    out = capsys.readouterr().out
+    assert "steady runs: 1 judgements, 0 regressed; 1 eager-timed not compared (another machine)" in out

@@ -45,6 +45,7 @@ def test_defaults(pytester: pytest.Pytester) -> None:
     assert s.budget_s == 0.5
     assert s.target_stdrel == 0.005
     assert s.min_samples == 10
+    assert s.machine_noise == pytest.approx(0.007) and s.machine_offset_ms == pytest.approx(0.002)
     assert s.baselines_dir == pytester.path / "baselines"
 
 
@@ -76,9 +77,20 @@ def test_ini_is_used_and_environment_beats_it(pytester: pytest.Pytester, monkeyp
     assert settings(pytester).tolerance == pytest.approx(0.08)
 
 
+@pytest.mark.parametrize(("given", "expected_ms"),
+                         [("2us", 0.002), ("0.5 us", 0.0005), ("0.003ms", 0.003), ("1.5", 0.0015), ("0", 0.0)])
+def test_machine_offset_takes_a_time_in_us_by_default(
+        pytester: pytest.Pytester, given: str, expected_ms: float) -> None:
+    """'2us', '0.003ms', or a bare number of microseconds."""
+    assert settings(pytester, f"--attnperf-machine-offset={given}").machine_offset_ms == pytest.approx(expected_ms)
+
+
 @pytest.mark.parametrize(
     ("args", "source"),
     [
+        (("--attnperf-machine-offset=-1us",), "--attnperf-machine-offset"),
+        (("--attnperf-machine-offset=fast",), "--attnperf-machine-offset"),
+        (("--attnperf-machine-offset=nan",), "--attnperf-machine-offset"),
         (("--attnperf-mode=warm",), "--attnperf-mode"),
         (("--attnperf-tolerance=abc",), "--attnperf-tolerance"),
         (("--attnperf-tolerance=-5%",), "--attnperf-tolerance"),
@@ -87,8 +99,8 @@ def test_ini_is_used_and_environment_beats_it(pytester: pytest.Pytester, monkeyp
         (("--attnperf-min-samples=0",), "--attnperf-min-samples"),
         (("--attnperf-min-samples=2.5",), "--attnperf-min-samples"),
     ],
-    ids=["mode-warm", "tolerance-abc", "tolerance-negative", "tolerance-huge", "budget-zero",
-         "min-samples-zero", "min-samples-float"],
+    ids=["offset-negative", "offset-word", "offset-nan", "mode-warm", "tolerance-abc", "tolerance-negative",
+         "tolerance-huge", "budget-zero", "min-samples-zero", "min-samples-float"],
 )
 def test_bad_flag_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: tuple[str, ...], source: str) -> None:
     """A bad value on the command line is refused at start-up, naming the flag and the value."""

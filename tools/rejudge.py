@@ -1,6 +1,6 @@
 """Judge a noise-benchmark work folder's saved runs again with the gate in this tree.
 
-    python3 tools/rejudge.py noise-work [--tolerance 1.5%] [--floor 0.5%] [--machine-noise 0]
+    python3 tools/rejudge.py noise-work [--tolerance 1.5%] [--floor 0.5%] [--machine-noise 0] [--machine-offset 0]
 
 For changing the gate without a GPU: the steady runs' medians (``run<i>.json``) are judged
 against the work folder's baseline (``<hw>.yaml``) as ``pytest_attnperf.gate.judge`` would
@@ -8,8 +8,10 @@ judge them now; the injected runs' flags (``inject<pct>.xml``, each failure quot
 current median) are judged again to see which still stand. Only medians are saved, so each
 current sample set is taken as a point (its interval test passes whenever the baseline's
 interval does not hold it): the false flags are an upper bound, the catches too. The same
-``--machine-noise`` applies to every case (the plugin applies it only where the recordings
-cannot show the move between machines; pass 0 for runs on the recording machine).
+``--machine-noise`` and ``--machine-offset`` apply to every case (the plugin applies them only
+where the recordings cannot show the move between machines; pass 0 for runs on the recording
+machine); with either set, a steady run's cases timed with events around eager launches are
+not compared, as the plugin does against another machine's recordings.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pytest_attnperf import baselines  # noqa: E402
 from pytest_attnperf.gate import Summary, judge  # noqa: E402
 from pytest_attnperf.noise import read_run, run_files, testcase_nodeid  # noqa: E402
-from pytest_attnperf.options import fraction  # noqa: E402
+from pytest_attnperf.options import duration_ms, fraction  # noqa: E402
 
 CURRENT = re.compile(r"current:\s+median ([0-9.eE+-]+) ms")
 
@@ -36,24 +38,28 @@ def point(ms: float) -> Summary:
 
 
 def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
-           machine: float) -> tuple[int, list[tuple[str, str, float]]]:
-    """Judgements made and (run, case, change %) of those that regressed."""
-    made, flagged = 0, []
+           machine: tuple[float, float]) -> tuple[int, int, list[tuple[str, str, float]]]:
+    """Judgements made, cases not compared (eager-timed, against another machine) and
+    (run, case, change %) of those that regressed."""
+    made, skipped, flagged = 0, 0, []
     for run in run_files(work):
-        medians = read_run(run).medians
-        for case, ms in sorted(medians.items()):
+        found = read_run(run)
+        for case, ms in sorted(found.medians.items()):
             summary = base.summary(case)
             if summary is None:
                 continue
-            verdict = judge(point(ms), summary, tolerance, floor, machine)
+            if case in found.event_timed and any(machine):
+                skipped += 1
+                continue
+            verdict = judge(point(ms), summary, tolerance, floor, *machine)
             made += 1
             if verdict.status == "regressed":
                 flagged.append((run.name, case, verdict.change_pct))
-    return made, flagged
+    return made, skipped, flagged
 
 
 def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
-             machine: float) -> dict[str, tuple[int, int]]:
+             machine: tuple[float, float]) -> dict[str, tuple[int, int]]:
     """Per inject report: (cases flagged REGRESSED on the device, of them still regressed)."""
     out = {}
     for report in sorted(work.glob("inject*.xml")):
@@ -67,7 +73,7 @@ def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: 
             if summary is None:
                 continue
             flagged += 1
-            kept += judge(point(float(found.group(1))), summary, tolerance, floor, machine).status == "regressed"
+            kept += judge(point(float(found.group(1))), summary, tolerance, floor, *machine).status == "regressed"
         out[report.name] = (flagged, kept)
     return out
 
@@ -79,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=fraction, default=0.015)
     parser.add_argument("--floor", type=fraction, default=0.005, help="--attnperf-run-noise")
     parser.add_argument("--machine-noise", type=fraction, default=0.0)
+    parser.add_argument("--machine-offset", type=duration_ms, default=0.0,
+                        help="--attnperf-machine-offset ('1us'; a bare number is in us)")
     args = parser.parse_args(argv)
     found = [args.workdir / f"{args.hw}.yaml"] if args.hw else sorted(args.workdir.glob("*.yaml"))
     if len(found) != 1 or not found[0].exists():
@@ -86,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     base = baselines.load(found[0])
     if base is None:
         parser.error(f"{found[0]} holds no baseline")
-    settings = (args.tolerance, args.floor, args.machine_noise)
-    made, flagged = steady(args.workdir, base, *settings)
+    settings = (args.tolerance, args.floor, (args.machine_noise, args.machine_offset))
+    made, skipped, flagged = steady(args.workdir, base, *settings)
     print(f"tolerance {100 * args.tolerance:g}%, floor {100 * args.floor:g}%, machine noise "
-          f"{100 * args.machine_noise:g}% (each interval test taken as passed: upper bounds)")
-    print(f"steady runs: {made} judgements, {len(flagged)} regressed")
+          f"{100 * args.machine_noise:g}% and {1e3 * args.machine_offset:g} us "
+          "(each interval test taken as passed: upper bounds)")
+    print(f"steady runs: {made} judgements, {len(flagged)} regressed"
+          + (f"; {skipped} eager-timed not compared (another machine)" if skipped else ""))
     for run, case, change in flagged:
         print(f"  {run} {case} {change:+.2f}%")
     for report, (was, kept) in injected(args.workdir, base, *settings).items():
