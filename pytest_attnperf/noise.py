@@ -148,7 +148,7 @@ class Run(NamedTuple):
     machines: set[str]  # the machine names the plugin wrote beside them (``attnperf_machine``)
     event_timed: set[str]  # cases timed with events around eager launches (clock ``cuda-events``:
     # not graph-capturable, so launch and host overhead are in the figure)
-    verdicts: dict[str, str] = {}  # each case's gate status (``verdict``: unchanged, new, ...), where written
+    verdicts: dict[str, str] | None = None  # each case's gate status (``verdict``: unchanged, new, ...)
 
 
 def read_run(path: Path) -> Run:
@@ -173,7 +173,7 @@ def _judged_line(runs: list[Run], false: int) -> str:
     run with no baseline file in the work folder reports every case ``new`` and can flag none."""
     counts: dict[str, int] = {}
     for run in runs:
-        for status in run.verdicts.values():
+        for status in (run.verdicts or {}).values():
             counts[status] = counts.get(status, 0) + 1
     judged = sum(counts.get(s, 0) for s in JUDGED)
     line = f"false regressions over {len(runs)} unchanged runs: {false} in {judged} judgements"
@@ -181,8 +181,9 @@ def _judged_line(runs: list[Run], false: int) -> str:
     if others:
         line += f" (not judged: {others})"
     if counts and not judged:
-        line += ("; NOTHING WAS GATED: no case had a baseline entry (run the record stage in this "
-                 "work folder first, or start it from a baseline file)")
+        why = ("no case had a baseline entry (run the record stage in this work folder first, or start "
+               "it from a baseline file)") if set(counts) == {"new"} else "see 'not judged'"
+        line += f"; NOTHING WAS GATED: {why}"
     return line
 
 

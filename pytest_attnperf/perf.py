@@ -11,7 +11,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, judge
+from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, judge, run_noise
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -43,9 +43,9 @@ def _verdict_notes(verdict: Verdict, noise: float, offset_ms: float) -> tuple[st
         return (f"not compared: {verdict.message}",)
     if verdict.machine_noise <= 0:
         return ()
+    offset = f" and {1e3 * offset_ms:g} us a sample (--attnperf-machine-offset)" if offset_ms > 0 else ""
     return (f"judged against recordings from another machine: the bar includes {100 * noise:.2f}% "
-            f"(--attnperf-machine-noise) and {1e3 * offset_ms:.2g} us (--attnperf-machine-offset) "
-            "between machines",)
+            f"(--attnperf-machine-noise){offset} between machines",)
 
 
 @dataclass(frozen=True)
@@ -183,10 +183,10 @@ class Perf:
                 pytrace=False,
             )
         tolerance, floor = session.settings.tolerance, session.settings.run_noise
-        machine = self._machine_terms(summary)
-        if summary is not None and measurement.clock == "cuda-events" and any(machine):
+        machine = self._machine_terms(summary, measurement)
+        if summary is not None and measurement.clock == "cuda-events" and not self._all_from_here(summary):
             return Verdict(
-                "not compared", measurement.median_ms / summary.median_ms,
+                "not compared", measurement.median_ms / run_noise(summary, floor)[0],
                 "timed with events around eager launches (not graph-capturable), so the host's speed "
                 "is in the figure, and the baseline's recordings come from another machine: a slower "
                 "host cannot be told from a slower kernel; record this machine (--update-baselines) "
@@ -275,8 +275,11 @@ class Perf:
             earlier = Summary.from_mapping(before)
         except (KeyError, TypeError, ValueError):
             return [median_ms], [here]
+        if m.clock == "cuda-events" and not self._all_from_here(earlier):  # per machine: see _gate
+            return [median_ms], [here]
         settings = self._session.settings
-        judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise, *self._machine_terms(earlier))
+        judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise,
+                       *self._machine_terms(earlier, m))
         if judged.status in ("regressed", "improved"):
             return [median_ms], [here]
         if earlier.run_medians_ms:
@@ -285,13 +288,24 @@ class Perf:
             runs, machines = [earlier.median_ms], [None]
         return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
 
+    def _all_from_here(self, baseline: Summary) -> bool:
+        """Whether every recording behind ``baseline``'s centre is from this machine. A case timed
+        with events around eager launches has the host's speed in its figure (fla's naive GDN
+        moved -22% to +78% between H200 hosts), so it is compared only with such a baseline, and
+        its recordings on another machine start a history of their own."""
+        machines, here = baseline.run_machines, self._session.machine
+        if len(baseline.run_medians_ms) < HISTORY_MIN:
+            return bool(machines) and machines[-1] == here
+        return bool(machines) and set(machines) == {here}
+
     def _machine_terms_set(self) -> tuple[float, float]:
         settings = self._session.settings
         return settings.machine_noise, settings.machine_offset_ms
 
-    def _machine_terms(self, baseline: Summary | None) -> tuple[float, float]:
-        """The between-machines terms (``--attnperf-machine-noise``, ``--attnperf-machine-offset``
-        in ms) for judging against ``baseline``, else zeros: with fewer than
+    def _machine_terms(self, baseline: Summary | None, measurement: Measurement) -> tuple[float, float]:
+        """The between-machines terms (``--attnperf-machine-noise``, and ``--attnperf-machine-offset``
+        in ms per call: the offset is a cost paid once per sample, so a graph of N calls, hot
+        mode's, spreads it over N) for judging against ``baseline``, else zeros: with fewer than
         ``HISTORY_MIN`` recordings the centre is the latest one, so the term applies unless it
         is known to come from this machine; with more, the centre is their median, and the
         term applies unless one of them is from this machine or they come from two or more
@@ -305,7 +319,11 @@ class Perf:
             known_here = bool(machines) and machines[-1] == here
         else:
             known_here = here in machines or len(set(machines) - {None}) >= 2
-        return (0.0, 0.0) if known_here else self._machine_terms_set()
+        if known_here:
+            return 0.0, 0.0
+        noise, offset_ms = self._machine_terms_set()
+        calls = measurement.calls_per_sample if measurement.clock == "cuda-graph" else 1
+        return noise, offset_ms / max(1, calls)
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:

@@ -62,7 +62,9 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
         for r in rows
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
-    lines = [f"attnperf on {hw_name}: {len(rows)} measured cases"]
+    statuses = Counter(r.status for r in rows)
+    counted = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    lines = [f"attnperf on {hw_name}: {len(rows)} measured cases" + (f" ({counted})" if counted else "")]
     for n, line in enumerate(table):
         cells = zip(line, widths, strict=True)
         lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(cells)))

@@ -317,6 +317,10 @@ def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) ->
     line = next(line for line in _steady_lines(tmp_path) if line.startswith("false regressions"))
     assert line.startswith("false regressions over 1 unchanged runs: 0 in 0 judgements (not judged: 2 new); "
                            "NOTHING WAS GATED: no case had a baseline entry")
+    runs[1]["extra_info"]["verdict"] = "not compared"  # another reason: not blamed on the baseline
+    (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
+    line = next(line for line in _steady_lines(tmp_path) if line.startswith("false regressions"))
+    assert line.endswith("(not judged: 1 new, 1 not compared); NOTHING WAS GATED: see 'not judged'")
 
 
 class FakeClock:

@@ -39,7 +39,8 @@ def pytest_attnperf_detect_device(config):
 
 class ScriptedTimer:
     """20 samples around 1 ms x the factor speed.json gives the current test; clock.json may
-    give a test the clocks of its successive measurements (default "scripted")."""
+    give a test the clocks of its successive measurements (default "scripted"; "cuda-graph x64":
+    that clock, 64 calls a sample)."""
 
     calls = {}
 
@@ -52,9 +53,10 @@ class ScriptedTimer:
         clocks = HERE / "clock.json"
         sequence = json.loads(clocks.read_text()).get(test, ["scripted"]) if clocks.exists() else ["scripted"]
         n = self.calls[test] = self.calls.get(test, -1) + 1
-        clock = sequence[min(n, len(sequence) - 1)]
-        notes = () if clock == "scripted" else (f"scripted fallback to {clock}",)
-        return Measurement(tuple(factor * (1 + j) for j in jitter), clock=clock, mode=plan.mode, notes=notes)
+        clock, _, per_sample = sequence[min(n, len(sequence) - 1)].partition(" x")  # "cuda-graph x64"
+        notes = () if clock in ("scripted", "cuda-graph") else (f"scripted fallback to {clock}",)
+        return Measurement(tuple(factor * (1 + j) for j in jitter), clock=clock, mode=plan.mode, notes=notes,
+                           calls_per_sample=int(per_sample or 1))
 
 
 def pytest_attnperf_make_timer(config, device):
@@ -524,7 +526,7 @@ def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(pr
     on_b.stdout.fnmatch_lines([
         "test_case[[]a[]]*+2.5% unchanged",
         "note: test_case[[]a[]]: judged against recordings from another machine: the bar includes 0.70% "
-        "(--attnperf-machine-noise) and 2 us (--attnperf-machine-offset) between machines",
+        "(--attnperf-machine-noise) and 2 us a sample (--attnperf-machine-offset) between machines",
     ])
     assert "judged against" not in project.runpytest(*PLUGIN, *tight, "--attnperf-machine=A").stdout.str()
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=B").assert_outcomes(passed=2)
@@ -556,6 +558,38 @@ def test_an_eager_timed_case_is_not_compared_against_another_machines_recordings
     on_a = project.runpytest(*PLUGIN, "--attnperf-machine=A")
     on_a.assert_outcomes(passed=0, failed=2)
     on_a.stdout.fnmatch_lines(["*test_case[[]a[]]: REGRESSED +20.0%*"])
+
+
+def test_an_eager_timed_case_keeps_a_history_per_machine(project: pytest.Pytester) -> None:
+    """Recording an eager-timed case on B after A starts B's own history instead of joining
+    A's (a history from two hosts would let a third compare against their mixed centre); then
+    B gates it and A does not."""
+    key = "test_cases.py::test_case[a]"
+    set_clocks(project, a=["cuda-events"])
+    for machine in ("A", "A", "A", "B"):
+        project.runpytest(*PLUGIN, "--update-baselines", f"--attnperf-machine={machine}").assert_outcomes(passed=2)
+    assert baseline(project)["entries"][key]["run_machines"] == ["B"]
+    set_speed(project, a=1.2)
+    on_b = project.runpytest(*PLUGIN, "--attnperf-machine=B")
+    on_b.assert_outcomes(passed=1, failed=1)
+    on_b.stdout.fnmatch_lines(["*test_case[[]a[]]: REGRESSED +20.0%*"])
+    on_a = project.runpytest(*PLUGIN, "--attnperf-machine=A")
+    on_a.assert_outcomes(passed=2)
+    on_a.stdout.fnmatch_lines(["attnperf on h200: 2 measured cases (1 not compared, 1 unchanged)"])
+
+
+@pytest.mark.parametrize(("clock", "status"), [("cuda-graph", "unchanged"), ("cuda-graph x64", "REGRESSED")])
+def test_the_machine_offset_is_per_sample(project: pytest.Pytester, clock: str, status: str) -> None:
+    """A 10 us case 25% slower on another machine: one call a sample (cold), the 2 us offset is
+    20% of the case and the bar about 61%; 64 calls a sample (hot mode's graphs), it is 0.03 us
+    a call and the bar about 3%."""
+    set_clocks(project, a=[clock], b=[clock])
+    set_speed(project, a=0.01, b=0.01)
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    set_speed(project, a=0.0125, b=0.01)
+    result = project.runpytest(*PLUGIN, "--attnperf-machine=B")
+    expected = "*REGRESSED +25.0%*" if status == "REGRESSED" else "test_case[[]a[]]*+25.0% unchanged"
+    result.stdout.fnmatch_lines([expected])
 
 
 def test_with_two_recordings_the_machine_term_follows_the_latest(project: pytest.Pytester) -> None:

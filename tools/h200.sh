@@ -55,11 +55,12 @@ case "${1:-}" in
   pair)  # two noise jobs at once, one per GPU of an nvidia-h200-x2 (device time is the lease's
     # wall time, not per GPU): each argument is a line of shell assignments for `noise`, e.g.
     #   bash tools/h200.sh pair 'WORK=full-a SUITE=suites/ STAGES=steady' 'WORK=full-b SUITE=suites/ STAGES=steady'
-    # Job i runs on CUDA_VISIBLE_DEVICES=i, writes under $OUT/g<i>; job 0 alone keeps the Triton
+    # Job i runs on CUDA_VISIBLE_DEVICES=i, writes under $OUT/g<i>, works in noise-work-g<i> unless
+    # its line sets WORK (two jobs must not share a work folder); job 0 alone keeps the Triton
     # cache (shared by both; Triton writes its entries atomically)
     shift; i=0
     for job in "$@"; do
-      ( export CUDA_VISIBLE_DEVICES=$i OUT="$OUT/g$i" KEEP_CACHE=$(( i == 0 )); mkdir -p "$OUT"
+      ( export CUDA_VISIBLE_DEVICES=$i OUT="$OUT/g$i" KEEP_CACHE=$(( i == 0 )) WORK="noise-work-g$i"; mkdir -p "$OUT"
         eval "export $job"; bash "$0" noise >/dev/null 2>&1 ) &
       i=$(( i + 1 ))
     done

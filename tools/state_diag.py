@@ -15,7 +15,9 @@ a full run takes before its softmax cases:
    backward at the linear suite's largest shape (B=4 H=16 T=16384 D=128);
 5. ``after-fla-emptied``: after ``empty_cache()`` again.
 
-A diagnostic, not a test: it prints a table and writes every figure to ``--out``.
+A floor case (a one-element add, the least a sample can hold) is timed beside them: run on two
+hosts, it shows whether a host's cold samples carry a fixed cost of their own. A diagnostic, not
+a test: it prints a table and writes every figure to ``--out``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ CASES = [  # (label, backend, batch, heads, seq, causal, dtype)
 
 
 def measure_all(timer: CudaTimer) -> dict[str, dict[str, float]]:
-    figures = {}
+    one = torch.zeros(1, device="cuda")
+    # the floor: one tiny kernel, timed the same way; if a host's cold samples carry a fixed
+    # cost, it moves this by as much as the short attention kernels (compare hosts next)
+    figures = {"floor: one-element add": {
+        mode: 1e3 * timer.measure(lambda: one.add_(1), SamplingPlan(mode=mode)).median_ms for mode in ("cold", "hot")}}
     for label, backend, b, h, t, causal, dtype in CASES:
         q, k, v = (torch.randn(b, h, t, 64, device="cuda", dtype=dtype) for _ in range(3))
         with sdpa_kernel(backend):
@@ -94,7 +100,7 @@ def main() -> int:
         args.out.write_text(json.dumps(phases, indent=1))
     names = list(phases)
     print(f"{'case (median us, cold/hot)':38}" + "".join(f"{n:>20}" for n in names))
-    for label, *_ in CASES:
+    for label in phases["fresh"]:
         print(f"{label:38}" + "".join(f"{phases[n][label]['cold']:>9.2f}/{phases[n][label]['hot']:<9.2f} "
                                       for n in names))
     return 0
