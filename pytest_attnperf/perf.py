@@ -353,6 +353,7 @@ class Perf:
                 "eager_ms": result.measurement.eager_ms,
                 "verdict": result.verdict.status,
                 "attnperf_machine": self._session.machine,
+                "attnperf_floor_ms": self._session.measure_floor()[0],
             }
         )
         rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)

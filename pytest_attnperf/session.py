@@ -52,6 +52,7 @@ class AttnPerfSession:
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     write_note: str | None = None
+    floor: tuple[float | None, str] | None = None  # see measure_floor: (ms, how), once measured
 
     # -- device and hardware -------------------------------------------------------------
     @cached_property
@@ -95,6 +96,29 @@ class AttnPerfSession:
             target_stdrel=s.target_stdrel,
             budget_s=s.budget_s,
         )
+
+    def measure_floor(self) -> tuple[float | None, str]:
+        """The timer's figure for the least a sample can hold, a one-element add on CUDA device
+        0 in the run's mode, measured once per run: beside each case in the benchmark JSON, so
+        runs on two machines show whether a machine's samples carry a fixed cost of their own
+        (session 7: short kernels 1-3 us slower cold on two hosts; see --attnperf-machine-offset).
+        Reported, not used by the gate. ``(None, why)`` without CUDA or when it fails."""
+        if self.floor is None:
+            self.floor = self._floor()
+        return self.floor
+
+    def _floor(self) -> tuple[float | None, str]:
+        plan = self.plan()
+        how = f"one-element add, {plan.mode}"
+        try:
+            import torch
+
+            if not (self.device.is_gpu and torch.cuda.is_available()):
+                return None, "no CUDA device"
+            one = torch.zeros(1, device="cuda")
+            return self.timer.measure(lambda: one.add_(1), plan).median_ms, how
+        except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail the run
+            return None, f"{how} failed: {type(exc).__name__}: {str(exc)[:120]}"
 
     # -- baselines ------------------------------------------------------------------------
     @property

@@ -645,3 +645,27 @@ def test_run_noise_floor_is_an_option(project: pytest.Pytester) -> None:
     failed.assert_outcomes(passed=1, failed=1)
     bad = project.runpytest(*PLUGIN, "--attnperf-run-noise=lots")
     bad.stderr.fnmatch_lines(["*bad value 'lots' from --attnperf-run-noise*"])
+
+
+def test_the_sample_floor_is_measured_once_and_reported(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CUDA (faked here: the scripted timer times a CPU tensor), the run times a
+    one-element add once, writes it beside every case in the benchmark JSON and prints it;
+    without CUDA it writes null and prints nothing."""
+    import torch
+
+    plain = project.runpytest(*PLUGIN, "--benchmark-json=plain.json")
+    plain.assert_outcomes(passed=2)
+    assert "sample floor" not in plain.stdout.str()
+    assert {b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "plain.json").read_text())[
+        "benchmarks"]} == {None}
+    zeros = torch.zeros
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None: zeros(*shape))
+    set_speed(project, a=0.004, b=1.0)  # the floor is timed within the first case, a: 4 us
+    result = project.runpytest(*PLUGIN, "--benchmark-json=out.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["sample floor (one-element add, cold): 4.00 us"])
+    floors = [b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "out.json").read_text())[
+        "benchmarks"]]
+    assert floors == [pytest.approx(0.004), pytest.approx(0.004)]
