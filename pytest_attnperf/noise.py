@@ -149,6 +149,7 @@ class Run(NamedTuple):
     event_timed: set[str]  # cases timed with events around eager launches (clock ``cuda-events``:
     # not graph-capturable, so launch and host overhead are in the figure)
     verdicts: dict[str, str] | None = None  # each case's gate status (``verdict``: unchanged, new, ...)
+    floor_ms: float | None = None  # the run's sample floor (``attnperf_floor_ms``), on CUDA
 
 
 def read_run(path: Path) -> Run:
@@ -162,6 +163,8 @@ def read_run(path: Path) -> Run:
                      if b.get("extra_info", {}).get("attnperf_clock") == "cuda-events"},
         verdicts={b["fullname"]: str(b["extra_info"]["verdict"]) for b in benchmarks
                   if "verdict" in b.get("extra_info", {})},
+        floor_ms=next((float(b["extra_info"]["attnperf_floor_ms"]) for b in benchmarks
+                       if b.get("extra_info", {}).get("attnperf_floor_ms") is not None), None),
     )
 
 
@@ -268,6 +271,9 @@ def _steady_lines(work: Path) -> list[str]:
     machines = {path.stem: run.machines for path, run in by_path.items()}
     if any(machines.values()):  # which runs shared a machine (a lease, a boot): their medians move together
         lines.append("machines: " + "; ".join(f"{run} on {', '.join(sorted(m)) or '?'}" for run, m in machines.items()))
+    floors = {path.stem: run.floor_ms for path, run in by_path.items() if run.floor_ms is not None}
+    if floors:  # a machine whose samples carry a fixed cost shows it here (see --attnperf-machine-offset)
+        lines.append("sample floor: " + "; ".join(f"{run} {1e3 * ms:.2f} us" for run, ms in floors.items()))
     others = sorted(set().union(*(_with(o, "failed") for o in outcomes)))
     if others:
         shown = ", ".join(c.rsplit("::", 1)[-1] for c in others[:5]) + (", ..." if len(others) > 5 else "")

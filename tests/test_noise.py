@@ -290,7 +290,8 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
 
     verdicts = {"slow": "regressed", "clock": "clock changed", "fine": "unchanged"}  # crash: none written
     runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4},
-             "extra_info": {"attnperf_machine": "gpu-1/boot-2", **({"verdict": verdicts[c]} if c in verdicts else {})}}
+             "extra_info": {"attnperf_machine": "gpu-1/boot-2", "attnperf_floor_ms": 0.00612,
+                            **({"verdict": verdicts[c]} if c in verdicts else {})}}
             for c in ("slow", "clock", "crash", "fine")]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
     (tmp_path / "run0.xml").write_text(
@@ -305,6 +306,7 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
     assert "false regressions over 1 unchanged runs: 1 in 2 judgements (not judged: 1 clock changed)" in lines
     assert "cases that failed for another reason in some run: 2 (clock, crash)" in lines
     assert "machines: run0 on gpu-1/boot-2" in lines
+    assert "sample floor: run0 6.12 us" in lines
 
 
 def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) -> None:
