@@ -156,8 +156,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if state.rows:
         for line in summary_lines(state.rows, state.hardware.name, state.drift()):
             terminalreporter.write_line(line)
-        if state.floor is not None and state.floor[0] is not None:
-            terminalreporter.write_line(f"sample floor ({state.floor[1]}): {1e3 * state.floor[0]:.2f} us")
+        floor_ms, how = state.floor or (None, "no CUDA device")
+        if floor_ms is not None:
+            terminalreporter.write_line(f"sample floor ({how}): {1e3 * floor_ms:.2f} us")
+        elif how != "no CUDA device":  # it failed on a GPU: say why
+            terminalreporter.write_line(f"sample floor not measured: {how}")
     if state.write_note:
         terminalreporter.write_line(f"baselines: {state.write_note}")
 

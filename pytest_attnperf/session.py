@@ -99,17 +99,19 @@ class AttnPerfSession:
 
     def measure_floor(self) -> tuple[float | None, str]:
         """The timer's figure for the least a sample can hold, a one-element add on CUDA device
-        0 in the run's mode, measured once per run: beside each case in the benchmark JSON, so
-        runs on two machines show whether a machine's samples carry a fixed cost of their own
-        (session 7: short kernels 1-3 us slower cold on two hosts; see --attnperf-machine-offset).
-        Reported, not used by the gate. ``(None, why)`` without CUDA or when it fails."""
+        0, cold (one call a sample, whatever the run's mode: hot mode's graphs of many calls
+        would spread a per-sample cost over them), measured once per run: beside each case in
+        the benchmark JSON, so runs on two machines show whether a machine's samples carry a
+        fixed cost of their own (session 7: short kernels 1-3 us slower cold on two hosts; see
+        --attnperf-machine-offset). Reported, not used by the gate. ``(None, why)`` without
+        CUDA or when it fails."""
         if self.floor is None:
             self.floor = self._floor()
         return self.floor
 
     def _floor(self) -> tuple[float | None, str]:
-        plan = self.plan()
-        how = f"one-element add, {plan.mode}"
+        plan = self.plan("cold")
+        how = "one-element add, cold"
         try:
             import torch
 

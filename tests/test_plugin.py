@@ -669,3 +669,14 @@ def test_the_sample_floor_is_measured_once_and_reported(
     floors = [b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "out.json").read_text())[
         "benchmarks"]]
     assert floors == [pytest.approx(0.004), pytest.approx(0.004)]
+    # measured without pytest-benchmark too; a failure is named, not raised
+    project.runpytest(*PLUGIN, "-p", "no:benchmark").stdout.fnmatch_lines(
+        ["sample floor (one-element add, cold): 4.00 us"])
+
+    def broken(*shape, device=None):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(torch, "zeros", broken)
+    failed = project.runpytest(*PLUGIN)
+    failed.assert_outcomes(passed=2)
+    failed.stdout.fnmatch_lines(["sample floor not measured: one-element add, cold failed: RuntimeError: CUDA error*"])
