@@ -184,7 +184,6 @@ class Perf:
                 pytrace=False,
             )
         tolerance, floor = session.settings.tolerance, session.settings.run_noise
-        machine = self._machine_terms(summary, measurement)
         if summary is not None and measurement.clock == "cuda-events" and not self._all_from_here(summary):
             return Verdict(
                 "not compared", measurement.median_ms / run_noise(summary, floor)[0],
@@ -193,6 +192,7 @@ class Perf:
                 "host cannot be told from a slower kernel; record this machine (--update-baselines) "
                 "to gate it here",
             ), measurement
+        machine = self._machine_terms(summary, measurement)
         verdict = judge(measurement.summary, summary, tolerance, floor, *machine)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)
@@ -289,15 +289,19 @@ class Perf:
             runs, machines = [earlier.median_ms], [None]
         return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
 
+    @staticmethod
+    def _centre_machines(baseline: Summary) -> tuple[str | None, ...]:
+        """The machines of the recordings behind ``baseline``'s centre: with fewer than
+        ``HISTORY_MIN`` the centre is the latest recording, else the median of them all."""
+        machines = baseline.run_machines
+        return machines[-1:] if len(baseline.run_medians_ms) < HISTORY_MIN else machines
+
     def _all_from_here(self, baseline: Summary) -> bool:
         """Whether every recording behind ``baseline``'s centre is from this machine. A case timed
         with events around eager launches has the host's speed in its figure (fla's naive GDN
         moved -22% to +78% between H200 hosts), so it is compared only with such a baseline, and
         its recordings on another machine start a history of their own."""
-        machines, here = baseline.run_machines, self._session.machine
-        if len(baseline.run_medians_ms) < HISTORY_MIN:
-            return bool(machines) and machines[-1] == here
-        return bool(machines) and set(machines) == {here}
+        return set(self._centre_machines(baseline)) == {self._session.machine}
 
     def _machine_terms_set(self) -> tuple[float, float]:
         settings = self._session.settings
@@ -315,12 +319,8 @@ class Perf:
         second machine here (``run_noise`` still counts them as one for its spread)."""
         if baseline is None:
             return 0.0, 0.0
-        here, machines = self._session.machine, baseline.run_machines
-        if len(baseline.run_medians_ms) < HISTORY_MIN:
-            known_here = bool(machines) and machines[-1] == here
-        else:
-            known_here = here in machines or len(set(machines) - {None}) >= 2
-        if known_here:
+        behind = self._centre_machines(baseline)
+        if self._session.machine in behind or len(set(behind) - {None}) >= 2:
             return 0.0, 0.0
         noise, offset_ms = self._machine_terms_set()
         calls = measurement.calls_per_sample if measurement.clock == "cuda-graph" else 1

@@ -110,12 +110,14 @@ class AttnPerfSession:
         return self.floor
 
     def _floor(self) -> tuple[float | None, str]:
+        if not self.device.is_gpu:  # a CPU run need not import torch for it
+            return None, "no CUDA device"
         plan = self.plan("cold")
         how = "one-element add, cold"
         try:
             import torch
 
-            if not (self.device.is_gpu and torch.cuda.is_available()):
+            if not torch.cuda.is_available():
                 return None, "no CUDA device"
             one = torch.zeros(1, device="cuda")
             return self.timer.measure(lambda: one.add_(1), plan).median_ms, how
