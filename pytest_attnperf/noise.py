@@ -103,10 +103,30 @@ def _count(least: int) -> Callable[[str], int]:
     return parse
 
 
+INTERRUPT_GRACE_S = 20.0  # how long an interrupted pytest run may take to write its reports
+
+
 def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
     cmd = [sys.executable, "-m", "pytest", "-p", "pytest_attnperf.inject", "-q", "-p", "no:cacheprovider", *args]
     print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, env={**os.environ, **(env or {})}, check=False).returncode
+    return _wait_for(subprocess.Popen(cmd, env={**os.environ, **(env or {})}))
+
+
+def _wait_for(child: subprocess.Popen) -> int:
+    """The child's exit status. Interrupted (``timeout -s INT`` and Ctrl-C signal the whole process
+    group, so pytest got the same SIGINT: it stops the running test, prints its failures and writes
+    its JUnit and JSON reports), this waits up to INTERRUPT_GRACE_S for those reports before killing
+    it, then re-raises. ``subprocess.run`` would kill it after 0.25 s: on the H200 in session 8 an
+    injected run with ~100 failures to print lost its whole report that way."""
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        try:
+            child.wait(timeout=INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
 
 
 def _hw(args: list[str]) -> str | None:
@@ -197,7 +217,9 @@ def testcase_nodeid(case: ET.Element) -> str:
 
 def _outcomes(path: Path) -> dict[str, str]:
     """Node id -> "regressed" (a failure saying REGRESSED), "failed" (any other failure or
-    error: a changed clock, a wrong result, a crash) or "passed", from a JUnit XML report;
+    error: a changed clock, a wrong result, a crash), "not compared" (passed, the plugin's verdict
+    says its baseline could not be compared: an events-timed case against another machine's
+    recordings) or "passed", from a JUnit XML report;
     skipped tests (nothing measured) are left out, and a run that left no report gives none."""
     if not path.exists():
         return {}
@@ -207,7 +229,9 @@ def _outcomes(path: Path) -> dict[str, str]:
             continue
         bad = [*case.findall("failure"), *case.findall("error")]
         said = " ".join(b.get("message", "") + (b.text or "") for b in bad)
-        found[testcase_nodeid(case)] = "regressed" if "REGRESSED" in said else "failed" if bad else "passed"
+        verdicts = [p.get("value") for p in case.iter("property") if p.get("name") == "attnperf_verdict"]
+        found[testcase_nodeid(case)] = ("regressed" if "REGRESSED" in said else "failed" if bad
+                                        else "not compared" if "not compared" in verdicts else "passed")
     return found
 
 
@@ -255,7 +279,7 @@ def _steady_lines(work: Path) -> list[str]:
         median = statistics.median(values)
         spread = (max(values) - min(values)) / median if median > 0 else 0.0
         sd = statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 and median > 0 else 0.0
-        if median >= 0.01:
+        if median >= 0.01 and len(values) > 1:  # one run has no spread to speak of
             sized += 1
             over["range"] += spread > 0.01
             over["sd"] += sd > 0.01
@@ -264,9 +288,9 @@ def _steady_lines(work: Path) -> list[str]:
                 over_events["range"] += spread > 0.01
                 over_events["sd"] += sd > 0.01
         times_flagged = sum(case in f for f in false_regressions)
-        lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms "
-                     f"{100 * spread:>6.2f}% {100 * sd:>5.2f}% {len(values):>5} {times_flagged:>5}"
-                     + ("  events" if case in events else ""))
+        spreads = f"{100 * spread:>6.2f}% {100 * sd:>5.2f}%" if len(values) > 1 else f"{'-':>7} {'-':>6}"
+        lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms {spreads} {len(values):>5} "
+                     f"{times_flagged:>5}" + ("  events" if case in events else ""))
     lines.append(_judged_line(list(by_path.values()), sum(len(f) for f in false_regressions)))
     machines = {path.stem: run.machines for path, run in by_path.items()}
     if any(machines.values()):  # which runs shared a machine (a lease, a boot): their medians move together
@@ -278,8 +302,12 @@ def _steady_lines(work: Path) -> list[str]:
     if others:
         shown = ", ".join(c.rsplit("::", 1)[-1] for c in others[:5]) + (", ..." if len(others) > 5 else "")
         lines.append(f"cases that failed for another reason in some run: {len(others)} ({shown})")
-    lines.append(f"cases >= 10 us with run-to-run range > 1%: {over['range']} of {sized}; "
-                 f"with sd > 1%: {over['sd']} of {sized}")
+    if sized:
+        lines.append(f"cases >= 10 us with run-to-run range > 1%: {over['range']} of {sized}; "
+                     f"with sd > 1%: {over['sd']} of {sized}")
+    else:  # session 8 ran one run per folder, and the report said "range > 1%: 0 of 262"
+        lines.append("run-to-run spread: no case of 10 us or more has two runs in this folder (run more, "
+                     "or --keep-runs)")
     if over_events["cases"]:
         lines.append(f"  of them timed with events around eager launches ('events': not graph-capturable, launch "
                      f"and host overhead included): {over_events['cases']}, range > 1%: {over_events['range']}, "
@@ -303,12 +331,32 @@ def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base
     """One injected run: caught per size class among the picked cases, untouched cases flagged."""
     tag = f"inject{int(round(fraction * 1000))}"
     env = {"ATTNPERF_INJECT": str(fraction), "ATTNPERF_INJECT_EVERY": str(every)}
-    code = _pytest([*gate, "--benchmark-disable", f"--junitxml={work}/{tag}.xml"], env)
+    (work / f"{tag}.xml").unlink(missing_ok=True)  # an earlier call's report is not this run's
+    try:
+        code = _pytest([*gate, "--benchmark-disable", f"--junitxml={work}/{tag}.xml"], env)
+    except KeyboardInterrupt as stop:  # count the cases the run finished, then stop the call
+        raise Interrupted(_inject_counts(work, tag, fraction, every, base, None, interrupted=True)) from stop
+    return _inject_counts(work, tag, fraction, every, base, code)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT, carrying the report lines of what it finished."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+
+def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict[str, float], code: int | None,
+                   interrupted: bool = False) -> list[str]:
     if not (work / f"{tag}.xml").exists():
-        return [f"+{100 * fraction:g}%: pytest (exit {code}) wrote no report {tag}.xml"]
+        why = "interrupted before it" if interrupted else f"pytest (exit {code})"
+        return [f"+{100 * fraction:g}%: {why} wrote no report {tag}.xml"]
     cases = _outcomes(work / f"{tag}.xml")
     flagged = _with(cases, "regressed")
-    picked = {case for case in cases if is_picked(case, every)}
+    chosen = {case for case in cases if is_picked(case, every)}
+    unjudged = chosen & _with(cases, "not compared")  # nothing to catch it with: not counted
+    picked = chosen - unjudged
     lines: list[str] = []
     for size in SIZES:
         group = {case for case in picked if case in base and _size_class(base[case]) == size}
@@ -318,7 +366,12 @@ def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base
     if unsized:  # e.g. tests that measure nothing; listed so that no count hides them
         lines.append(f"+{100 * fraction:g}%: {len(unsized)} picked cases without a median "
                      f"(caught {len(unsized & flagged)})")
-    lines.append(f"+{100 * fraction:g}%: untouched cases flagged: {len(flagged - picked)}")
+    lines.append(f"+{100 * fraction:g}%: untouched cases flagged: {len(flagged - chosen)}")
+    if unjudged:
+        lines.append(f"+{100 * fraction:g}%: {len(unjudged)} picked cases not compared with their baseline "
+                     "(not counted; their notes say why)")
+    if interrupted:
+        lines.append(f"+{100 * fraction:g}%: interrupted; the counts cover the {len(cases)} cases it finished")
     return lines
 
 
@@ -337,6 +390,7 @@ class Deadline:
         self.limit_s, self.clock = limit_s, clock
         self.start = clock()
         self.longest: dict[str, float] = {}  # stage -> its longest run in this call
+        self.current = ""  # the run under way, or the last one started
 
     def check(self, stage: str, what: str) -> None:
         """``OutOfTime`` when ``what``, a run of ``stage``, would end past the limit."""
@@ -353,6 +407,7 @@ class Deadline:
 
     def run(self, stage: str, what: str, call: Callable[[], T]) -> T:
         self.check(stage, what)
+        self.current = what
         begin = self.clock()
         try:
             return call()
@@ -489,8 +544,11 @@ def main(argv: list[str] | None = None) -> int:
                                                                                     base)))
         if "compare" in stages:
             ran.extend(deadline.run("compare", "the compare run", lambda: _compare_lines(gate, work)))
-    except KeyboardInterrupt:  # e.g. `timeout -s INT`: report what the finished runs left
-        notes.append("interrupted: the report covers the runs that finished")
+    except KeyboardInterrupt as stop:  # e.g. `timeout -s INT`: report what the finished runs left
+        ran.extend(getattr(stop, "lines", []))
+        during = f" during {deadline.current}" if deadline.current else ""
+        notes.append(f"interrupted{during}: the report covers the runs that finished and what that one "
+                     "wrote before it stopped")
     except OutOfTime as exc:
         notes.append(f"{exc}; the report covers the runs that finished")
         status = status or 3

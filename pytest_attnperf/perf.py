@@ -142,6 +142,7 @@ class Perf:
             backend=backend,
         )
         self._record(result)
+        node.user_properties.append(("attnperf_verdict", verdict.status))  # in JUnit reports, for the noise benchmark
         self._session.measure_floor()  # once per run, after the first case, outside its timing
         self._feed_benchmark(result)
         if verdict.failed:

@@ -443,3 +443,85 @@ def test_steady_table_sets_apart_the_cases_timed_with_events(tmp_path: Path) -> 
     assert lines[-2] == "cases >= 10 us with run-to-run range > 1%: 1 of 2; with sd > 1%: 1 of 2"
     assert lines[-1] == ("  of them timed with events around eager launches ('events': not graph-capturable, "
                          "launch and host overhead included): 1, range > 1%: 1, sd > 1%: 1")
+
+
+class FakeChild:
+    """A child process whose first wait is interrupted (the SIGINT that reached the whole group);
+    ``finishes`` says whether it then exits (its reports written) inside the grace period."""
+
+    def __init__(self, finishes: bool) -> None:
+        self.finishes, self.waits, self.killed = finishes, [], False
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.waits.append(timeout)
+        if len(self.waits) == 1:
+            raise KeyboardInterrupt
+        if timeout is not None and not self.finishes and not self.killed:
+            raise subprocess.TimeoutExpired("pytest", timeout)
+        return -9 if self.killed else 2
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+@pytest.mark.parametrize("finishes", [True, False])
+def test_an_interrupted_run_gets_time_to_write_its_reports(finishes: bool) -> None:
+    """subprocess.run kills its child 0.25 s after an interrupt; the noise benchmark waits for
+    pytest's reports (up to a grace period), kills it only past that, and still stops."""
+    from pytest_attnperf import noise
+
+    child = FakeChild(finishes)
+    with pytest.raises(KeyboardInterrupt):
+        noise._wait_for(child)  # type: ignore[arg-type]
+    assert child.waits[:2] == [None, noise.INTERRUPT_GRACE_S]
+    assert child.killed is not finishes
+
+
+def test_an_interrupted_inject_run_counts_the_cases_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session 8 on the H200: `timeout -s INT` stopped an injected run, and its counts were lost.
+    Now the cases in its report are counted, marked as a part, and the later runs do not start;
+    a picked case the plugin did not compare (its verdict in the report) is not counted as missed."""
+    from pytest_attnperf import noise
+
+    entry = "{median_ms: 0.1, ci_low_ms: 0.099, ci_high_ms: 0.101, stdrel: 0.002, n_samples: 20}"
+    names = [f"t.py::test_k[{i}]" for i in range(40)]
+    picked = [n for n in names if is_picked(n, 2)][:3]
+    untouched = [n for n in names if not is_picked(n, 2)][:1]
+    (tmp_path / "h200.yaml").write_text(
+        "format: 1\nmeta: {}\nentries:\n" + "".join(f"  '{n}': {entry}\n" for n in [*picked, *untouched]))
+    (tmp_path / "inject50.xml").write_text("<testsuites/>")  # an earlier call's: not this run's
+    runs: list[dict[str, str] | None] = []
+
+    def interrupted_pytest(args: list[str], env: dict[str, str] | None = None) -> int:
+        runs.append(env)
+        cases = [(picked[0], '<failure message="REGRESSED +5.1% against the baseline"/>'), (untouched[0], ""),
+                 (picked[2], '<properties><property name="attnperf_verdict" value="not compared"/></properties>')]
+        body = "".join(f'<testcase classname="t" name="{n.split("::")[1]}" file="t.py">{f}</testcase>'
+                       for n, f in cases)
+        (tmp_path / "inject50.xml").write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(noise, "_pytest", interrupted_pytest)
+    noise.main(["--workdir", str(tmp_path), "--stages", "inject", "--inject", "0.05,0.1", "--", "x.py", "--hw=h200"])
+    report = (tmp_path / "report-inject.txt").read_text()
+    assert len(runs) == 1  # the +10% run never started
+    assert "+5% on 1 cases >=50us: caught 1" in report  # neither the case it never reached nor
+    assert "+5%: 1 picked cases not compared with their baseline (not counted" in report  # this one
+    assert "+5%: untouched cases flagged: 0" in report
+    assert "+5%: interrupted; the counts cover the 3 cases it finished" in report
+    assert "interrupted during the +5% injected run" in report
+
+
+def test_one_run_reports_no_spread(tmp_path: Path) -> None:
+    """A folder with one steady run (session 8 ran one a folder on each GPU) has no run-to-run
+    spread: the table shows none and the summary says so instead of "range > 1%: 0 of N"."""
+    from pytest_attnperf.noise import _steady_lines
+
+    runs = [{"fullname": "t.py::long", "stats": {"median": 1.0 / 1e3}, "extra_info": {"verdict": "unchanged"}}]
+    (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
+    lines = _steady_lines(tmp_path)
+    assert next(line for line in lines if line.startswith("long")).split()[1:4] == ["1.0000ms", "-", "-"]
+    assert not any("range > 1%" in line for line in lines)
+    assert "run-to-run spread: no case of 10 us or more has two runs in this folder" in lines[-1]
