@@ -31,15 +31,18 @@ instead of starting over, so five runs can be taken three and two::
 ``--time-limit SECONDS`` keeps a call inside a device lease: before each pytest run it stops
 if the time used plus that run's likely length would pass the limit (``Deadline``: the longest
 run of its stage so far in the call, or twice the longest of any for a stage not yet run; the
-first run always starts), and the report says where it stopped (a run cut short by an outside
-``timeout`` leaves a broken ``run<i>.json`` and wastes its minutes).
+first run always starts), and the report says where it stopped. An outside ``timeout -s INT``
+(or Ctrl-C) cuts the running pytest: it gets one SIGINT and up to ``INTERRUPT_GRACE_S`` to write
+its reports; a cut steady run's files are set aside as ``run<i>.cut.json``/``.xml``, a cut
+injected run's finished cases are counted.
 
 Each call prints, and writes to ``<workdir>/report-<stages>.txt`` (``report-record-steady.txt``),
 what the work folder gives: the steady table whenever ``run*.json`` files are there, the
 injection and comparison lines of the stages it ran. Everything after ``--`` goes to pytest
 unchanged (tolerance, mode, budget included). A script, not a test: it takes minutes of device
 time and asserts nothing; it reports. Its exit status is 0, 2 when ``inject`` has no baseline
-file to gate against, or 3 when ``--time-limit`` stopped it before all its runs.
+file to gate against, 3 when ``--time-limit`` stopped it before all its runs, or 130 when it
+was interrupted.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -109,24 +113,30 @@ INTERRUPT_GRACE_S = 20.0  # how long an interrupted pytest run may take to write
 def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
     cmd = [sys.executable, "-m", "pytest", "-p", "pytest_attnperf.inject", "-q", "-p", "no:cacheprovider", *args]
     print("+", " ".join(cmd), flush=True)
-    return _wait_for(subprocess.Popen(cmd, env={**os.environ, **(env or {})}))
+    # its own session: a Ctrl-C or `timeout -s INT` reaches this process only, and _wait_for
+    # passes pytest exactly one SIGINT (a second one would cut its reports short)
+    return _wait_for(subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True))
 
 
 def _wait_for(child: subprocess.Popen) -> int:
-    """The child's exit status. Interrupted (``timeout -s INT`` and Ctrl-C signal the whole process
-    group, so pytest got the same SIGINT: it stops the running test, prints its failures and writes
-    its JUnit and JSON reports), this waits up to INTERRUPT_GRACE_S for those reports before killing
-    it, then re-raises. ``subprocess.run`` would kill it after 0.25 s: on the H200 in session 8 an
-    injected run with ~100 failures to print lost its whole report that way."""
+    """The child's exit status. Interrupted, this sends the child one SIGINT (pytest then stops the
+    running test, prints its failures and writes its JUnit and JSON reports), waits up to
+    INTERRUPT_GRACE_S for it, kills it past that or on a second interrupt, and re-raises.
+    ``subprocess.run`` would kill it after 0.25 s: on the H200 in session 8 an injected run with
+    ~100 failures to print lost its whole report that way."""
     try:
         return child.wait()
     except KeyboardInterrupt:
         try:
+            child.send_signal(signal.SIGINT)
             child.wait(timeout=INTERRUPT_GRACE_S)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            pass
+        raise
+    finally:
+        if child.poll() is None:  # never left running on the GPU after this process stops waiting
             child.kill()
             child.wait()
-        raise
 
 
 def _hw(args: list[str]) -> str | None:
@@ -215,18 +225,27 @@ def testcase_nodeid(case: ET.Element) -> str:
     return f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
 
 
+class BadReport(ValueError):
+    """A JUnit report that cannot be parsed (a run killed while writing it); names the file."""
+
+
 def _outcomes(path: Path) -> dict[str, str]:
     """Node id -> "regressed" (a failure saying REGRESSED), "failed" (any other failure or
-    error: a changed clock, a wrong result, a crash), "not compared" (passed, the plugin's verdict
-    says its baseline could not be compared: an events-timed case against another machine's
-    recordings) or "passed", from a JUnit XML report;
-    skipped tests (nothing measured) are left out, and a run that left no report gives none."""
+    error: a changed clock, a wrong result, a crash), "not compared" (passed, and the plugin's
+    verdict says its baseline could not be compared with it, e.g. an events-timed case against
+    another machine's recordings, or a case recorded in another mode) or "passed", from a JUnit
+    XML report; skipped tests (nothing measured) are left out, and a run that left no report
+    gives none. ``BadReport`` when the file is not XML."""
     if not path.exists():
         return {}
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        raise BadReport(f"{path.name} is unreadable ({exc}): cut while pytest wrote it?") from None
     found: dict[str, str] = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        if case.find("skipped") is not None:
-            continue
+    for case in root.iter("testcase"):
+        if case.find("skipped") is not None or case.get("name") is None:  # an interrupted run
+            continue  # writes a nameless testcase for the test it cut
         bad = [*case.findall("failure"), *case.findall("error")]
         said = " ".join(b.get("message", "") + (b.text or "") for b in bad)
         verdicts = [p.get("value") for p in case.iter("property") if p.get("name") == "attnperf_verdict"]
@@ -264,7 +283,13 @@ def _steady_lines(work: Path) -> list[str]:
     """The steady table, from whatever ``run*.json`` (and ``run*.xml``) the work folder holds."""
     by_path, notes = _steady_runs(work)
     runs = [run.medians for run in by_path.values()]
-    outcomes = [_outcomes(path.with_suffix(".xml")) for path in by_path]
+    outcomes: list[dict[str, str]] = []
+    for path in by_path:
+        try:
+            outcomes.append(_outcomes(path.with_suffix(".xml")))
+        except BadReport as exc:
+            outcomes.append({})
+            notes.append(f"{exc} Its false regressions are not counted.")
     false_regressions = [_with(o, "regressed") for o in outcomes]
     if not runs:
         return [f"no steady runs in {work}", *notes]
@@ -350,9 +375,12 @@ class Interrupted(KeyboardInterrupt):
 def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict[str, float], code: int | None,
                    interrupted: bool = False) -> list[str]:
     if not (work / f"{tag}.xml").exists():
-        why = "interrupted before it" if interrupted else f"pytest (exit {code})"
-        return [f"+{100 * fraction:g}%: {why} wrote no report {tag}.xml"]
-    cases = _outcomes(work / f"{tag}.xml")
+        why = "interrupted before pytest wrote" if interrupted else f"pytest (exit {code}) wrote no report"
+        return [f"+{100 * fraction:g}%: {why} {tag}.xml"]
+    try:
+        cases = _outcomes(work / f"{tag}.xml")
+    except BadReport as exc:
+        return [f"+{100 * fraction:g}%: {exc}"]
     flagged = _with(cases, "regressed")
     chosen = {case for case in cases if is_picked(case, every)}
     unjudged = chosen & _with(cases, "not compared")  # nothing to catch it with: not counted
@@ -369,7 +397,7 @@ def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict
     lines.append(f"+{100 * fraction:g}%: untouched cases flagged: {len(flagged - chosen)}")
     if unjudged:
         lines.append(f"+{100 * fraction:g}%: {len(unjudged)} picked cases not compared with their baseline "
-                     "(not counted; their notes say why)")
+                     "(not counted; their notes in the pytest output say why)")
     if interrupted:
         lines.append(f"+{100 * fraction:g}%: interrupted; the counts cover the {len(cases)} cases it finished")
     return lines
@@ -390,7 +418,7 @@ class Deadline:
         self.limit_s, self.clock = limit_s, clock
         self.start = clock()
         self.longest: dict[str, float] = {}  # stage -> its longest run in this call
-        self.current = ""  # the run under way, or the last one started
+        self.current = ""  # the run under way
 
     def check(self, stage: str, what: str) -> None:
         """``OutOfTime`` when ``what``, a run of ``stage``, would end past the limit."""
@@ -410,9 +438,11 @@ class Deadline:
         self.current = what
         begin = self.clock()
         try:
-            return call()
+            result = call()
         finally:
             self.longest[stage] = max(self.longest.get(stage, 0.0), self.clock() - begin)
+        self.current = ""  # finished: an interrupt from here on did not cut it
+        return result
 
 
 WITHIN = 0.03  # the issue's bar for the harness against do_bench_cudagraph
@@ -518,12 +548,18 @@ def main(argv: list[str] | None = None) -> int:
             first = int(earlier[-1].stem[3:]) + 1 if earlier else 0
             if opts.runs:  # before an earlier call's runs are deleted for this call's
                 deadline.check("steady", f"steady run{first}")
-            if not opts.keep_runs:  # an earlier call's runs are not this call's
-                for old in [*run_files(work), *run_files(work, ".xml")]:
+            if not opts.keep_runs:  # an earlier call's runs (and cut runs) are not this call's
+                for old in [*run_files(work), *run_files(work, ".xml"), *work.glob("run*.cut.*")]:
                     old.unlink()
             for i in range(first, first + opts.runs):
-                deadline.run("steady", f"steady run{i}", lambda i=i: _pytest(
-                    [*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"]))
+                try:
+                    deadline.run("steady", f"steady run{i}", lambda i=i: _pytest(
+                        [*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"]))
+                except KeyboardInterrupt:  # its reports hold part of the cases: set aside, not a run
+                    for part in (work / f"run{i}.json", work / f"run{i}.xml"):
+                        if part.exists():
+                            part.rename(part.with_name(f"run{i}.cut{part.suffix}"))
+                    raise
         if "inject" in stages:
             baseline = _baseline_path(work, hw)
             fractions = [float(f) for f in opts.inject.split(",") if f]
@@ -545,10 +581,12 @@ def main(argv: list[str] | None = None) -> int:
         if "compare" in stages:
             ran.extend(deadline.run("compare", "the compare run", lambda: _compare_lines(gate, work)))
     except KeyboardInterrupt as stop:  # e.g. `timeout -s INT`: report what the finished runs left
-        ran.extend(getattr(stop, "lines", []))
+        ran.extend(stop.lines if isinstance(stop, Interrupted) else [])
         during = f" during {deadline.current}" if deadline.current else ""
-        notes.append(f"interrupted{during}: the report covers the runs that finished and what that one "
-                     "wrote before it stopped")
+        notes.append(f"interrupted{during}: the report covers the runs that finished (a cut steady run's "
+                     "files are kept as run<i>.cut.json and .xml, not counted; a cut injected run's "
+                     "finished cases are counted)")
+        status = status or 130
     except OutOfTime as exc:
         notes.append(f"{exc}; the report covers the runs that finished")
         status = status or 3

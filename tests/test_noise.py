@@ -445,36 +445,56 @@ def test_steady_table_sets_apart_the_cases_timed_with_events(tmp_path: Path) -> 
                          "launch and host overhead included): 1, range > 1%: 1, sd > 1%: 1")
 
 
-class FakeChild:
-    """A child process whose first wait is interrupted (the SIGINT that reached the whole group);
-    ``finishes`` says whether it then exits (its reports written) inside the grace period."""
-
-    def __init__(self, finishes: bool) -> None:
-        self.finishes, self.waits, self.killed = finishes, [], False
-
-    def wait(self, timeout: float | None = None) -> int:
-        self.waits.append(timeout)
-        if len(self.waits) == 1:
-            raise KeyboardInterrupt
-        if timeout is not None and not self.finishes and not self.killed:
-            raise subprocess.TimeoutExpired("pytest", timeout)
-        return -9 if self.killed else 2
-
-    def kill(self) -> None:
-        self.killed = True
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+out, mode = Path(sys.argv[1]), sys.argv[2]
+def stop(*_):
+    out.write_text("report")
+    sys.exit(2)
+signal.signal(signal.SIGINT, stop if mode == "writes" else signal.SIG_IGN)
+out.with_suffix(".ready").write_text("")
+time.sleep(30)
+"""
 
 
-@pytest.mark.parametrize("finishes", [True, False])
-def test_an_interrupted_run_gets_time_to_write_its_reports(finishes: bool) -> None:
-    """subprocess.run kills its child 0.25 s after an interrupt; the noise benchmark waits for
-    pytest's reports (up to a grace period), kills it only past that, and still stops."""
+@pytest.mark.parametrize(("mode", "interrupts", "grace"), [("writes", 1, 20.0), ("ignores", 1, 0.5),
+                                                         ("ignores", 2, 20.0)])
+def test_an_interrupted_run_gets_one_sigint_and_time_to_write_its_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, interrupts: int, grace: float
+) -> None:
+    """A real child in its own session, as the benchmark starts pytest: interrupting this process
+    passes it one SIGINT and waits for its reports (subprocess.run killed it after 0.25 s); a
+    child that does not stop is killed after the grace period, or at a second interrupt."""
+    import signal
+    import threading
+
     from pytest_attnperf import noise
 
-    child = FakeChild(finishes)
-    with pytest.raises(KeyboardInterrupt):
-        noise._wait_for(child)  # type: ignore[arg-type]
-    assert child.waits[:2] == [None, noise.INTERRUPT_GRACE_S]
-    assert child.killed is not finishes
+    monkeypatch.setattr(noise, "INTERRUPT_GRACE_S", grace)
+    out = tmp_path / "report.xml"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(out), mode], start_new_session=True)
+
+    def interrupt() -> None:
+        while not out.with_suffix(".ready").exists():
+            time.sleep(0.02)
+        for _ in range(interrupts):
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    began = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            threading.Thread(target=interrupt, daemon=True).start()
+            noise._wait_for(child)
+        left_running = child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    assert not left_running
+    assert child.returncode == (2 if mode == "writes" else -signal.SIGKILL)
+    assert out.exists() is (mode == "writes")
+    assert time.monotonic() - began < 10
 
 
 def test_an_interrupted_inject_run_counts_the_cases_it_finished(
@@ -515,8 +535,9 @@ def test_an_interrupted_inject_run_counts_the_cases_it_finished(
 
 
 def test_one_run_reports_no_spread(tmp_path: Path) -> None:
-    """A folder with one steady run (session 8 ran one a folder on each GPU) has no run-to-run
-    spread: the table shows none and the summary says so instead of "range > 1%: 0 of N"."""
+    """A case with one steady run (session 8 ran one a folder on each GPU) has no run-to-run
+    spread: the table shows none, the count leaves it out, and a folder of such cases says so
+    instead of "range > 1%: 0 of N"."""
     from pytest_attnperf.noise import _steady_lines
 
     runs = [{"fullname": "t.py::long", "stats": {"median": 1.0 / 1e3}, "extra_info": {"verdict": "unchanged"}}]
@@ -525,3 +546,67 @@ def test_one_run_reports_no_spread(tmp_path: Path) -> None:
     assert next(line for line in lines if line.startswith("long")).split()[1:4] == ["1.0000ms", "-", "-"]
     assert not any("range > 1%" in line for line in lines)
     assert "run-to-run spread: no case of 10 us or more has two runs in this folder" in lines[-1]
+    # beside cases with two runs, a case with one is left out of the count
+    other = {"fullname": "t.py::other", "stats": {"median": 2.0 / 1e3}, "extra_info": {"verdict": "unchanged"}}
+    (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": [*runs, other]}))
+    (tmp_path / "run1.json").write_text(json.dumps({"benchmarks": [{**other, "stats": {"median": 2.1 / 1e3}}]}))
+    assert _steady_lines(tmp_path)[-1] == "cases >= 10 us with run-to-run range > 1%: 1 of 1; with sd > 1%: 1 of 1"
+
+
+def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier call's report of the same run is deleted first, so it is not counted as this one's."""
+    from pytest_attnperf import noise
+
+    (tmp_path / "h200.yaml").write_text("format: 1\nmeta: {}\nentries: {}\n")
+    stale = '<testsuites><testsuite><testcase classname="t" name="test_k[0]"/></testsuite></testsuites>'
+    (tmp_path / "inject50.xml").write_text(stale)
+
+    def cut(args: list[str], env: dict[str, str] | None = None) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(noise, "_pytest", cut)
+    noise.main(["--workdir", str(tmp_path), "--stages", "inject", "--inject", "0.05", "--", "x.py", "--hw=h200"])
+    report = (tmp_path / "report-inject.txt").read_text()
+    assert "+5%: interrupted before pytest wrote inject50.xml" in report
+    assert "caught" not in report
+
+
+def test_junit_reports_of_cut_runs(tmp_path: Path) -> None:
+    """A run cut by SIGINT writes a nameless testcase for the test it stopped: not a case. A run
+    killed while writing leaves a file that is not XML: named, and its counts not taken."""
+    from pytest_attnperf.noise import BadReport, _inject_counts, _outcomes, _steady_lines
+
+    (tmp_path / "a.xml").write_text('<testsuites><testsuite><testcase classname="t" name="test_k[0]"/>'
+                                    '<testcase time="0.000"/></testsuite></testsuites>')
+    assert _outcomes(tmp_path / "a.xml") == {"t.py::test_k[0]": "passed"}
+    (tmp_path / "inject50.xml").write_text('<testsuites><testsuite><testcase classname="t" na')
+    with pytest.raises(BadReport, match="inject50.xml is unreadable"):
+        _outcomes(tmp_path / "inject50.xml")
+    assert _inject_counts(tmp_path, "inject50", 0.05, 2, {}, 0)[0].startswith("+5%: inject50.xml is unreadable")
+    runs = [{"fullname": "t.py::test_k[0]", "stats": {"median": 1e-3}, "extra_info": {"verdict": "unchanged"}}]
+    (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
+    (tmp_path / "run0.xml").write_text("<testsuites><testsuite>")
+    lines = _steady_lines(tmp_path)
+    assert any("run0.xml is unreadable" in line and "false regressions are not counted" in line for line in lines)
+
+
+def test_a_cut_steady_run_is_set_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-benchmark writes its JSON also when interrupted: that part of a run is kept as
+    run<i>.cut.json, out of the run count and of the next call's numbering."""
+    from pytest_attnperf import noise
+
+    runs = [{"fullname": "t.py::a", "stats": {"median": 1e-3}, "extra_info": {"verdict": "unchanged"}}]
+
+    def steady(args: list[str], env: dict[str, str] | None = None) -> int:
+        target = next(a.split("=", 1)[1] for a in args if a.startswith("--benchmark-json="))
+        Path(target).write_text(json.dumps({"benchmarks": runs}))
+        if target.endswith("run1.json"):
+            raise KeyboardInterrupt
+        return 0
+
+    monkeypatch.setattr(noise, "_pytest", steady)
+    assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "3", "--", "x.py"]) == 130
+    report = (tmp_path / "report-steady.txt").read_text()
+    assert sorted(p.name for p in tmp_path.glob("run*.json")) == ["run0.json", "run1.cut.json"]
+    assert "1 unchanged runs" in report and "interrupted during steady run1" in report
+    assert [p.name for p in noise.run_files(tmp_path)] == ["run0.json"]

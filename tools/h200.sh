@@ -45,8 +45,10 @@ case "${1:-}" in
       mkdir -p "$WORK" && cp baselines/h200.yaml "$WORK/"
     fi
     # --time-limit starts no run likely to end past BUDGET less 20 s (for the tar and the cache);
-    # EXTRA is split on spaces: write a -k expression without them, e.g. -k not(naive)
-    BUDGET="${BUDGET:-560}"
+    # at BUDGET the run is interrupted and gets up to 20 s more to write its reports, so keep the
+    # call's timeout_s 40 s or more above BUDGET. EXTRA is split on spaces: write a -k expression
+    # without them, e.g. -k not(naive)
+    BUDGET="${BUDGET:-540}"
     timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$WORK" --stages "${STAGES:?STAGES=...}" \
       --time-limit $(( BUDGET > 40 ? BUDGET - 20 : BUDGET )) \
       ${NOISE_ARGS:-} -- "${SUITE:-suites/test_softmax.py}" --hw=h200 --attnperf-tolerance=1.5% ${EXTRA:-} 2>&1 \
