@@ -33,8 +33,9 @@ if the time used plus that run's likely length would pass the limit (``Deadline`
 run of its stage so far in the call, or twice the longest of any for a stage not yet run; the
 first run always starts), and the report says where it stopped. An outside ``timeout -s INT``
 (or Ctrl-C) cuts the running pytest: it gets one SIGINT and up to ``INTERRUPT_GRACE_S`` to write
-its reports; a cut steady run's files are set aside as ``run<i>.cut.json``/``.xml``, a cut
-injected run's finished cases are counted.
+its reports (SIGTERM and SIGHUP are taken as the same); a cut steady run's files are set aside as
+``run<i>.cut<k>.json``/``.xml``, a cut injected run's finished cases are counted, and a cut
+recording's finished cases are in the baseline file with one recording more than the rest.
 
 Each call prints, and writes to ``<workdir>/report-<stages>.txt`` (``report-record-steady.txt``),
 what the work folder gives: the steady table whenever ``run*.json`` files are there, the
@@ -55,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -108,34 +110,61 @@ def _count(least: int) -> Callable[[str], int]:
 
 
 INTERRUPT_GRACE_S = 20.0  # how long an interrupted pytest run may take to write its reports
+ECHO_S = 1.0  # a second interrupt this soon after the first is the same one (`timeout` signals twice)
+
+
+def _die_with_parent() -> None:
+    """In the child, before pytest starts (Linux): SIGKILL when this process dies, even by SIGKILL,
+    so no orphaned pytest keeps the GPU busy for the next run."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the finally of _wait_for is all there is
+        pass
 
 
 def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
     cmd = [sys.executable, "-m", "pytest", "-p", "pytest_attnperf.inject", "-q", "-p", "no:cacheprovider", *args]
     print("+", " ".join(cmd), flush=True)
-    # its own session: a Ctrl-C or `timeout -s INT` reaches this process only, and _wait_for
-    # passes pytest exactly one SIGINT (a second one would cut its reports short)
-    return _wait_for(subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True))
+    # its own session: a Ctrl-C or `timeout -s INT` reaches this process only, and _wait_for passes
+    # pytest exactly one SIGINT (a second one would cut its reports short)
+    child = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True,
+                             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    return _wait_for(child)
 
 
 def _wait_for(child: subprocess.Popen) -> int:
     """The child's exit status. Interrupted, this sends the child one SIGINT (pytest then stops the
     running test, prints its failures and writes its JUnit and JSON reports), waits up to
-    INTERRUPT_GRACE_S for it, kills it past that or on a second interrupt, and re-raises.
-    ``subprocess.run`` would kill it after 0.25 s: on the H200 in session 8 an injected run with
-    ~100 failures to print lost its whole report that way."""
+    INTERRUPT_GRACE_S for it, kills it (and its process group) past that or at a second interrupt
+    (one within ECHO_S of the first is taken for the same), and re-raises. ``subprocess.run``
+    would kill it after 0.25 s: on the H200 in session 8 an injected run with ~100 failures to
+    print lost its whole report that way."""
     try:
         return child.wait()
     except KeyboardInterrupt:
+        first = time.monotonic()
         try:
             child.send_signal(signal.SIGINT)
-            child.wait(timeout=INTERRUPT_GRACE_S)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        except (OSError, ValueError):  # gone already, or no SIGINT to send on this platform
             pass
+        while True:
+            try:
+                child.wait(timeout=max(0.0, first + INTERRUPT_GRACE_S - time.monotonic()))
+                break
+            except subprocess.TimeoutExpired:
+                break
+            except KeyboardInterrupt:
+                if time.monotonic() - first >= ECHO_S:
+                    break
         raise
     finally:
-        if child.poll() is None:  # never left running on the GPU after this process stops waiting
-            child.kill()
+        if child.poll() is None:  # not left running on the GPU after this process stops waiting
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # with whatever it started (compile workers)
+            except (OSError, AttributeError):
+                child.kill()
             child.wait()
 
 
@@ -380,7 +409,7 @@ def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict
     try:
         cases = _outcomes(work / f"{tag}.xml")
     except BadReport as exc:
-        return [f"+{100 * fraction:g}%: {exc}"]
+        return [f"+{100 * fraction:g}%: {exc}" + (" (the run was interrupted)" if interrupted else "")]
     flagged = _with(cases, "regressed")
     chosen = {case for case in cases if is_picked(case, every)}
     unjudged = chosen & _with(cases, "not compared")  # nothing to catch it with: not counted
@@ -401,6 +430,17 @@ def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict
     if interrupted:
         lines.append(f"+{100 * fraction:g}%: interrupted; the counts cover the {len(cases)} cases it finished")
     return lines
+
+
+def _set_aside(work: Path, i: int) -> None:
+    """A cut steady run's files become ``run<i>.cut<k>.json``/``.xml`` (k: the first unused), out of
+    ``run_files`` and of the next call's numbering, and never over an earlier cut run's files."""
+    parts = [p for p in (work / f"run{i}.json", work / f"run{i}.xml") if p.exists()]
+    k = 0
+    while any(p.with_name(f"run{i}.cut{k}{p.suffix}").exists() for p in parts):
+        k += 1
+    for part in parts:
+        part.rename(part.with_name(f"run{i}.cut{k}{part.suffix}"))
 
 
 class OutOfTime(Exception):
@@ -536,6 +576,11 @@ def main(argv: list[str] | None = None) -> int:
 
     deadline = Deadline(opts.time_limit, _now)
     status = 0
+    # SIGTERM and SIGHUP (a lease's stop, an ssh drop) stop the call as Ctrl-C does: pytest gets
+    # its SIGINT and time for its reports, and the report is written
+    stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+             and threading.current_thread() is threading.main_thread()]
+    before = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops}
     ran: list[str] = []  # the lines of the inject and compare stages run in this call
     notes: list[str] = []
     try:
@@ -549,16 +594,14 @@ def main(argv: list[str] | None = None) -> int:
             if opts.runs:  # before an earlier call's runs are deleted for this call's
                 deadline.check("steady", f"steady run{first}")
             if not opts.keep_runs:  # an earlier call's runs (and cut runs) are not this call's
-                for old in [*run_files(work), *run_files(work, ".xml"), *work.glob("run*.cut.*")]:
+                for old in [*run_files(work), *run_files(work, ".xml"), *work.glob("run*.cut*.*")]:
                     old.unlink()
             for i in range(first, first + opts.runs):
                 try:
                     deadline.run("steady", f"steady run{i}", lambda i=i: _pytest(
                         [*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"]))
                 except KeyboardInterrupt:  # its reports hold part of the cases: set aside, not a run
-                    for part in (work / f"run{i}.json", work / f"run{i}.xml"):
-                        if part.exists():
-                            part.rename(part.with_name(f"run{i}.cut{part.suffix}"))
+                    _set_aside(work, i)
                     raise
         if "inject" in stages:
             baseline = _baseline_path(work, hw)
@@ -584,12 +627,16 @@ def main(argv: list[str] | None = None) -> int:
         ran.extend(stop.lines if isinstance(stop, Interrupted) else [])
         during = f" during {deadline.current}" if deadline.current else ""
         notes.append(f"interrupted{during}: the report covers the runs that finished (a cut steady run's "
-                     "files are kept as run<i>.cut.json and .xml, not counted; a cut injected run's "
-                     "finished cases are counted)")
+                     "files are kept as run<i>.cut<k>.json and .xml, not counted; a cut injected run's "
+                     "finished cases are counted; a cut recording has added its finished cases to the "
+                     "baseline file, one recording more than the others)")
         status = status or 130
     except OutOfTime as exc:
         notes.append(f"{exc}; the report covers the runs that finished")
         status = status or 3
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
     lines = [f"noise benchmark: stages {','.join(stages)}, workdir {work}", f"pytest {' '.join(args)}", ""]
     lines += _steady_lines(work)

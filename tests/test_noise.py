@@ -449,52 +449,103 @@ CHILD = """
 import signal, sys, time
 from pathlib import Path
 out, mode = Path(sys.argv[1]), sys.argv[2]
-def stop(*_):
-    out.write_text("report")
-    sys.exit(2)
-signal.signal(signal.SIGINT, stop if mode == "writes" else signal.SIG_IGN)
+got = []
+def count(*_):
+    got.append(1)
+    out.write_text(str(len(got)))
+signal.signal(signal.SIGINT, count)
 out.with_suffix(".ready").write_text("")
-time.sleep(30)
+while not got:
+    time.sleep(0.01)
+if mode == "writes":  # pytest printing failures and writing its reports
+    time.sleep(1.5)
+    sys.exit(2)
+while True:  # a pytest that does not stop
+    time.sleep(0.1)
+"""
+
+DRIVER = """
+import signal, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from pytest_attnperf import noise
+signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the test runner's shell set
+noise.INTERRUPT_GRACE_S = float(sys.argv[5])
+child = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4]], start_new_session=True)
+try:
+    noise._wait_for(child)
+    print("returned")
+except KeyboardInterrupt:
+    print("interrupted", child.returncode, flush=True)
 """
 
 
-@pytest.mark.parametrize(("mode", "interrupts", "grace"), [("writes", 1, 20.0), ("ignores", 1, 0.5),
-                                                         ("ignores", 2, 20.0)])
+@pytest.mark.parametrize(
+    ("mode", "gaps", "grace", "exit_status"),
+    [
+        ("writes", [0.3], 20.0, 2),  # stops and writes its reports inside the grace period
+        ("writes", [0.3, 0.1], 20.0, 2),  # `timeout`'s echo of the same interrupt is not a second one
+        ("hangs", [0.3], 0.5, -9),  # does not stop: killed when the grace period ends
+        ("hangs", [0.3, 1.5], 20.0, -9),  # a second interrupt: killed then
+    ],
+)
 def test_an_interrupted_run_gets_one_sigint_and_time_to_write_its_reports(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, interrupts: int, grace: float
+    tmp_path: Path, mode: str, gaps: list[float], grace: float, exit_status: int
 ) -> None:
-    """A real child in its own session, as the benchmark starts pytest: interrupting this process
-    passes it one SIGINT and waits for its reports (subprocess.run killed it after 0.25 s); a
-    child that does not stop is killed after the grace period, or at a second interrupt."""
+    """A real pytest stand-in in its own session, as the benchmark starts pytest, under a driver
+    process (this test process is never signalled): interrupting the driver passes the child one
+    SIGINT and waits for it (subprocess.run killed it after 0.25 s); a child that does not stop is
+    killed after the grace period, or at a second interrupt."""
     import signal
-    import threading
 
-    from pytest_attnperf import noise
-
-    monkeypatch.setattr(noise, "INTERRUPT_GRACE_S", grace)
-    out = tmp_path / "report.xml"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(out), mode], start_new_session=True)
-
-    def interrupt() -> None:
-        while not out.with_suffix(".ready").exists():
-            time.sleep(0.02)
-        for _ in range(interrupts):
-            time.sleep(0.3)
-            os.kill(os.getpid(), signal.SIGINT)
-
-    began = time.monotonic()
+    out = tmp_path / "child.txt"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(REPO), CHILD, str(out), mode, str(grace)],
+                              stdout=subprocess.PIPE, text=True)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            threading.Thread(target=interrupt, daemon=True).start()
-            noise._wait_for(child)
-        left_running = child.poll() is None
+        deadline = time.monotonic() + 30
+        while not out.with_suffix(".ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        began = time.monotonic()
+        for gap in gaps:
+            time.sleep(gap)
+            driver.send_signal(signal.SIGINT)
+        said, _ = driver.communicate(timeout=30)
     finally:
-        child.kill()
-        child.wait()
-    assert not left_running
-    assert child.returncode == (2 if mode == "writes" else -signal.SIGKILL)
-    assert out.exists() is (mode == "writes")
-    assert time.monotonic() - began < 10
+        driver.kill()
+    assert said.split() == ["interrupted", str(exit_status)]
+    assert out.read_text() == "1"  # the child got exactly one SIGINT
+    assert time.monotonic() - began < 5
+
+
+def test_sigterm_stops_a_call_like_ctrl_c(tmp_path: Path) -> None:
+    """The benchmark's own process, a real pytest child: SIGTERM to the benchmark reaches pytest
+    as one SIGINT, its reports are written and set aside as a cut run, the report says so, the
+    exit status is 130, and no pytest is left running."""
+    import signal
+
+    (tmp_path / "test_slow.py").write_text(
+        "import os, time\n"
+        "def test_slow():\n"
+        "    open('pid', 'w').write(str(os.getpid()))\n"
+        "    time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest_attnperf.noise", "--workdir", "work", "--stages", "steady", "--runs", "1",
+           "--", "-p", "pytest_attnperf.plugin", "test_slow.py"]
+    bench = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "pid").exists() and time.monotonic() < deadline and bench.poll() is None:
+            time.sleep(0.05)
+        assert (tmp_path / "pid").exists(), bench.communicate(timeout=60)[0]
+        pid = int((tmp_path / "pid").read_text())
+        bench.send_signal(signal.SIGTERM)
+        said, _ = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+    assert bench.returncode == 130, said
+    assert "interrupted during steady run0" in said
+    assert (tmp_path / "work" / "run0.cut0.xml").exists() and not (tmp_path / "work" / "run0.xml").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 def test_an_interrupted_inject_run_counts_the_cases_it_finished(
@@ -592,7 +643,8 @@ def test_junit_reports_of_cut_runs(tmp_path: Path) -> None:
 
 def test_a_cut_steady_run_is_set_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pytest-benchmark writes its JSON also when interrupted: that part of a run is kept as
-    run<i>.cut.json, out of the run count and of the next call's numbering."""
+    run<i>.cut<k>.json, out of the run count and of the next call's numbering, and a run cut
+    again under the same number does not overwrite it."""
     from pytest_attnperf import noise
 
     runs = [{"fullname": "t.py::a", "stats": {"median": 1e-3}, "extra_info": {"verdict": "unchanged"}}]
@@ -607,6 +659,55 @@ def test_a_cut_steady_run_is_set_aside(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(noise, "_pytest", steady)
     assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "3", "--", "x.py"]) == 130
     report = (tmp_path / "report-steady.txt").read_text()
-    assert sorted(p.name for p in tmp_path.glob("run*.json")) == ["run0.json", "run1.cut.json"]
+    assert sorted(p.name for p in tmp_path.glob("run*.json")) == ["run0.json", "run1.cut0.json"]
     assert "1 unchanged runs" in report and "interrupted during steady run1" in report
     assert [p.name for p in noise.run_files(tmp_path)] == ["run0.json"]
+    # the next call's run takes the cut run's number (1); cut again, it is kept beside the first
+    assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--keep-runs", "--runs", "1", "--",
+                       "x.py"]) == 130
+    assert sorted(p.name for p in tmp_path.glob("run*.json")) == ["run0.json", "run1.cut0.json", "run1.cut1.json"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_pytest_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
+    """In a session of its own, pytest would outlive a benchmark killed with SIGKILL (no finally
+    runs) and hold the GPU: it is started to die with its parent."""
+    import signal
+
+    driver_code = (
+        "import subprocess, sys, time\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from pytest_attnperf import noise\n"
+        "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2], 'hangs'],\n"
+        "                         start_new_session=True, preexec_fn=noise._die_with_parent)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    out = tmp_path / "child.txt"
+    driver = subprocess.Popen([sys.executable, "-c", driver_code, CHILD, str(out)], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        pid = int(driver.stdout.readline())
+        deadline = time.monotonic() + 30
+        while not out.with_suffix(".ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+        def alive() -> bool:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError):
+                return False
+            return state != "Z"
+
+        deadline = time.monotonic() + 5
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive()
+    finally:
+        driver.kill()
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
