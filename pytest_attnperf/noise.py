@@ -577,10 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     deadline = Deadline(opts.time_limit, _now)
     status = 0
     # SIGTERM and SIGHUP (a lease's stop, an ssh drop) stop the call as Ctrl-C does: pytest gets
-    # its SIGINT and time for its reports, and the report is written
+    # its SIGINT and time for its reports, and the report is written (an ignored one, as under
+    # nohup, stays ignored)
     stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
              and threading.current_thread() is threading.main_thread()]
-    before = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops}
+    before = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops
+              if signal.getsignal(sig) is not signal.SIG_IGN}
     ran: list[str] = []  # the lines of the inject and compare stages run in this call
     notes: list[str] = []
     try:

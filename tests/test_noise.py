@@ -516,34 +516,54 @@ def test_an_interrupted_run_gets_one_sigint_and_time_to_write_its_reports(
     assert time.monotonic() - began < 5
 
 
-def test_sigterm_stops_a_call_like_ctrl_c(tmp_path: Path) -> None:
-    """The benchmark's own process, a real pytest child: SIGTERM to the benchmark reaches pytest
-    as one SIGINT, its reports are written and set aside as a cut run, the report says so, the
-    exit status is 130, and no pytest is left running."""
+SLOW_TEST = """
+import os, time
+def test_slow():
+    open("pid", "w").write(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not os.path.exists("go") and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("nohup", [False, True])
+def test_sigterm_stops_a_call_like_ctrl_c_and_an_ignored_sighup_stays_ignored(tmp_path: Path, nohup: bool) -> None:
+    """The benchmark's own process over a real pytest: SIGTERM reaches pytest as one SIGINT, its
+    reports are written and set aside as a cut run, the report says so, the exit status is 130,
+    and no pytest is left running. Under nohup (SIGHUP ignored) a SIGHUP changes nothing."""
     import signal
 
-    (tmp_path / "test_slow.py").write_text(
-        "import os, time\n"
-        "def test_slow():\n"
-        "    open('pid', 'w').write(str(os.getpid()))\n"
-        "    time.sleep(60)\n")
+    (tmp_path / "test_slow.py").write_text(SLOW_TEST)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest_attnperf.noise", "--workdir", "work", "--stages", "steady", "--runs", "1",
            "--", "-p", "pytest_attnperf.plugin", "test_slow.py"]
-    bench = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
+    bench = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=ignore_hup)
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "pid").exists() and time.monotonic() < deadline and bench.poll() is None:
             time.sleep(0.05)
         assert (tmp_path / "pid").exists(), bench.communicate(timeout=60)[0]
         pid = int((tmp_path / "pid").read_text())
-        bench.send_signal(signal.SIGTERM)
+        if nohup:
+            bench.send_signal(signal.SIGHUP)
+            time.sleep(0.5)
+            assert bench.poll() is None
+            (tmp_path / "go").write_text("")
+        else:
+            bench.send_signal(signal.SIGTERM)
         said, _ = bench.communicate(timeout=60)
     finally:
         bench.kill()
-    assert bench.returncode == 130, said
-    assert "interrupted during steady run0" in said
-    assert (tmp_path / "work" / "run0.cut0.xml").exists() and not (tmp_path / "work" / "run0.xml").exists()
+    work = tmp_path / "work"
+    if nohup:
+        assert bench.returncode == 0, said
+        assert (work / "run0.xml").exists() and "interrupted" not in said
+    else:
+        assert bench.returncode == 130, said
+        assert "interrupted during steady run0" in said
+        assert (work / "run0.cut0.xml").exists() and not (work / "run0.xml").exists()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
