@@ -32,7 +32,7 @@ instead of starting over, so five runs can be taken three and two::
 if the time used plus that run's likely length would pass the limit (``Deadline``: the longest
 run of its stage so far in the call, or twice the longest of any for a stage not yet run; the
 first run always starts), and the report says where it stopped. An outside ``timeout -s INT``
-(or Ctrl-C) cuts the running pytest: it gets one SIGINT and up to ``INTERRUPT_GRACE_S`` to write
+(or Ctrl-C) cuts the running pytest: it gets one SIGINT and up to ``child_run.INTERRUPT_GRACE_S`` to write
 its reports (SIGTERM and SIGHUP are taken as the same); a cut steady run's files are set aside as
 ``run<i>.cut<k>.json``/``.xml``, a cut injected run's finished cases are counted, and a cut
 recording's finished cases are in the baseline file with one recording more than the rest.
@@ -51,12 +51,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -64,6 +61,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from . import baselines as store
+from . import child_run
 from .inject import is_picked
 
 T = TypeVar("T")
@@ -109,63 +107,10 @@ def _count(least: int) -> Callable[[str], int]:
     return parse
 
 
-INTERRUPT_GRACE_S = 20.0  # how long an interrupted pytest run may take to write its reports
-ECHO_S = 1.0  # a second interrupt this soon after the first is the same one (`timeout` signals twice)
-
-
-def _die_with_parent() -> None:
-    """In the child, before pytest starts (Linux): SIGKILL when this process dies, even by SIGKILL,
-    so no orphaned pytest keeps the GPU busy for the next run."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the finally of _wait_for is all there is
-        pass
-
-
 def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
     cmd = [sys.executable, "-m", "pytest", "-p", "pytest_attnperf.inject", "-q", "-p", "no:cacheprovider", *args]
     print("+", " ".join(cmd), flush=True)
-    # its own session: a Ctrl-C or `timeout -s INT` reaches this process only, and _wait_for passes
-    # pytest exactly one SIGINT (a second one would cut its reports short)
-    child = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True,
-                             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    return _wait_for(child)
-
-
-def _wait_for(child: subprocess.Popen) -> int:
-    """The child's exit status. Interrupted, this sends the child one SIGINT (pytest then stops the
-    running test, prints its failures and writes its JUnit and JSON reports), waits up to
-    INTERRUPT_GRACE_S for it, kills it (and its process group) past that or at a second interrupt
-    (one within ECHO_S of the first is taken for the same), and re-raises. ``subprocess.run``
-    would kill it after 0.25 s: on the H200 in session 8 an injected run with ~100 failures to
-    print lost its whole report that way."""
-    try:
-        return child.wait()
-    except KeyboardInterrupt:
-        first = time.monotonic()
-        try:
-            child.send_signal(signal.SIGINT)
-        except (OSError, ValueError):  # gone already, or no SIGINT to send on this platform
-            pass
-        while True:
-            try:
-                child.wait(timeout=max(0.0, first + INTERRUPT_GRACE_S - time.monotonic()))
-                break
-            except subprocess.TimeoutExpired:
-                break
-            except KeyboardInterrupt:
-                if time.monotonic() - first >= ECHO_S:
-                    break
-        raise
-    finally:
-        if child.poll() is None:  # not left running on the GPU after this process stops waiting
-            try:
-                os.killpg(child.pid, signal.SIGKILL)  # with whatever it started (compile workers)
-            except (OSError, AttributeError):
-                child.kill()
-            child.wait()
+    return child_run.wait_for(child_run.start(cmd, {**os.environ, **(env or {})}))
 
 
 def _hw(args: list[str]) -> str | None:
@@ -576,13 +521,7 @@ def main(argv: list[str] | None = None) -> int:
 
     deadline = Deadline(opts.time_limit, _now)
     status = 0
-    # SIGTERM and SIGHUP (a lease's stop, an ssh drop) stop the call as Ctrl-C does: pytest gets
-    # its SIGINT and time for its reports, and the report is written (an ignored one, as under
-    # nohup, stays ignored)
-    stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
-             and threading.current_thread() is threading.main_thread()]
-    before = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops
-              if signal.getsignal(sig) is not signal.SIG_IGN}
+    restore_signals = child_run.stop_signals_as_interrupts()  # a lease's SIGTERM: the report is still written
     ran: list[str] = []  # the lines of the inject and compare stages run in this call
     notes: list[str] = []
     try:
@@ -637,8 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"{exc}; the report covers the runs that finished")
         status = status or 3
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        restore_signals()
 
     lines = [f"noise benchmark: stages {','.join(stages)}, workdir {work}", f"pytest {' '.join(args)}", ""]
     lines += _steady_lines(work)

@@ -465,14 +465,14 @@ while True:  # a pytest that does not stop
 """
 
 DRIVER = """
-import signal, subprocess, sys
+import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from pytest_attnperf import noise
+from pytest_attnperf import child_run
 signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the test runner's shell set
-noise.INTERRUPT_GRACE_S = float(sys.argv[5])
-child = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4]], start_new_session=True)
+child_run.INTERRUPT_GRACE_S = float(sys.argv[5])
+child = child_run.start([sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4]], dict(os.environ))
 try:
-    noise._wait_for(child)
+    child_run.wait_for(child)
     print("returned")
 except KeyboardInterrupt:
     print("interrupted", child.returncode, flush=True)
@@ -695,11 +695,10 @@ def test_pytest_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
     import signal
 
     driver_code = (
-        "import subprocess, sys, time\n"
+        "import os, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from pytest_attnperf import noise\n"
-        "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2], 'hangs'],\n"
-        "                         start_new_session=True, preexec_fn=noise._die_with_parent)\n"
+        "from pytest_attnperf import child_run\n"
+        "child = child_run.start([sys.executable, '-c', sys.argv[1], sys.argv[2], 'hangs'], dict(os.environ))\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n")
     out = tmp_path / "child.txt"

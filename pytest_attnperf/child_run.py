@@ -1,0 +1,89 @@
+"""The noise benchmark's pytest runs, as child processes that an interrupt does not cost their reports.
+
+``subprocess.run`` kills its child 0.25 s after a Ctrl-C; on the H200 (session 8) that lost an
+injected run's whole report, ~100 failures still to print when ``timeout -s INT`` fired. Here the
+child runs in a session of its own, so a signal reaches it only through ``wait_for``: exactly one
+SIGINT (pytest then stops the running test, prints its failures and writes its JUnit and JSON
+reports), up to ``INTERRUPT_GRACE_S`` to finish, and a kill past that. On Linux the child is also
+set to die with this process, so a benchmark killed outright leaves no pytest on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["ECHO_S", "INTERRUPT_GRACE_S", "start", "stop_signals_as_interrupts", "wait_for"]
+
+INTERRUPT_GRACE_S = 20.0  # how long an interrupted pytest run may take to write its reports
+ECHO_S = 1.0  # a second interrupt this soon after the first is the same one (`timeout` signals twice)
+
+
+def die_with_parent() -> None:
+    """In the child, before it runs (Linux): SIGKILL when this process dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the finally of wait_for is all there is
+        pass
+
+
+def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``cmd`` in a session of its own (no terminal or group signal reaches it directly)."""
+    return subprocess.Popen(cmd, env=env, start_new_session=True,
+                            preexec_fn=die_with_parent if sys.platform == "linux" else None)
+
+
+def wait_for(child: subprocess.Popen) -> int:
+    """The child's exit status. Interrupted, this sends the child one SIGINT, waits up to
+    INTERRUPT_GRACE_S for it, kills it (and its process group) past that or at a second
+    interrupt (one within ECHO_S of the first is taken for the same), and re-raises."""
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        first = time.monotonic()
+        try:
+            child.send_signal(signal.SIGINT)
+        except (OSError, ValueError):  # gone already, or no SIGINT to send on this platform
+            pass
+        while True:
+            try:
+                child.wait(timeout=max(0.0, first + INTERRUPT_GRACE_S - time.monotonic()))
+                break
+            except subprocess.TimeoutExpired:
+                break
+            except KeyboardInterrupt:
+                if time.monotonic() - first >= ECHO_S:
+                    break
+        raise
+    finally:
+        if child.poll() is None:  # not left running on the GPU after this process stops waiting
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # with whatever it started (compile workers)
+            except (OSError, AttributeError):
+                child.kill()
+            child.wait()
+
+
+def stop_signals_as_interrupts() -> Callable[[], None]:
+    """SIGTERM and SIGHUP (a lease's stop, an ssh drop) raise KeyboardInterrupt as Ctrl-C does, so
+    the running pytest gets its SIGINT and the caller its chance to report; an ignored one (as
+    under nohup) stays ignored. Returns what puts the previous handlers back. Only the main
+    thread can set handlers: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    stops = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    before = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops
+              if signal.getsignal(sig) is not signal.SIG_IGN}
+
+    def restore() -> None:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+    return restore
