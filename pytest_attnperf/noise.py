@@ -257,14 +257,16 @@ def _steady_lines(work: Path) -> list[str]:
     """The steady table, from whatever ``run*.json`` (and ``run*.xml``) the work folder holds."""
     by_path, notes = _steady_runs(work)
     runs = [run.medians for run in by_path.values()]
+    # the gate's verdicts are in the JSON beside the medians; the JUnit reports add the cases that
+    # failed for another reason (a changed clock, a crash: no verdict, or none that says so)
+    false_regressions = [{c for c, v in (run.verdicts or {}).items() if v == "regressed"} for run in by_path.values()]
     outcomes: list[dict[str, str]] = []
     for path in by_path:
         try:
             outcomes.append(_outcomes(path.with_suffix(".xml")))
         except BadReport as exc:
             outcomes.append({})
-            notes.append(f"{exc} Its false regressions are not counted.")
-    false_regressions = [_with(o, "regressed") for o in outcomes]
+            notes.append(f"{exc} Its cases that failed for another reason are not listed.")
     if not runs:
         return [f"no steady runs in {work}", *notes]
     lines = [f"{len(runs)} unchanged runs (run*.json in the work folder); run-to-run spread of a case's "
@@ -334,7 +336,7 @@ def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base
     try:
         code = _pytest([*gate, "--benchmark-disable", f"--junitxml={work}/{tag}.xml"], env)
     except KeyboardInterrupt as stop:  # count the cases the run finished, then stop the call
-        raise Interrupted(_inject_counts(work, tag, fraction, every, base, None, interrupted=True)) from stop
+        raise Interrupted(_inject_counts(work, tag, fraction, every, base, None)) from stop
     return _inject_counts(work, tag, fraction, every, base, code)
 
 
@@ -346,8 +348,11 @@ class Interrupted(KeyboardInterrupt):
         self.lines = lines
 
 
-def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict[str, float], code: int | None,
-                   interrupted: bool = False) -> list[str]:
+def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict[str, float],
+                   code: int | None) -> list[str]:
+    """The lines of one injected run's JUnit report; ``code`` is pytest's exit status, None when
+    the run was interrupted."""
+    interrupted = code is None
     if not (work / f"{tag}.xml").exists():
         why = "interrupted before pytest wrote" if interrupted else f"pytest (exit {code}) wrote no report"
         return [f"+{100 * fraction:g}%: {why} {tag}.xml"]

@@ -11,7 +11,9 @@ interval does not hold it): the false flags are an upper bound, the catches too.
 ``--machine-noise`` and ``--machine-offset`` apply to every case (the plugin applies them only
 where the recordings cannot show the move between machines; pass 0 for runs on the recording
 machine); with either set, a steady run's cases timed with events around eager launches are
-not compared, as the plugin does against another machine's recordings.
+not compared, as the plugin does against another machine's recordings. The offset is applied
+as to one call a sample (cold mode); the plugin divides it by the calls per sample of hot
+mode's graphs, which the run files do not hold, so re-judged hot runs are gated too loosely.
 """
 
 from __future__ import annotations
