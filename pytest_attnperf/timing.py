@@ -1,20 +1,26 @@
 """Timing on the device.
 
 GPU (``CudaTimer``): warm-up (autotuning included) runs first, untimed, on a side stream;
-the callable is then captured in a CUDA graph and each sample is the device time between two
-CUDA events around one graph replay. In cold mode (the default) the L2 is flushed by a write
-of twice its size right before each sample; that write also keeps the GPU busy while the host
-enqueues the replay, so launch latency never lands inside the events. In hot mode a graph
-holds several back-to-back calls and a sample is their mean. A callable that cannot be
-captured is timed with events around eager launches, and the measurement says so. Beside the
-kernel figure, the eager per-call time (events around ordinary launches, what a user running
-eagerly sees) is reported as ``eager_ms``.
+the callable is then captured in a CUDA graph. In cold mode (the default) that graph holds an
+L2 flush (a write of twice the L2's size), then a timing event, the call, and a second event
+(``torch.cuda.Event(external=True)``: event nodes inside the graph, clock ``cuda-graph-nodes``),
+and a sample is the device time between the two events of one replay: one call, its inputs out
+of the L2, and nothing of the graph's launch, which happens before the flush. In hot mode a
+graph holds several back-to-back calls and a sample is their mean, between events around one
+replay. A callable that cannot be captured is timed with events around eager launches, and the
+measurement says so. Beside the kernel figure, the eager per-call time (events around ordinary
+launches, what a user running eagerly sees) is reported as ``eager_ms``.
 
-Launch latency is kept out of the events by a spin kernel (``torch.cuda._sleep``, about
-100 us) enqueued right before the start event: the host enqueues the event and the replay
-while the GPU spins, so the replay starts the moment the event is recorded. Without it, the
-first H200 runs of this harness measured flash SDPA at B=1 H=12 T=256 as 9.6 us in one run
-and 38 us in the next (the same kernel; the host had been slower than the L2 flush).
+Where the graph cannot hold the events (a torch without external events, before 2.9), cold
+samples are events around the replay of a one-call graph (clock ``cuda-graph``), as before
+session 9: the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) run eagerly first,
+so the host enqueues the replay while the GPU is busy and the replay starts the moment the
+start event is recorded, but the graph's own launch, about 4 us on the H200 (a one-element add
+read 5.1 us so and 1.1 us hot), is inside every sample, and it was neither the same on every
+host (about 2 us more on the 2-GPU leases: ``--attnperf-machine-offset``) nor the same in every
+process (short cases' medians moved 1-2.7% between processes on one GPU, session 8). Without
+the spin, the first H200 runs of this harness measured flash SDPA at B=1 H=12 T=256 as 9.6 us in
+one run and 38 us in the next (the same kernel; the host had been slower than the L2 flush).
 
 CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
 around each call is the measurement.
@@ -283,36 +289,7 @@ class CudaTimer:
 
         eager_ms = self._eager_ms(fn, budget_s=plan.budget_s)
         peak_mib = self._peak_mib(fn)
-        graph, failure = _capture(fn, 1)
-        calls, replays = 1, 1  # calls per sample; replays of the graph per sample
-        if graph is not None and plan.mode == "hot":
-            # calls per graph from the device time of one replay, not the eager (host) time
-            graph, calls, replays, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms)
-            notes.extend([note] if note else [])
-        if failure:
-            notes.append(f"not graph-capturable ({failure}); timed with events around eager "
-                         "launches, launch overhead included")
-
-        if graph is None:
-            run = lambda: [fn() for _ in range(calls)]  # noqa: E731
-        else:
-            run = graph.replay if replays == 1 else (lambda: [graph.replay() for _ in range(replays)])
-        flush = self._flush_buffer() if plan.mode == "cold" else None
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-        spin = getattr(torch.cuda, "_sleep", None)
-
-        def take_ms() -> float:
-            if flush is not None:
-                flush.zero_()
-            if spin is not None:
-                spin(SPIN_CYCLES)  # keeps the GPU busy while the host enqueues the replay
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / calls
-
+        take_ms, clock, calls = self._sampler(fn, plan, notes)
         index = torch.cuda.current_device()
 
         def watched() -> tuple[list[float], str | None]:
@@ -334,9 +311,6 @@ class CudaTimer:
             if throttled:
                 notes.append(f"still throttled ({', '.join(throttled)}) after re-measuring")
         notes.extend([held] if held else [])
-        # replays of a one-call graph leave launch gaps a graph of many calls does not: another
-        # clock, so the gate never compares the two ("clock changed")
-        clock = "cuda-events" if graph is None else "cuda-graph" if replays == 1 else "cuda-graph-replays"
 
         return Measurement(
             tuple(samples),
@@ -348,6 +322,58 @@ class CudaTimer:
             notes=tuple(notes),
             sm_clock_mhz=mhz,
         )
+
+    def _sampler(
+        self, fn: Callable[[], Any], plan: SamplingPlan, notes: list[str],
+    ) -> tuple[Callable[[], float], str, int]:
+        """``(take one sample in ms per call, clock name, calls per sample)`` for ``plan``'s
+        mode, the graph captured here; why a better clock could not be used goes to ``notes``.
+
+        The clocks are never compared with one another by the gate ("clock changed"): events
+        inside a graph leave out its launch (``cuda-graph-nodes``); events around the replay of
+        a one-call graph hold it (``cuda-graph``); replays of a one-call graph leave launch gaps
+        that a graph of many calls does not (``cuda-graph-replays``); eager launches hold the
+        host's overhead too (``cuda-events``)."""
+        import torch
+
+        flush = self._flush_buffer() if plan.mode == "cold" else None
+        if flush is not None:
+            nodes, failure = _capture_cold(fn, flush)
+            if nodes is not None:
+                return nodes, "cuda-graph-nodes", 1
+        graph, capture_failure = _capture(fn, 1)
+        if flush is not None and graph is not None:  # the call captures; the events did not
+            notes.append(f"no timing events inside the graph ({failure}); events around the replay "
+                         "instead, the graph's launch (a few us) included")
+        calls, replays = 1, 1  # calls per sample; replays of the graph per sample
+        if graph is not None and plan.mode == "hot":
+            # calls per graph from the device time of one replay, not the eager (host) time
+            graph, calls, replays, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms)
+            notes.extend([note] if note else [])
+        if capture_failure:
+            notes.append(f"not graph-capturable ({capture_failure}); timed with events around eager "
+                         "launches, launch overhead included")
+
+        if graph is None:
+            run = lambda: [fn() for _ in range(calls)]  # noqa: E731
+        else:
+            run = graph.replay if replays == 1 else (lambda: [graph.replay() for _ in range(replays)])
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        spin = getattr(torch.cuda, "_sleep", None)
+
+        def take_ms() -> float:
+            if flush is not None:
+                flush.zero_()
+            if spin is not None:
+                spin(SPIN_CYCLES)  # keeps the GPU busy while the host enqueues the replay
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / calls
+
+        clock = "cuda-events" if graph is None else "cuda-graph" if replays == 1 else "cuda-graph-replays"
+        return take_ms, clock, calls
 
     @staticmethod
     def _eager_ms(fn: Callable[[], Any], calls: int = 10, budget_s: float = 0.5) -> float:
@@ -406,6 +432,41 @@ def hot_graph(
         return longer, calls, 1, None
     return one_call, calls, calls, (f"a graph of {calls} calls failed ({failure}); each sample "
                                     f"replays the one-call graph {calls} times")
+
+
+def _capture_cold(fn: Callable[[], Any], flush: Any) -> tuple[Callable[[], float] | None, str | None]:
+    """Cold mode's sampler: a graph of an L2 flush, a timing event, one call and a second
+    event, the events recorded as nodes of the graph (``torch.cuda.Event(external=True)``), so
+    a sample is the call alone: the replay's launch and the flush come before the first event.
+    Returns ``(take one sample in ms, None)``, or ``(None, why)`` when this torch has no such
+    events, the capture fails, or the events of a first replay cannot be read."""
+    import torch
+
+    try:
+        start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+    except TypeError:
+        return None, f"torch {torch.__version__} has no external CUDA events (torch.cuda.Event(external=True))"
+
+    def body() -> None:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+
+    graph, failure = _capture(body, 1)
+    if graph is None:
+        return None, failure
+
+    def take_ms() -> float:
+        graph.replay()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    try:
+        take_ms()
+    except Exception as exc:  # noqa: BLE001 - events a graph recorded but torch cannot read: use another clock
+        return None, f"{type(exc).__name__}: {str(exc)[:120]}"
+    return take_ms, None
 
 
 def _capture(fn: Callable[[], Any], calls: int) -> tuple[Any, str | None]:

@@ -1,15 +1,19 @@
 """``CudaTimer.measure`` on the CPU: torch.cuda's streams, events and graphs replaced by fakes
-driven by a scripted device clock, so the sampling path itself (calls per sample, the hot
-mode's graph fallback, the clock check and its notes) is tested without a GPU.
+driven by a scripted device clock, so the sampling path itself (calls per sample, the events
+inside a cold graph, the hot mode's graph fallback, the clock check and its notes) is tested
+without a GPU.
 
-The fake device clock advances only when a fake graph is replayed, by the scripted per-call
-time times the calls in that graph; events read it when recorded. The real timer code does the
-rest: the events around a replay, the division by calls, the re-measure after a throttled clock.
+The fake device has a clock in ms. A kernel call (``Device.call``) advances it by the scripted
+per-call time, the L2 flush by its own time; a fake graph holds what was captured and a replay
+runs it again after a launch latency. Events read the clock when recorded (or, captured in a
+graph, when it replays them). The real timer code does the rest: where the events go, the
+division by calls, the re-measure after a throttled clock.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,25 +27,41 @@ H200 = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
 
 
 class Device:
-    """The scripted GPU: a clock in ms that graph replays advance."""
+    """The scripted GPU: a clock in ms that calls, flushes and graph launches advance."""
 
-    def __init__(self, ms_per_call: float) -> None:
-        self.ms_per_call, self.now_ms, self.replays = ms_per_call, 0.0, 0
+    def __init__(self, ms_per_call: float, launch_ms: float = 0.0, flush_ms: float = 0.0) -> None:
+        self.ms_per_call, self.launch_ms, self.flush_ms = ms_per_call, launch_ms, flush_ms
+        self.now_ms, self.replays = 0.0, 0
+
+    def call(self) -> None:
+        """One call of the kernel under test."""
+        self.now_ms += self.ms_per_call
 
 
 class FakeGraph:
-    def __init__(self, device: Device, calls: int) -> None:
-        self.device, self.calls = device, calls
+    """The captured work, run again at each replay after the graph's launch latency."""
+
+    def __init__(self, device: Device, body: Callable[[], Any]) -> None:
+        self.device, self.body = device, body
 
     def replay(self) -> None:
-        self.device.now_ms += self.device.ms_per_call * self.calls
+        self.device.now_ms += self.device.launch_ms
+        self.body()
         self.device.replays += 1
+
+
+class FakeFlush:
+    def __init__(self, device: Device) -> None:
+        self.device = device
+
+    def zero_(self) -> None:
+        self.device.now_ms += self.device.flush_ms
 
 
 class FakeEvent:
     device: Device
 
-    def __init__(self, enable_timing: bool = False) -> None:
+    def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
         self.at_ms = 0.0
 
     def record(self) -> None:
@@ -52,6 +72,13 @@ class FakeEvent:
 
     def elapsed_time(self, other: FakeEvent) -> float:
         return other.at_ms - self.at_ms
+
+
+class OldTorchEvent(FakeEvent):
+    """A torch before external events: ``torch.cuda.Event(external=...)`` is a TypeError."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        super().__init__(enable_timing)
 
 
 class FakeStream:
@@ -70,11 +97,15 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Device:
         "current_device": lambda: 0,
     }.items():
         monkeypatch.setattr(torch.cuda, name, value, raising=False)
-    monkeypatch.setattr(timing, "_capture", lambda fn, calls: (FakeGraph(device, calls), None))
+
+    def capture(fn: Callable[[], Any], calls: int) -> tuple[FakeGraph, None]:
+        return FakeGraph(device, lambda: [fn() for _ in range(calls)]), None
+
+    monkeypatch.setattr(timing, "_capture", capture)
     monkeypatch.setattr(timing, "_time_replay", lambda replay: device.ms_per_call)
     monkeypatch.setattr(CudaTimer, "_eager_ms", staticmethod(lambda fn, calls=10, budget_s=0.5: 0.05))
     monkeypatch.setattr(CudaTimer, "_peak_mib", staticmethod(lambda fn: 1.0))
-    monkeypatch.setattr(CudaTimer, "_flush_buffer", lambda self: torch.zeros(4))
+    monkeypatch.setattr(CudaTimer, "_flush_buffer", lambda self: FakeFlush(device))
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: {"power": 0, "thermal": 0})
     return device
@@ -83,16 +114,65 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Device:
 PLAN = SamplingPlan(min_samples=10, budget_s=0.05)
 
 
-def test_cold_mode_times_one_call_per_replay(gpu: Device) -> None:
-    m = CudaTimer(H200).measure(lambda: None, PLAN)
-    assert (m.clock, m.mode, m.calls_per_sample) == ("cuda-graph", "cold", 1)
+def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: Device) -> None:
+    """A replay costs a 4 us launch and a 30 us flush before the call; neither is in a sample."""
+    gpu.launch_ms, gpu.flush_ms = 0.004, 0.03
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert (m.clock, m.mode, m.calls_per_sample) == ("cuda-graph-nodes", "cold", 1)
     assert m.median_ms == pytest.approx(0.02) and len(m.samples_ms) >= 10
+    assert gpu.replays == len(m.samples_ms) + 1  # one replay a sample, and one to check the events read
     assert m.notes == () and m.sm_clock_mhz == 1980.0
+
+
+def test_without_external_events_cold_samples_hold_the_launch_and_say_so(
+    gpu: Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events around the replay of a one-call graph: the flush and spin run before the start
+    event, the launch lands inside it; another clock, so the gate never mixes the two."""
+    gpu.launch_ms, gpu.flush_ms = 0.004, 0.03
+    monkeypatch.setattr(torch.cuda, "Event", OldTorchEvent)
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert (m.clock, m.calls_per_sample) == ("cuda-graph", 1)
+    assert m.median_ms == pytest.approx(0.024)
+    assert m.notes == (f"no timing events inside the graph (torch {torch.__version__} has no external CUDA "
+                       "events (torch.cuda.Event(external=True))); events around the replay instead, the "
+                       "graph's launch (a few us) included",)
+
+
+def test_events_a_graph_recorded_but_torch_cannot_read_fall_back_too(
+    gpu: Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class InsideUnreadable(FakeEvent):
+        def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
+            super().__init__(enable_timing, external)
+            self.external = external
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            if self.external:
+                raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            return super().elapsed_time(other)
+
+    gpu.launch_ms = 0.004
+    monkeypatch.setattr(torch.cuda, "Event", InsideUnreadable)
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert (m.clock, m.median_ms) == ("cuda-graph", pytest.approx(0.024))
+    assert m.notes == ("no timing events inside the graph (RuntimeError: Both events must be recorded before "
+                       "calculating elapsed time.); events around the replay instead, the graph's launch (a few "
+                       "us) included",)
+
+
+def test_a_call_that_cannot_be_captured_gets_one_note_not_two(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing, "_capture", lambda fn, calls: (None, "RuntimeError: capture"))
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert m.clock == "cuda-events"
+    assert [n for n in m.notes if "graph" in n] == [
+        "not graph-capturable (RuntimeError: capture); timed with events around eager launches, launch "
+        "overhead included"]
 
 
 def test_hot_mode_divides_a_long_graph_by_its_calls(gpu: Device) -> None:
     """0.5 ms samples of 0.02 ms calls: graphs of 25 calls, one replay per sample."""
-    m = CudaTimer(H200).measure(lambda: None, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05))
+    m = CudaTimer(H200).measure(gpu.call, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05))
     assert (m.clock, m.calls_per_sample) == ("cuda-graph", 25)
     assert m.median_ms == pytest.approx(0.02)
     assert gpu.replays == len(m.samples_ms)
@@ -102,10 +182,10 @@ def test_hot_mode_replays_the_one_call_graph_when_the_long_capture_fails(
     gpu: Device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def capture(fn: Any, calls: int) -> tuple[Any, str | None]:
-        return (FakeGraph(gpu, 1), None) if calls == 1 else (None, "OutOfMemoryError: pool")
+        return (FakeGraph(gpu, fn), None) if calls == 1 else (None, "OutOfMemoryError: pool")
 
     monkeypatch.setattr(timing, "_capture", capture)
-    m = CudaTimer(H200).measure(lambda: None, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05))
+    m = CudaTimer(H200).measure(gpu.call, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05))
     assert (m.clock, m.calls_per_sample) == ("cuda-graph-replays", 25)
     assert m.median_ms == pytest.approx(0.02)  # 25 replays of one call, divided by 25
     assert gpu.replays == 25 * len(m.samples_ms)
@@ -137,7 +217,7 @@ def test_a_throttled_case_is_measured_again(gpu: Device, monkeypatch: pytest.Mon
 
     gpu.ms_per_call = 0.03
     monkeypatch.setattr(timing, "read_sm_clock", clock)
-    m = CudaTimer(H200).measure(lambda: None, PLAN)
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.notes == ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured",)
     assert m.sm_clock_mhz == 1980.0
     assert m.median_ms == pytest.approx(0.02) and max(m.samples_ms) == pytest.approx(0.02)
@@ -147,7 +227,7 @@ def test_still_throttled_and_held_clocks_are_noted(gpu: Device, monkeypatch: pyt
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1890.0, ("sw-power-cap",)))
     counters = iter([{"power": 0}, {"power": 10**10}, {"power": 10**10}, {"power": 2 * 10**10}])
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: next(counters))
-    m = CudaTimer(H200).measure(lambda: None, PLAN)
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.notes[:2] == ("clock throttled (sw-power-cap) at 1890.0 MHz; re-measured",
                            "still throttled (sw-power-cap) after re-measuring")
     assert m.notes[2].startswith("clocks held down while sampling (power 100% of ")
@@ -156,7 +236,7 @@ def test_still_throttled_and_held_clocks_are_noted(gpu: Device, monkeypatch: pyt
 def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (None, ()))
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: None)
-    m = CudaTimer(H200).measure(lambda: None, PLAN)
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.notes == ("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked",)
 
 
@@ -179,6 +259,6 @@ def test_measure_warms_up_before_sampling(gpu: Device, monkeypatch: pytest.Monke
     warmed: list[int] = []
     real = timing.warm_up
     monkeypatch.setattr(timing, "warm_up", lambda fn, plan: warmed.append(real(fn, plan)))
-    CudaTimer(H200).measure(lambda: None, PLAN)
+    CudaTimer(H200).measure(gpu.call, PLAN)
     timing.HostTimer().measure(lambda: None, SamplingPlan(min_samples=3, budget_s=0.01))
     assert warmed == [3, 3]

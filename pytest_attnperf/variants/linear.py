@@ -134,9 +134,18 @@ def gdn_fused_recurrent(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: flo
 
 def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
     """fla's pure-PyTorch naive_recurrent_gated_delta_rule (fp32 inside; note its q, k, v,
-    beta, g argument order)."""
+    beta, g argument order), called with the inputs' device as torch's default device: it makes
+    its output and state with ``torch.zeros(...).to(v)``, on the host and then copied over, and
+    a copy from pageable host memory cannot be captured in a CUDA graph, so it was timed with
+    events around eager launches, its ~10 launches per token paced by the host (the standard
+    deviation of its median over three processes was 5-23%, session 8). Made on the device,
+    the zeros are one fill kernel each and the whole recurrence is graph-timed like fla's
+    other naive references."""
+    import torch
+
     fn = _fla("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
-    return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
+    with torch.device(q.device):
+        return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
 
 
 NAIVE_MAX_TOKENS = 4 * 16 * 1024  # batch x heads x sequence: B=4 H=16 T=1024
