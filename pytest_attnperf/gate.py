@@ -36,7 +36,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["HISTORY_MIN", "HISTORY_ROBUST", "MIN_SAMPLES", "Summary", "Verdict", "judge", "median_ci", "run_noise"]
+__all__ = [
+    "HISTORY_MIN", "HISTORY_ROBUST", "MIN_SAMPLES", "Summary", "Verdict", "centre_floor_ms", "judge", "median_ci",
+    "run_noise",
+]
 
 MIN_SAMPLES = 5
 HISTORY_MIN = 3  # recordings before a case's own run-to-run spread is trusted
@@ -67,6 +70,7 @@ class Summary:
     n_samples: int
     run_medians_ms: tuple[float, ...] = ()  # a baseline's medians of its recordings, oldest first
     run_machines: tuple[str | None, ...] = ()  # the machine of each recording (None: not known)
+    run_floors_ms: tuple[float | None, ...] = ()  # each recording's sample floor (None: not measured)
 
     @classmethod
     def from_samples(cls, samples_ms: Sequence[float]) -> Summary:
@@ -112,6 +116,12 @@ class Summary:
             m is None or isinstance(m, str) for m in machines
         ):
             raise TypeError(f"'run_machines' is {machines!r}, not one name (or null) per recording")
+        floors = entry.get("run_floors_ms", [None] * len(runs))
+        if not isinstance(floors, list) or len(floors) != len(runs) or not all(
+            f is None or (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0)
+            for f in floors
+        ):
+            raise TypeError(f"'run_floors_ms' is {floors!r}, not one positive time (or null) per recording")
         return cls(
             median_ms=median,
             ci_low_ms=low,
@@ -120,6 +130,7 @@ class Summary:
             n_samples=count,
             run_medians_ms=tuple(float(v) for v in runs),
             run_machines=tuple(machines),
+            run_floors_ms=tuple(None if f is None else float(f) for f in floors),
         )
 
     def describe(self) -> str:
@@ -138,6 +149,7 @@ class Verdict:
     ratio: float | None
     message: str
     machine_noise: float = 0.0  # the between-machines term the noise bar used (0: none, or no bar)
+    machine_shift_ms: float = 0.0  # the move expected of every sample on this machine (see judge)
 
     @property
     def failed(self) -> bool:
@@ -186,9 +198,17 @@ def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
     return centre, m, sigma, source
 
 
+def centre_floor_ms(baseline: Summary) -> float | None:
+    """The sample floor of the recordings behind the baseline's centre (the latest one with
+    fewer than ``HISTORY_MIN`` recordings, else the median of all), None if one is missing."""
+    floors = baseline.run_floors_ms[-1:] if len(baseline.run_medians_ms) < HISTORY_MIN else baseline.run_floors_ms
+    known = [f for f in floors if f is not None]
+    return statistics.median(known) if known and len(known) == len(floors) else None
+
+
 def judge(
     current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0,
-    machine_noise: float = 0.0, machine_offset_ms: float = 0.0,
+    machine_noise: float = 0.0, machine_offset_ms: float = 0.0, machine_shift_ms: float = 0.0,
 ) -> Verdict:
     """Compare a measurement with its baseline; ``tolerance``, ``noise_floor`` (the least
     run-to-run standard deviation assumed) and ``machine_noise`` are fractions (0.05 = 5%).
@@ -199,10 +219,19 @@ def judge(
     recordings cannot show it, all being from one machine other than this run's. Together,
     ``machine = sqrt(machine_noise**2 + (machine_offset_ms / centre)**2)``, they add to the
     variance of the difference: ``bar = 3 * sqrt(sigma**2 * (1 + 1/m) + machine**2)``. The
-    fixed part matters for short kernels only: 1 us is 11% of a 9 us kernel, 0.1% of a 1 ms one."""
+    fixed part matters for short kernels only: 1 us is 11% of a 9 us kernel, 0.1% of a 1 ms one.
+
+    ``machine_shift_ms`` is the part of that fixed move which is known: this machine's sample
+    floor less the recordings' (the plugin measures a one-element add once a run and keeps it
+    with each recording). The baseline's centre and interval are moved by it before comparing,
+    so every figure in the verdict (the change, the bar) is against the moved centre, and
+    ``machine_offset_ms`` is then what is left unexplained (``--attnperf-machine-residual``)."""
     if baseline is None:
         return Verdict("new", None, f"no baseline; measured {current.describe()}")
-    centre, m, sigma, source = run_noise(baseline, noise_floor)
+    recorded, m, sigma, source = run_noise(baseline, noise_floor)
+    shift_ms = machine_shift_ms if recorded + machine_shift_ms > 0 else 0.0
+    centre = recorded + shift_ms
+    sigma *= max(1.0, recorded / centre)  # the recordings' spread, as a share of a smaller centre
     machine = math.hypot(machine_noise, machine_offset_ms / centre)
     if machine > 0:
         parts = f"{100 * machine_noise:.2f}% and {1e3 * machine_offset_ms:.2g} us; " if machine_offset_ms > 0 else ""
@@ -220,15 +249,18 @@ def judge(
         )
     else:
         beyond_noise = abs(ratio - 1.0) > bar
-        shift = centre / baseline.median_ms  # the latest recording's interval, moved to the centre
-        low, high = baseline.ci_low_ms * shift, baseline.ci_high_ms * shift
+        scale = recorded / baseline.median_ms  # the latest recording's interval, moved to the centre
+        low, high = baseline.ci_low_ms * scale + shift_ms, baseline.ci_high_ms * scale + shift_ms
         real_slower = slower and current.ci_low_ms > high and beyond_noise
         real_faster = faster and current.ci_high_ms < low and beyond_noise
         overlap = current.ci_low_ms <= high and low <= current.ci_high_ms
         test = (f"95% intervals of the medians {'overlap' if overlap else 'do not overlap'}; "
                 f"run-to-run noise {source}: {'beyond' if beyond_noise else 'within'} "
                 f"its 3-sigma bar of {100 * bar:.2f}%")
-    centre_note = f", centre {centre:.4g} ms = median of {m} recordings" if m > 1 else ""
+    centre_note = f", centre {recorded:.4g} ms = median of {m} recordings" if m > 1 else ""
+    if shift_ms:
+        centre_note += (f"; centre moved {1e3 * shift_ms:+.2f} us to {centre:.4g} ms, this machine's sample floor "
+                        f"less the recordings' ({100 * (current.median_ms / recorded - 1):+.1f}% unmoved)")
     body = (
         f"{100 * (ratio - 1):+.1f}% against the baseline (tolerance {100 * tolerance:.1f}%; {test})\n"
         f"  baseline: {baseline.describe()}{centre_note}\n"
@@ -236,7 +268,7 @@ def judge(
     )
     used = 0.0 if few else machine
     if real_slower:
-        return Verdict("regressed", ratio, "REGRESSED " + body, used)
+        return Verdict("regressed", ratio, "REGRESSED " + body, used, shift_ms)
     if real_faster:
-        return Verdict("improved", ratio, "improved " + body, used)
-    return Verdict("unchanged", ratio, "unchanged " + body, used)
+        return Verdict("improved", ratio, "improved " + body, used, shift_ms)
+    return Verdict("unchanged", ratio, "unchanged " + body, used, shift_ms)

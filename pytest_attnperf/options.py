@@ -59,6 +59,14 @@ OPTIONS = (
            "recorded them (session 7): 0.2 us on another single-GPU lease, 2.1 to 2.4 us, all slower, on three GPUs "
            "of two 2-GPU hosts (hot mode, many calls per graph: 4 of 5 such callables within 1.3%, so mostly a "
            "fixed per-sample cost, not a share of the kernel)"),
+    Option("machine_residual", "--attnperf-machine-residual", "ATTNPERF_MACHINE_RESIDUAL",
+           "attnperf_machine_residual", "0.5us",
+           "used instead of --attnperf-machine-offset where the move is partly known: a cold case whose "
+           "recordings and this run both have a sample floor (a one-element add, measured once a run and kept with "
+           "each recording) is compared against its centre moved by the floors' difference, and this is the "
+           "standard deviation of what that leaves. 0.5us: session 9, 150 H200 cases under 1 ms timed cold on two "
+           "GPUs of a 2-GPU host against one recording on a single-GPU lease moved +1.83 to +2.07 us on average "
+           "by size class (sd 0.35-0.44 us across the cases under 200 us), the floors +1.80 to +1.96 us"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: the GPU's UUID and the boot "
            "id); a fixed name makes reboots of a dedicated box one machine"),
@@ -89,6 +97,7 @@ class Settings:
     run_noise: float
     machine_noise: float
     machine_offset_ms: float
+    machine_residual_ms: float
     machine: str | None
     mode: str
     budget_s: float
@@ -201,6 +210,7 @@ def read_settings(config: pytest.Config) -> Settings:
         run_noise=_get(config, "run_noise", fraction),
         machine_noise=_get(config, "machine_noise", fraction),
         machine_offset_ms=_get(config, "machine_offset", duration_ms),
+        machine_residual_ms=_get(config, "machine_residual", duration_ms),
         machine=_get(config, "machine", str).strip() or None,
         mode=_get(config, "mode", _mode),
         budget_s=_get(config, "budget", _positive_float),

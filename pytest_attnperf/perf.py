@@ -11,7 +11,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, judge, run_noise
+from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_floor_ms, judge, run_noise
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -36,13 +36,18 @@ def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
     )
 
 
-def _verdict_notes(verdict: Verdict, noise: float, offset_ms: float) -> tuple[str, ...]:
+def _verdict_notes(verdict: Verdict, noise: float, offset_ms: float, residual_ms: float) -> tuple[str, ...]:
     """For the summary table: why a case was not compared, or that its bar carried the
     between-machines terms (the same words for every such case, so the table prints them once)."""
     if verdict.status == "not compared":
         return (f"not compared: {verdict.message}",)
     if verdict.machine_noise <= 0:
         return ()
+    if verdict.machine_shift_ms:
+        return (f"judged against recordings from another machine: centre moved {1e3 * verdict.machine_shift_ms:+.2f} "
+                f"us (this machine's sample floor less the recordings'); the bar includes {100 * noise:.2f}% "
+                f"(--attnperf-machine-noise) and {1e3 * residual_ms:g} us a sample (--attnperf-machine-residual) "
+                "between machines",)
     offset = f" and {1e3 * offset_ms:g} us a sample (--attnperf-machine-offset)" if offset_ms > 0 else ""
     return (f"judged against recordings from another machine: the bar includes {100 * noise:.2f}% "
             f"(--attnperf-machine-noise){offset} between machines",)
@@ -257,11 +262,14 @@ class Perf:
             entry["eager_ms"] = m.eager_ms
         if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
             entry["notes"] = list(m.notes)
-        entry["run_medians_ms"], entry["run_machines"] = self._history(before, m)
+        entry["run_medians_ms"], entry["run_machines"], entry["run_floors_ms"] = self._history(before, m)
         return entry
 
-    def _history(self, before: dict[str, Any] | None, m: Measurement) -> tuple[list[float], list[str | None]]:
-        """The medians of this case's recordings, this one last, and the machine of each: the
+    def _history(
+        self, before: dict[str, Any] | None, m: Measurement,
+    ) -> tuple[list[float], list[str | None], list[float | None]]:
+        """The medians of this case's recordings, this one last, the machine of each and its
+        sample floor (``AttnPerfSession.measure_floor``; None where not measured): the
         earlier ones are kept (up to ``HISTORY_KEEP``) while the case was measured the same way
         and the gate, judging this recording against them, found no real change; a change it
         calls regressed or improved (beyond the tolerance *and* the noise bar: a new kernel)
@@ -271,24 +279,28 @@ class Perf:
         medians of an unchanged ~10 us kernel move that much between runs, and restarting on
         them left such cases with one recording, gated on the noise floor alone."""
         median_ms, here = m.summary.median_ms, self._session.machine  # > 0: measure() saw to it
+        floor_ms = self._session.measure_floor()[0]
+        fresh = [median_ms], [here], [floor_ms]
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
-            return [median_ms], [here]
+            return fresh
         try:
             earlier = Summary.from_mapping(before)
         except (KeyError, TypeError, ValueError):
-            return [median_ms], [here]
+            return fresh
         if m.clock == "cuda-events" and not self._all_from_here(earlier):  # per machine: see _gate
-            return [median_ms], [here]
+            return fresh
         settings = self._session.settings
         judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise,
                        *self._machine_terms(earlier, m))
         if judged.status in ("regressed", "improved"):
-            return [median_ms], [here]
+            return fresh
         if earlier.run_medians_ms:
-            runs, machines = list(earlier.run_medians_ms), list(earlier.run_machines)
+            runs, machines, floors = (list(earlier.run_medians_ms), list(earlier.run_machines),
+                                      list(earlier.run_floors_ms))
         else:  # an entry from before histories: its median, machine unknown
-            runs, machines = [earlier.median_ms], [None]
-        return [*runs, median_ms][-HISTORY_KEEP:], [*machines, here][-HISTORY_KEEP:]
+            runs, machines, floors = [earlier.median_ms], [None], [None]
+        keep = slice(-HISTORY_KEEP, None)
+        return [*runs, median_ms][keep], [*machines, here][keep], [*floors, floor_ms][keep]
 
     @staticmethod
     def _centre_machines(baseline: Summary) -> tuple[str | None, ...]:
@@ -304,28 +316,47 @@ class Perf:
         its recordings on another machine start a history of their own."""
         return set(self._centre_machines(baseline)) == {self._session.machine}
 
-    def _machine_terms_set(self) -> tuple[float, float]:
+    def _machine_terms_set(self) -> tuple[float, float, float]:
         settings = self._session.settings
-        return settings.machine_noise, settings.machine_offset_ms
+        return settings.machine_noise, settings.machine_offset_ms, settings.machine_residual_ms
 
-    def _machine_terms(self, baseline: Summary | None, measurement: Measurement) -> tuple[float, float]:
-        """The between-machines terms (``--attnperf-machine-noise``, and ``--attnperf-machine-offset``
-        in ms per call: the offset is a cost paid once per sample, so a graph of N calls, hot
-        mode's, spreads it over N) for judging against ``baseline``, else zeros: with fewer than
-        ``HISTORY_MIN`` recordings the centre is the latest one, so the term applies unless it
-        is known to come from this machine; with more, the centre is their median, and the
-        term applies unless one of them is from this machine or they come from two or more
-        known machines (their own spread then shows the moves). Recordings of unknown machine
-        (made before machines were noted) are likely from one box, so they do not make a
-        second machine here (``run_noise`` still counts them as one for its spread)."""
+    def _machine_terms(self, baseline: Summary | None, measurement: Measurement) -> tuple[float, float, float]:
+        """The between-machines terms for judging against ``baseline`` (see ``gate.judge``):
+        ``(--attnperf-machine-noise, fixed ms per call, known shift in ms)``, else zeros.
+
+        With fewer than ``HISTORY_MIN`` recordings the centre is the latest one, so the terms
+        apply unless it is known to come from this machine; with more, the centre is their
+        median, and they apply unless one of them is from this machine or they come from two or
+        more known machines (their own spread then shows the moves). Recordings of unknown
+        machine (made before machines were noted) are likely from one box, so they do not make a
+        second machine here (``run_noise`` still counts them as one for its spread).
+
+        The fixed part: where the sample floors of this run and of the recordings behind the
+        centre are all known and the case is cold, one call a sample (as the floor is), their
+        difference is the shift and ``--attnperf-machine-residual`` the fixed term; else
+        ``--attnperf-machine-offset``, a cost paid once per sample, so a graph of N calls, hot
+        mode's, spreads it over N."""
         if baseline is None:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         behind = self._centre_machines(baseline)
         if self._session.machine in behind or len(set(behind) - {None}) >= 2:
-            return 0.0, 0.0
-        noise, offset_ms = self._machine_terms_set()
+            return 0.0, 0.0, 0.0
+        noise, offset_ms, residual_ms = self._machine_terms_set()
+        shift_ms = self._floor_shift(baseline, measurement)
+        if shift_ms is not None:
+            return noise, residual_ms, shift_ms
         calls = measurement.calls_per_sample if measurement.clock == "cuda-graph" else 1
-        return noise, offset_ms / max(1, calls)
+        return noise, offset_ms / max(1, calls), 0.0
+
+    def _floor_shift(self, baseline: Summary, measurement: Measurement) -> float | None:
+        """This run's sample floor less that of the recordings behind the baseline's centre,
+        for a cold case timed one call a sample on a graph; None when the case is timed
+        otherwise or a floor is missing."""
+        if measurement.mode != "cold" or measurement.calls_per_sample != 1 or measurement.clock == "cuda-events":
+            return None
+        recorded = centre_floor_ms(baseline)
+        here = self._session.measure_floor()[0] if recorded is not None else None
+        return None if here is None else here - recorded
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:

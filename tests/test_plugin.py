@@ -596,6 +596,43 @@ def test_the_machine_offset_is_per_sample(project: pytest.Pytester, clock: str, 
     result.stdout.fnmatch_lines([expected])
 
 
+def test_the_floors_difference_moves_the_centre_on_another_machine(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 9 in small: recorded on A (floor 3.26 us), a 60 us case reads 1.84 us longer on
+    B (floor 5.10 us). Each recording keeps its floor; on B the centre is moved by the floors'
+    difference, the bar takes the 0.5 us residual instead of the 2 us offset, and +5% of real
+    work is caught at a 1.5% tolerance (with the offset alone its bar is about 10%: it passes,
+    as it does when B's floor is not measured)."""
+    from pytest_attnperf.session import AttnPerfSession
+
+    floor: list[float | None] = [0.00326]
+    monkeypatch.setattr(AttnPerfSession, "measure_floor", lambda self: (floor[0], "scripted"))
+    set_speed(project, a=0.060, b=0.060)
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_floors_ms"] == [0.00326]
+    floor[0] = 0.0051
+    tight = ("--attnperf-tolerance=1.5%", "--attnperf-machine=B")
+    set_speed(project, a=0.060 + 0.00184, b=0.060 * 1.05 + 0.00184)
+    on_b = project.runpytest(*PLUGIN, *tight)
+    on_b.assert_outcomes(passed=1, failed=1)
+    on_b.stdout.fnmatch_lines([
+        "*test_case[[]b[]]: REGRESSED +4.9% against the baseline*",
+        "*centre moved +1.84 us to 0.06184 ms*(+8.1% unmoved)*",
+        "note: test_case[[]a[]]: judged against recordings from another machine: centre moved +1.84 us (this "
+        "machine's sample floor less the recordings'); the bar includes 0.70% (--attnperf-machine-noise) and "
+        "0.5 us a sample (--attnperf-machine-residual) between machines",
+    ])
+    floor[0] = None  # B's floor not measured: the 2 us offset, and the +5% passes inside its bar
+    project.runpytest(*PLUGIN, *tight).assert_outcomes(passed=2)
+    floor[0] = 0.0051  # a history holding a recording without a floor behind the centre: the offset
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    floor[0] = None
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_floors_ms"] == [0.00326, 0.0051, None]
+    floor[0] = 0.0051
+    project.runpytest(*PLUGIN, *tight).assert_outcomes(passed=2)
+
+
 def test_with_two_recordings_the_machine_term_follows_the_latest(project: pytest.Pytester) -> None:
     """Below three recordings the centre is the latest one: recorded on A then B, a run on A
     is judged against B's recording, so the between-machines term applies; on B it does not."""

@@ -512,6 +512,52 @@ def test_recording_machines_must_match_the_recordings() -> None:
             Summary.from_mapping({**entry, "run_machines": bad})
 
 
+def test_recording_floors_must_match_the_recordings() -> None:
+    entry = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01, "n_samples": 10,
+             "run_medians_ms": [1.0, 1.0]}
+    assert Summary.from_mapping(entry).run_floors_ms == (None, None)  # older files: not measured
+    assert Summary.from_mapping({**entry, "run_floors_ms": [0.0033, None]}).run_floors_ms == (0.0033, None)
+    for bad in ([0.0033], "0.0033", [0.0033, 0.0], [0.0033, float("nan")], [True, None]):
+        with pytest.raises(TypeError, match="run_floors_ms"):
+            Summary.from_mapping({**entry, "run_floors_ms": bad})
+
+
+def test_a_known_shift_between_machines_moves_the_centre() -> None:
+    """Session 9's case: a 60 us kernel recorded on a machine whose sample floor is 3.26 us,
+    run where it is 5.1 us; every cold sample there is about 1.9 us longer. Unchanged, it reads
+    +3.2%: with the shift (+1.84 us) and a 0.5 us residual it is unchanged against the moved
+    centre; +5% of real work on top (+3 us) regresses at a 1.5% tolerance, and the message
+    gives both changes. With the 2 us offset and no shift the bar (about 10%) would pass it."""
+    base = summarise(1, 0.060, n=500, rel_noise=0.002)
+    shift = 0.0051 - 0.00326
+    same = summarise(2, 0.060 + shift, n=500, rel_noise=0.002)
+    slower = summarise(3, 0.060 * 1.05 + shift, n=500, rel_noise=0.002)
+    verdict = judge(same, base, 0.015, 0.005, 0.007, 0.0005, shift)
+    assert verdict.status == "unchanged" and verdict.machine_shift_ms == pytest.approx(shift)
+    assert verdict.ratio == pytest.approx(1.0, abs=0.003)
+    caught = judge(slower, base, 0.015, 0.005, 0.007, 0.0005, shift)
+    assert caught.status == "regressed"
+    assert "centre moved +1.84 us to 0.06185 ms, this machine's sample floor less the recordings' (+8.0% unmoved)" in (
+        caught.message)
+    assert caught.change_pct == pytest.approx(4.9, abs=0.3)
+    assert judge(slower, base, 0.015, 0.005, 0.007, 0.002).status == "unchanged"  # the offset alone: too wide
+
+
+def test_a_negative_shift_widens_the_recordings_spread_by_the_smaller_centre() -> None:
+    """Run on a machine whose floor is 2 us lower: the centre moves down, and the recordings'
+    spread (one recording: the 0.5% floor) is taken as a share of the smaller centre (10/8:
+    0.625%), so the bar does not shrink. A shift that would make the centre negative is not
+    applied."""
+    base = summarise(1, 0.010, n=500, rel_noise=0.002)
+    current = summarise(2, 0.008, n=500, rel_noise=0.002)
+    verdict = judge(current, base, 0.015, 0.005, 0.007, 0.0005, -0.002)
+    assert verdict.status == "unchanged" and verdict.ratio == pytest.approx(1.0, abs=0.003)
+    bar = 3 * math.sqrt(0.00625**2 * 2 + 0.007**2 + (0.0005 / 0.008) ** 2)
+    assert f"its 3-sigma bar of {100 * bar:.2f}%" in verdict.message
+    absurd = judge(current, base, 0.015, 0.005, 0.007, 0.0005, -0.02)
+    assert absurd.machine_shift_ms == 0.0 and absurd.status == "improved"
+
+
 def test_a_history_from_several_machines_keeps_their_moves_in_its_spread() -> None:
     """Four recordings from machine A and one from B, 2.5% apart: the MAD (zero) would drop
     B's move; from two machines on, the spread is the standard deviation (1.12%)."""

@@ -46,6 +46,7 @@ def test_defaults(pytester: pytest.Pytester) -> None:
     assert s.target_stdrel == 0.005
     assert s.min_samples == 10
     assert s.machine_noise == pytest.approx(0.007) and s.machine_offset_ms == pytest.approx(0.002)
+    assert s.machine_residual_ms == pytest.approx(0.0005)
     assert s.baselines_dir == pytester.path / "baselines"
 
 
@@ -91,6 +92,7 @@ def test_machine_offset_takes_a_time_in_us_by_default(
         (("--attnperf-machine-offset=-1us",), "--attnperf-machine-offset"),
         (("--attnperf-machine-offset=fast",), "--attnperf-machine-offset"),
         (("--attnperf-machine-offset=nan",), "--attnperf-machine-offset"),
+        (("--attnperf-machine-residual=-0.5us",), "--attnperf-machine-residual"),
         (("--attnperf-mode=warm",), "--attnperf-mode"),
         (("--attnperf-tolerance=abc",), "--attnperf-tolerance"),
         (("--attnperf-tolerance=-5%",), "--attnperf-tolerance"),
@@ -99,8 +101,8 @@ def test_machine_offset_takes_a_time_in_us_by_default(
         (("--attnperf-min-samples=0",), "--attnperf-min-samples"),
         (("--attnperf-min-samples=2.5",), "--attnperf-min-samples"),
     ],
-    ids=["offset-negative", "offset-word", "offset-nan", "mode-warm", "tolerance-abc", "tolerance-negative",
-         "tolerance-huge", "budget-zero", "min-samples-zero", "min-samples-float"],
+    ids=["offset-negative", "offset-word", "offset-nan", "residual-negative", "mode-warm", "tolerance-abc",
+         "tolerance-negative", "tolerance-huge", "budget-zero", "min-samples-zero", "min-samples-float"],
 )
 def test_bad_flag_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: tuple[str, ...], source: str) -> None:
     """A bad value on the command line is refused at start-up, naming the flag and the value."""

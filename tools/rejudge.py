@@ -1,6 +1,7 @@
 """Judge a noise-benchmark work folder's saved runs again with the gate in this tree.
 
     python3 tools/rejudge.py noise-work [--tolerance 1.5%] [--floor 0.5%] [--machine-noise 0] [--machine-offset 0]
+                             [--floors] [--machine-residual 0.5us] [--baseline-floor 3.26us]
 
 For changing the gate without a GPU: the steady runs' medians (``run<i>.json``) are judged
 against the work folder's baseline (``<hw>.yaml``) as ``pytest_attnperf.gate.judge`` would
@@ -14,6 +15,12 @@ machine); with either set, a steady run's cases timed with events around eager l
 not compared, as the plugin does against another machine's recordings. The offset is applied
 as to one call a sample (cold mode); the plugin divides it by the calls per sample of hot
 mode's graphs, which the run files do not hold, so re-judged hot runs are gated too loosely.
+
+``--floors`` judges as the plugin does where both sample floors are known: each steady run's
+floor (``attnperf_floor_ms`` in its JSON) less the floor of the recordings behind a case's
+centre (``run_floors_ms``, or ``--baseline-floor`` for a file recorded before floors were kept)
+moves the centre, and ``--machine-residual`` replaces the offset; a case without both floors
+keeps the offset. Inject reports hold no floor, so they are judged without it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_attnperf import baselines  # noqa: E402
-from pytest_attnperf.gate import Summary, judge  # noqa: E402
+from pytest_attnperf.gate import Summary, centre_floor_ms, judge  # noqa: E402
 from pytest_attnperf.noise import read_run, run_files, testcase_nodeid  # noqa: E402
 from pytest_attnperf.options import duration_ms, fraction  # noqa: E402
 
@@ -39,8 +46,22 @@ def point(ms: float) -> Summary:
     return Summary(ms, ms, ms, 0.0, 1000)
 
 
+def shifted(summary: Summary, machine: tuple[float, float], run_floor_ms: float | None,
+            floors: tuple[float, float | None] | None) -> tuple[float, float, float]:
+    """The between-machines terms for one case of one run: ``machine`` and no shift, or with
+    ``floors`` (the residual, and a baseline floor to use where the file holds none) and both
+    floors known, the residual and the floors' difference, as ``perf.Perf._machine_terms``."""
+    if floors is None or run_floor_ms is None or not any(machine):
+        return (*machine, 0.0)
+    residual_ms, fallback_ms = floors
+    recorded = centre_floor_ms(summary)
+    recorded = fallback_ms if recorded is None and not any(summary.run_floors_ms) else recorded
+    return (*machine, 0.0) if recorded is None else (machine[0], residual_ms, run_floor_ms - recorded)
+
+
 def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
-           machine: tuple[float, float]) -> tuple[int, int, list[tuple[str, str, float]]]:
+           machine: tuple[float, float], floors: tuple[float, float | None] | None = None,
+           ) -> tuple[int, int, list[tuple[str, str, float]]]:
     """Judgements made, cases not compared (eager-timed, against another machine) and
     (run, case, change %) of those that regressed."""
     made, skipped, flagged = 0, 0, []
@@ -53,7 +74,7 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
             if case in found.event_timed and any(machine):
                 skipped += 1
                 continue
-            verdict = judge(point(ms), summary, tolerance, floor, *machine)
+            verdict = judge(point(ms), summary, tolerance, floor, *shifted(summary, machine, found.floor_ms, floors))
             made += 1
             if verdict.status == "regressed":
                 flagged.append((run.name, case, verdict.change_pct))
@@ -89,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine-noise", type=fraction, default=0.0)
     parser.add_argument("--machine-offset", type=duration_ms, default=0.0,
                         help="--attnperf-machine-offset ('1us'; a bare number is in us)")
+    parser.add_argument("--floors", action="store_true",
+                        help="move each centre by the run's sample floor less the recordings' (as the plugin does)")
+    parser.add_argument("--machine-residual", type=duration_ms, default=0.0005,
+                        help="--attnperf-machine-residual, with --floors (default 0.5us)")
+    parser.add_argument("--baseline-floor", type=duration_ms, default=None,
+                        help="with --floors: the recordings' floor for a file that holds none ('3.26us')")
     args = parser.parse_args(argv)
     found = [args.workdir / f"{args.hw}.yaml"] if args.hw else sorted(args.workdir.glob("*.yaml"))
     if len(found) != 1 or not found[0].exists():
@@ -97,9 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         parser.error(f"{found[0]} holds no baseline")
     settings = (args.tolerance, args.floor, (args.machine_noise, args.machine_offset))
-    made, skipped, flagged = steady(args.workdir, base, *settings)
+    floors = (args.machine_residual, args.baseline_floor) if args.floors else None
+    made, skipped, flagged = steady(args.workdir, base, *settings, floors)
+    moved = (f"; with floors: centres moved by the floors' difference, {1e3 * args.machine_residual:g} us residual"
+             + (f", recordings' floor {1e3 * args.baseline_floor:g} us where the file has none"
+                if args.baseline_floor is not None else "")) if floors else ""
     print(f"tolerance {100 * args.tolerance:g}%, floor {100 * args.floor:g}%, machine noise "
-          f"{100 * args.machine_noise:g}% and {1e3 * args.machine_offset:g} us "
+          f"{100 * args.machine_noise:g}% and {1e3 * args.machine_offset:g} us{moved} "
           "(each interval test taken as passed: upper bounds)")
     print(f"steady runs: {made} judgements, {len(flagged)} regressed"
           + (f"; {skipped} eager-timed not compared (another machine)" if skipped else ""))
