@@ -103,8 +103,9 @@ class AttnPerfSession:
         would spread a per-sample cost over them), measured once per run: beside each case in
         the benchmark JSON, so runs on two machines show whether a machine's samples carry a
         fixed cost of their own (session 7: short kernels 1-3 us slower cold on two hosts; see
-        --attnperf-machine-offset). Reported, not used by the gate. ``(None, why)`` without
-        CUDA or when it fails."""
+        --attnperf-machine-offset). Kept with each recording (``run_floors_ms``); against
+        another machine's recordings the gate moves a cold case's centre by the difference
+        (``Perf._machine_terms``). ``(None, why)`` without CUDA or when it fails."""
         if self.floor is None:
             self.floor = self._floor()
         return self.floor

@@ -11,16 +11,15 @@ replay. A callable that cannot be captured is timed with events around eager lau
 measurement says so. Beside the kernel figure, the eager per-call time (events around ordinary
 launches, what a user running eagerly sees) is reported as ``eager_ms``.
 
-Where the graph cannot hold the events (a torch without external events, before 2.9), cold
-samples are events around the replay of a one-call graph (clock ``cuda-graph``), as before
-session 9: the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) run eagerly first,
-so the host enqueues the replay while the GPU is busy and the replay starts the moment the
-start event is recorded, but the graph's own launch, about 4 us on the H200 (a one-element add
-read 5.1 us so and 1.1 us hot), is inside every sample, and it was neither the same on every
-host (about 2 us more on the 2-GPU leases: ``--attnperf-machine-offset``) nor the same in every
-process (short cases' medians moved 1-2.7% between processes on one GPU, session 8). Without
-the spin, the first H200 runs of this harness measured flash SDPA at B=1 H=12 T=256 as 9.6 us in
-one run and 38 us in the next (the same kernel; the host had been slower than the L2 flush).
+Where the graph cannot hold the events (a torch without external CUDA events), cold
+samples are events around the replay of a one-call graph (clock ``cuda-graph``, the only cold
+clock up to session 8): the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) are
+enqueued first, so the host enqueues the replay while the GPU is busy and the replay starts the
+moment the start event is recorded, but the graph's launch is inside every sample. On a
+single-GPU H200 lease that was little: a one-element add read 3.58 us so, 3.26 us with the
+events in the graph, 1.05 us hot (session 9, ``tools/cold_check.py``). Without the spin, the
+first H200 runs of this harness measured flash SDPA at B=1 H=12 T=256 as 9.6 us in one run and
+38 us in the next (the same kernel; the host had been slower than the L2 flush).
 
 CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
 around each call is the measurement.
@@ -344,7 +343,7 @@ class CudaTimer:
         graph, capture_failure = _capture(fn, 1)
         if flush is not None and graph is not None:  # the call captures; the events did not
             notes.append(f"no timing events inside the graph ({failure}); events around the replay "
-                         "instead, the graph's launch (a few us) included")
+                         "instead, the graph's launch included")
         calls, replays = 1, 1  # calls per sample; replays of the graph per sample
         if graph is not None and plan.mode == "hot":
             # calls per graph from the device time of one replay, not the eager (host) time
