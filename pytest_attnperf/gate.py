@@ -149,7 +149,7 @@ class Verdict:
     ratio: float | None
     message: str
     machine_noise: float = 0.0  # the between-machines term the noise bar used (0: none, or no bar)
-    machine_shift_ms: float = 0.0  # the move expected of every sample on this machine (see judge)
+    machine_shift_ms: float | None = None  # the centre's move for this machine (see judge); None: not moved
 
     @property
     def failed(self) -> bool:
@@ -208,7 +208,7 @@ def centre_floor_ms(baseline: Summary) -> float | None:
 
 def judge(
     current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0,
-    machine_noise: float = 0.0, machine_offset_ms: float = 0.0, machine_shift_ms: float = 0.0,
+    machine_noise: float = 0.0, machine_offset_ms: float = 0.0, machine_shift_ms: float | None = None,
 ) -> Verdict:
     """Compare a measurement with its baseline; ``tolerance``, ``noise_floor`` (the least
     run-to-run standard deviation assumed) and ``machine_noise`` are fractions (0.05 = 5%).
@@ -225,12 +225,16 @@ def judge(
     floor less the recordings' (the plugin measures a one-element add once a run and keeps it
     with each recording). The baseline's centre and interval are moved by it before comparing,
     so every figure in the verdict (the change, the bar) is against the moved centre, and
-    ``machine_offset_ms`` is then what is left unexplained (``--attnperf-machine-residual``)."""
+    ``machine_offset_ms`` is then what is left unexplained (``--attnperf-machine-residual``).
+    A shift that would move the centre to zero or below is the caller's error (``ValueError``):
+    the plugin keeps the offset instead of such a shift."""
     if baseline is None:
         return Verdict("new", None, f"no baseline; measured {current.describe()}")
     recorded, m, sigma, source = run_noise(baseline, noise_floor)
-    shift_ms = machine_shift_ms if recorded + machine_shift_ms > 0 else 0.0
+    shift_ms = machine_shift_ms or 0.0
     centre = recorded + shift_ms
+    if centre <= 0:
+        raise ValueError(f"a shift of {machine_shift_ms!r} ms moves the centre {recorded!r} ms to {centre!r} ms")
     sigma *= max(1.0, recorded / centre)  # the recordings' spread, as a share of a smaller centre
     machine = math.hypot(machine_noise, machine_offset_ms / centre)
     if machine > 0:
@@ -258,7 +262,7 @@ def judge(
                 f"run-to-run noise {source}: {'beyond' if beyond_noise else 'within'} "
                 f"its 3-sigma bar of {100 * bar:.2f}%")
     centre_note = f", centre {recorded:.4g} ms = median of {m} recordings" if m > 1 else ""
-    if shift_ms:
+    if machine_shift_ms is not None:
         centre_note += (f"; centre moved {1e3 * shift_ms:+.2f} us to {centre:.4g} ms, this machine's sample floor "
                         f"less the recordings' ({100 * (current.median_ms / recorded - 1):+.1f}% unmoved)")
     body = (
@@ -268,7 +272,7 @@ def judge(
     )
     used = 0.0 if few else machine
     if real_slower:
-        return Verdict("regressed", ratio, "REGRESSED " + body, used, shift_ms)
+        return Verdict("regressed", ratio, "REGRESSED " + body, used, machine_shift_ms)
     if real_faster:
-        return Verdict("improved", ratio, "improved " + body, used, shift_ms)
-    return Verdict("unchanged", ratio, "unchanged " + body, used, shift_ms)
+        return Verdict("improved", ratio, "improved " + body, used, machine_shift_ms)
+    return Verdict("unchanged", ratio, "unchanged " + body, used, machine_shift_ms)

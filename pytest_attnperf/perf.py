@@ -37,20 +37,21 @@ def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
 
 
 def _verdict_notes(verdict: Verdict, noise: float, offset_ms: float, residual_ms: float) -> tuple[str, ...]:
-    """For the summary table: why a case was not compared, or that its bar carried the
-    between-machines terms (the same words for every such case, so the table prints them once)."""
+    """For the summary table: why a case was not compared, or that it was judged against
+    another machine's recordings, with what (the same words for every such case, so the table
+    prints them once)."""
     if verdict.status == "not compared":
         return (f"not compared: {verdict.message}",)
+    against = "judged against recordings from another machine"
+    if verdict.machine_shift_ms is not None:
+        bar = (f"; the bar includes {100 * noise:.2f}% (--attnperf-machine-noise) and {1e3 * residual_ms:g} us a "
+               "sample (--attnperf-machine-residual) between machines" if verdict.machine_noise > 0 else "")
+        return (f"{against}: centre moved {1e3 * verdict.machine_shift_ms:+.2f} us (this machine's sample floor "
+                f"less the recordings'){bar}",)
     if verdict.machine_noise <= 0:
         return ()
-    if verdict.machine_shift_ms:
-        return (f"judged against recordings from another machine: centre moved {1e3 * verdict.machine_shift_ms:+.2f} "
-                f"us (this machine's sample floor less the recordings'); the bar includes {100 * noise:.2f}% "
-                f"(--attnperf-machine-noise) and {1e3 * residual_ms:g} us a sample (--attnperf-machine-residual) "
-                "between machines",)
     offset = f" and {1e3 * offset_ms:g} us a sample (--attnperf-machine-offset)" if offset_ms > 0 else ""
-    return (f"judged against recordings from another machine: the bar includes {100 * noise:.2f}% "
-            f"(--attnperf-machine-noise){offset} between machines",)
+    return (f"{against}: the bar includes {100 * noise:.2f}% (--attnperf-machine-noise){offset} between machines",)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class Perf:
         )
         self._record(result)
         node.user_properties.append(("attnperf_verdict", verdict.status))  # in JUnit reports, for the noise benchmark
-        self._session.measure_floor()  # once per run, after the first case, outside its timing
+        self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
         self._feed_benchmark(result)
         if verdict.failed:
             drift = session.drift()
@@ -279,7 +280,7 @@ class Perf:
         medians of an unchanged ~10 us kernel move that much between runs, and restarting on
         them left such cases with one recording, gated on the noise floor alone."""
         median_ms, here = m.summary.median_ms, self._session.machine  # > 0: measure() saw to it
-        floor_ms = self._session.measure_floor()[0]
+        floor_ms = self._session.gate_floor_ms()
         fresh = [median_ms], [here], [floor_ms]
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
             return fresh
@@ -320,9 +321,12 @@ class Perf:
         settings = self._session.settings
         return settings.machine_noise, settings.machine_offset_ms, settings.machine_residual_ms
 
-    def _machine_terms(self, baseline: Summary | None, measurement: Measurement) -> tuple[float, float, float]:
+    def _machine_terms(
+        self, baseline: Summary | None, measurement: Measurement,
+    ) -> tuple[float, float, float | None]:
         """The between-machines terms for judging against ``baseline`` (see ``gate.judge``):
-        ``(--attnperf-machine-noise, fixed ms per call, known shift in ms)``, else zeros.
+        ``(--attnperf-machine-noise, fixed ms per call, known shift in ms or None)``, else
+        ``(0, 0, None)``.
 
         With fewer than ``HISTORY_MIN`` recordings the centre is the latest one, so the terms
         apply unless it is known to come from this machine; with more, the centre is their
@@ -331,32 +335,40 @@ class Perf:
         machine (made before machines were noted) are likely from one box, so they do not make a
         second machine here (``run_noise`` still counts them as one for its spread).
 
-        The fixed part: where the sample floors of this run and of the recordings behind the
-        centre are all known and the case is cold, one call a sample (as the floor is), their
-        difference is the shift and ``--attnperf-machine-residual`` the fixed term; else
-        ``--attnperf-machine-offset``, a cost paid once per sample, so a graph of N calls, hot
-        mode's, spreads it over N."""
+        The fixed part: where ``_floor_shift`` knows the move, it is the shift and
+        ``--attnperf-machine-residual`` the fixed term; else ``--attnperf-machine-offset``, a
+        cost paid once per sample, so a graph of N calls, hot mode's, spreads it over N."""
         if baseline is None:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, None
         behind = self._centre_machines(baseline)
         if self._session.machine in behind or len(set(behind) - {None}) >= 2:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, None
         noise, offset_ms, residual_ms = self._machine_terms_set()
         shift_ms = self._floor_shift(baseline, measurement)
         if shift_ms is not None:
             return noise, residual_ms, shift_ms
         calls = measurement.calls_per_sample if measurement.clock == "cuda-graph" else 1
-        return noise, offset_ms / max(1, calls), 0.0
+        return noise, offset_ms / max(1, calls), None
 
     def _floor_shift(self, baseline: Summary, measurement: Measurement) -> float | None:
-        """This run's sample floor less that of the recordings behind the baseline's centre,
-        for a cold case timed one call a sample on a graph; None when the case is timed
-        otherwise or a floor is missing."""
-        if measurement.mode != "cold" or measurement.calls_per_sample != 1 or measurement.clock == "cuda-events":
+        """This run's sample floor less that of the recordings behind the baseline's centre
+        (``AttnPerfSession.gate_floor_ms``: timed as cold cases are, clocks not held down), for a
+        case timed that way too (cold, ``cuda-graph-nodes``); None when either floor is missing,
+        the case is timed otherwise, or the difference is implausible: beyond three of
+        ``--attnperf-machine-offset``'s standard deviations (6 us by default; session 9 measured
+        1.8-2.0 us), or moving the centre to zero or below. A floor measured wrong must not move
+        every short case's centre: the offset then stands."""
+        if measurement.mode != "cold" or measurement.clock != "cuda-graph-nodes":
             return None
         recorded = centre_floor_ms(baseline)
-        here = self._session.measure_floor()[0] if recorded is not None else None
-        return None if here is None else here - recorded
+        here = self._session.gate_floor_ms() if recorded is not None else None
+        if here is None or recorded is None:
+            return None
+        shift_ms = here - recorded
+        centre = run_noise(baseline, self._session.settings.run_noise)[0]
+        if abs(shift_ms) > 3 * self._session.settings.machine_offset_ms or centre + shift_ms <= 0:
+            return None
+        return shift_ms
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:

@@ -7,6 +7,7 @@ attention tests imports nothing and writes nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -53,6 +54,7 @@ class AttnPerfSession:
     rows: list[Row] = field(default_factory=list)
     write_note: str | None = None
     floor: tuple[float | None, str] | None = None  # see measure_floor: (ms, how), once measured
+    floor_for_gate_ms: float | None = None  # see gate_floor_ms
 
     # -- device and hardware -------------------------------------------------------------
     @cached_property
@@ -103,27 +105,43 @@ class AttnPerfSession:
         would spread a per-sample cost over them), measured once per run: beside each case in
         the benchmark JSON, so runs on two machines show whether a machine's samples carry a
         fixed cost of their own (session 7: short kernels 1-3 us slower cold on two hosts; see
-        --attnperf-machine-offset). Kept with each recording (``run_floors_ms``); against
-        another machine's recordings the gate moves a cold case's centre by the difference
-        (``Perf._machine_terms``). ``(None, why)`` without CUDA or when it fails."""
+        --attnperf-machine-offset). ``(None, why)`` without CUDA or when it fails. Where the
+        gate may use it, see ``gate_floor_ms``."""
         if self.floor is None:
-            self.floor = self._floor()
+            self.floor, self.floor_for_gate_ms = self._floor()
         return self.floor
 
-    def _floor(self) -> tuple[float | None, str]:
+    def gate_floor_ms(self) -> float | None:
+        """The floor as the gate uses it: kept with each recording (``run_floors_ms``) and,
+        against another machine's recordings, the difference moves a cold case's centre
+        (``Perf._machine_terms``). Only a floor timed the way cold cases are (events inside the
+        graph, ``cuda-graph-nodes``) and not caught at a held-down clock; else None, and the
+        reason is in ``measure_floor``'s words."""
+        self.measure_floor()
+        return self.floor_for_gate_ms
+
+    def _floor(self) -> tuple[tuple[float | None, str], float | None]:
         if not self.device.is_gpu:  # a CPU run need not import torch for it
-            return None, "no CUDA device"
+            return (None, "no CUDA device"), None
         plan = self.plan("cold")
         how = "one-element add, cold"
         try:
             import torch
 
             if not torch.cuda.is_available():
-                return None, "no CUDA device"
+                return (None, "no CUDA device"), None
             one = torch.zeros(1, device="cuda")
-            return self.timer.measure(lambda: one.add_(1), plan).median_ms, how
+            m = self.timer.measure(lambda: one.add_(1), plan)
         except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail the run
-            return None, f"{how} failed: {type(exc).__name__}: {str(exc)[:120]}"
+            return (None, f"{how} failed: {type(exc).__name__}: {str(exc)[:120]}"), None
+        if not (math.isfinite(m.median_ms) and m.median_ms > 0):
+            return (None, f"{how} read {m.median_ms!r} ms"), None
+        doubts = [n for n in m.notes if n.startswith(("still throttled", "clocks held down"))]
+        if m.clock != "cuda-graph-nodes":
+            doubts.insert(0, f"clock {m.clock}")
+        if doubts:
+            return (m.median_ms, f"{how}; not used by the gate: {'; '.join(doubts)}"), None
+        return (m.median_ms, how), m.median_ms
 
     # -- baselines ------------------------------------------------------------------------
     @property

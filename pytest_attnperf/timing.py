@@ -340,6 +340,8 @@ class CudaTimer:
             nodes, failure = _capture_cold(fn, flush)
             if nodes is not None:
                 return nodes, "cuda-graph-nodes", 1
+        # a callable that cannot be captured has failed one capture already (the cold one):
+        # this second attempt tells "the events cannot be in a graph" from "the call cannot"
         graph, capture_failure = _capture(fn, 1)
         if flush is not None and graph is not None:  # the call captures; the events did not
             notes.append(f"no timing events inside the graph ({failure}); events around the replay "

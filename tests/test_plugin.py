@@ -56,7 +56,7 @@ class ScriptedTimer:
         sequence = json.loads(clocks.read_text()).get(test, ["scripted"]) if clocks.exists() else ["scripted"]
         n = self.calls[test] = self.calls.get(test, -1) + 1
         clock, _, per_sample = sequence[min(n, len(sequence) - 1)].partition(" x")  # "cuda-graph x64"
-        notes = () if clock in ("scripted", "cuda-graph") else (f"scripted fallback to {clock}",)
+        notes = () if clock in ("scripted", "cuda-graph", "cuda-graph-nodes") else (f"scripted fallback to {clock}",)
         return Measurement(tuple(factor * (1 + j) for j in jitter), clock=clock, mode=plan.mode, notes=notes,
                            calls_per_sample=int(per_sample or 1))
 
@@ -607,6 +607,8 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
 
     floor: list[float | None] = [0.00326]
     monkeypatch.setattr(AttnPerfSession, "measure_floor", lambda self: (floor[0], "scripted"))
+    monkeypatch.setattr(AttnPerfSession, "gate_floor_ms", lambda self: floor[0])
+    set_clocks(project, a=["cuda-graph-nodes"], b=["cuda-graph-nodes"])
     set_speed(project, a=0.060, b=0.060)
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
     assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_floors_ms"] == [0.00326]
@@ -631,6 +633,90 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
     assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_floors_ms"] == [0.00326, 0.0051, None]
     floor[0] = 0.0051
     project.runpytest(*PLUGIN, *tight).assert_outcomes(passed=2)
+
+
+def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str = "cuda-graph-nodes",
+                         notes: tuple[str, ...] = ()) -> object:
+    """An ``AttnPerfSession`` on a (faked) CUDA device whose timer gives every measurement,
+    the floor's included, these figures."""
+    import torch
+
+    from pytest_attnperf.hardware import DetectedDevice
+    from pytest_attnperf.session import AttnPerfSession
+    from pytest_attnperf.timing import Measurement, SamplingPlan
+
+    class Timer:
+        def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
+            m = Measurement((1.0,) * 10, clock=clock, mode="cold", notes=notes)
+            object.__setattr__(m.summary, "median_ms", median_ms)  # NaN and 0 too, which samples cannot give
+            return m
+
+    zeros = torch.zeros
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None: zeros(*shape))
+    session = AttnPerfSession.__new__(AttnPerfSession)
+    session.floor = None
+    session.__dict__.update(device=DetectedDevice("cuda", "NVIDIA H200"), timer=Timer(),
+                            plan=lambda mode=None: SamplingPlan(mode=mode or "cold"))
+    return session
+
+
+@pytest.mark.parametrize(("median_ms", "clock", "notes", "gate_ms", "how"), [
+    (0.00326, "cuda-graph-nodes", (), 0.00326, "one-element add, cold"),
+    (0.00358, "cuda-graph", ("no timing events inside the graph (...)",), None,
+     "one-element add, cold; not used by the gate: clock cuda-graph"),
+    (0.004, "cuda-graph-nodes", ("still throttled (sw-power-cap) after re-measuring",), None,
+     "one-element add, cold; not used by the gate: still throttled (sw-power-cap) after re-measuring"),
+    (0.004, "cuda-graph-nodes", ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured",), 0.004,
+     "one-element add, cold"),  # re-measured and no longer throttled: fine
+])
+def test_which_floors_the_gate_may_use(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str,
+                                       notes: tuple[str, ...], gate_ms: float | None, how: str) -> None:
+    """Only a floor timed as cold cases are (events inside the graph) and not at a held-down
+    clock is kept with recordings and moves centres; every floor is still reported."""
+    session = session_timing_floor(monkeypatch, median_ms, clock, notes)
+    assert session.gate_floor_ms() == gate_ms
+    assert session.measure_floor() == (median_ms, how)
+
+
+@pytest.mark.parametrize("bad", [0.0, float("nan"), float("inf")])
+def test_a_floor_that_is_not_a_positive_time_is_not_kept(monkeypatch: pytest.MonkeyPatch, bad: float) -> None:
+    """A zero, NaN or infinite floor would make the baseline file unloadable once written into
+    ``run_floors_ms``: it is reported as not measured and kept out."""
+    session = session_timing_floor(monkeypatch, bad)
+    assert session.gate_floor_ms() is None
+    assert session.measure_floor() == (None, f"one-element add, cold read {bad!r} ms")
+
+
+@pytest.mark.parametrize(("clock", "floor_b", "moved"), [
+    ("cuda-graph-nodes", 0.0051, True),
+    ("cuda-graph", 0.0051, False),  # the fallback clock: the graph's launch is in its samples, not the floor's
+    ("cuda-graph-nodes", 0.05, False),  # 46.7 us apart: beyond three offsets (6 us), a floor gone wrong
+    ("cuda-graph-nodes", 0.00326, True),  # equal floors: moved by zero, judged with the residual
+])
+def test_the_centre_moves_only_for_a_plausible_shift_on_the_floors_clock(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, clock: str, floor_b: float, moved: bool) -> None:
+    """A 60 us case recorded on A (floor 3.26 us) and run 5% slower on B plus 1.84 us: caught
+    where the centre moves, inside the 2 us offset's bar (about 10%) where it does not. The
+    note says which term the bar used."""
+    from pytest_attnperf.session import AttnPerfSession
+
+    floor: list[float] = [0.00326]
+    monkeypatch.setattr(AttnPerfSession, "measure_floor", lambda self: (floor[0], "scripted"))
+    monkeypatch.setattr(AttnPerfSession, "gate_floor_ms", lambda self: floor[0])
+    set_clocks(project, a=[clock], b=[clock])
+    set_speed(project, a=0.060, b=0.060)
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
+    floor[0] = floor_b
+    set_speed(project, a=0.060 * 1.05 + 0.00184, b=0.060)
+    result = project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%", "--attnperf-machine=B")
+    out = result.stdout.str()
+    if moved:
+        result.assert_outcomes(passed=1, failed=1)
+        assert "--attnperf-machine-residual" in out and "--attnperf-machine-offset" not in out
+    else:
+        result.assert_outcomes(passed=2)
+        assert "2 us a sample (--attnperf-machine-offset)" in out and "centre moved" not in out
 
 
 def test_with_two_recordings_the_machine_term_follows_the_latest(project: pytest.Pytester) -> None:
@@ -706,13 +792,13 @@ def test_the_sample_floor_is_measured_once_and_reported(
     set_speed(project, a=0.004, b=1.0)  # the floor is timed within the first case, a: 4 us
     result = project.runpytest(*PLUGIN, "--benchmark-json=out.json")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["sample floor (one-element add, cold): 4.00 us"])
+    result.stdout.fnmatch_lines(["sample floor (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
     floors = [b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "out.json").read_text())[
         "benchmarks"]]
     assert floors == [pytest.approx(0.004), pytest.approx(0.004)]
     # measured without pytest-benchmark too; a failure is named, not raised
     project.runpytest(*PLUGIN, "-p", "no:benchmark").stdout.fnmatch_lines(
-        ["sample floor (one-element add, cold): 4.00 us"])
+        ["sample floor (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
 
     def broken(*shape, device=None):
         raise RuntimeError("CUDA error: an illegal memory access")

@@ -88,27 +88,32 @@ def test_the_machine_offset_and_eager_cases(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """A 60 us case recorded with a 3.26 us floor reads 1.84 us longer in a run whose floor is
-    5.10 us, and a 1 ms case +0.2%: against another machine at a 1.5% tolerance with no fixed
-    term the short one regresses (+3.1%); with --floors its centre moves by 1.84 us and it does
-    not. A file without floors takes --baseline-floor; without either the offset stays."""
+    """A 60 us case recorded with a 3.26 us floor, 5% slower in a run whose floor is 5.10 us
+    (so 1.84 us more on top), and a 1 ms case +0.2%, judged as against another machine at a
+    1.5% tolerance. With the 2 us offset the short case's bar is about 10%: it passes. With
+    --floors its centre moves by 1.84 us, the residual is 0.5 us, and the +5% is caught. A file
+    without floors takes --baseline-floor, else keeps the offset; a case on the fallback clock
+    (launch inside its samples) keeps it too."""
     short, long_ = "suites/test_x.py::test_x[short]", "suites/test_x.py::test_x[long]"
-    recorded = {short: {**entry(0.060, [0.060]), "run_floors_ms": [0.00326]},
-                long_: {**entry(1.0, [1.0]), "run_floors_ms": [0.00326]}}
-    (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"format": FORMAT, "meta": {}, "entries": recorded}))
+    recorded = {short: {**entry(0.060, [0.060]), "run_floors_ms": [0.00326], "clock": "cuda-graph-nodes"},
+                long_: {**entry(1.0, [1.0]), "run_floors_ms": [0.00326], "clock": "cuda-graph-nodes"}}
+
+    def judged(*extra: str) -> str:
+        (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"format": FORMAT, "meta": {}, "entries": recorded}))
+        rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--machine-offset", "2us", *extra])
+        return capsys.readouterr().out
+
     run = {"benchmarks": [
-        {"fullname": short, "stats": {"median": 61.84e-6}, "extra_info": {"attnperf_floor_ms": 0.0051}},
+        {"fullname": short, "stats": {"median": (60e-3 * 1.05 + 1.84e-3) * 1e-3},
+         "extra_info": {"attnperf_floor_ms": 0.0051}},
         {"fullname": long_, "stats": {"median": 1.002e-3}, "extra_info": {"attnperf_floor_ms": 0.0051}}]}
     (tmp_path / "run0.json").write_text(json.dumps(run))
-    rejudge.main([str(tmp_path), "--machine-noise", "0.7%"])
-    assert "steady runs: 2 judgements, 1 regressed" in capsys.readouterr().out
-    rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--floors"])
-    out = capsys.readouterr().out
-    assert "steady runs: 2 judgements, 0 regressed" in out and "0.5 us residual" in out
+    assert "steady runs: 2 judgements, 0 regressed" in judged()
+    out = judged("--floors")
+    assert "steady runs: 2 judgements, 1 regressed" in out and "0.5 us residual" in out
     for e in recorded.values():
         del e["run_floors_ms"]
-    (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"format": FORMAT, "meta": {}, "entries": recorded}))
-    rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--floors"])
-    assert "steady runs: 2 judgements, 1 regressed" in capsys.readouterr().out
-    rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--floors", "--baseline-floor", "3.26us"])
-    assert "steady runs: 2 judgements, 0 regressed" in capsys.readouterr().out
+    assert "steady runs: 2 judgements, 0 regressed" in judged("--floors")
+    assert "steady runs: 2 judgements, 1 regressed" in judged("--floors", "--baseline-floor", "3.26us")
+    recorded[short]["clock"] = "cuda-graph"
+    assert "steady runs: 2 judgements, 0 regressed" in judged("--floors", "--baseline-floor", "3.26us")

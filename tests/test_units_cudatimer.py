@@ -161,6 +161,39 @@ def test_events_a_graph_recorded_but_torch_cannot_read_fall_back_too(
                        "included",)
 
 
+def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
+    gpu: Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capture runs the body once, as torch's does; recording an external event there
+    fails (a driver without event record nodes), the call alone captures: events around the
+    replay, noted with the capture's error."""
+
+    class NoEventNodes(FakeEvent):
+        def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
+            super().__init__(enable_timing, external)
+            self.external = external
+
+        def record(self) -> None:
+            if self.external:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            super().record()
+
+    def capture(fn: Callable[[], Any], calls: int) -> tuple[FakeGraph | None, str | None]:
+        try:
+            fn()
+        except RuntimeError as exc:
+            return None, f"RuntimeError: {exc}"
+        return FakeGraph(gpu, lambda: [fn() for _ in range(calls)]), None
+
+    gpu.launch_ms = 0.004
+    monkeypatch.setattr(torch.cuda, "Event", NoEventNodes)
+    monkeypatch.setattr(timing, "_capture", capture)
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert (m.clock, m.median_ms) == ("cuda-graph", pytest.approx(0.024))
+    assert m.notes == ("no timing events inside the graph (RuntimeError: operation not permitted when stream is "
+                       "capturing); events around the replay instead, the graph's launch included",)
+
+
 def test_a_call_that_cannot_be_captured_gets_one_note_not_two(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing, "_capture", lambda fn, calls: (None, "RuntimeError: capture"))
     m = CudaTimer(H200).measure(gpu.call, PLAN)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from pytest_attnperf import timing
-from pytest_attnperf.gate import MIN_SAMPLES, Summary, Verdict, judge, median_ci
+from pytest_attnperf.gate import MIN_SAMPLES, Summary, Verdict, centre_floor_ms, judge, median_ci
 from pytest_attnperf.timing import ReplayClock, SamplingPlan, hot_graph, sample_adaptively
 
 
@@ -522,6 +522,20 @@ def test_recording_floors_must_match_the_recordings() -> None:
             Summary.from_mapping({**entry, "run_floors_ms": bad})
 
 
+def test_the_centre_floor_follows_the_centre() -> None:
+    """Below three recordings the centre is the latest, and so is its floor; from three on the
+    median of them all, each floor needed (a recording without one leaves the centre's unknown)."""
+    from dataclasses import replace
+
+    base = summarise(1, 0.05, n=50)
+    two = replace(with_history(base, [0.05, 0.05]), run_floors_ms=(None, 0.0033))
+    assert centre_floor_ms(two) == 0.0033
+    three = replace(with_history(base, [0.05, 0.05, 0.05]), run_floors_ms=(0.0050, 0.0033, 0.0034))
+    assert centre_floor_ms(three) == 0.0034
+    assert centre_floor_ms(replace(three, run_floors_ms=(None, 0.0033, 0.0034))) is None
+    assert centre_floor_ms(with_history(base, [0.05])) is None  # built without floors
+
+
 def test_a_known_shift_between_machines_moves_the_centre() -> None:
     """Session 9's case: a 60 us kernel recorded on a machine whose sample floor is 3.26 us,
     run where it is 5.1 us; every cold sample there is about 1.9 us longer. Unchanged, it reads
@@ -546,16 +560,28 @@ def test_a_known_shift_between_machines_moves_the_centre() -> None:
 def test_a_negative_shift_widens_the_recordings_spread_by_the_smaller_centre() -> None:
     """Run on a machine whose floor is 2 us lower: the centre moves down, and the recordings'
     spread (one recording: the 0.5% floor) is taken as a share of the smaller centre (10/8:
-    0.625%), so the bar does not shrink. A shift that would make the centre negative is not
-    applied."""
+    0.625%), so the bar does not shrink. A shift that would make the centre zero or negative is
+    refused (the plugin keeps the offset instead)."""
     base = summarise(1, 0.010, n=500, rel_noise=0.002)
     current = summarise(2, 0.008, n=500, rel_noise=0.002)
     verdict = judge(current, base, 0.015, 0.005, 0.007, 0.0005, -0.002)
     assert verdict.status == "unchanged" and verdict.ratio == pytest.approx(1.0, abs=0.003)
     bar = 3 * math.sqrt(0.00625**2 * 2 + 0.007**2 + (0.0005 / 0.008) ** 2)
     assert f"its 3-sigma bar of {100 * bar:.2f}%" in verdict.message
-    absurd = judge(current, base, 0.015, 0.005, 0.007, 0.0005, -0.02)
-    assert absurd.machine_shift_ms == 0.0 and absurd.status == "improved"
+    with pytest.raises(ValueError, match="moves the centre"):
+        judge(current, base, 0.015, 0.005, 0.007, 0.0005, -0.02)
+
+
+def test_a_shift_of_zero_is_a_shift_and_none_is_none() -> None:
+    """Equal floors on both machines: the centre is not moved, but the verdict says the floors
+    were compared (the plugin then used the residual, not the offset); no shift given: None."""
+    base, current = summarise(1, 0.05, n=200), summarise(2, 0.05, n=200)
+    assert judge(current, base, 0.015, 0.005, 0.007, 0.0005, 0.0).machine_shift_ms == 0.0
+    assert "centre moved +0.00 us" in judge(current, base, 0.015, 0.005, 0.007, 0.0005, 0.0).message
+    plain = judge(current, base, 0.015, 0.005, 0.007, 0.002)
+    assert plain.machine_shift_ms is None and "centre moved" not in plain.message
+    few = judge(summarise(2, 0.05, n=3), base, 0.015, 0.005, 0.007, 0.0005, 0.001)
+    assert few.machine_noise == 0.0 and few.machine_shift_ms == 0.001  # no bar, but the centre moved
 
 
 def test_a_history_from_several_machines_keeps_their_moves_in_its_spread() -> None:

@@ -19,8 +19,9 @@ mode's graphs, which the run files do not hold, so re-judged hot runs are gated 
 ``--floors`` judges as the plugin does where both sample floors are known: each steady run's
 floor (``attnperf_floor_ms`` in its JSON) less the floor of the recordings behind a case's
 centre (``run_floors_ms``, or ``--baseline-floor`` for a file recorded before floors were kept)
-moves the centre, and ``--machine-residual`` replaces the offset; a case without both floors
-keeps the offset. Inject reports hold no floor, so they are judged without it.
+moves the centre of each cold ``cuda-graph-nodes`` case, and ``--machine-residual`` replaces
+the offset; a case without both floors, timed otherwise, or with a difference beyond three
+offsets keeps the offset. Inject reports hold no floor, so they are judged without it.
 """
 
 from __future__ import annotations
@@ -46,17 +47,23 @@ def point(ms: float) -> Summary:
     return Summary(ms, ms, ms, 0.0, 1000)
 
 
-def shifted(summary: Summary, machine: tuple[float, float], run_floor_ms: float | None,
-            floors: tuple[float, float | None] | None) -> tuple[float, float, float]:
+def shifted(summary: Summary, entry: dict, machine: tuple[float, float], run_floor_ms: float | None,
+            floors: tuple[float, float | None] | None) -> tuple[float, float, float | None]:
     """The between-machines terms for one case of one run: ``machine`` and no shift, or with
-    ``floors`` (the residual, and a baseline floor to use where the file holds none) and both
-    floors known, the residual and the floors' difference, as ``perf.Perf._machine_terms``."""
+    ``floors`` (the residual, and a baseline floor to use where the file holds none), both
+    floors known and the case cold on the ``cuda-graph-nodes`` clock, the residual and the
+    floors' difference, as ``perf.Perf._machine_terms`` (the run's floor is taken as the plugin
+    would use it; the plausibility bound, three offsets, applies too)."""
     if floors is None or run_floor_ms is None or not any(machine):
-        return (*machine, 0.0)
+        return (*machine, None)
+    if (entry.get("mode"), entry.get("clock")) != ("cold", "cuda-graph-nodes"):
+        return (*machine, None)
     residual_ms, fallback_ms = floors
     recorded = centre_floor_ms(summary)
     recorded = fallback_ms if recorded is None and not any(summary.run_floors_ms) else recorded
-    return (*machine, 0.0) if recorded is None else (machine[0], residual_ms, run_floor_ms - recorded)
+    if recorded is None or abs(run_floor_ms - recorded) > 3 * machine[1]:
+        return (*machine, None)
+    return machine[0], residual_ms, run_floor_ms - recorded
 
 
 def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
@@ -74,7 +81,8 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
             if case in found.event_timed and any(machine):
                 skipped += 1
                 continue
-            verdict = judge(point(ms), summary, tolerance, floor, *shifted(summary, machine, found.floor_ms, floors))
+            terms = shifted(summary, base.entries[case], machine, found.floor_ms, floors)
+            verdict = judge(point(ms), summary, tolerance, floor, *terms)
             made += 1
             if verdict.status == "regressed":
                 flagged.append((run.name, case, verdict.change_pct))
