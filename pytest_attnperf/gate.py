@@ -37,13 +37,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "HISTORY_MIN", "HISTORY_ROBUST", "MIN_SAMPLES", "Summary", "Verdict", "centre_floor_ms", "judge", "median_ci",
-    "run_noise",
+    "HISTORY_MIN", "HISTORY_ROBUST", "MAX_FLOOR_SHIFT_MS", "MIN_SAMPLES", "Summary", "Verdict", "centre_floor_ms",
+    "floor_shift_ms", "judge", "median_ci", "run_noise",
 ]
 
 MIN_SAMPLES = 5
 HISTORY_MIN = 3  # recordings before a case's own run-to-run spread is trusted
 HISTORY_ROBUST = 5  # recordings before one of them may be set aside as odd (the scaled MAD)
+# the largest difference of two machines' sample floors taken as a shift of their cases (session 9
+# measured 1.8-2.0 us between a 1-GPU and a 2-GPU H200 host): beyond it, a floor is taken as
+# measured wrong, and the between-machines offset stands
+MAX_FLOOR_SHIFT_MS = 0.006
 _Z95 = 1.959963984540054
 
 
@@ -204,6 +208,25 @@ def centre_floor_ms(baseline: Summary) -> float | None:
     floors = baseline.run_floors_ms[-1:] if len(baseline.run_medians_ms) < HISTORY_MIN else baseline.run_floors_ms
     known = [f for f in floors if f is not None]
     return statistics.median(known) if known and len(known) == len(floors) else None
+
+
+def floor_shift_ms(baseline: Summary, here_ms: float | None, noise_floor: float) -> tuple[float | None, str | None]:
+    """``(shift, None)``: this machine's sample floor ``here_ms`` less the floor behind the
+    baseline's centre, to move the centre by; ``(None, why)`` when a floor is missing or the
+    difference is implausible (beyond ``MAX_FLOOR_SHIFT_MS``, or moving the centre to zero or
+    below): then the caller keeps the between-machines offset. ``why`` is None when simply
+    unknown, else words for the run's summary."""
+    recorded = centre_floor_ms(baseline)
+    if recorded is None or here_ms is None:
+        return None, None
+    shift = here_ms - recorded
+    if abs(shift) > MAX_FLOOR_SHIFT_MS:
+        return None, (f"sample floor here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: more than "
+                      f"{1e3 * MAX_FLOOR_SHIFT_MS:g} us apart, taken as measured wrong; the offset stands")
+    if run_noise(baseline, noise_floor)[0] + shift <= 0:
+        return None, (f"sample floor here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: the "
+                      "difference would empty a case's centre; the offset stands")
+    return shift, None
 
 
 def judge(

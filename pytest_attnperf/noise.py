@@ -154,11 +154,23 @@ class Run(NamedTuple):
     # not graph-capturable, so launch and host overhead are in the figure)
     verdicts: dict[str, str] | None = None  # each case's gate status (``verdict``: unchanged, new, ...)
     floor_ms: float | None = None  # the run's sample floor (``attnperf_floor_ms``), on CUDA
+    gate_floor_ms: float | None = None  # the floor as the gate used it (``attnperf_gate_floor_ms``; runs
+    # from before that key: ``attnperf_floor_ms``, which the gate did not use then)
+    clocks: dict[str, str] | None = None  # each case's clock (``attnperf_clock``)
+
+
+def _first_extra(benchmarks: list[dict], key: str) -> tuple[bool, float | None]:
+    """Whether any case carries ``key`` in its ``extra_info``, and the first non-null value."""
+    extras = [b.get("extra_info", {}) for b in benchmarks]
+    found = [e[key] for e in extras if key in e]
+    return bool(found), next((float(v) for v in found if v is not None), None)
 
 
 def read_run(path: Path) -> Run:
     data = json.loads(path.read_text())
     benchmarks = data["benchmarks"]
+    floor = _first_extra(benchmarks, "attnperf_floor_ms")[1]
+    has_gate_floor, gate_floor = _first_extra(benchmarks, "attnperf_gate_floor_ms")
     return Run(
         medians={b["fullname"]: b["stats"]["median"] * 1e3 for b in benchmarks},
         machines={str(b["extra_info"]["attnperf_machine"]) for b in benchmarks
@@ -167,8 +179,10 @@ def read_run(path: Path) -> Run:
                      if b.get("extra_info", {}).get("attnperf_clock") == "cuda-events"},
         verdicts={b["fullname"]: str(b["extra_info"]["verdict"]) for b in benchmarks
                   if "verdict" in b.get("extra_info", {})},
-        floor_ms=next((float(b["extra_info"]["attnperf_floor_ms"]) for b in benchmarks
-                       if b.get("extra_info", {}).get("attnperf_floor_ms") is not None), None),
+        floor_ms=floor,
+        gate_floor_ms=gate_floor if has_gate_floor else floor,
+        clocks={b["fullname"]: str(b["extra_info"]["attnperf_clock"]) for b in benchmarks
+                if "attnperf_clock" in b.get("extra_info", {})},
     )
 
 

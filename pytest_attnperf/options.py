@@ -65,7 +65,7 @@ OPTIONS = (
            "recordings and this run both have a sample floor (a one-element add, measured once a run and kept with "
            "each recording) is compared against its centre moved by the floors' difference, and this is the "
            "standard deviation of what that leaves. 0.5us: session 9, 150 H200 cases under 1 ms timed cold on two "
-           "GPUs of a 2-GPU host against one recording on a single-GPU lease moved +1.83 to +2.07 us on average "
+           "GPUs of a 2-GPU host against one recording on a single-GPU lease moved +1.82 to +2.07 us on average "
            "by size class (sd 0.35-0.44 us across the cases under 200 us), the floors +1.80 to +1.96 us"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: the GPU's UUID and the boot "

@@ -11,7 +11,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_floor_ms, judge, run_noise
+from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_floor_ms, floor_shift_ms, judge, run_noise
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -39,15 +39,14 @@ def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
 def _verdict_notes(verdict: Verdict, noise: float, offset_ms: float, residual_ms: float) -> tuple[str, ...]:
     """For the summary table: why a case was not compared, or that it was judged against
     another machine's recordings, with what (the same words for every such case, so the table
-    prints them once)."""
+    prints them once; a case's own figures are in its verdict message)."""
     if verdict.status == "not compared":
         return (f"not compared: {verdict.message}",)
     against = "judged against recordings from another machine"
     if verdict.machine_shift_ms is not None:
         bar = (f"; the bar includes {100 * noise:.2f}% (--attnperf-machine-noise) and {1e3 * residual_ms:g} us a "
                "sample (--attnperf-machine-residual) between machines" if verdict.machine_noise > 0 else "")
-        return (f"{against}: centre moved {1e3 * verdict.machine_shift_ms:+.2f} us (this machine's sample floor "
-                f"less the recordings'){bar}",)
+        return (f"{against}: centre moved by this machine's sample floor less the recordings'{bar}",)
     if verdict.machine_noise <= 0:
         return ()
     offset = f" and {1e3 * offset_ms:g} us a sample (--attnperf-machine-offset)" if offset_ms > 0 else ""
@@ -270,7 +269,7 @@ class Perf:
         self, before: dict[str, Any] | None, m: Measurement,
     ) -> tuple[list[float], list[str | None], list[float | None]]:
         """The medians of this case's recordings, this one last, the machine of each and its
-        sample floor (``AttnPerfSession.measure_floor``; None where not measured): the
+        sample floor (``AttnPerfSession.gate_floor_ms``; None where not measured or not usable): the
         earlier ones are kept (up to ``HISTORY_KEEP``) while the case was measured the same way
         and the gate, judging this recording against them, found no real change; a change it
         calls regressed or improved (beyond the tolerance *and* the noise bar: a new kernel)
@@ -351,23 +350,18 @@ class Perf:
         return noise, offset_ms / max(1, calls), None
 
     def _floor_shift(self, baseline: Summary, measurement: Measurement) -> float | None:
-        """This run's sample floor less that of the recordings behind the baseline's centre
-        (``AttnPerfSession.gate_floor_ms``: timed as cold cases are, clocks not held down), for a
-        case timed that way too (cold, ``cuda-graph-nodes``); None when either floor is missing,
-        the case is timed otherwise, or the difference is implausible: beyond three of
-        ``--attnperf-machine-offset``'s standard deviations (6 us by default; session 9 measured
-        1.8-2.0 us), or moving the centre to zero or below. A floor measured wrong must not move
-        every short case's centre: the offset then stands."""
+        """The floors' difference to move the baseline's centre by (``gate.floor_shift_ms``:
+        this run's ``AttnPerfSession.gate_floor_ms``, timed as cold cases are and clocks not
+        held down, less the recordings'), for a case timed that way too (cold,
+        ``cuda-graph-nodes``); None when the case is timed otherwise, a floor is missing or the
+        difference is implausible, which the run's summary then reports once."""
         if measurement.mode != "cold" or measurement.clock != "cuda-graph-nodes":
             return None
-        recorded = centre_floor_ms(baseline)
-        here = self._session.gate_floor_ms() if recorded is not None else None
-        if here is None or recorded is None:
+        if centre_floor_ms(baseline) is None:
             return None
-        shift_ms = here - recorded
-        centre = run_noise(baseline, self._session.settings.run_noise)[0]
-        if abs(shift_ms) > 3 * self._session.settings.machine_offset_ms or centre + shift_ms <= 0:
-            return None
+        shift_ms, refused = floor_shift_ms(baseline, self._session.gate_floor_ms(), self._session.settings.run_noise)
+        if refused:
+            self._session.floor_refusals.add(refused)
         return shift_ms
 
     def _baseline_entry(self) -> dict[str, Any] | None:
@@ -399,6 +393,7 @@ class Perf:
                 "verdict": result.verdict.status,
                 "attnperf_machine": self._session.machine,
                 "attnperf_floor_ms": self._session.measure_floor()[0],  # cold, one call a sample
+                "attnperf_gate_floor_ms": self._session.gate_floor_ms(),  # the same, if the gate may use it
             }
         )
         rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)

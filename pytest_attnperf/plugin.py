@@ -161,6 +161,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(f"sample floor ({how}): {1e3 * floor_ms:.2f} us")
         elif how != "no CUDA device":  # it failed on a GPU: say why
             terminalreporter.write_line(f"sample floor not measured: {how}")
+        for refused in sorted(state.floor_refusals):
+            terminalreporter.write_line(f"floors not used: {refused}")
     if state.write_note:
         terminalreporter.write_line(f"baselines: {state.write_note}")
 

@@ -55,6 +55,7 @@ class AttnPerfSession:
     write_note: str | None = None
     floor: tuple[float | None, str] | None = None  # see measure_floor: (ms, how), once measured
     floor_for_gate_ms: float | None = None  # see gate_floor_ms
+    floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
 
     # -- device and hardware -------------------------------------------------------------
     @cached_property

@@ -606,8 +606,7 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
     from pytest_attnperf.session import AttnPerfSession
 
     floor: list[float | None] = [0.00326]
-    monkeypatch.setattr(AttnPerfSession, "measure_floor", lambda self: (floor[0], "scripted"))
-    monkeypatch.setattr(AttnPerfSession, "gate_floor_ms", lambda self: floor[0])
+    monkeypatch.setattr(AttnPerfSession, "_floor", lambda self: ((floor[0], "scripted"), floor[0]))
     set_clocks(project, a=["cuda-graph-nodes"], b=["cuda-graph-nodes"])
     set_speed(project, a=0.060, b=0.060)
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
@@ -620,9 +619,9 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
     on_b.stdout.fnmatch_lines([
         "*test_case[[]b[]]: REGRESSED +4.9% against the baseline*",
         "*centre moved +1.84 us to 0.06184 ms*(+8.1% unmoved)*",
-        "note: test_case[[]a[]]: judged against recordings from another machine: centre moved +1.84 us (this "
-        "machine's sample floor less the recordings'); the bar includes 0.70% (--attnperf-machine-noise) and "
-        "0.5 us a sample (--attnperf-machine-residual) between machines",
+        "note: test_case[[]a[]]: judged against recordings from another machine: centre moved by this machine's "
+        "sample floor less the recordings'; the bar includes 0.70% (--attnperf-machine-noise) and 0.5 us a sample "
+        "(--attnperf-machine-residual) between machines",
     ])
     floor[0] = None  # B's floor not measured: the 2 us offset, and the +5% passes inside its bar
     project.runpytest(*PLUGIN, *tight).assert_outcomes(passed=2)
@@ -669,6 +668,9 @@ def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, cloc
      "one-element add, cold; not used by the gate: still throttled (sw-power-cap) after re-measuring"),
     (0.004, "cuda-graph-nodes", ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured",), 0.004,
      "one-element add, cold"),  # re-measured and no longer throttled: fine
+    (0.004, "cuda-graph-nodes", ("clocks held down while sampling (power 31% of 0.50 s, NVML violation counters)",),
+     None, "one-element add, cold; not used by the gate: clocks held down while sampling (power 31% of 0.50 s, "
+     "NVML violation counters)"),
 ])
 def test_which_floors_the_gate_may_use(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str,
                                        notes: tuple[str, ...], gate_ms: float | None, how: str) -> None:
@@ -688,27 +690,32 @@ def test_a_floor_that_is_not_a_positive_time_is_not_kept(monkeypatch: pytest.Mon
     assert session.measure_floor() == (None, f"one-element add, cold read {bad!r} ms")
 
 
-@pytest.mark.parametrize(("clock", "floor_b", "moved"), [
-    ("cuda-graph-nodes", 0.0051, True),
-    ("cuda-graph", 0.0051, False),  # the fallback clock: the graph's launch is in its samples, not the floor's
-    ("cuda-graph-nodes", 0.05, False),  # 46.7 us apart: beyond three offsets (6 us), a floor gone wrong
-    ("cuda-graph-nodes", 0.00326, True),  # equal floors: moved by zero, judged with the residual
+@pytest.mark.parametrize(("clock", "case_ms", "floor_a", "floor_b", "usable", "moved", "refused"), [
+    ("cuda-graph-nodes", 0.060, 0.00326, 0.0051, True, True, None),
+    ("cuda-graph", 0.060, 0.00326, 0.0051, True, False, None),  # the fallback clock: launch inside its samples
+    ("cuda-graph-nodes", 0.060, 0.00326, 0.0051, False, False, None),  # B's floor not usable (timed otherwise)
+    ("cuda-graph-nodes", 0.060, 0.00326, 0.05, True, False, "more than 6 us apart"),  # a floor gone wrong
+    ("cuda-graph-nodes", 0.004, 0.0099, 0.0051, True, False, "would empty a case's centre"),
+    ("cuda-graph-nodes", 0.060, 0.00326, 0.00326, True, True, None),  # equal floors: moved by zero, residual
 ])
 def test_the_centre_moves_only_for_a_plausible_shift_on_the_floors_clock(
-        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, clock: str, floor_b: float, moved: bool) -> None:
-    """A 60 us case recorded on A (floor 3.26 us) and run 5% slower on B plus 1.84 us: caught
-    where the centre moves, inside the 2 us offset's bar (about 10%) where it does not. The
-    note says which term the bar used."""
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, clock: str, case_ms: float, floor_a: float,
+        floor_b: float, usable: bool, moved: bool, refused: str | None) -> None:
+    """A case recorded on A and run 5% slower on B plus B's floor less A's: caught where the
+    centre moves, inside the 2 us offset's bar (about 10% at 60 us) where it does not. The note
+    says which term the bar used; a difference not used for being implausible is reported once
+    under the summary. Only a usable floor (``AttnPerfSession.gate_floor_ms``) is written or
+    used."""
     from pytest_attnperf.session import AttnPerfSession
 
-    floor: list[float] = [0.00326]
-    monkeypatch.setattr(AttnPerfSession, "measure_floor", lambda self: (floor[0], "scripted"))
-    monkeypatch.setattr(AttnPerfSession, "gate_floor_ms", lambda self: floor[0])
+    floor = [floor_a, True]
+    monkeypatch.setattr(AttnPerfSession, "_floor",
+                        lambda self: ((floor[0], "scripted"), floor[0] if floor[1] else None))
     set_clocks(project, a=[clock], b=[clock])
-    set_speed(project, a=0.060, b=0.060)
+    set_speed(project, a=case_ms, b=case_ms)
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
-    floor[0] = floor_b
-    set_speed(project, a=0.060 * 1.05 + 0.00184, b=0.060)
+    floor[:] = [floor_b, usable]
+    set_speed(project, a=case_ms * 1.05 + (floor_b - floor_a if moved else 0.0), b=case_ms)
     result = project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%", "--attnperf-machine=B")
     out = result.stdout.str()
     if moved:
@@ -717,6 +724,22 @@ def test_the_centre_moves_only_for_a_plausible_shift_on_the_floors_clock(
     else:
         result.assert_outcomes(passed=2)
         assert "2 us a sample (--attnperf-machine-offset)" in out and "centre moved" not in out
+    assert ("floors not used:" in out) == bool(refused) and (refused or "") in out
+
+
+def test_a_floor_the_gate_may_not_use_is_not_recorded(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded while the floor was timed on another clock (or at a held-down clock): the run
+    reports it, the entry keeps no floor for that recording."""
+    from pytest_attnperf.session import AttnPerfSession
+
+    monkeypatch.setattr(AttnPerfSession, "_floor", lambda self: ((0.0036, "one-element add, cold; not used by the "
+                                                                  "gate: clock cuda-graph"), None))
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["sample floor (one-element add, cold; not used by the gate: clock cuda-graph): 3.60 us"])
+    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_floors_ms"] == [None]
 
 
 def test_with_two_recordings_the_machine_term_follows_the_latest(project: pytest.Pytester) -> None:

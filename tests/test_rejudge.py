@@ -117,3 +117,29 @@ def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pyt
     assert "steady runs: 2 judgements, 1 regressed" in judged("--floors", "--baseline-floor", "3.26us")
     recorded[short]["clock"] = "cuda-graph"
     assert "steady runs: 2 judgements, 0 regressed" in judged("--floors", "--baseline-floor", "3.26us")
+
+
+def test_floors_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The shift comes from the floor the gate used (``attnperf_gate_floor_ms``: null when it
+    could not use the run's floor), never from an implausible difference (more than 6 us, or one
+    that empties the centre: no crash, the offset stands), and only for a case the run timed on
+    the baseline's nodes clock."""
+    case = "suites/test_x.py::test_x[short]"
+
+    def judged(median_ms: float, extra: dict, recorded_floor: float = 0.00326, centre: float = 0.060,
+               clock: str = "cuda-graph-nodes") -> str:
+        base = {case: {**entry(centre, [centre]), "run_floors_ms": [recorded_floor], "clock": "cuda-graph-nodes"}}
+        (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"format": FORMAT, "meta": {}, "entries": base}))
+        info = {"attnperf_floor_ms": 0.0051, "attnperf_clock": clock, **extra}
+        (tmp_path / "run0.json").write_text(json.dumps(
+            {"benchmarks": [{"fullname": case, "stats": {"median": median_ms * 1e-3}, "extra_info": info}]}))
+        rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--machine-offset", "2us", "--floors"])
+        return capsys.readouterr().out
+
+    slower = 0.060 * 1.05 + 0.00184  # +5% and B's floor less A's: caught only with the shift
+    assert "1 judgements, 1 regressed" in judged(slower, {"attnperf_gate_floor_ms": 0.0051})
+    assert "1 judgements, 0 regressed" in judged(slower, {"attnperf_gate_floor_ms": None})
+    assert "1 judgements, 1 regressed" in judged(slower, {})  # a run from before the key: its floor
+    assert "1 judgements, 0 regressed" in judged(slower, {}, clock="cuda-graph")
+    assert "1 judgements, 0 regressed" in judged(slower, {}, recorded_floor=0.0151)  # 10 us apart
+    assert "1 judgements, 0 regressed" in judged(0.0042, {}, recorded_floor=0.0099, centre=0.004)

@@ -20,8 +20,10 @@ mode's graphs, which the run files do not hold, so re-judged hot runs are gated 
 floor (``attnperf_floor_ms`` in its JSON) less the floor of the recordings behind a case's
 centre (``run_floors_ms``, or ``--baseline-floor`` for a file recorded before floors were kept)
 moves the centre of each cold ``cuda-graph-nodes`` case, and ``--machine-residual`` replaces
-the offset; a case without both floors, timed otherwise, or with a difference beyond three
-offsets keeps the offset. Inject reports hold no floor, so they are judged without it.
+the offset, as the plugin does: a case without both floors, timed otherwise (in the baseline or
+the run), or with an implausible difference (``gate.floor_shift_ms``) keeps the offset. The run's
+floor is the one the gate used (``attnperf_gate_floor_ms``; for runs from before it was written,
+``attnperf_floor_ms``). Inject reports hold no floor, so they are judged without it.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import argparse
 import re
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_attnperf import baselines  # noqa: E402
-from pytest_attnperf.gate import Summary, centre_floor_ms, judge  # noqa: E402
+from pytest_attnperf.gate import Summary, floor_shift_ms, judge  # noqa: E402
 from pytest_attnperf.noise import read_run, run_files, testcase_nodeid  # noqa: E402
 from pytest_attnperf.options import duration_ms, fraction  # noqa: E402
 
@@ -47,23 +50,24 @@ def point(ms: float) -> Summary:
     return Summary(ms, ms, ms, 0.0, 1000)
 
 
-def shifted(summary: Summary, entry: dict, machine: tuple[float, float], run_floor_ms: float | None,
-            floors: tuple[float, float | None] | None) -> tuple[float, float, float | None]:
-    """The between-machines terms for one case of one run: ``machine`` and no shift, or with
-    ``floors`` (the residual, and a baseline floor to use where the file holds none), both
-    floors known and the case cold on the ``cuda-graph-nodes`` clock, the residual and the
-    floors' difference, as ``perf.Perf._machine_terms`` (the run's floor is taken as the plugin
-    would use it; the plausibility bound, three offsets, applies too)."""
-    if floors is None or run_floor_ms is None or not any(machine):
+def shifted(summary: Summary, entry: dict, run_clock: str | None, machine: tuple[float, float],
+            run_floor_ms: float | None, floors: tuple[float, float | None] | None,
+            noise_floor: float) -> tuple[float, float, float | None]:
+    """The between-machines terms for one case of one run: ``machine`` and no shift, or, with
+    ``floors`` (the residual, and a baseline floor for a file that holds none), as
+    ``perf.Perf._machine_terms`` would give them: the case cold on the ``cuda-graph-nodes``
+    clock in the baseline and in the run, and ``gate.floor_shift_ms`` giving a shift from the
+    run's floor as the gate used it (``Run.gate_floor_ms``)."""
+    if floors is None or not any(machine):
         return (*machine, None)
-    if (entry.get("mode"), entry.get("clock")) != ("cold", "cuda-graph-nodes"):
+    nodes = (entry.get("mode"), entry.get("clock")) == ("cold", "cuda-graph-nodes")
+    if not nodes or run_clock not in (None, "cuda-graph-nodes"):
         return (*machine, None)
     residual_ms, fallback_ms = floors
-    recorded = centre_floor_ms(summary)
-    recorded = fallback_ms if recorded is None and not any(summary.run_floors_ms) else recorded
-    if recorded is None or abs(run_floor_ms - recorded) > 3 * machine[1]:
-        return (*machine, None)
-    return machine[0], residual_ms, run_floor_ms - recorded
+    if fallback_ms is not None and not any(summary.run_floors_ms):  # a file from before floors were kept
+        summary = replace(summary, run_floors_ms=(fallback_ms,) * len(summary.run_medians_ms))
+    shift_ms, _ = floor_shift_ms(summary, run_floor_ms, noise_floor)
+    return (*machine, None) if shift_ms is None else (machine[0], residual_ms, shift_ms)
 
 
 def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
@@ -81,7 +85,8 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
             if case in found.event_timed and any(machine):
                 skipped += 1
                 continue
-            terms = shifted(summary, base.entries[case], machine, found.floor_ms, floors)
+            terms = shifted(summary, base.entries[case], (found.clocks or {}).get(case), machine,
+                            found.gate_floor_ms, floors, floor)
             verdict = judge(point(ms), summary, tolerance, floor, *terms)
             made += 1
             if verdict.status == "regressed":

@@ -2,25 +2,28 @@
 
     python3 tools/shift_diag.py [--out results.json] [--blocks 8] [--samples 200]
 
-Sessions 8 and 9 found the medians of a few short cold cases (12-20 us) moving 1-3.5% between
-processes on one GPU, the whole distribution at once (quartiles move with the median), while
-within a process their samples agree to a fraction of that. A process differs from the next in
-what it allocated where and in the graphs it instantiated. This script takes some of those
-callables and, in one process, times blocks of cold samples (the harness's cold graph:
-``timing._capture_cold``: flush, event, call, event) four ways:
+Sessions 8 and 9 found the medians of a few cold cases (12-20 us, and one 209 us cudnn forward)
+moving 1-3.5% between processes on one GPU, the whole distribution at once (quartiles move with
+the median), while within a process their samples agree to a fraction of that. A process differs
+from the next in what it allocated where and in the graphs it instantiated. This script takes
+some of those callables and, in one process, times blocks of cold samples (the harness's cold
+graph, ``timing._capture_cold``: flush, event, call, event) five ways, one block of each way in
+turn for ``--blocks`` rounds (so drift over the process's life falls on every way alike):
 
-1. ``same``: one captured graph, ``--blocks`` blocks of ``--samples`` samples (the baseline:
-   how much a block's median moves with nothing changed);
-2. ``recapture``: a new graph for each block, same inputs, same flush buffer;
-3. ``new-inputs``: new input tensors for each block (the old ones kept alive, so the allocator
-   gives new addresses), captured anew;
-4. ``new-flush``: a new flush buffer for each block (the old ones kept), captured anew.
+1. ``same``: one graph captured at the start, replayed for every block (nothing changed);
+2. ``recapture``: a new graph each block, the previous one freed first (its pool likely reused);
+3. ``new-pool``: a new graph each block, every earlier one kept (new outputs and workspace);
+4. ``new-inputs``: copies of the inputs (same values, new addresses: the old ones are kept),
+   captured anew;
+5. ``new-flush``: a new flush buffer each block (the old ones kept), captured anew.
 
-If ``new-inputs`` (or ``new-flush``, or ``recapture``) moves the block medians as much as
-processes do and ``same`` does not, that is where the shift lives, and the harness can average
-over it within a run. Run it in three processes to compare with the between-process moves.
-Prints, per case and way, the mean of the block medians and their range (max - min) / mean;
-writes every block median to ``--out``. A diagnostic, not a test.
+If a way moves the block medians as much as processes do while ``same`` does not, that is where
+the shift lives, and the harness can average over it within a run. ``bash tools/h200.sh shift``
+runs it in three processes. Prints, per case and way, the mean of the block medians, their
+standard deviation and range as a share of the mean; writes every block median, the SM clock
+read after each block, the one-element add's cold floor, versions and the GPU's UUID to
+``--out`` after each case (a failing case is recorded as such and the rest still run). A
+diagnostic, not a test.
 """
 
 from __future__ import annotations
@@ -47,15 +50,11 @@ CASES = [  # (label, backend, batch, heads, seq, causal, dtype): session 9's cas
     ("cudnn b2-h8-t512 fp16", SDPBackend.CUDNN_ATTENTION, 2, 8, 512, False, torch.float16),
     ("cudnn b32-h16-t1024 causal", SDPBackend.CUDNN_ATTENTION, 32, 16, 1024, True, torch.bfloat16),
 ]
-WAYS = ("same", "recapture", "new-inputs", "new-flush")
+WAYS = ("same", "recapture", "new-pool", "new-inputs", "new-flush")
 
 
 def _flush(l2_bytes: int) -> Any:
     return torch.empty(2 * l2_bytes, dtype=torch.int8, device="cuda")
-
-
-def _block(take_ms: Callable[[], float], samples: int) -> float:
-    return statistics.median(take_ms() for _ in range(samples))
 
 
 def _capture(fn: Callable[[], Any], flush: Any) -> Callable[[], float]:
@@ -65,36 +64,47 @@ def _capture(fn: Callable[[], Any], flush: Any) -> Callable[[], float]:
     return take_ms
 
 
-def run_case(case: tuple, l2_bytes: int, blocks: int, samples: int) -> dict[str, list[float]]:
-    _, backend, b, h, t, causal, dtype = case
-    kept: list[Any] = []  # every tensor made stays alive, so each new one lands elsewhere
+def _block_us(take_ms: Callable[[], float], samples: int) -> float:
+    return 1e3 * statistics.median(take_ms() for _ in range(samples))
 
-    def make() -> Callable[[], Any]:
-        q, k, v = (torch.randn(b, h, t, 64, device="cuda", dtype=dtype) for _ in range(3))
-        kept.extend((q, k, v))
+
+def run_case(case: tuple, l2_bytes: int, blocks: int, samples: int) -> dict[str, Any]:
+    _, backend, b, h, t, causal, dtype = case
+    kept: list[Any] = []  # tensors and graphs kept alive, so what comes next lands elsewhere
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q0, k0, v0 = (torch.randn(b, h, t, 64, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+
+    def sdpa(q: Any, k: Any, v: Any) -> Callable[[], Any]:
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    out: dict[str, list[float]] = {}
+    fn, flush = sdpa(q0, k0, v0), _flush(l2_bytes)
+    out: dict[str, Any] = {way: [] for way in WAYS}
+    out["sm_mhz"] = []
     with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-        fn, flush = make(), _flush(l2_bytes)
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
         same = _capture(fn, flush)
-        out["same"] = [1e3 * _block(same, samples) for _ in range(blocks)]
-        out["recapture"] = [1e3 * _block(_capture(fn, flush), samples) for _ in range(blocks)]
-        medians = []
         for _ in range(blocks):
-            fresh = make()
-            fresh()
-            medians.append(1e3 * _block(_capture(fresh, flush), samples))
-        out["new-inputs"] = medians
-        medians = []
-        for _ in range(blocks):
+            out["same"].append(_block_us(same, samples))
+            out["recapture"].append(_block_us(_capture(fn, flush), samples))
+            kept.append(taken := _capture(fn, flush))
+            out["new-pool"].append(_block_us(taken, samples))
+            copies = [x.clone() for x in (q0, k0, v0)]
+            kept.extend(copies)
+            moved = sdpa(*copies)
+            moved()
+            out["new-inputs"].append(_block_us(_capture(moved, flush), samples))
             kept.append(other := _flush(l2_bytes))
-            medians.append(1e3 * _block(_capture(fn, other), samples))
-        out["new-flush"] = medians
+            out["new-flush"].append(_block_us(_capture(fn, other), samples))
+            out["sm_mhz"].append(timing.read_sm_clock(torch.cuda.current_device())[0])
     return out
+
+
+def _floor_us(l2_bytes: int, samples: int) -> float:
+    one = torch.zeros(1, device="cuda")
+    take = _capture(lambda: one.add_(1), _flush(l2_bytes))
+    return _block_us(take, samples)
 
 
 def main() -> int:
@@ -104,17 +114,29 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=200)
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
-    results = {case[0]: run_case(case, props.L2_cache_size, args.blocks, args.samples) for case in CASES}
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
-    print(f"{'case: mean of block medians us (range %)':40}" + "".join(f"{w:>20}" for w in WAYS))
-    for label, ways in results.items():
+    torch.cuda._sleep(2_000_000_000)  # about a second of spinning: clocks up before the first block
+    torch.cuda.synchronize()
+    report: dict[str, Any] = {"torch": torch.__version__, "gpu": str(getattr(props, "uuid", "")),
+                              "floor_us": _floor_us(props.L2_cache_size, args.samples), "cases": {}}
+    for case in CASES:
+        try:
+            report["cases"][case[0]] = run_case(case, props.L2_cache_size, args.blocks, args.samples)
+        except Exception as exc:  # noqa: BLE001 - one case failing must not lose the others
+            report["cases"][case[0]] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1))
+    print(f"floor {report['floor_us']:.2f} us; per case and way: mean of block medians us, sd %, range %")
+    print(f"{'case':34}" + "".join(f"{w:>24}" for w in WAYS))
+    for label, ways in report["cases"].items():
+        if "error" in ways:
+            print(f"{label:34} {ways['error']}")
+            continue
         cells = []
         for way in WAYS:
             m = ways[way]
             mean = statistics.fmean(m)
-            cells.append(f"{mean:>11.2f} ({100 * (max(m) - min(m)) / mean:4.2f}%)")
-        print(f"{label:40}" + "".join(f"{c:>20}" for c in cells))
+            cells.append(f"{mean:9.2f} {100 * statistics.stdev(m) / mean:5.2f} {100 * (max(m) - min(m)) / mean:5.2f}")
+        print(f"{label:34}" + "".join(f"{c:>24}" for c in cells))
     return 0
 
 
