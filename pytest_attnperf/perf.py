@@ -11,7 +11,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_floor_ms, floor_shift_ms, judge, run_noise
+from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, floor_shift_ms, judge, run_noise
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -356,8 +356,6 @@ class Perf:
         ``cuda-graph-nodes``); None when the case is timed otherwise, a floor is missing or the
         difference is implausible, which the run's summary then reports once."""
         if measurement.mode != "cold" or measurement.clock != "cuda-graph-nodes":
-            return None
-        if centre_floor_ms(baseline) is None:
             return None
         shift_ms, refused = floor_shift_ms(baseline, self._session.gate_floor_ms(), self._session.settings.run_noise)
         if refused:

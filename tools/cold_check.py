@@ -22,20 +22,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import sdpa_cases  # noqa: E402
 import torch  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.attention import sdpa_kernel  # noqa: E402
 
 from pytest_attnperf import timing  # noqa: E402
-from pytest_attnperf.hardware import DetectedDevice  # noqa: E402
 from pytest_attnperf.timing import CudaTimer, SamplingPlan  # noqa: E402
 
-CASES = [  # (label, backend, batch, heads, seq, causal, dtype)
-    ("cudnn b1-h12-t256 causal", SDPBackend.CUDNN_ATTENTION, 1, 12, 256, True, torch.bfloat16),
-    ("cudnn b1-h12-t512 causal", SDPBackend.CUDNN_ATTENTION, 1, 12, 512, True, torch.bfloat16),
-    ("flash b1-h12-t512 causal", SDPBackend.FLASH_ATTENTION, 1, 12, 512, True, torch.bfloat16),
-    ("flash b2-h8-t512 fp16", SDPBackend.FLASH_ATTENTION, 2, 8, 512, False, torch.float16),
-    ("flash b32-h8-t1024 causal (control)", SDPBackend.FLASH_ATTENTION, 32, 8, 1024, True, torch.bfloat16),
-]
+CASES = [sdpa_cases.CASES[label] for label in (
+    "cudnn b1-h12-t256 causal", "cudnn b1-h12-t512 causal", "flash b1-h12-t512 causal", "flash b2-h8-t512 fp16",
+    "flash b32-h8-t1024 causal (control)")]
 WAYS = ("cold", "cold-around", "hot")
 
 
@@ -70,16 +66,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
-    timer = CudaTimer(DetectedDevice(kind="cuda", name=props.name, l2_bytes=props.L2_cache_size))
+    timer = sdpa_cases.device_timer()
     one = torch.zeros(1, device="cuda")
     results: dict[str, dict[str, object]] = {
         "floor: one-element add": {way: measure(timer, lambda: one.add_(1), way) for way in WAYS}}
-    for label, backend, b, h, t, causal, dtype in CASES:
-        q, k, v = (torch.randn(b, h, t, 64, device="cuda", dtype=dtype) for _ in range(3))
-        with sdpa_kernel(backend):
-            def fn(q=q, k=k, v=v, causal=causal):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            results[label] = {way: measure(timer, fn, way) for way in WAYS}
+    for row in CASES:
+        fn = sdpa_cases.sdpa(row, *sdpa_cases.inputs(row))
+        with sdpa_kernel(row[1]):
+            results[row[0]] = {way: measure(timer, fn, way) for way in WAYS}
     try:
         gdn = naive_gdn(timer)
     except Exception as exc:  # noqa: BLE001 - reported, and a failure of the check

@@ -39,17 +39,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import sdpa_cases  # noqa: E402
 import torch  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.attention import sdpa_kernel  # noqa: E402
 
 from pytest_attnperf import timing  # noqa: E402
 
-CASES = [  # (label, backend, batch, heads, seq, causal, dtype): session 9's cases with sd > 1%
-    ("sdpa default b1-h12-t256 causal", None, 1, 12, 256, True, torch.bfloat16),
-    ("flash b1-h12-t256 causal", SDPBackend.FLASH_ATTENTION, 1, 12, 256, True, torch.bfloat16),
-    ("cudnn b2-h8-t512 fp16", SDPBackend.CUDNN_ATTENTION, 2, 8, 512, False, torch.float16),
-    ("cudnn b32-h16-t1024 causal", SDPBackend.CUDNN_ATTENTION, 32, 16, 1024, True, torch.bfloat16),
-]
+CASES = [sdpa_cases.CASES[label] for label in (  # session 9's cases with sd > 1%, as far as SDPA
+    "sdpa default b1-h12-t256 causal", "flash b1-h12-t256 causal", "cudnn b2-h8-t512 fp16",
+    "cudnn b32-h16-t1024 causal")]
 WAYS = ("same", "recapture", "new-pool", "new-inputs", "new-flush")
 
 
@@ -69,15 +67,10 @@ def _block_us(take_ms: Callable[[], float], samples: int) -> float:
 
 
 def run_case(case: tuple, l2_bytes: int, blocks: int, samples: int) -> dict[str, Any]:
-    _, backend, b, h, t, causal, dtype = case
+    backend = case[1]
     kept: list[Any] = []  # tensors and graphs kept alive, so what comes next lands elsewhere
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q0, k0, v0 = (torch.randn(b, h, t, 64, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
-
-    def sdpa(q: Any, k: Any, v: Any) -> Callable[[], Any]:
-        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    fn, flush = sdpa(q0, k0, v0), _flush(l2_bytes)
+    q0, k0, v0 = sdpa_cases.inputs(case, torch.Generator(device="cuda").manual_seed(0))
+    fn, flush = sdpa_cases.sdpa(case, q0, k0, v0), _flush(l2_bytes)
     out: dict[str, Any] = {way: [] for way in WAYS}
     out["sm_mhz"] = []
     with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
@@ -92,7 +85,7 @@ def run_case(case: tuple, l2_bytes: int, blocks: int, samples: int) -> dict[str,
             out["new-pool"].append(_block_us(taken, samples))
             copies = [x.clone() for x in (q0, k0, v0)]
             kept.extend(copies)
-            moved = sdpa(*copies)
+            moved = sdpa_cases.sdpa(case, *copies)
             moved()
             out["new-inputs"].append(_block_us(_capture(moved, flush), samples))
             kept.append(other := _flush(l2_bytes))

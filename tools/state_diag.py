@@ -29,19 +29,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import sdpa_cases  # noqa: E402
 import torch  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.attention import sdpa_kernel  # noqa: E402
 
-from pytest_attnperf.hardware import DetectedDevice  # noqa: E402
 from pytest_attnperf.timing import CudaTimer, SamplingPlan  # noqa: E402
 
-CASES = [  # (label, backend, batch, heads, seq, causal, dtype)
-    ("cudnn b1-h12-t256 causal", SDPBackend.CUDNN_ATTENTION, 1, 12, 256, True, torch.bfloat16),
-    ("flash b1-h12-t512 causal", SDPBackend.FLASH_ATTENTION, 1, 12, 512, True, torch.bfloat16),
-    ("efficient b1-h12-t256 causal", SDPBackend.EFFICIENT_ATTENTION, 1, 12, 256, True, torch.bfloat16),
-    ("flash b2-h8-t512 fp16", SDPBackend.FLASH_ATTENTION, 2, 8, 512, False, torch.float16),
-    ("flash b32-h8-t1024 causal (control)", SDPBackend.FLASH_ATTENTION, 32, 8, 1024, True, torch.bfloat16),
-]
+CASES = [sdpa_cases.CASES[label] for label in (
+    "cudnn b1-h12-t256 causal", "flash b1-h12-t512 causal", "efficient b1-h12-t256 causal", "flash b2-h8-t512 fp16",
+    "flash b32-h8-t1024 causal (control)")]
 
 
 def measure_all(timer: CudaTimer) -> dict[str, dict[str, float]]:
@@ -50,13 +46,11 @@ def measure_all(timer: CudaTimer) -> dict[str, dict[str, float]]:
     # cost, it moves this by as much as the short attention kernels (compare hosts next)
     figures = {"floor: one-element add": {
         mode: 1e3 * timer.measure(lambda: one.add_(1), SamplingPlan(mode=mode)).median_ms for mode in ("cold", "hot")}}
-    for label, backend, b, h, t, causal, dtype in CASES:
-        q, k, v = (torch.randn(b, h, t, 64, device="cuda", dtype=dtype) for _ in range(3))
-        with sdpa_kernel(backend):
-            def fn(q=q, k=k, v=v, causal=causal):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            figures[label] = {mode: 1e3 * timer.measure(fn, SamplingPlan(mode=mode)).median_ms
-                              for mode in ("cold", "hot")}
+    for row in CASES:
+        fn = sdpa_cases.sdpa(row, *sdpa_cases.inputs(row))
+        with sdpa_kernel(row[1]):
+            figures[row[0]] = {mode: 1e3 * timer.measure(fn, SamplingPlan(mode=mode)).median_ms
+                               for mode in ("cold", "hot")}
     return figures
 
 
@@ -83,8 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    timer = CudaTimer(DetectedDevice(kind="cuda", name=props.name, l2_bytes=props.L2_cache_size))
+    timer = sdpa_cases.device_timer()
     phases: dict[str, dict[str, dict[str, float]]] = {}
     phases["fresh"] = measure_all(timer)
     held = [torch.empty(2**30, dtype=torch.int8, device="cuda") for _ in range(40)]
