@@ -82,6 +82,9 @@ OPTIONS = (
            "stop sampling a case once its relative standard deviation is under this"),
     Option("min_samples", "--attnperf-min-samples", "ATTNPERF_MIN_SAMPLES",
            "attnperf_min_samples", "10", "floor on samples per case"),
+    Option("cold_graphs", "--attnperf-cold-graphs", "ATTNPERF_COLD_GRAPHS", "attnperf_cold_graphs", "8",
+           "cold mode: captures of each case's graph, sampled in turn (each capture of a short kernel has a "
+           "median of its own, up to 3.5% apart on the H200; the run's median is over all of them)"),
 )
 
 
@@ -103,6 +106,7 @@ class Settings:
     budget_s: float
     target_stdrel: float
     min_samples: int
+    cold_graphs: int
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -216,4 +220,5 @@ def read_settings(config: pytest.Config) -> Settings:
         budget_s=_get(config, "budget", _positive_float),
         target_stdrel=_get(config, "stdrel", fraction),
         min_samples=_get(config, "min_samples", _positive_int),
+        cold_graphs=_get(config, "cold_graphs", _positive_int),
     )

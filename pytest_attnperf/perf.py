@@ -379,6 +379,7 @@ class Perf:
             {
                 "attnperf_clock": result.measurement.clock,
                 "attnperf_mode": result.measurement.mode,
+                "attnperf_graphs": result.measurement.graphs,  # cold graphs sampled in turn
                 "backend": result.backend,
                 "tflops": result.tflops,
                 "mfu": result.mfu,

@@ -98,6 +98,7 @@ class AttnPerfSession:
             min_samples=s.min_samples,
             target_stdrel=s.target_stdrel,
             budget_s=s.budget_s,
+            cold_graphs=s.cold_graphs,
         )
 
     def measure_floor(self) -> tuple[float | None, str]:

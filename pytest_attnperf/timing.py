@@ -64,6 +64,7 @@ class SamplingPlan:
     target_stdrel: float = 0.005
     budget_s: float = 0.5
     warmup_calls: int = 3  # at most; fewer once budget_s is spent (see warm_up)
+    cold_graphs: int = 8  # cold mode: captures of the case, sampled in turn (see _capture_cold)
     hot_sample_ms: float = 0.5  # hot mode: calls per graph chosen so a sample lasts about this
 
 
@@ -79,6 +80,7 @@ class Measurement:
     peak_mib: float | None = None
     notes: tuple[str, ...] = ()
     sm_clock_mhz: float | None = None
+    graphs: int = 1  # cold graphs sampled in turn (see _capture_cold)
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:
@@ -111,13 +113,17 @@ def warm_up(fn: Callable[[], Any], plan: SamplingPlan) -> int:
     return made
 
 
-def sample_adaptively(take_ms: Callable[[], float], plan: SamplingPlan) -> list[float]:
-    """Call ``take_ms`` until the floor is met and the spread is small or the budget is spent."""
+def sample_adaptively(take_ms: Callable[[], float], plan: SamplingPlan, rounds_of: int = 1) -> list[float]:
+    """Call ``take_ms`` until the floor is met and the spread is small or the budget is spent.
+    With ``rounds_of`` > 1 (a sampler that goes round that many graphs in turn) it stops only
+    after a whole round, so each graph gives as many samples as the next."""
     samples: list[float] = []
     deadline = time.monotonic() + plan.budget_s
-    while len(samples) < plan.max_samples:
+    rounds_of = max(1, rounds_of)
+    most = max(plan.max_samples, rounds_of) // rounds_of * rounds_of
+    while len(samples) < most:
         samples.append(take_ms())
-        if len(samples) < max(plan.min_samples, 2):  # a spread needs two samples
+        if len(samples) < max(plan.min_samples, 2) or len(samples) % rounds_of:  # a spread needs two samples
             continue
         mean = statistics.fmean(samples)
         stdrel = statistics.stdev(samples) / mean if mean > 0 else 0.0
@@ -289,13 +295,14 @@ class CudaTimer:
         eager_ms = self._eager_ms(fn, budget_s=plan.budget_s)
         peak_mib = self._peak_mib(fn)
         take_ms, clock, calls = self._sampler(fn, plan, notes)
+        rounds_of = getattr(take_ms, "graphs", 1)
         index = torch.cuda.current_device()
 
         def watched() -> tuple[list[float], str | None]:
             """Samples, and a note when NVML's violation counters grew while they were taken
             (this also catches a throttle that has lifted by the time the clock is read)."""
             before, started = read_violation_ns(index), time.monotonic()
-            taken = sample_adaptively(take_ms, plan)
+            taken = sample_adaptively(take_ms, plan, rounds_of)
             elapsed = time.monotonic() - started  # before the second NVML read
             return taken, violation_note(before, read_violation_ns(index), elapsed)
 
@@ -320,6 +327,7 @@ class CudaTimer:
             peak_mib=peak_mib,
             notes=tuple(notes),
             sm_clock_mhz=mhz,
+            graphs=rounds_of,
         )
 
     def _sampler(
@@ -337,8 +345,11 @@ class CudaTimer:
 
         flush = self._flush_buffer() if plan.mode == "cold" else None
         if flush is not None:
-            nodes, failure = _capture_cold(fn, flush)
+            nodes, failure = _capture_cold(fn, flush, plan.cold_graphs, capture_s=plan.budget_s / 2)
             if nodes is not None:
+                if nodes.failure is not None:
+                    notes.append(f"{nodes.graphs} of {plan.cold_graphs} cold graphs captured ({nodes.failure}); "
+                                 "samples from those")
                 return nodes, "cuda-graph-nodes", 1
         # a callable that cannot be captured has failed one capture already (the cold one):
         # this second attempt tells "the events cannot be in a graph" from "the call cannot"
@@ -435,18 +446,67 @@ def hot_graph(
                                     f"replays the one-call graph {calls} times")
 
 
-def _capture_cold(fn: Callable[[], Any], flush: Any) -> tuple[Callable[[], float] | None, str | None]:
+class _ColdGraphs:
+    """Cold samples from graphs sampled in turn: the call returns the next graph's sample."""
+
+    def __init__(self, takes: list[Callable[[], float]], failure: str | None) -> None:
+        self.takes, self.failure, self.next = takes, failure, 0
+
+    @property
+    def graphs(self) -> int:
+        return len(self.takes)
+
+    def __call__(self) -> float:
+        take = self.takes[self.next]
+        self.next = (self.next + 1) % len(self.takes)
+        return take()
+
+
+def _capture_cold(
+    fn: Callable[[], Any], flush: Any, graphs: int = 1, capture_s: float = math.inf,
+) -> tuple[_ColdGraphs | None, str | None]:
     """Cold mode's sampler: a graph of an L2 flush, a timing event, one call and a second
     event, the events recorded as nodes of the graph (``torch.cuda.Event(external=True)``), so
     a sample is the call alone: the replay's launch and the flush come before the first event.
     Returns ``(take one sample in ms, None)``, or ``(None, why)`` when this torch has no such
-    events, the capture fails, or the events of a first replay cannot be read."""
+    events, the capture fails, or the events of a first replay cannot be read.
+
+    ``graphs`` such graphs are captured (the later ones in the first one's memory pool: they
+    are replayed one at a time, never together) and the sampler goes round them, one sample
+    each in turn. Each capture of the same call has its own median: on the H200, short SDPA
+    forwards (12-14 us) read 0.5-1.4% apart (standard deviation) from one capture to the next in
+    one process, range up to 3.5%, while one graph replayed over the same time kept within
+    0.1-0.2% (session 10, ``tools/shift_diag.py``, three processes on each of two GPUs). A run
+    of one graph draws one of those medians, which is what moved such cases 1-1.8% from one
+    process to the next; the median over ``graphs`` captures averages them. No graph is begun
+    once ``capture_s`` seconds have gone on capturing: a host-bound call (fla's naive
+    recurrences, a Python loop of up to 1.5 s a call) is captured once, and its long kernels
+    did not move between processes anyway (0.02-0.29%, session 9). When a later capture fails
+    (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
     import torch
 
-    try:
-        start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
-    except TypeError:
-        return None, f"torch {torch.__version__} has no external CUDA events (torch.cuda.Event(external=True))"
+    takes: list[Callable[[], float]] = []
+    pool: Any = None
+    deadline = time.monotonic() + capture_s
+    while len(takes) < max(1, graphs) and (not takes or time.monotonic() < deadline):
+        try:
+            start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+        except TypeError:
+            return None, f"torch {torch.__version__} has no external CUDA events (torch.cuda.Event(external=True))"
+        taken, pool, failure = _one_cold_graph(fn, flush, start, end, pool)
+        if taken is None:
+            if not takes:
+                return None, failure
+            return _ColdGraphs(takes, failure), None
+        takes.append(taken)
+    return _ColdGraphs(takes, None), None
+
+
+def _one_cold_graph(
+    fn: Callable[[], Any], flush: Any, start: Any, end: Any, pool: Any,
+) -> tuple[Callable[[], float] | None, Any, str | None]:
+    """One cold graph, in ``pool`` when given: ``(take one sample, its pool, None)`` or
+    ``(None, pool, why)``."""
 
     def body() -> None:
         flush.zero_()
@@ -454,9 +514,9 @@ def _capture_cold(fn: Callable[[], Any], flush: Any) -> tuple[Callable[[], float
         fn()
         end.record()
 
-    graph, failure = _capture(body, 1)
+    graph, failure = _capture(body, 1) if pool is None else _capture(body, 1, pool=pool)
     if graph is None:
-        return None, failure
+        return None, pool, failure
 
     def take_ms() -> float:
         graph.replay()
@@ -466,12 +526,13 @@ def _capture_cold(fn: Callable[[], Any], flush: Any) -> tuple[Callable[[], float
     try:
         take_ms()
     except Exception as exc:  # noqa: BLE001 - events a graph recorded but torch cannot read: use another clock
-        return None, f"{type(exc).__name__}: {str(exc)[:120]}"
-    return take_ms, None
+        return None, pool, f"{type(exc).__name__}: {str(exc)[:120]}"
+    return take_ms, graph.pool() if pool is None else pool, None
 
 
-def _capture(fn: Callable[[], Any], calls: int) -> tuple[Any, str | None]:
-    """A CUDA graph of ``calls`` back-to-back calls, or (None, why) when capture fails.
+def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, str | None]:
+    """A CUDA graph of ``calls`` back-to-back calls, or (None, why) when capture fails;
+    in memory pool ``pool`` when given (another graph's ``.pool()``).
 
     A failed capture can leave the capture stream current (torch leaves its stream context
     only after ending the capture, which is what raised): the previous stream is restored."""
@@ -480,7 +541,7 @@ def _capture(fn: Callable[[], Any], calls: int) -> tuple[Any, str | None]:
     previous = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             for _ in range(calls):
                 fn()
         torch.cuda.synchronize()

@@ -39,10 +39,15 @@ class Device:
 
 
 class FakeGraph:
-    """The captured work, run again at each replay after the graph's launch latency."""
+    """The captured work, run again at each replay after the graph's launch latency; its
+    memory pool is its own unless it was captured into another graph's."""
 
-    def __init__(self, device: Device, body: Callable[[], Any]) -> None:
+    def __init__(self, device: Device, body: Callable[[], Any], pool: Any = None) -> None:
         self.device, self.body = device, body
+        self._pool = pool if pool is not None else object()
+
+    def pool(self) -> Any:
+        return self._pool
 
     def replay(self) -> None:
         self.device.now_ms += self.device.launch_ms
@@ -98,8 +103,8 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Device:
     }.items():
         monkeypatch.setattr(torch.cuda, name, value, raising=False)
 
-    def capture(fn: Callable[[], Any], calls: int) -> tuple[FakeGraph, None]:
-        return FakeGraph(device, lambda: [fn() for _ in range(calls)]), None
+    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph, None]:
+        return FakeGraph(device, lambda: [fn() for _ in range(calls)], pool), None
 
     monkeypatch.setattr(timing, "_capture", capture)
     monkeypatch.setattr(timing, "_time_replay", lambda replay: device.ms_per_call)
@@ -120,8 +125,75 @@ def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: Device) -
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert (m.clock, m.mode, m.calls_per_sample) == ("cuda-graph-nodes", "cold", 1)
     assert m.median_ms == pytest.approx(0.02) and len(m.samples_ms) >= 10
-    assert gpu.replays == len(m.samples_ms) + 1  # one replay a sample, and one to check the events read
+    assert len(m.samples_ms) % 8 == 0  # whole rounds of the eight graphs
+    assert gpu.replays == len(m.samples_ms) + 8  # one replay a sample, and one a graph to check its events read
     assert m.notes == () and m.sm_clock_mhz == 1980.0
+
+
+def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each capture of the same call runs at a speed of its own (the H200's short kernels:
+    up to 3.5% apart): four graphs at +0, +1, +2, +3% are sampled in turn, one sample each,
+    whole rounds only, so the median lies between them rather than on whichever was captured;
+    the later graphs go in the first one's memory pool."""
+    captured: list[FakeGraph] = []
+
+    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph, None]:
+        extra = 0.0002 * len(captured)  # each capture's call 1% of 0.02 ms slower than the one before
+        graph = FakeGraph(gpu, lambda: slowed(fn, extra), pool)
+        captured.append(graph)
+        return graph, None
+
+    def slowed(fn: Callable[[], Any], extra: float) -> None:
+        gpu.ms_per_call += extra
+        try:
+            fn()
+        finally:
+            gpu.ms_per_call -= extra
+
+    monkeypatch.setattr(timing, "_capture", capture)
+    plan = SamplingPlan(min_samples=10, budget_s=0.05, cold_graphs=4)
+    m = CudaTimer(H200).measure(gpu.call, plan)
+    assert len(captured) == 4 and len({id(g.pool()) for g in captured}) == 1
+    assert len(m.samples_ms) % 4 == 0 and len(m.samples_ms) >= 12
+    assert m.samples_ms[:4] == pytest.approx((0.02, 0.0202, 0.0204, 0.0206))
+    assert m.samples_ms[4:8] == pytest.approx(m.samples_ms[:4])
+    assert 0.0202 <= m.median_ms <= 0.0204 and m.notes == () and m.graphs == 4
+
+
+def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host-bound call whose capture takes 0.4 s: past half the 0.5 s budget, so no second
+    graph is begun (and no note: the graphs are a means, not a promise)."""
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    made: list[int] = []
+
+    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph, None]:
+        now[0] += 0.4
+        made.append(calls)
+        return FakeGraph(gpu, fn, pool), None
+
+    monkeypatch.setattr(timing, "_capture", capture)
+    m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.5, cold_graphs=8))
+    assert made == [1] and m.graphs == 1 and m.notes == ()
+    assert m.clock == "cuda-graph-nodes" and len(m.samples_ms) >= 10
+
+
+def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
+    gpu: Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[int] = []
+
+    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph | None, str | None]:
+        if len(made) == 3:
+            return None, "OutOfMemoryError: CUDA out of memory"
+        made.append(calls)
+        return FakeGraph(gpu, fn, pool), None
+
+    monkeypatch.setattr(timing, "_capture", capture)
+    m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.05, cold_graphs=8))
+    assert m.clock == "cuda-graph-nodes" and m.median_ms == pytest.approx(0.02)
+    assert len(m.samples_ms) % 3 == 0 and m.graphs == 3
+    assert m.notes == ("3 of 8 cold graphs captured (OutOfMemoryError: CUDA out of memory); samples from those",)
 
 
 def test_without_external_events_cold_samples_hold_the_launch_and_say_so(
@@ -178,7 +250,7 @@ def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
                 raise RuntimeError("operation not permitted when stream is capturing")
             super().record()
 
-    def capture(fn: Callable[[], Any], calls: int) -> tuple[FakeGraph | None, str | None]:
+    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph | None, str | None]:
         try:
             fn()
         except RuntimeError as exc:
@@ -195,7 +267,7 @@ def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
 
 
 def test_a_call_that_cannot_be_captured_gets_one_note_not_two(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timing, "_capture", lambda fn, calls: (None, "RuntimeError: capture"))
+    monkeypatch.setattr(timing, "_capture", lambda fn, calls, pool=None: (None, "RuntimeError: capture"))
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.clock == "cuda-events"
     assert [n for n in m.notes if "graph" in n] == [
@@ -214,7 +286,7 @@ def test_hot_mode_divides_a_long_graph_by_its_calls(gpu: Device) -> None:
 def test_hot_mode_replays_the_one_call_graph_when_the_long_capture_fails(
     gpu: Device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def capture(fn: Any, calls: int) -> tuple[Any, str | None]:
+    def capture(fn: Any, calls: int, pool: Any = None) -> tuple[Any, str | None]:
         return (FakeGraph(gpu, fn), None) if calls == 1 else (None, "OutOfMemoryError: pool")
 
     monkeypatch.setattr(timing, "_capture", capture)
@@ -232,7 +304,7 @@ def test_a_callable_that_cannot_be_captured_is_timed_eagerly_and_says_so(
     def call() -> None:
         gpu.now_ms += 0.03  # an eager call advances the clock itself
 
-    monkeypatch.setattr(timing, "_capture", lambda fn, calls: (None, "RuntimeError: capture"))
+    monkeypatch.setattr(timing, "_capture", lambda fn, calls, pool=None: (None, "RuntimeError: capture"))
     m = CudaTimer(H200).measure(call, PLAN)
     assert m.clock == "cuda-events" and m.median_ms == pytest.approx(0.03)
     assert m.notes[0].startswith("not graph-capturable (RuntimeError: capture)")

@@ -284,6 +284,17 @@ def test_real_clock_budget_bounds_a_noisy_case() -> None:
     assert 0.05 <= elapsed < 2.0
 
 
+def test_samples_from_graphs_in_turn_stop_only_after_a_whole_round() -> None:
+    """Three graphs sampled in turn, constant samples: the floor of 7 is met at 7, but the
+    stop waits for the round to end at 9, so no graph has fewer samples than another; the
+    most allowed (20) is cut to whole rounds too (18)."""
+    take, calls = counting([2.0])
+    assert len(sample_adaptively(take, SamplingPlan(min_samples=7, budget_s=60.0), rounds_of=3)) == 9
+    take, _ = counting(draw(8, 1.0, 0.2, 100))
+    noisy = SamplingPlan(min_samples=5, max_samples=20, target_stdrel=0.005, budget_s=60.0)
+    assert len(sample_adaptively(take, noisy, rounds_of=3)) == 18
+
+
 def test_min_samples_of_one_is_accepted() -> None:
     """--attnperf-min-samples=1 passes option checking, so sampling must cope with one sample."""
     take, _ = counting([1.0])
