@@ -167,8 +167,14 @@ class Verdict:
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
 
 
-def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
+def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[float, int, float, str]:
     """The baseline's centre, its recordings ``m``, the run-to-run ``sigma`` and where it came from.
+
+    ``sigma`` is never below ``floor`` (a share of the centre) nor below ``floor_ms`` (a time,
+    ``--attnperf-run-noise-time``) as a share of the centre: a short kernel's median moves
+    between processes by a time that does not shrink with it (session 10, three processes on
+    each of two H200s: the 10-40 us cases moved by a standard deviation of 0.07-0.13 us for the
+    median case, 1-1.4% at most, where 0.5% of a 12 us kernel is 0.06 us).
 
     From ``HISTORY_MIN`` recordings on, the centre is their median and sigma their sample
     standard deviation. From ``HISTORY_ROBUST`` recordings on, sigma is the smaller of that and
@@ -186,19 +192,22 @@ def run_noise(baseline: Summary, floor: float) -> tuple[float, int, float, str]:
     machine moves a case by its own amount, and a machine with a minority of the recordings is
     exactly what the MAD would leave out."""
     runs = baseline.run_medians_ms
+    centre = statistics.median(runs) if len(runs) >= HISTORY_MIN else baseline.median_ms
+    timed = floor_ms / centre if centre > 0 else 0.0
+    by_time = f" ({1e3 * floor_ms:.2g} us)" if timed > floor else ""
+    floor = max(floor, timed)
     if len(runs) >= HISTORY_MIN:
-        centre = statistics.median(runs)
         mad = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs)
         sd = statistics.stdev(runs)
         machines = len(set(baseline.run_machines))  # unknown machines (None) count as one more
         own = (sd if machines >= 2 or len(runs) < HISTORY_ROBUST else min(mad, sd)) / centre
         source = f"{100 * own:.2f}% over {len(runs)} recordings" + (
             f" from {machines} machines" if machines >= 2 else "") + (
-            f", floored at {100 * floor:.2f}%" if own < floor else "")
+            f", floored at {100 * floor:.2f}%{by_time}" if own < floor else "")
         m, sigma = len(runs), max(own, floor)
     else:
-        centre, m, sigma = baseline.median_ms, 1, floor
-        source = f"the {100 * floor:.2f}% floor (fewer than {HISTORY_MIN} recordings)"
+        m, sigma = 1, floor
+        source = f"the {100 * floor:.2f}%{by_time} floor (fewer than {HISTORY_MIN} recordings)"
     return centre, m, sigma, source
 
 
@@ -210,7 +219,9 @@ def centre_floor_ms(baseline: Summary) -> float | None:
     return statistics.median(known) if known and len(known) == len(floors) else None
 
 
-def floor_shift_ms(baseline: Summary, here_ms: float | None, noise_floor: float) -> tuple[float | None, str | None]:
+def floor_shift_ms(
+    baseline: Summary, here_ms: float | None, noise_floor: float = 0.0,
+) -> tuple[float | None, str | None]:
     """``(shift, None)``: this machine's sample floor ``here_ms`` less the floor behind the
     baseline's centre, to move the centre by; ``(None, why)`` when a floor is missing or the
     difference is implausible (beyond ``MAX_FLOOR_SHIFT_MS``, or moving the centre to zero or
@@ -232,9 +243,11 @@ def floor_shift_ms(baseline: Summary, here_ms: float | None, noise_floor: float)
 def judge(
     current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0,
     machine_noise: float = 0.0, machine_offset_ms: float = 0.0, machine_shift_ms: float | None = None,
+    noise_floor_ms: float = 0.0,
 ) -> Verdict:
     """Compare a measurement with its baseline; ``tolerance``, ``noise_floor`` (the least
-    run-to-run standard deviation assumed) and ``machine_noise`` are fractions (0.05 = 5%).
+    run-to-run standard deviation assumed) and ``machine_noise`` are fractions (0.05 = 5%);
+    ``noise_floor_ms``, the least run-to-run standard deviation as a time (see ``run_noise``).
 
     ``machine_noise`` and ``machine_offset_ms`` are the standard deviations of a case's move
     between two machines (another GPU, lease or boot: each shifts a case's median by its own
@@ -253,7 +266,7 @@ def judge(
     the plugin keeps the offset instead of such a shift."""
     if baseline is None:
         return Verdict("new", None, f"no baseline; measured {current.describe()}")
-    recorded, m, sigma, source = run_noise(baseline, noise_floor)
+    recorded, m, sigma, source = run_noise(baseline, noise_floor, noise_floor_ms)
     shift_ms = machine_shift_ms or 0.0
     centre = recorded + shift_ms
     if centre <= 0:

@@ -47,6 +47,11 @@ OPTIONS = (
            "least run-to-run standard deviation of a case's median assumed by the gate (0.5%: over "
            "five unchanged H200 runs a median's sd was up to 0.61% for cases >= 50 us and 0.89% for 10-50 us); "
            "a case's own, from its recordings, is used when larger"),
+    Option("run_noise_time", "--attnperf-run-noise-time", "ATTNPERF_RUN_NOISE_TIME", "attnperf_run_noise_time",
+           "0.1us", "least run-to-run standard deviation of a case's median as a time, for short kernels, whose "
+           "medians move between processes by a time that does not shrink with them ('0.1us'; a bare number is "
+           "in us). 0.1us: session 10, H200 cases of 10-40 us timed cold in three processes on each of two GPUs, "
+           "the median case's sd 0.07-0.13 us (1-1.4% at most); it outweighs --attnperf-run-noise below 20 us"),
     Option("machine_noise", "--attnperf-machine-noise", "ATTNPERF_MACHINE_NOISE", "attnperf_machine_noise", "0.7%",
            "standard deviation of a case's move between two machines (another GPU, lease or boot), added to "
            "the noise bar unless the baseline's centre is known to come from this machine or its recordings "
@@ -98,6 +103,7 @@ class Settings:
     baselines_dir: Path
     tolerance: float
     run_noise: float
+    run_noise_time_ms: float
     machine_noise: float
     machine_offset_ms: float
     machine_residual_ms: float
@@ -212,6 +218,7 @@ def read_settings(config: pytest.Config) -> Settings:
         baselines_dir=folder,
         tolerance=_get(config, "tolerance", fraction),
         run_noise=_get(config, "run_noise", fraction),
+        run_noise_time_ms=_get(config, "run_noise_time", duration_ms),
         machine_noise=_get(config, "machine_noise", fraction),
         machine_offset_ms=_get(config, "machine_offset", duration_ms),
         machine_residual_ms=_get(config, "machine_residual", duration_ms),

@@ -199,7 +199,8 @@ class Perf:
                 "to gate it here",
             ), measurement
         machine = self._machine_terms(summary, measurement)
-        verdict = judge(measurement.summary, summary, tolerance, floor, *machine)
+        floor_ms = session.settings.run_noise_time_ms
+        verdict = judge(measurement.summary, summary, tolerance, floor, *machine, noise_floor_ms=floor_ms)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)
             if again.clock != measurement.clock:  # not comparable: the first verdict stands
@@ -207,7 +208,7 @@ class Perf:
                         f"({'; '.join(again.notes) or 'no reason given'}); the {measurement.clock} "
                         "measurement's verdict stands")
                 return verdict, replace(measurement, notes=measurement.notes + (note,))
-            second = judge(again.summary, summary, tolerance, floor, *machine)
+            second = judge(again.summary, summary, tolerance, floor, *machine, noise_floor_ms=floor_ms)
             note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
             return second, replace(again, notes=again.notes + (note,))
         return verdict, measurement
@@ -291,7 +292,7 @@ class Perf:
             return fresh
         settings = self._session.settings
         judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise,
-                       *self._machine_terms(earlier, m))
+                       *self._machine_terms(earlier, m), noise_floor_ms=settings.run_noise_time_ms)
         if judged.status in ("regressed", "improved"):
             return fresh
         if earlier.run_medians_ms:

@@ -477,8 +477,10 @@ def _capture_cold(
     forwards (12-14 us) read 0.5-1.4% apart (standard deviation) from one capture to the next in
     one process, range up to 3.5%, while one graph replayed over the same time kept within
     0.1-0.2% (session 10, ``tools/shift_diag.py``, three processes on each of two GPUs). A run
-    of one graph draws one of those medians, which is what moved such cases 1-1.8% from one
-    process to the next; the median over ``graphs`` captures averages them. No graph is begun
+    of one graph draws one of those medians; the median over ``graphs`` captures averages that
+    part. What remains moves only from one process to the next (those cases' means over 28
+    captures, inputs and flush buffers renewed too, differed by 0.4-0.5% sd between three
+    processes), which a run cannot average: the gate's recordings do. No graph is begun
     once ``capture_s`` seconds have gone on capturing: a host-bound call (fla's naive
     recurrences, a Python loop of up to 1.5 s a call) is captured once, and its long kernels
     did not move between processes anyway (0.02-0.29%, session 9). When a later capture fails

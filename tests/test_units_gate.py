@@ -357,6 +357,24 @@ def test_single_recording_uses_the_floor() -> None:
     assert "the 0.30% floor (fewer than 3 recordings)" in judge(current, base, 0.005, 0.003).message
 
 
+def test_a_short_kernel_moving_by_a_tenth_of_a_microsecond_is_noise() -> None:
+    """A 12 us kernel (the H200's B=1 T=256 SDPA forward) read 11.81, 12.10 and 11.81 us in
+    three processes (session 10). Recorded once at 11.81 us, a run at 12.10 (+2.5%) is beyond the
+    0.5% floor's bar (2.1%) but within the 0.1 us floor's (0.85%: bar 3.6%); +6% is beyond both.
+    A 1 ms kernel is judged on the 0.5% floor either way (0.1 us is 0.01% of it)."""
+    base = summarise(1, 0.01181, rel_noise=0.015, n=2000)
+    moved, slower = summarise(2, 0.01210, rel_noise=0.015, n=2000), summarise(3, 0.01252, rel_noise=0.015, n=2000)
+    assert judge(moved, base, 0.015, 0.005).status == "regressed"
+    verdict = judge(moved, base, 0.015, 0.005, noise_floor_ms=0.0001)
+    assert verdict.status == "unchanged"
+    assert "the 0.85% (0.1 us) floor (fewer than 3 recordings)" in verdict.message
+    assert judge(slower, base, 0.015, 0.005, noise_floor_ms=0.0001).status == "regressed"
+    long_base, long_slower = summarise(4, 1.0, n=200), summarise(5, 1.025, n=200)
+    assert judge(long_slower, long_base, 0.015, 0.005, noise_floor_ms=0.0001).status == "regressed"
+    three = with_history(base, [0.01181, 0.01182, 0.01181])  # agreeing recordings: floored by time
+    assert "floored at 0.85% (0.1 us)" in judge(moved, three, 0.015, 0.005, noise_floor_ms=0.0001).message
+
+
 def test_history_centre_is_the_median_of_recordings() -> None:
     """The baseline's centre is the median of its recordings, not the last one alone."""
     base = with_history(summarise(1, 1.03, n=200), [1.0, 1.0, 1.03])

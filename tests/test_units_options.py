@@ -46,7 +46,8 @@ def test_defaults(pytester: pytest.Pytester) -> None:
     assert s.target_stdrel == 0.005
     assert s.min_samples == 10
     assert s.machine_noise == pytest.approx(0.007) and s.machine_offset_ms == pytest.approx(0.002)
-    assert s.machine_residual_ms == pytest.approx(0.0005)
+    assert s.machine_residual_ms == pytest.approx(0.0005) and s.run_noise_time_ms == pytest.approx(0.0001)
+    assert s.cold_graphs == 8
     assert s.baselines_dir == pytester.path / "baselines"
 
 

@@ -1,7 +1,7 @@
 """Judge a noise-benchmark work folder's saved runs again with the gate in this tree.
 
     python3 tools/rejudge.py noise-work [--tolerance 1.5%] [--floor 0.5%] [--machine-noise 0] [--machine-offset 0]
-                             [--floors] [--machine-residual 0.5us] [--baseline-floor 3.26us]
+                             [--floor-time 0.1us] [--floors] [--machine-residual 0.5us] [--baseline-floor 3.26us]
 
 For changing the gate without a GPU: the steady runs' medians (``run<i>.json``) are judged
 against the work folder's baseline (``<hw>.yaml``) as ``pytest_attnperf.gate.judge`` would
@@ -72,7 +72,7 @@ def shifted(summary: Summary, entry: dict, run_clock: str | None, machine: tuple
 
 def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
            machine: tuple[float, float], floors: tuple[float, float | None] | None = None,
-           ) -> tuple[int, int, list[tuple[str, str, float]]]:
+           floor_ms: float = 0.0) -> tuple[int, int, list[tuple[str, str, float]]]:
     """Judgements made, cases not compared (eager-timed, against another machine) and
     (run, case, change %) of those that regressed."""
     made, skipped, flagged = 0, 0, []
@@ -87,7 +87,7 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
                 continue
             terms = shifted(summary, base.entries[case], (found.clocks or {}).get(case), machine,
                             found.gate_floor_ms, floors, floor)
-            verdict = judge(point(ms), summary, tolerance, floor, *terms)
+            verdict = judge(point(ms), summary, tolerance, floor, *terms, noise_floor_ms=floor_ms)
             made += 1
             if verdict.status == "regressed":
                 flagged.append((run.name, case, verdict.change_pct))
@@ -95,7 +95,7 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
 
 
 def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: float,
-             machine: tuple[float, float]) -> dict[str, tuple[int, int]]:
+             machine: tuple[float, float], floor_ms: float = 0.0) -> dict[str, tuple[int, int]]:
     """Per inject report: (cases flagged REGRESSED on the device, of them still regressed)."""
     out = {}
     for report in sorted(work.glob("inject*.xml")):
@@ -109,7 +109,8 @@ def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: 
             if summary is None:
                 continue
             flagged += 1
-            kept += judge(point(float(found.group(1))), summary, tolerance, floor, *machine).status == "regressed"
+            judged = judge(point(float(found.group(1))), summary, tolerance, floor, *machine, noise_floor_ms=floor_ms)
+            kept += judged.status == "regressed"
         out[report.name] = (flagged, kept)
     return out
 
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hw", help="the baseline's name in the work folder (default: its only .yaml)")
     parser.add_argument("--tolerance", type=fraction, default=0.015)
     parser.add_argument("--floor", type=fraction, default=0.005, help="--attnperf-run-noise")
+    parser.add_argument("--floor-time", type=duration_ms, default=0.0001,
+                        help="--attnperf-run-noise-time (default 0.1us; 0 judges as before session 10)")
     parser.add_argument("--machine-noise", type=fraction, default=0.0)
     parser.add_argument("--machine-offset", type=duration_ms, default=0.0,
                         help="--attnperf-machine-offset ('1us'; a bare number is in us)")
@@ -138,18 +141,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{found[0]} holds no baseline")
     settings = (args.tolerance, args.floor, (args.machine_noise, args.machine_offset))
     floors = (args.machine_residual, args.baseline_floor) if args.floors else None
-    made, skipped, flagged = steady(args.workdir, base, *settings, floors)
+    made, skipped, flagged = steady(args.workdir, base, *settings, floors, args.floor_time)
     moved = (f"; with floors: centres moved by the floors' difference, {1e3 * args.machine_residual:g} us residual"
              + (f", recordings' floor {1e3 * args.baseline_floor:g} us where the file has none"
                 if args.baseline_floor is not None else "")) if floors else ""
-    print(f"tolerance {100 * args.tolerance:g}%, floor {100 * args.floor:g}%, machine noise "
+    print(f"tolerance {100 * args.tolerance:g}%, floor {100 * args.floor:g}% and {1e3 * args.floor_time:g} us, "
+          "machine noise "
           f"{100 * args.machine_noise:g}% and {1e3 * args.machine_offset:g} us{moved} "
           "(each interval test taken as passed: upper bounds)")
     print(f"steady runs: {made} judgements, {len(flagged)} regressed"
           + (f"; {skipped} eager-timed not compared (another machine)" if skipped else ""))
     for run, case, change in flagged:
         print(f"  {run} {case} {change:+.2f}%")
-    for report, (was, kept) in injected(args.workdir, base, *settings).items():
+    for report, (was, kept) in injected(args.workdir, base, *settings, args.floor_time).items():
         print(f"{report}: {was} flagged on the device, {kept} still regressed")
     return 0
 
