@@ -20,7 +20,8 @@ A case regresses only when all hold:
    ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the
    baseline (``run_medians_ms``, grown by ``--update-baselines`` until a recording is itself
    judged a real change), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
-   floor (``--attnperf-run-noise``); with fewer recordings it is the floor, ``m = 1``. With a
+   floor (``--attnperf-run-noise``, a share) nor below ``--attnperf-run-noise-time`` (a time,
+   for short kernels) over the centre; with fewer recordings it is the floor, ``m = 1``. With a
    history, the baseline's centre is the median of its recordings, and the interval of (2) is
    the latest recording's, moved to that centre.
 
@@ -173,7 +174,7 @@ def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[f
     ``sigma`` is never below ``floor`` (a share of the centre) nor below ``floor_ms`` (a time,
     ``--attnperf-run-noise-time``) as a share of the centre: a short kernel's median moves
     between processes by a time that does not shrink with it (session 10, three processes on
-    each of two H200s: the 10-40 us cases moved by a standard deviation of 0.07-0.13 us for the
+    each of two H200s: the 10-40 us cases moved by a standard deviation of 0.07-0.12 us for the
     median case, 1-1.4% at most, where 0.5% of a 12 us kernel is 0.06 us).
 
     From ``HISTORY_MIN`` recordings on, the centre is their median and sigma their sample
@@ -194,7 +195,7 @@ def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[f
     runs = baseline.run_medians_ms
     centre = statistics.median(runs) if len(runs) >= HISTORY_MIN else baseline.median_ms
     timed = floor_ms / centre if centre > 0 else 0.0
-    by_time = f" ({1e3 * floor_ms:.2g} us)" if timed > floor else ""
+    by_time = f" ({1e3 * floor_ms:g} us)" if timed > floor else ""
     floor = max(floor, timed)
     if len(runs) >= HISTORY_MIN:
         mad = MAD_TO_SIGMA * statistics.median(abs(r - centre) for r in runs)

@@ -255,6 +255,53 @@ def _per_case(runs: list[dict[str, float]]) -> dict[str, list[float]]:
     return {case: [r[case] for r in runs if case in r] for case in sorted(set().union(*runs))}
 
 
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """``(median, range, sd)`` of a case's medians: range = (max - min) / median, sd = standard
+    deviation / mean (0 for one value)."""
+    median = statistics.median(values)
+    spread = (max(values) - min(values)) / median if median > 0 else 0.0
+    sd = statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 and median > 0 else 0.0
+    return median, spread, sd
+
+
+def _recording_lines(work: Path, hw: str | None) -> list[str]:
+    """The spread of each case's median over its recordings in the work folder's baseline file
+    (``run_medians_ms``: each recording is one pytest process, as each steady run is), and the
+    cases left with fewer recordings than the rest (a recording the gate judged a real change
+    against the ones before starts the history afresh)."""
+    path = _baseline_path(work, hw)
+    if path is None:
+        return []
+    try:
+        loaded = store.load(path)
+    except store.BaselineError as exc:
+        return [f"recordings: {path.name} unreadable ({exc})"]
+    histories = {case: [float(v) for v in entry.get("run_medians_ms") or []]
+                 for case, entry in (loaded.entries if loaded else {}).items()}
+    most = max((len(v) for v in histories.values()), default=0)
+    if most < 2:
+        return [f"recordings: at most one per case in {path.name}, no spread"]
+    sized = over_range = over_sd = 0
+    worst: list[tuple[float, str]] = []
+    for case, values in histories.items():
+        median, spread, sd = _spread(values) if values else (0.0, 0.0, 0.0)
+        if median >= 0.01 and len(values) > 1:
+            sized += 1
+            over_range += spread > 0.01
+            over_sd += sd > 0.01
+            worst.append((sd, case))
+    worst.sort(reverse=True)
+    shown = ", ".join(f"{case.rsplit('::', 1)[-1]} {100 * sd:.2f}%" for sd, case in worst[:3] if sd > 0.01)
+    fewer = sorted(case for case, values in histories.items() if len(values) < most)
+    lines = [f"recordings in {path.name} (one process each): cases >= 10 us with range > 1%: {over_range} of {sized}; "
+             f"with sd > 1%: {over_sd} of {sized}" + (f" ({shown})" if shown else "")]
+    if fewer:
+        names = ", ".join(c.rsplit("::", 1)[-1] for c in fewer[:3]) + (", ..." if len(fewer) > 3 else "")
+        lines.append(f"  {len(fewer)} case(s) with fewer than {most} recordings, their history restarted by a "
+                     f"recording judged a real change, or recorded fewer times: {names}")
+    return lines
+
+
 def _steady_runs(work: Path) -> tuple[dict[Path, Run], list[str]]:
     """Each readable ``run<i>.json`` in the work folder (``read_run``), and a note per unreadable one."""
     runs: dict[Path, Run] = {}
@@ -291,9 +338,7 @@ def _steady_lines(work: Path) -> list[str]:
     over_events = {"range": 0, "sd": 0, "cases": 0}
     sized = 0
     for case, values in _per_case(runs).items():
-        median = statistics.median(values)
-        spread = (max(values) - min(values)) / median if median > 0 else 0.0
-        sd = statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 and median > 0 else 0.0
+        median, spread, sd = _spread(values)
         if median >= 0.01 and len(values) > 1:  # one run has no spread to speak of
             sized += 1
             over["range"] += spread > 0.01
@@ -599,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [f"noise benchmark: stages {','.join(stages)}, workdir {work}", f"pytest {' '.join(args)}", ""]
     lines += _steady_lines(work)
+    recordings = _recording_lines(work, hw)
+    lines += ["", *recordings] if recordings else []
     lines += ["", *ran] if ran else []
     lines += ["", *notes] if notes else []
     report = "\n".join(lines)

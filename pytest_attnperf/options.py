@@ -51,7 +51,7 @@ OPTIONS = (
            "0.1us", "least run-to-run standard deviation of a case's median as a time, for short kernels, whose "
            "medians move between processes by a time that does not shrink with them ('0.1us'; a bare number is "
            "in us). 0.1us: session 10, H200 cases of 10-40 us timed cold in three processes on each of two GPUs, "
-           "the median case's sd 0.07-0.13 us (1-1.4% at most); it outweighs --attnperf-run-noise below 20 us"),
+           "the median case's sd 0.07-0.12 us (1-1.4% at most); it outweighs --attnperf-run-noise below 20 us"),
     Option("machine_noise", "--attnperf-machine-noise", "ATTNPERF_MACHINE_NOISE", "attnperf_machine_noise", "0.7%",
            "standard deviation of a case's move between two machines (another GPU, lease or boot), added to "
            "the noise bar unless the baseline's centre is known to come from this machine or its recordings "

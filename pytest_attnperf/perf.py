@@ -199,7 +199,7 @@ class Perf:
                 "to gate it here",
             ), measurement
         machine = self._machine_terms(summary, measurement)
-        floor_ms = session.settings.run_noise_time_ms
+        floor_ms = self._noise_floor_ms(measurement)
         verdict = judge(measurement.summary, summary, tolerance, floor, *machine, noise_floor_ms=floor_ms)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
             again = session.timer.measure(fn, plan)
@@ -292,7 +292,7 @@ class Perf:
             return fresh
         settings = self._session.settings
         judged = judge(m.summary, earlier, settings.tolerance, settings.run_noise,
-                       *self._machine_terms(earlier, m), noise_floor_ms=settings.run_noise_time_ms)
+                       *self._machine_terms(earlier, m), noise_floor_ms=self._noise_floor_ms(m))
         if judged.status in ("regressed", "improved"):
             return fresh
         if earlier.run_medians_ms:
@@ -347,8 +347,12 @@ class Perf:
         shift_ms = self._floor_shift(baseline, measurement)
         if shift_ms is not None:
             return noise, residual_ms, shift_ms
-        calls = measurement.calls_per_sample if measurement.clock == "cuda-graph" else 1
-        return noise, offset_ms / max(1, calls), None
+        return noise, offset_ms / _calls_a_sample(measurement), None
+
+    def _noise_floor_ms(self, measurement: Measurement) -> float:
+        """``--attnperf-run-noise-time`` a call: measured on cold samples (one call each), it is
+        taken, like the offset, as a time a sample, so a graph of N calls spreads it over N."""
+        return self._session.settings.run_noise_time_ms / _calls_a_sample(measurement)
 
     def _floor_shift(self, baseline: Summary, measurement: Measurement) -> float | None:
         """The floors' difference to move the baseline's centre by (``gate.floor_shift_ms``:
@@ -401,3 +405,10 @@ class Perf:
             bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
         finally:
             REPLAY_CLOCK.finish()
+
+
+def _calls_a_sample(measurement: Measurement) -> int:
+    """Calls in one sample: hot mode's graph of N calls (clock ``cuda-graph``) holds N; each
+    other clock's sample holds one call (``cuda-graph-replays`` replays a one-call graph N
+    times, each replay paying its own launch)."""
+    return max(1, measurement.calls_per_sample) if measurement.clock == "cuda-graph" else 1

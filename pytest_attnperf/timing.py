@@ -348,7 +348,7 @@ class CudaTimer:
             nodes, failure = _capture_cold(fn, flush, plan.cold_graphs, capture_s=plan.budget_s / 2)
             if nodes is not None:
                 if nodes.failure is not None:
-                    notes.append(f"{nodes.graphs} of {plan.cold_graphs} cold graphs captured ({nodes.failure}); "
+                    notes.append(f"{nodes.graphs} of {plan.cold_graphs} cold graphs usable ({nodes.failure}); "
                                  "samples from those")
                 return nodes, "cuda-graph-nodes", 1
         # a callable that cannot be captured has failed one capture already (the cold one):

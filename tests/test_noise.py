@@ -605,6 +605,32 @@ def test_an_interrupted_inject_run_counts_the_cases_it_finished(
     assert "interrupted during the +5% injected run" in report
 
 
+def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Path) -> None:
+    """Each recording is one process, so three recordings are three processes' medians: the
+    report counts the cases of 10 us or more whose recordings spread above 1%, names the worst,
+    and lists a case left with fewer recordings than the rest (session 10: an 11.8 us case
+    whose every recording was judged a change against the one before)."""
+    from pytest_attnperf import baselines
+    from pytest_attnperf.noise import _recording_lines
+
+    def entry(runs: list[float]) -> dict:
+        return {"median_ms": runs[-1], "ci_low_ms": runs[-1], "ci_high_ms": runs[-1], "stdrel": 0.001,
+                "n_samples": 100, "run_medians_ms": runs}
+
+    assert _recording_lines(tmp_path, "h200") == []  # no baseline file: nothing to say
+    baselines.save(tmp_path / "h200.yaml", baselines.BaselineFile(entries={
+        "t.py::test[moving]": entry([0.0273, 0.0279, 0.0281]), "t.py::test[steady]": entry([0.2, 0.2002, 0.1999]),
+        "t.py::test[cut]": entry([0.0118]), "t.py::test[tiny]": entry([0.005, 0.006, 0.005])}))
+    lines = _recording_lines(tmp_path, "h200")
+    assert lines[0] == ("recordings in h200.yaml (one process each): cases >= 10 us with range > 1%: 1 of 2; "
+                        "with sd > 1%: 1 of 2 (test[moving] 1.50%)")
+    assert lines[1].startswith("  1 case(s) with fewer than 3 recordings") and lines[1].endswith(": test[cut]")
+    baselines.save(tmp_path / "h200.yaml", baselines.BaselineFile(entries={"t.py::test[cut]": entry([0.0118])}))
+    assert _recording_lines(tmp_path, "h200") == ["recordings: at most one per case in h200.yaml, no spread"]
+    (tmp_path / "h200.yaml").write_text("entries: [")
+    assert _recording_lines(tmp_path, "h200")[0].startswith("recordings: h200.yaml unreadable (")
+
+
 def test_one_run_reports_no_spread(tmp_path: Path) -> None:
     """A case with one steady run (session 8 ran one a folder on each GPU) has no run-to-run
     spread: the table shows none, the count leaves it out, and a folder of such cases says so

@@ -48,6 +48,7 @@ class ScriptedTimer:
 
     def measure(self, fn, plan):
         fn()
+        (HERE / "plan.json").write_text(json.dumps({"cold_graphs": plan.cold_graphs}))
         test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
         speed = HERE / "speed.json"
         factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
@@ -509,6 +510,43 @@ def test_a_recording_beyond_the_tolerance_but_within_the_noise_keeps_the_history
     set_speed(project, a=1.06)
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-tolerance=1%").assert_outcomes(passed=2)
     assert baseline(project)["entries"][key]["run_medians_ms"] == pytest.approx([1.06], rel=1e-3)
+
+
+def test_a_floor_in_time_widens_the_bar_a_sample_holds_once(project: pytest.Pytester) -> None:
+    """--attnperf-run-noise-time reaches the gate and the history. One recording of a ~1 ms
+    case, +2.5% at a 1.5% tolerance: on the 0.5% floor (bar 2.1%) it regresses, and
+    recording it restarts the history; with a 30 us time floor (3% of 1 ms: bar 12.7%) it
+    passes, and a recording 2.4% off joins the history."""
+    key = "test_cases.py::test_case[a]"
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.025)
+    project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%").assert_outcomes(passed=1, failed=1)
+    wide = ("--attnperf-tolerance=1.5%", "--attnperf-run-noise-time=30us")
+    passed = project.runpytest(*PLUGIN, *wide, "-rP")
+    passed.assert_outcomes(passed=2)
+    passed.stdout.fnmatch_lines(["*test_case[[]a[]]*+2.5% unchanged*"])
+    project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%", "--update-baselines").assert_outcomes(passed=2)
+    assert baseline(project)["entries"][key]["run_medians_ms"] == pytest.approx([1.025], rel=1e-3)  # restarted
+    set_speed(project, a=1.0)  # -2.4%
+    project.runpytest(*PLUGIN, *wide, "--update-baselines").assert_outcomes(passed=2)
+    assert baseline(project)["entries"][key]["run_medians_ms"] == pytest.approx([1.025, 1.0], rel=1e-3)
+
+
+def test_in_hot_mode_the_floor_in_time_is_spread_over_the_calls_of_a_sample(project: pytest.Pytester) -> None:
+    """A graph of 64 calls a sample: 30 us a sample is 0.47 us a call, 0.05% of 1 ms, under the
+    0.5% floor, so +2.5% regresses as without it."""
+    set_clocks(project, a=["cuda-graph x64"])
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.025)
+    project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%", "--attnperf-run-noise-time=30us").assert_outcomes(
+        passed=1, failed=1)
+
+
+def test_cold_graphs_reach_the_timer(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 8}
+    project.runpytest(*PLUGIN, "--attnperf-cold-graphs=3").assert_outcomes(passed=2)
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 3}
 
 
 def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(project: pytest.Pytester) -> None:

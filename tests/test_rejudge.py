@@ -23,16 +23,20 @@ def entry(ms: float, runs: list[float]) -> dict:
             "n_samples": 500, "run_medians_ms": runs, "mode": "cold", "clock": "cuda-graph"}
 
 
+def write_work(path: Path, entries: dict[str, dict], medians_ms: dict[str, float]) -> None:
+    """A work folder: the baseline file with ``entries``, and run0.json with each case's median."""
+    base = {"format": FORMAT, "meta": {"hardware": "h200"}, "entries": entries}
+    (path / "h200.yaml").write_text(yaml.safe_dump(base))
+    run = [{"fullname": case, "stats": {"median": ms / 1e3}, "extra_info": {}} for case, ms in medians_ms.items()]
+    (path / "run0.json").write_text(json.dumps({"benchmarks": run}))
+
+
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
     """Three recordings of two quiet 1 ms cases; run0 moves a by +3% and b by +0.2%; the +2%
     inject report flagged both, b's current median inside its bar."""
-    base = {"format": FORMAT, "meta": {"hardware": "h200"},
-            "entries": {A: entry(1.0, [1.0, 1.001, 0.999]), B: entry(1.0, [1.0, 1.001, 0.999])}}
-    (tmp_path / "h200.yaml").write_text(yaml.safe_dump(base))
-    run = {"benchmarks": [{"fullname": A, "stats": {"median": 1.03e-3}, "extra_info": {}},
-                          {"fullname": B, "stats": {"median": 1.002e-3}, "extra_info": {}}]}
-    (tmp_path / "run0.json").write_text(json.dumps(run))
+    write_work(tmp_path, {A: entry(1.0, [1.0, 1.001, 0.999]), B: entry(1.0, [1.0, 1.001, 0.999])},
+               {A: 1.03, B: 1.002})
     cases = "".join(
         f'<testcase classname="suites.test_x" name="{name}"><failure message="REGRESSED">'
         f"REGRESSED ...\n  current:  median {ms} ms (95% CI ...)</failure></testcase>"
@@ -59,6 +63,22 @@ def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFix
     rejudge.main([str(work), "--machine-noise", "0.7%"])
     out = capsys.readouterr().out
     assert "2 judgements, 1 regressed" in out and "2 flagged on the device, 0 still regressed" in out
+
+
+def test_the_floor_in_time_clears_a_short_case_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A 12 us case recorded at 11.81, 11.82, 11.81 us reads 12.10 us (+2.4%) and a 1 ms case
+    +2.4% too: with ``--floor-time 0`` (the gate before session 10) both regress at 1.5%; at the
+    default 0.1 us the short case's bar is 3 * 0.85% * sqrt(4/3) = 2.9% and it passes, the long
+    one (0.1 us is 0.01% of it) still regresses."""
+    short, long = "suites/test_x.py::test_x[short]", "suites/test_x.py::test_x[long]"
+    write_work(tmp_path, {short: entry(0.01181, [0.01181, 0.01182, 0.01181]), long: entry(1.0, [1.0, 1.001, 0.999])},
+               {short: 0.01210, long: 1.024})
+    rejudge.main([str(tmp_path), "--floor-time", "0"])
+    assert "2 judgements, 2 regressed" in capsys.readouterr().out
+    rejudge.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "floor 0.5% and 0.1 us" in out and "2 judgements, 1 regressed" in out
+    assert [line for line in out.splitlines() if line.startswith("  run")] == [f"  run0.json {long} +2.40%"]
 
 
 def test_a_folder_without_one_baseline_is_refused(tmp_path: Path) -> None:

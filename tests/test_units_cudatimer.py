@@ -193,7 +193,7 @@ def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.05, cold_graphs=8))
     assert m.clock == "cuda-graph-nodes" and m.median_ms == pytest.approx(0.02)
     assert len(m.samples_ms) % 3 == 0 and m.graphs == 3
-    assert m.notes == ("3 of 8 cold graphs captured (OutOfMemoryError: CUDA out of memory); samples from those",)
+    assert m.notes == ("3 of 8 cold graphs usable (OutOfMemoryError: CUDA out of memory); samples from those",)
 
 
 def test_without_external_events_cold_samples_hold_the_launch_and_say_so(

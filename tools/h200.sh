@@ -74,9 +74,10 @@ case "${1:-}" in
     TEARDOWN_CUPTI=0 python3 tools/timer_diag.py --out "$OUT/timer_diag.json" 2>&1 | tee "$OUT/timer_diag.log" | tail -12
     TEARDOWN_CUPTI=1 python3 tools/timer_diag.py --out "$OUT/timer_diag_teardown.json" 2>&1 \
       | tee "$OUT/timer_diag_teardown.log" | tail -12 ;;
-  shift)  # what moves a short case's cold median between processes (tools/shift_diag.py), in three
-    # processes, so the within-process moves it finds can be set beside the between-process ones
-    for i in 1 2 3; do
+  shift)  # what moves a short case's cold median between processes (tools/shift_diag.py), in
+    # $PROCS processes (default 3), so the within-process moves it finds can be set beside the
+    # between-process ones
+    for i in $(seq 1 "${PROCS:-3}"); do
       python3 tools/shift_diag.py --out "$OUT/shift_diag$i.json" 2>&1 | tee "$OUT/shift_diag$i.log" | tail -5
     done ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift" >&2; exit 2 ;;

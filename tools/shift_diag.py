@@ -15,14 +15,20 @@ turn for ``--blocks`` rounds (so drift over the process's life falls on every wa
 3. ``new-pool``: a new graph each block, every earlier one kept (new outputs and workspace);
 4. ``new-inputs``: copies of the inputs (same values, new addresses: the old ones are kept),
    captured anew;
-5. ``new-flush``: a new flush buffer each block (the old ones kept), captured anew.
+5. ``new-flush``: a new flush buffer each block (the old ones kept), captured anew;
+6. ``eight``: the harness's cold sampler, new each block: 8 graphs, the later ones in the
+   first one's memory pool, sampled in turn (if sharing the pool took away the captures'
+   variety, its blocks would spread as ``recapture``'s do, not about sqrt(8) times less).
 
 If a way moves the block medians as much as processes do while ``same`` does not, that is where
-the shift lives, and the harness can average over it within a run. ``bash tools/h200.sh shift``
-runs it in three processes. Prints, per case and way, the mean of the block medians, their
-standard deviation and range as a share of the mean; writes every block median, the SM clock
-read after each block, the one-element add's cold floor, versions and the GPU's UUID to
-``--out`` after each case (a failing case is recorded as such and the rest still run). A
+the shift lives, and the harness can average over it within a run. (Session 10: new captures
+did, 0.5-1.4% sd, and new inputs or flush buffers no more than new captures alone, so cold mode
+now samples 8 captures in turn; averaged over 28 captures, the processes still differed by
+0.4-0.5%.) ``bash tools/h200.sh shift`` runs it in three processes (``PROCS=6`` for six).
+Prints, per case and way, the mean of the block medians, their standard deviation and range as
+a share of the mean; writes every block median, the SM clock read after each block (and the
+GPU's temperature and power draw), the one-element add's cold floor, versions and the GPU's
+UUID to ``--out`` after each case (a failing case is recorded as such and the rest still run). A
 diagnostic, not a test.
 """
 
@@ -48,15 +54,15 @@ from pytest_attnperf import timing  # noqa: E402
 CASES = [sdpa_cases.CASES[label] for label in (  # session 9's cases with sd > 1%, as far as SDPA
     "sdpa default b1-h12-t256 causal", "flash b1-h12-t256 causal", "cudnn b2-h8-t512 fp16",
     "cudnn b32-h16-t1024 causal")]
-WAYS = ("same", "recapture", "new-pool", "new-inputs", "new-flush")
+WAYS = ("same", "recapture", "new-pool", "new-inputs", "new-flush", "eight")
 
 
 def _flush(l2_bytes: int) -> Any:
     return torch.empty(2 * l2_bytes, dtype=torch.int8, device="cuda")
 
 
-def _capture(fn: Callable[[], Any], flush: Any) -> Callable[[], float]:
-    take_ms, why = timing._capture_cold(fn, flush)
+def _capture(fn: Callable[[], Any], flush: Any, graphs: int = 1) -> Callable[[], float]:
+    take_ms, why = timing._capture_cold(fn, flush, graphs)
     if take_ms is None:
         raise RuntimeError(f"cold graph with events inside did not capture: {why}")
     return take_ms
@@ -72,7 +78,7 @@ def run_case(case: tuple, l2_bytes: int, blocks: int, samples: int) -> dict[str,
     q0, k0, v0 = sdpa_cases.inputs(case, torch.Generator(device="cuda").manual_seed(0))
     fn, flush = sdpa_cases.sdpa(case, q0, k0, v0), _flush(l2_bytes)
     out: dict[str, Any] = {way: [] for way in WAYS}
-    out["sm_mhz"] = []
+    out["sm_mhz"], out["gpu_c"], out["power_w"] = [], [], []
     with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
         for _ in range(3):
             fn()
@@ -90,8 +96,27 @@ def run_case(case: tuple, l2_bytes: int, blocks: int, samples: int) -> dict[str,
             out["new-inputs"].append(_block_us(_capture(moved, flush), samples))
             kept.append(other := _flush(l2_bytes))
             out["new-flush"].append(_block_us(_capture(fn, other), samples))
+            out["eight"].append(_block_us(_capture(fn, flush, 8), samples))
             out["sm_mhz"].append(timing.read_sm_clock(torch.cuda.current_device())[0])
+            celsius, watts = _thermals()
+            out["gpu_c"].append(celsius)
+            out["power_w"].append(watts)
     return out
+
+
+def _thermals() -> tuple[float | None, float | None]:
+    """The GPU's temperature (C) and power draw (W) through NVML, None where not read: a
+    process-wide shift could follow the card's warmth (the first process of a lease starts on
+    an idle, cool GPU)."""
+    nvml = timing._nvml_device(torch.cuda.current_device())
+    if nvml is None:
+        return None, None
+    pynvml, handle = nvml
+    try:
+        return (float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+                pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
+    except Exception:  # noqa: BLE001 - a diagnostic: not read
+        return None, None
 
 
 def _floor_us(l2_bytes: int, samples: int) -> float:
