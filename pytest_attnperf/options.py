@@ -89,7 +89,7 @@ OPTIONS = (
            "attnperf_min_samples", "10", "floor on samples per case"),
     Option("cold_graphs", "--attnperf-cold-graphs", "ATTNPERF_COLD_GRAPHS", "attnperf_cold_graphs", "8",
            "cold mode: captures of each case's graph, sampled in turn (each capture of a short kernel has a "
-           "median of its own, up to 3.5% apart on the H200; the run's median is over all of them)"),
+           "median of its own, up to 5% apart on the H200; the run's median is over all of them)"),
 )
 
 

@@ -474,9 +474,9 @@ def _capture_cold(
     ``graphs`` such graphs are captured (the later ones in the first one's memory pool: they
     are replayed one at a time, never together) and the sampler goes round them, one sample
     each in turn. Each capture of the same call has its own median: on the H200, short SDPA
-    forwards (12-14 us) read 0.5-1.4% apart (standard deviation) from one capture to the next in
-    one process, range up to 3.5%, while one graph replayed over the same time kept within
-    0.1-0.2% (session 10, ``tools/shift_diag.py``, three processes on each of two GPUs). A run
+    forwards (12-14 us) read 0.3-1.6% apart (standard deviation) from one capture to the next in
+    one process, range up to 5%, while one graph replayed over the same time kept within
+    0.0-0.2% for two of them (session 10, ``tools/shift_diag.py``, three processes on each of two GPUs). A run
     of one graph draws one of those medians; the median over ``graphs`` captures averages that
     part. What remains moves only from one process to the next (those cases' means over 28
     captures, inputs and flush buffers renewed too, differed by 0.4-0.5% sd between three

@@ -22,7 +22,7 @@ turn for ``--blocks`` rounds (so drift over the process's life falls on every wa
 
 If a way moves the block medians as much as processes do while ``same`` does not, that is where
 the shift lives, and the harness can average over it within a run. (Session 10: new captures
-did, 0.5-1.4% sd, and new inputs or flush buffers no more than new captures alone, so cold mode
+did, 0.3-1.6% sd, and new inputs or flush buffers no more than new captures alone, so cold mode
 now samples 8 captures in turn; averaged over 28 captures, the processes still differed by
 0.4-0.5%.) ``bash tools/h200.sh shift`` runs it in three processes (``PROCS=6`` for six).
 Prints, per case and way, the mean of the block medians, their standard deviation and range as
