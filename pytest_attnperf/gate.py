@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "HISTORY_MIN", "HISTORY_ROBUST", "MAX_FLOOR_SHIFT_MS", "MIN_SAMPLES", "Summary", "Verdict", "centre_floor_ms",
-    "floor_shift_ms", "judge", "median_ci", "run_noise",
+    "centre_ms", "floor_shift_ms", "judge", "median_ci", "run_noise",
 ]
 
 MIN_SAMPLES = 5
@@ -168,6 +168,13 @@ class Verdict:
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
 
 
+def centre_ms(baseline: Summary) -> float:
+    """The baseline's centre: the median of its recordings from ``HISTORY_MIN`` on, else its
+    latest median."""
+    runs = baseline.run_medians_ms
+    return statistics.median(runs) if len(runs) >= HISTORY_MIN else baseline.median_ms
+
+
 def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[float, int, float, str]:
     """The baseline's centre, its recordings ``m``, the run-to-run ``sigma`` and where it came from.
 
@@ -192,8 +199,7 @@ def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[f
     machine, from older files, counting as one more) it is the standard deviation alone: each
     machine moves a case by its own amount, and a machine with a minority of the recordings is
     exactly what the MAD would leave out."""
-    runs = baseline.run_medians_ms
-    centre = statistics.median(runs) if len(runs) >= HISTORY_MIN else baseline.median_ms
+    runs, centre = baseline.run_medians_ms, centre_ms(baseline)
     timed = floor_ms / centre if centre > 0 else 0.0
     by_time = f" ({1e3 * floor_ms:g} us)" if timed > floor else ""
     floor = max(floor, timed)
@@ -220,9 +226,7 @@ def centre_floor_ms(baseline: Summary) -> float | None:
     return statistics.median(known) if known and len(known) == len(floors) else None
 
 
-def floor_shift_ms(
-    baseline: Summary, here_ms: float | None, noise_floor: float = 0.0,
-) -> tuple[float | None, str | None]:
+def floor_shift_ms(baseline: Summary, here_ms: float | None) -> tuple[float | None, str | None]:
     """``(shift, None)``: this machine's sample floor ``here_ms`` less the floor behind the
     baseline's centre, to move the centre by; ``(None, why)`` when a floor is missing or the
     difference is implausible (beyond ``MAX_FLOOR_SHIFT_MS``, or moving the centre to zero or
@@ -235,7 +239,7 @@ def floor_shift_ms(
     if abs(shift) > MAX_FLOOR_SHIFT_MS:
         return None, (f"sample floor here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: more than "
                       f"{1e3 * MAX_FLOOR_SHIFT_MS:g} us apart, taken as measured wrong; the offset stands")
-    if run_noise(baseline, noise_floor)[0] + shift <= 0:
+    if centre_ms(baseline) + shift <= 0:
         return None, (f"sample floor here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: the "
                       "difference would empty a case's centre; the offset stands")
     return shift, None

@@ -264,6 +264,25 @@ def _spread(values: list[float]) -> tuple[float, float, float]:
     return median, spread, sd
 
 
+class SpreadCount(NamedTuple):
+    """Of the cases of 10 us or more with two medians or more (``cases``), how many spread
+    above 1% by range and by standard deviation."""
+
+    cases: int
+    over_range: int
+    over_sd: int
+
+
+def _spreads(per_case: dict[str, list[float]]) -> dict[str, tuple[float, float, float]]:
+    """``_spread`` of each case with two medians or more (one has no spread to speak of)."""
+    return {case: _spread(values) for case, values in per_case.items() if len(values) > 1}
+
+
+def _count_spread(spreads: list[tuple[float, float, float]]) -> SpreadCount:
+    sized = [(spread, sd) for median, spread, sd in spreads if median >= 0.01]
+    return SpreadCount(len(sized), sum(spread > 0.01 for spread, _ in sized), sum(sd > 0.01 for _, sd in sized))
+
+
 def _recording_lines(work: Path, hw: str | None) -> list[str]:
     """The spread of each case's median over its recordings in the work folder's baseline file
     (``run_medians_ms``: each recording is one pytest process, as each steady run is), and the
@@ -281,20 +300,14 @@ def _recording_lines(work: Path, hw: str | None) -> list[str]:
     most = max((len(v) for v in histories.values()), default=0)
     if most < 2:
         return [f"recordings: at most one per case in {path.name}, no spread"]
-    sized = over_range = over_sd = 0
-    worst: list[tuple[float, str]] = []
-    for case, values in histories.items():
-        median, spread, sd = _spread(values) if values else (0.0, 0.0, 0.0)
-        if median >= 0.01 and len(values) > 1:
-            sized += 1
-            over_range += spread > 0.01
-            over_sd += sd > 0.01
-            worst.append((sd, case))
-    worst.sort(reverse=True)
-    shown = ", ".join(f"{case.rsplit('::', 1)[-1]} {100 * sd:.2f}%" for sd, case in worst[:3] if sd > 0.01)
+    spreads = _spreads(histories)
+    count = _count_spread(list(spreads.values()))
+    worst = sorted(((sd, case) for case, (median, _, sd) in spreads.items() if median >= 0.01 and sd > 0.01),
+                   reverse=True)
+    shown = ", ".join(f"{case.rsplit('::', 1)[-1]} {100 * sd:.2f}%" for sd, case in worst[:3])
     fewer = sorted(case for case, values in histories.items() if len(values) < most)
-    lines = [f"recordings in {path.name} (one process each): cases >= 10 us with range > 1%: {over_range} of {sized}; "
-             f"with sd > 1%: {over_sd} of {sized}" + (f" ({shown})" if shown else "")]
+    lines = [f"recordings in {path.name} (one process each): cases >= 10 us with range > 1%: {count.over_range} of "
+             f"{count.cases}; with sd > 1%: {count.over_sd} of {count.cases}" + (f" ({shown})" if shown else "")]
     if fewer:
         names = ", ".join(c.rsplit("::", 1)[-1] for c in fewer[:3]) + (", ..." if len(fewer) > 3 else "")
         lines.append(f"  {len(fewer)} case(s) with fewer than {most} recordings, their history restarted by a "
@@ -334,22 +347,15 @@ def _steady_lines(work: Path) -> list[str]:
              "median: range = (max - min) / median, sd = standard deviation / mean", ""]
     lines.append(f"{'case':<78} {'median':>10} {'range':>7} {'sd':>6} {'runs':>5} {'false':>5}")
     events = set().union(*(run.event_timed for run in by_path.values()))
-    over = {"range": 0, "sd": 0}
-    over_events = {"range": 0, "sd": 0, "cases": 0}
-    sized = 0
-    for case, values in _per_case(runs).items():
-        median, spread, sd = _spread(values)
-        if median >= 0.01 and len(values) > 1:  # one run has no spread to speak of
-            sized += 1
-            over["range"] += spread > 0.01
-            over["sd"] += sd > 0.01
-            if case in events:
-                over_events["cases"] += 1
-                over_events["range"] += spread > 0.01
-                over_events["sd"] += sd > 0.01
+    per_case = _per_case(runs)
+    spreads = _spreads(per_case)
+    over = _count_spread(list(spreads.values()))
+    over_events = _count_spread([spread for case, spread in spreads.items() if case in events])
+    for case, values in per_case.items():
+        median, spread, sd = spreads.get(case) or _spread(values)
         times_flagged = sum(case in f for f in false_regressions)
-        spreads = f"{100 * spread:>6.2f}% {100 * sd:>5.2f}%" if len(values) > 1 else f"{'-':>7} {'-':>6}"
-        lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms {spreads} {len(values):>5} "
+        cells = f"{100 * spread:>6.2f}% {100 * sd:>5.2f}%" if len(values) > 1 else f"{'-':>7} {'-':>6}"
+        lines.append(f"{case.rsplit('::', 1)[-1][:78]:<78} {median:>8.4f}ms {cells} {len(values):>5} "
                      f"{times_flagged:>5}" + ("  events" if case in events else ""))
     lines.append(_judged_line(list(by_path.values()), sum(len(f) for f in false_regressions)))
     machines = {path.stem: run.machines for path, run in by_path.items()}
@@ -362,16 +368,16 @@ def _steady_lines(work: Path) -> list[str]:
     if others:
         shown = ", ".join(c.rsplit("::", 1)[-1] for c in others[:5]) + (", ..." if len(others) > 5 else "")
         lines.append(f"cases that failed for another reason in some run: {len(others)} ({shown})")
-    if sized:
-        lines.append(f"cases >= 10 us with run-to-run range > 1%: {over['range']} of {sized}; "
-                     f"with sd > 1%: {over['sd']} of {sized}")
+    if over.cases:
+        lines.append(f"cases >= 10 us with run-to-run range > 1%: {over.over_range} of {over.cases}; "
+                     f"with sd > 1%: {over.over_sd} of {over.cases}")
     else:  # session 8 ran one run per folder, and the report said "range > 1%: 0 of 262"
         lines.append("run-to-run spread: no case of 10 us or more has two runs in this folder (run more, "
                      "or --keep-runs)")
-    if over_events["cases"]:
+    if over_events.cases:
         lines.append(f"  of them timed with events around eager launches ('events': not graph-capturable, launch "
-                     f"and host overhead included): {over_events['cases']}, range > 1%: {over_events['range']}, "
-                     f"sd > 1%: {over_events['sd']}")
+                     f"and host overhead included): {over_events.cases}, range > 1%: {over_events.over_range}, "
+                     f"sd > 1%: {over_events.over_sd}")
     return [*lines, *notes]
 
 

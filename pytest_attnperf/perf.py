@@ -11,7 +11,7 @@ import pytest
 
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
-from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, floor_shift_ms, judge, run_noise
+from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_ms, floor_shift_ms, judge
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
@@ -192,7 +192,7 @@ class Perf:
         tolerance, floor = session.settings.tolerance, session.settings.run_noise
         if summary is not None and measurement.clock == "cuda-events" and not self._all_from_here(summary):
             return Verdict(
-                "not compared", measurement.median_ms / run_noise(summary, floor)[0],
+                "not compared", measurement.median_ms / centre_ms(summary),
                 "timed with events around eager launches (not graph-capturable), so the host's speed "
                 "is in the figure, and the baseline's recordings come from another machine: a slower "
                 "host cannot be told from a slower kernel; record this machine (--update-baselines) "
@@ -362,7 +362,7 @@ class Perf:
         difference is implausible, which the run's summary then reports once."""
         if measurement.mode != "cold" or measurement.clock != "cuda-graph-nodes":
             return None
-        shift_ms, refused = floor_shift_ms(baseline, self._session.gate_floor_ms(), self._session.settings.run_noise)
+        shift_ms, refused = floor_shift_ms(baseline, self._session.gate_floor_ms())
         if refused:
             self._session.floor_refusals.add(refused)
         return shift_ms

@@ -516,7 +516,7 @@ def _one_cold_graph(
         fn()
         end.record()
 
-    graph, failure = _capture(body, 1) if pool is None else _capture(body, 1, pool=pool)
+    graph, failure = _capture(body, 1, pool=pool)
     if graph is None:
         return None, pool, failure
 

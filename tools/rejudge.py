@@ -13,8 +13,9 @@ interval does not hold it): the false flags are an upper bound, the catches too.
 where the recordings cannot show the move between machines; pass 0 for runs on the recording
 machine); with either set, a steady run's cases timed with events around eager launches are
 not compared, as the plugin does against another machine's recordings. The offset is applied
-as to one call a sample (cold mode); the plugin divides it by the calls per sample of hot
-mode's graphs, which the run files do not hold, so re-judged hot runs are gated too loosely.
+as to one call a sample (cold mode), and so is ``--floor-time``; the plugin divides both by the
+calls per sample of hot mode's graphs, which the run files do not hold, so re-judged hot runs
+are gated too loosely.
 
 ``--floors`` judges as the plugin does where both sample floors are known: each steady run's
 floor (``attnperf_floor_ms`` in its JSON) less the floor of the recordings behind a case's
@@ -52,7 +53,7 @@ def point(ms: float) -> Summary:
 
 def shifted(summary: Summary, entry: dict, run_clock: str | None, machine: tuple[float, float],
             run_floor_ms: float | None, floors: tuple[float, float | None] | None,
-            noise_floor: float) -> tuple[float, float, float | None]:
+            ) -> tuple[float, float, float | None]:
     """The between-machines terms for one case of one run: ``machine`` and no shift, or, with
     ``floors`` (the residual, and a baseline floor for a file that holds none), as
     ``perf.Perf._machine_terms`` would give them: the case cold on the ``cuda-graph-nodes``
@@ -66,7 +67,7 @@ def shifted(summary: Summary, entry: dict, run_clock: str | None, machine: tuple
     residual_ms, fallback_ms = floors
     if fallback_ms is not None and not any(summary.run_floors_ms):  # a file from before floors were kept
         summary = replace(summary, run_floors_ms=(fallback_ms,) * len(summary.run_medians_ms))
-    shift_ms, _ = floor_shift_ms(summary, run_floor_ms, noise_floor)
+    shift_ms, _ = floor_shift_ms(summary, run_floor_ms)
     return (*machine, None) if shift_ms is None else (machine[0], residual_ms, shift_ms)
 
 
@@ -86,7 +87,7 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
                 skipped += 1
                 continue
             terms = shifted(summary, base.entries[case], (found.clocks or {}).get(case), machine,
-                            found.gate_floor_ms, floors, floor)
+                            found.gate_floor_ms, floors)
             verdict = judge(point(ms), summary, tolerance, floor, *terms, noise_floor_ms=floor_ms)
             made += 1
             if verdict.status == "regressed":
@@ -146,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
              + (f", recordings' floor {1e3 * args.baseline_floor:g} us where the file has none"
                 if args.baseline_floor is not None else "")) if floors else ""
     print(f"tolerance {100 * args.tolerance:g}%, floor {100 * args.floor:g}% and {1e3 * args.floor_time:g} us, "
-          "machine noise "
-          f"{100 * args.machine_noise:g}% and {1e3 * args.machine_offset:g} us{moved} "
+          f"machine noise {100 * args.machine_noise:g}% and {1e3 * args.machine_offset:g} us{moved} "
           "(each interval test taken as passed: upper bounds)")
     print(f"steady runs: {made} judgements, {len(flagged)} regressed"
           + (f"; {skipped} eager-timed not compared (another machine)" if skipped else ""))
