@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["ECHO_S", "INTERRUPT_GRACE_S", "start", "stop_signals_as_interrupts", "wait_for"]
 
@@ -34,10 +35,12 @@ def die_with_parent() -> None:
         pass
 
 
-def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """``cmd`` in a session of its own (no terminal or group signal reaches it directly)."""
-    return subprocess.Popen(cmd, env=env, start_new_session=True,
-                            preexec_fn=die_with_parent if sys.platform == "linux" else None)
+def start(cmd: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None = None,
+          stdout: Any = None) -> subprocess.Popen:
+    """``cmd`` in a session of its own (no terminal or group signal reaches it directly), in
+    ``cwd``, its output (stderr too, when ``stdout`` is given) to ``stdout``."""
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
+                            start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None)
 
 
 def wait_for(child: subprocess.Popen) -> int:

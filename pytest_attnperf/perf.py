@@ -13,6 +13,7 @@ from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
 from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_ms, floor_shift_ms, judge
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
+from .processes import pool, write_taken
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
 
@@ -128,7 +129,7 @@ class Perf:
             else:
                 backend = "-"
             plan = session.plan(mode)
-            measurement = session.timer.measure(fn, plan)
+            measurement = self._pooled(session.timer.measure(fn, plan))
             if not measurement.median_ms > 0:
                 pytest.fail(f"{node.nodeid}: the {measurement.clock} clock measured a median of "
                             f"{measurement.median_ms} ms; a time must be positive (did the callable "
@@ -171,6 +172,8 @@ class Perf:
             problem = f"{exc}\nNothing was written; fix or remove the file."
         if problem is not None:
             pytest.fail(problem, pytrace=False)
+        if session.settings.worker_out is not None:
+            return Verdict("worker", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
         entry = baseline.entries.get(self._request.node.nodeid) if baseline else None
@@ -202,7 +205,7 @@ class Perf:
         floor_ms = self._noise_floor_ms(measurement)
         verdict = judge(measurement.summary, summary, tolerance, floor, *machine, noise_floor_ms=floor_ms)
         if verdict.failed:  # a suspected regression is measured once more before the verdict
-            again = session.timer.measure(fn, plan)
+            again = self._pooled(session.timer.measure(fn, plan))
             if again.clock != measurement.clock:  # not comparable: the first verdict stands
                 note = (f"re-measuring the suspected regression fell back to the {again.clock} clock "
                         f"({'; '.join(again.notes) or 'no reason given'}); the {measurement.clock} "
@@ -212,6 +215,16 @@ class Perf:
             note = f"re-measured after a suspected regression ({verdict.change_pct:+.1f}% first)"
             return second, replace(again, notes=again.notes + (note,))
         return verdict, measurement
+
+    def _pooled(self, measurement: Measurement) -> Measurement:
+        """In a worker, the measurement as taken, also written to the worker's file; in a run
+        with worker processes, pooled with their samples of this case (``processes.pool``)."""
+        session, nodeid = self._session, self._request.node.nodeid
+        if session.settings.worker_out is not None:
+            write_taken(session.settings.worker_out, nodeid, measurement)
+            return measurement
+        taken = session.workers.for_case(nodeid) if session.workers is not None else []
+        return pool(measurement, taken) if taken else measurement
 
     def _record(self, result: PerfResult) -> None:
         m, s = result.measurement, result.measurement.summary
@@ -385,6 +398,8 @@ class Perf:
                 "attnperf_clock": result.measurement.clock,
                 "attnperf_mode": result.measurement.mode,
                 "attnperf_graphs": result.measurement.graphs,  # cold graphs sampled in turn
+                "attnperf_processes": result.measurement.processes,  # processes pooled (--attnperf-processes)
+                "attnperf_process_medians_ms": list(result.measurement.process_medians_ms),  # this one first
                 "backend": result.backend,
                 "tflops": result.tflops,
                 "mfu": result.mfu,

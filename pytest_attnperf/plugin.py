@@ -90,6 +90,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    get_session(session.config).start_workers(session.items)  # --attnperf-processes, before any test
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     mark = item.get_closest_marker("requires_hw")
     if mark is not None:
@@ -146,7 +150,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = get_session(config)
     gone = suite.removed(config)
-    if not state.rows and state.write_note is None and not gone:
+    if not state.rows and state.write_note is None and not gone and state.workers is None:
         return
     terminalreporter.section("attnperf")
     if gone:
@@ -163,6 +167,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(f"sample floor not measured: {how}")
         for refused in sorted(state.floor_refusals):
             terminalreporter.write_line(f"floors not used: {refused}")
+    if state.workers is not None:
+        for line in state.workers.summary(state.settings.processes_below_ms):
+            terminalreporter.write_line(line)
     if state.write_note:
         terminalreporter.write_line(f"baselines: {state.write_note}")
 

@@ -18,6 +18,7 @@ import pytest
 from . import baselines as store
 from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
 from .options import Settings
+from .processes import Workers, centres_ms, short_cases
 from .registry import KernelRegistry
 from .timing import SamplingPlan, Timer, default_timer
 
@@ -56,6 +57,7 @@ class AttnPerfSession:
     floor: tuple[float | None, str] | None = None  # see measure_floor: (ms, how), once measured
     floor_for_gate_ms: float | None = None  # see gate_floor_ms
     floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
+    workers: Workers | None = None  # the --attnperf-processes worker runs, once made (see start_workers)
 
     # -- device and hardware -------------------------------------------------------------
     @cached_property
@@ -144,6 +146,27 @@ class AttnPerfSession:
         if doubts:
             return (m.median_ms, f"{how}; not used by the gate: {'; '.join(doubts)}"), None
         return (m.median_ms, how), m.median_ms
+
+    def start_workers(self, items: list[pytest.Item]) -> None:
+        """With ``--attnperf-processes`` above 1: run the worker processes over the selected
+        cases whose baseline centre is under ``--attnperf-processes-below`` (processes.py),
+        before any test runs. Only on a CUDA device (the offset is the GPU's; a host clock's
+        samples are noisier than it), and not in a worker, under pytest-xdist or when only
+        collecting."""
+        s = self.settings
+        if (s.processes < 2 or s.worker_out is not None or hasattr(self.config, "workerinput")
+                or self.config.option.collectonly):
+            return
+        ids = [item.nodeid for item in items if "attnperf" in getattr(item, "fixturenames", ())]
+        if not ids or not self.device.is_gpu:  # no measured case: the device is not even looked up
+            return
+        try:
+            baseline = self.baseline
+        except store.BaselineError as exc:
+            self.workers = Workers({}, processes=s.processes, problems=(f"no worker runs: {exc}",))
+            return
+        chosen = short_cases(ids, centres_ms(baseline) if baseline else {}, s.processes_below_ms)
+        self.workers = Workers.run(self.config, chosen, s.processes)
 
     # -- baselines ------------------------------------------------------------------------
     @property

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
-#   bash tools/h200.sh record-linear | gate | noise | pair | diag | shift
+#   bash tools/h200.sh record-linear | gate | noise | pair | diag | shift | short
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored;
 # see README, "Device runs with fla").
@@ -80,5 +80,23 @@ case "${1:-}" in
     for i in $(seq 1 "${PROCS:-3}"); do
       python3 tools/shift_diag.py --out "$OUT/shift_diag$i.json" 2>&1 | tee "$OUT/shift_diag$i.log" | tail -5
     done ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift" >&2; exit 2 ;;
+  short)  # the cases whose committed centre is under 50 us (those --attnperf-processes times in
+    # several processes), steady runs against the committed file on both GPUs of an x2 at once,
+    # --attnperf-processes=${PROCESSES:-3}, as many runs as fit in BUDGET (default 540 s); each
+    # GPU's work folder (noise-work-p<gpu>$TAG, with any worker logs kept) travels back as a .tgz
+    BUDGET="${BUDGET:-540}"
+    IDS=$(python3 -c "import statistics as s, yaml; d = yaml.safe_load(open('baselines/h200.yaml'))['entries']
+print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))")
+    echo "$(echo "$IDS" | wc -w) short cases"
+    for g in 0 1; do
+      ( export CUDA_VISIBLE_DEVICES=$g; W="noise-work-p$g${TAG:-}"; mkdir -p "$W"; cp baselines/h200.yaml "$W/"
+        # shellcheck disable=SC2086  # IDS: one node id a word
+        timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$W" --stages steady --runs 8 \
+          --time-limit $(( BUDGET - 15 )) -- $IDS --hw=h200 --attnperf-tolerance=1.5% \
+          --attnperf-processes="${PROCESSES:-3}" > "$OUT/g$g.log" 2>&1
+        tar czf "$OUT/$W.tgz" "$W" $(ls /tmp/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
+    done
+    wait
+    for g in 0 1; do echo "== g$g"; grep -v "^test_\|^suites" "$OUT/g$g.log" | tail -n 25; done ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift|short" >&2; exit 2 ;;
 esac

@@ -1,0 +1,214 @@
+"""--attnperf-processes: short cases timed in worker processes too, their samples pooled.
+
+The units (pooling, the workers' file, the choice of cases, the workers' arguments) on plain
+values; the whole path under pytester, where the scripted timer gives worker processes other
+speeds than the main one, so a test can see the workers' samples reach the gate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_plugin import CONFTEST, PLUGIN, TESTS, set_speed
+
+from pytest_attnperf.processes import Taken, pool, read_taken, short_cases, worker_args, write_taken
+from pytest_attnperf.timing import Measurement
+
+
+def _m(values: list[float], clock: str = "cuda-graph-nodes", calls: int = 1) -> Measurement:
+    return Measurement(tuple(values), clock=clock, mode="cold", calls_per_sample=calls)
+
+
+def test_pooling_takes_as_many_samples_from_each_process() -> None:
+    main = _m([1.0] * 20)
+    fast, slow = Taken((0.9,) * 10, "cuda-graph-nodes", "cold", 1), Taken((1.3,) * 40, "cuda-graph-nodes", "cold", 1)
+    pooled = pool(main, [fast, slow])
+    assert pooled.summary.n_samples == 30 and pooled.processes == 3
+    assert sorted(pooled.samples_ms) == [0.9] * 10 + [1.0] * 10 + [1.3] * 10
+    assert pooled.median_ms == pytest.approx(1.0)  # one process each side: the middle one's
+    assert pooled.process_medians_ms == (1.0, 0.9, 1.3)
+    assert pooled.notes[-1] == ("3 processes pooled, 10 samples each (medians 1000.00, 900.00, 1300.00 us, "
+                                "this one first)")
+
+
+def test_the_even_share_keeps_every_part_of_a_sequence() -> None:
+    """Cold samples go round the graphs in turn: the share is spread through the sequence, not its start."""
+    main = _m([1.0, 2.0] * 5)  # ten samples, alternating
+    pooled = pool(main, [Taken((1.5,) * 4, "cuda-graph-nodes", "cold", 1)])
+    assert sorted(pooled.samples_ms) == [1.0, 1.0, 1.5, 1.5, 1.5, 1.5, 2.0, 2.0]
+
+
+def test_a_worker_that_timed_another_way_is_left_out_and_named() -> None:
+    main = _m([1.0] * 10)
+    other = Taken((2.0,) * 10, "cuda-events", "cold", 1)
+    same = Taken((1.2,) * 10, "cuda-graph-nodes", "cold", 1)
+    pooled = pool(main, [other, same])
+    assert pooled.processes == 2 and max(pooled.samples_ms) == 1.2
+    assert any("1 worker measurement(s) taken another way" in n for n in pooled.notes)
+    alone = pool(main, [other])
+    assert alone.samples_ms == main.samples_ms and alone.processes == 1
+    assert any("not pooled" in n for n in alone.notes)
+
+
+def test_the_workers_file_round_trips_and_skips_a_torn_line(tmp_path: Path) -> None:
+    out = tmp_path / "w.jsonl"
+    write_taken(out, "t.py::a", _m([1.0, 1.1], calls=1))
+    write_taken(out, "t.py::b", _m([2.0, 2.2], clock="cuda-graph", calls=64))
+    with open(out, "a", encoding="utf-8") as f:
+        f.write('{"nodeid": "t.py::c", "samples_ms": [1.0')  # a worker killed mid-write
+    got = read_taken(out)
+    assert sorted(got) == ["t.py::a", "t.py::b"]
+    assert got["t.py::b"] == Taken((2.0, 2.2), "cuda-graph", "cold", 64)
+    assert got["t.py::a"].median_ms == pytest.approx(1.05)
+    assert read_taken(tmp_path / "none.jsonl") == {}
+
+
+def test_only_cases_with_a_centre_under_the_threshold_are_chosen() -> None:
+    centres = {"a": 0.012, "b": 0.049, "c": 0.05, "d": 1.2}
+    assert short_cases(["a", "b", "c", "d", "e"], centres, 0.05) == ["a", "b"]  # e: no entry
+
+
+def test_workers_get_the_resolved_settings_but_never_write_or_spawn(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNPERF_TOLERANCE", "1.5%")  # from the environment: forwarded as a flag
+    monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")  # and this one is not a worker's business
+    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--hw=h200", "--attnperf-processes=3",
+                                  "--attnperf-budget=0.2", "--update-baselines")
+    args = worker_args(config, ["t.py::a", "t.py::b"], Path("/tmp/w.jsonl"))
+    assert args[-2:] == ["t.py::a", "t.py::b"]
+    assert "--attnperf-worker-out=/tmp/w.jsonl" in args and "--hw=h200" in args
+    assert "--attnperf-tolerance=1.5%" in args and "--attnperf-budget=0.2" in args
+    assert ["-p", "pytest_attnperf.plugin"] == args[args.index("pytest_attnperf.plugin") - 1:][:2]
+    assert not [a for a in args if a.startswith(("--update-baselines", "--attnperf-processes"))]
+    worker = pytester.parseconfig(*args[:-2])
+    from pytest_attnperf.options import read_settings
+
+    settings = read_settings(worker)  # the environment's update flag is inherited, and refused
+    assert settings.worker_out == Path("/tmp/w.jsonl") and not settings.update_baselines
+    assert settings.processes == 1 and settings.tolerance == pytest.approx(0.015)
+
+
+WORKER_SPEED = '''
+
+class WorkerAwareTimer(ScriptedTimer):
+    """In a worker run, the factor comes from worker_speed.json instead of speed.json."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def measure(self, fn, plan):
+        m = super().measure(fn, plan)
+        if not self.worker:
+            return m
+        test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
+        speeds = [json.loads(p.read_text()).get(test, 1.0) if p.exists() else 1.0
+                  for p in (HERE / "speed.json", HERE / "worker_speed.json")]
+        scale = speeds[1] / speeds[0]
+        return Measurement(tuple(v * scale for v in m.samples_ms), clock=m.clock, mode=m.mode,
+                           calls_per_sample=m.calls_per_sample)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return WorkerAwareTimer(config.getoption("attnperf_worker_out") is not None)
+'''
+
+
+def _worker_lines(result: pytest.RunResult) -> list[str]:
+    """The summary's lines about worker runs and the notes of pooled cases."""
+    return [line for line in result.outlines if " worker runs before the tests" in line
+            or line.startswith("worker ") or "processes pooled" in line]
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST + WORKER_SPEED)
+    pytester.makepyfile(test_cases=TESTS)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    return pytester
+
+
+def test_the_workers_samples_reach_the_gate(project: pytest.Pytester) -> None:
+    """Case a reads +10% in this process and as recorded in the two workers: alone it
+    regresses; pooled over three processes its median is the workers' and it passes."""
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.10)
+    (project.path / "worker_speed.json").write_text(json.dumps({"test_case[a]": 1.0}))
+    alone = project.runpytest(*PLUGIN, "--hw=h200")
+    alone.assert_outcomes(passed=1, failed=1)
+    pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms", "-rA")
+    pooled.assert_outcomes(passed=2)
+    out = pooled.stdout.str()
+    assert "2 cases under 5000 us timed in 3 processes (2 worker runs before the tests" in out
+    assert "3 processes pooled, 20 samples each (medians 1100.00, 1000.00, 1000.00 us, this one first)" in out
+    assert "worker 1:" not in out and "worker 2:" not in out
+    pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms",
+                               "--benchmark-json=b.json")
+    extra = {b["name"]: b["extra_info"] for b in json.loads((project.path / "b.json").read_text())["benchmarks"]}
+    assert extra["test_case[a]"]["attnperf_processes"] == 3
+    assert extra["test_case[a]"]["attnperf_process_medians_ms"] == pytest.approx([1.1, 1.0, 1.0])
+
+
+def test_a_regression_seen_by_every_process_still_fails(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, b=1.10)
+    (project.path / "worker_speed.json").write_text(json.dumps({"test_case[b]": 1.10}))
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_case?b?: REGRESSED +10.0% against the baseline*"])
+    assert "2 processes pooled" in result.stdout.str()
+
+
+def test_cases_over_the_threshold_or_without_an_entry_are_timed_here_only(project: pytest.Pytester) -> None:
+    """By default (3 processes), and asked for explicitly: no worker runs for them."""
+    for asked in ((), ("--attnperf-processes=3",)):
+        result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # no baseline file yet
+        result.assert_outcomes(passed=2)
+        assert not _worker_lines(result)
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    (project.path / "worker_speed.json").write_text("{not json")  # a worker run would fail and be named
+    for asked in ((), ("--attnperf-processes=3",)):
+        result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # 1 ms cases: over 50 us
+        result.assert_outcomes(passed=2)
+        assert not _worker_lines(result)
+
+
+def test_the_default_is_three_processes_and_one_turns_it_off(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    default = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms")
+    assert "2 cases under 5000 us timed in 3 processes" in default.stdout.str()
+    off = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms", "--attnperf-processes=1")
+    assert "processes" not in off.stdout.str().split("= attnperf =")[-1]
+
+
+def test_no_workers_on_a_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_DEVICE", "cpu")
+    project.runpytest(*PLUGIN, "--hw=cpu", "--update-baselines").assert_outcomes(passed=2)
+    result = project.runpytest(*PLUGIN, "--hw=cpu", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=2)
+    assert not _worker_lines(result)
+
+
+def test_a_failing_worker_is_named_and_the_run_goes_on(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    (project.path / "worker_speed.json").write_text("{not json")  # every worker measurement raises
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["worker 1: exit status 1, measured 0 of 2 cases (the rest were skipped, failed or "
+                                 "not reached there, and are pooled over fewer processes; log: *worker1.log)"])
+    assert Path(result.stdout.str().split("log: ")[-1].split(")")[0]).exists()  # kept, to be read
+    assert "processes pooled" not in result.stdout.str()
+
+
+def test_recording_with_workers_keeps_the_pooled_figure(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    (project.path / "worker_speed.json").write_text(json.dumps({"test_case[a]": 1.2, "test_case[b]": 1.2}))
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "--attnperf-processes=3",
+                      "--attnperf-processes-below=5ms").assert_outcomes(passed=2)
+    import yaml
+
+    entries = yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
+    entry = entries["test_cases.py::test_case[a]"]
+    assert entry["n_samples"] == 60 and entry["median_ms"] == pytest.approx(1.2, rel=0.01)
+    assert any("3 processes pooled" in n for n in entry["notes"])
