@@ -1,20 +1,21 @@
 """Short cases timed in more than one process (``--attnperf-processes``).
 
-A short kernel's cold median moves from one process to the next by more than anything within
-a process can average away. On the H200 (sessions 10 and 11, ``tools/shift_diag.py``), 28
+A short kernel's cold median moves from one process to the next by more than anything within a
+process can average away. On the H200 (sessions 10 and 11, ``tools/shift_diag.py``), 28
 captures of each case, with new inputs and flush buffers, still left the processes' means of
 12-14 us kernels 0.4-0.7% apart (standard deviation), and with eight captures sampled in turn
-(cold mode's default) a handful of 10-40 us cases moved by 1-1.4% over three whole-suite runs. Each process is one draw of that offset; the only way to
-average it is to time the case in more processes.
+(cold mode's default) a handful of 10-40 us cases moved by 1-1.4% over three whole-suite runs.
+Each process is one draw of that offset; the only way to average it is to time the case in more
+processes.
 
-With ``--attnperf-processes=N`` (default 3; 1 turns it off) on a CUDA device, before this
-run's tests start, N - 1 worker pytest runs measure the cases whose baseline centre is under
+With ``--attnperf-processes=N`` (default 3; 1 turns it off) on a CUDA device, before this run's
+tests start, N - 1 worker pytest runs measure the cases whose baseline centre is under
 ``--attnperf-processes-below`` (50 us), one after the other, on the same device. A worker runs
-the same tests with the same settings, gates nothing and writes nothing but each
-measurement's samples, a line per case, to a file. When this run measures such a case, its figure pools the samples of all N processes, the same
-number from each (evenly spaced through each process's sequence), so the reported median is
-taken over N processes' offsets and not one. Cases with no baseline entry, or at or over the
-threshold, are timed here only, as without the option.
+the same tests with the same settings, gates nothing and writes nothing but each measurement's
+samples, a line per case, to a file. When this run measures such a case, its figure pools the
+samples of all N processes, the same number from each (evenly spaced through each process's
+sequence), so the reported median is taken over N processes' offsets and not one. Cases with no
+baseline entry, or at or over the threshold, are timed here only, as without the option.
 
 Session 11 (H200, two GPUs of one host, 8 runs each of the 40 cases under 50 us, three
 processes a run): the pooled median's standard deviation over the runs was at most 0.53% and
@@ -144,9 +145,9 @@ def _plugin_args(args: Sequence[str]) -> list[str]:
 
 def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path) -> list[str]:
     """A worker's pytest arguments: the cases, the invocation's plugins, the rootdir and ini
-    file, and every attnperf setting as resolved here (so one from an environment variable or
-    an ini key reaches the worker as it reached this run), except those that make a run write
-    or fail what a worker does not."""
+    file, pytest-timeout's limit, and every attnperf setting as resolved here (so one from an
+    environment variable or an ini key reaches the worker as it reached this run), except
+    those that make a run write or fail what a worker does not."""
     from .options import OPTIONS, raw_value
 
     args = ["-p", "no:cacheprovider", "-q", "--rootdir", str(config.rootpath)]
@@ -159,6 +160,9 @@ def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path) -> lis
         text, source = raw_value(config, opt)
         if source != "the default":
             args.append(f"{opt.flag}={text}")
+    timeout = config.getoption("timeout", None)  # None where no plugin adds --timeout
+    if timeout:  # pytest-timeout's per-test limit, so a hanging kernel does not hang the worker
+        args.append(f"--timeout={timeout}")
     args += [f"{WORKER_OUT_FLAG}={out}", *nodeids]
     return args
 

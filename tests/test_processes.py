@@ -82,6 +82,7 @@ def test_workers_get_the_resolved_settings_but_never_write_or_spawn(
     assert "--attnperf-tolerance=1.5%" in args and "--attnperf-budget=0.2" in args
     assert ["-p", "pytest_attnperf.plugin"] == args[args.index("pytest_attnperf.plugin") - 1:][:2]
     assert not [a for a in args if a.startswith(("--update-baselines", "--attnperf-processes"))]
+    assert not [a for a in args if a.startswith("--timeout")]  # no plugin gives one here
     worker = pytester.parseconfig(*args[:-2])
     from pytest_attnperf.options import read_settings
 
@@ -212,3 +213,11 @@ def test_recording_with_workers_keeps_the_pooled_figure(project: pytest.Pytester
     entry = entries["test_cases.py::test_case[a]"]
     assert entry["n_samples"] == 60 and entry["median_ms"] == pytest.approx(1.2, rel=0.01)
     assert any("3 processes pooled" in n for n in entry["notes"])
+
+
+def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(fake_timeout="def pytest_addoption(parser):\n    parser.addoption('--timeout')\n")
+    pytester.syspathinsert()
+    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "-p", "fake_timeout", "--timeout=240")
+    args = worker_args(config, ["t.py::a"], Path("/tmp/w.jsonl"))
+    assert "--timeout=240" in args and args[args.index("fake_timeout") - 1] == "-p"
