@@ -13,8 +13,10 @@ tests start, N - 1 worker pytest runs measure the cases whose baseline centre is
 ``--attnperf-processes-below`` (50 us), one after the other, on the same device. A worker runs
 the same tests with the same settings, gates nothing and writes nothing but each measurement's
 samples, a line per case, to a file. When this run measures such a case, its figure pools the
-samples of all N processes, the same number from each (evenly spaced through each process's
-sequence), so the reported median is taken over N processes' offsets and not one. Cases with no
+samples of all N processes, about the same number from each (whole rounds of the cold graphs,
+spread evenly through each process's sequence), so the reported median is taken over N
+processes' offsets and not one. A suspected regression's re-measurement re-times the main
+process only and pools it with the same worker samples: it re-checks this process's part. Cases with no
 baseline entry, or at or over the threshold, are timed here only, as without the option.
 
 Session 11 (H200, two GPUs of one host, 8 runs each of the 40 cases under 50 us, three
@@ -30,6 +32,7 @@ import math
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -48,6 +51,19 @@ __all__ = ["WORKER_OUT_FLAG", "Taken", "Workers", "pool", "read_taken", "short_c
 
 WORKER_OUT_FLAG = "--attnperf-worker-out"
 _NOT_FORWARDED = {"update_baselines", "require_baseline", "processes", "processes_below"}
+# the invocation's options a worker does not take over: what would make it write where the main
+# run writes, select other cases, stop on cache state, spread over xdist workers or debug; the
+# attnperf options are passed as resolved instead (see worker_args). True: takes a value.
+_DROPPED = {
+    "--junitxml": True, "--junit-xml": True, "--junit-prefix": True, "--basetemp": True, "--rootdir": True,
+    "-c": True, "--config-file": True, "-k": True, "-m": True, "--deselect": True, "-n": True,
+    "--numprocesses": True, "--dist": True, "--maxprocesses": True, "--benchmark-json": True,
+    "--benchmark-save": True, "--benchmark-compare-fail": True, "--benchmark-storage": True,
+    "--benchmark-autosave": False, "--lf": False, "--last-failed": False, "--ff": False, "--failed-first": False,
+    "--nf": False, "--new-first": False, "--sw": False, "--stepwise": False, "--sw-skip": False,
+    "--stepwise-skip": False, "--cache-clear": False, "--collect-only": False, "--co": False, "--pdb": False,
+    "--trace": False, "--update-baselines": False, "--attnperf-require-baseline": False,
+}
 
 
 @dataclass(frozen=True)
@@ -58,12 +74,12 @@ class Taken:
     clock: str
     mode: str
     calls_per_sample: int
+    graphs: int = 1  # cold graphs its samples go round, in turn
+    notes: tuple[str, ...] = ()
 
     @property
     def median_ms(self) -> float:
-        ordered = sorted(self.samples_ms)
-        n = len(ordered)
-        return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+        return statistics.median(self.samples_ms)
 
 
 def write_taken(path: Path, nodeid: str, measurement: Measurement) -> None:
@@ -72,6 +88,7 @@ def write_taken(path: Path, nodeid: str, measurement: Measurement) -> None:
     line = json.dumps({
         "nodeid": nodeid, "samples_ms": list(measurement.samples_ms), "clock": measurement.clock,
         "mode": measurement.mode, "calls_per_sample": measurement.calls_per_sample,
+        "graphs": measurement.graphs, "notes": list(measurement.notes),
     })
     with open(path, "a", encoding="utf-8") as out:
         out.write(line + "\n")
@@ -90,8 +107,9 @@ def read_taken(path: Path) -> dict[str, Taken]:
             if not samples or not all(math.isfinite(v) and v > 0 for v in samples):
                 continue
             taken[str(row["nodeid"])] = Taken(samples, str(row["clock"]), str(row["mode"]),
-                                              int(row["calls_per_sample"]))
-        except (ValueError, KeyError, TypeError):
+                                              int(row["calls_per_sample"]), max(1, int(row.get("graphs", 1))),
+                                              tuple(str(n) for n in row.get("notes", ())))
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return taken
 
@@ -101,69 +119,96 @@ def short_cases(nodeids: Iterable[str], centres_ms: Mapping[str, float], below_m
     return [n for n in nodeids if n in centres_ms and centres_ms[n] < below_ms]
 
 
-def _evenly(samples: Sequence[float], n: int) -> list[float]:
-    """``n`` of ``samples`` spread evenly through their order (cold samples go round the
-    captured graphs in turn, so this keeps every graph's share)."""
-    return [samples[i * len(samples) // n] for i in range(n)]
+def _share(samples: Sequence[float], graphs: int, about: int) -> list[float]:
+    """About ``about`` of ``samples`` as whole rounds of the ``graphs`` they go round in turn
+    (cold mode: sample i is graph i mod graphs), the rounds spread evenly through the sequence,
+    so every graph keeps its share (each capture of a short kernel has a median of its own).
+    Every sample is one round when they do not fill one."""
+    size = graphs if 1 < graphs <= len(samples) else 1
+    rounds = len(samples) // size
+    take = max(1, min(rounds, about // size))
+    return [v for j in range(take) for v in samples[(j * rounds // take) * size:][:size]]
 
 
 def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
-    """``measurement`` with the workers' samples of the case added, as many from each process as
-    the smallest gives. A worker that timed the case another way (clock, mode, or calls a
-    sample) is left out, and the note says so."""
-    usable = [t for t in taken if (t.clock, t.mode, t.calls_per_sample)
-              == (measurement.clock, measurement.mode, measurement.calls_per_sample)]
+    """``measurement`` with the workers' samples of the case added, about as many from each
+    process as the smallest gives (``_share``). A worker that timed the case with another clock
+    or mode is left out, and the note says so; the workers' own notes (a throttled clock, say)
+    are kept, named as theirs."""
+    usable = [t for t in taken if (t.clock, t.mode) == (measurement.clock, measurement.mode)]
     notes = list(measurement.notes)
     if len(usable) < len(taken):
-        notes.append(f"{len(taken) - len(usable)} worker measurement(s) taken another way (clock, mode or calls "
-                     f"a sample), not pooled")
+        notes.append(f"{len(taken) - len(usable)} worker measurement(s) taken with another clock or mode, not pooled")
     if not usable:
-        return replace(measurement, notes=tuple(notes)) if notes != list(measurement.notes) else measurement
-    sets = [list(measurement.samples_ms), *(list(t.samples_ms) for t in usable)]
-    each = min(len(s) for s in sets)
-    samples = [v for s in sets for v in _evenly(s, each)]
+        return replace(measurement, notes=tuple(notes)) if len(notes) > len(measurement.notes) else measurement
+    sets = [(list(measurement.samples_ms), measurement.graphs), *((list(t.samples_ms), t.graphs) for t in usable)]
+    about = min(len(samples) for samples, _ in sets)
+    shares = [_share(samples, graphs, about) for samples, graphs in sets]
+    samples = [v for share in shares for v in share]
     medians = (measurement.median_ms, *(t.median_ms for t in usable))
+    counts = sorted({len(share) for share in shares})  # one count unless the graphs differ
+    each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    notes += [f"worker {i}: {note}" for i, t in enumerate(usable, 1) for note in t.notes]
     notes.append(f"{len(sets)} processes pooled, {each} samples each (medians "
                  f"{', '.join(f'{1e3 * m:.2f}' for m in medians)} us, this one first)")
     return replace(measurement, samples_ms=tuple(samples), notes=tuple(notes), processes=len(sets),
                    process_medians_ms=medians)
 
 
-def _plugin_args(args: Sequence[str]) -> list[str]:
-    """The ``-p NAME`` arguments of an invocation, as given (plugins a worker must load too)."""
+def _invocation_args(config: pytest.Config) -> list[str]:
+    """The invocation's arguments a worker takes over (plugins, a project's own options, -x,
+    -W, -o, ...): without its paths and node ids (the worker gets its own), the attnperf
+    options (passed as resolved) and ``_DROPPED``. The paths and node ids are the words pytest
+    took as such (``config.args``)."""
     out: list[str] = []
-    it = iter(args)
-    for arg in it:
-        if arg == "-p":
-            name = next(it, None)
-            if name is not None:
-                out += ["-p", name]
-        elif arg.startswith("-p") and len(arg) > 2 and not arg.startswith("--"):
-            out += ["-p", arg[2:]]
+    args = list(config.invocation_params.args)
+    paths = set(config.args)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+        own = name.startswith("--attnperf-") or name == "--hw"
+        if name in _DROPPED or own:
+            takes = _DROPPED.get(name, own and name not in ("--attnperf-require-baseline",))
+            inline = "=" in arg if arg.startswith("--") else len(arg) > 2
+            i += 2 if takes and not inline else 1
+            continue
+        if not arg.startswith("-") and arg in paths:
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
     return out
 
 
-def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path) -> list[str]:
-    """A worker's pytest arguments: the cases, the invocation's plugins, the rootdir and ini
-    file, pytest-timeout's limit, and every attnperf setting as resolved here (so one from an
-    environment variable or an ini key reaches the worker as it reached this run), except
-    those that make a run write or fail what a worker does not."""
+def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratch: Path) -> list[str]:
+    """A worker's pytest arguments: the invocation's own (``_invocation_args``), the rootdir
+    and ini file, every attnperf setting as resolved here (so one from an environment variable
+    or an ini key reaches the worker as it reached this run) except those that make a run
+    write or fail what a worker does not, the cases by absolute node id, and the places a
+    worker may write: its cache, JUnit file, temporary folder and benchmark storage, all in
+    ``scratch`` (an ini's or PYTEST_ADDOPTS's --lf, --junitxml or --benchmark-autosave then
+    reach the worker harmlessly)."""
     from .options import OPTIONS, raw_value
 
-    args = ["-p", "no:cacheprovider", "-q", "--rootdir", str(config.rootpath)]
+    args = [*_invocation_args(config), "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         args += ["-c", str(config.inipath)]
-    args += _plugin_args(config.invocation_params.args)
     for opt in OPTIONS:
         if opt.dest in _NOT_FORWARDED or opt.is_flag:
             continue
         text, source = raw_value(config, opt)
         if source != "the default":
             args.append(f"{opt.flag}={text}")
-    timeout = config.getoption("timeout", None)  # None where no plugin adds --timeout
-    if timeout:  # pytest-timeout's per-test limit, so a hanging kernel does not hang the worker
-        args.append(f"--timeout={timeout}")
-    args += [f"{WORKER_OUT_FLAG}={out}", *nodeids]
+    if config.pluginmanager.hasplugin("cacheprovider"):
+        args += ["-o", f"cache_dir={scratch / 'cache'}"]
+    if config.pluginmanager.hasplugin("junitxml"):
+        args.append(f"--junitxml={scratch / 'junit.xml'}")
+    if config.pluginmanager.hasplugin("tmpdir"):
+        args.append(f"--basetemp={scratch / 'tmp'}")
+    if config.pluginmanager.hasplugin("benchmark"):
+        args.append(f"--benchmark-storage=file://{scratch / 'benchmarks'}")
+    args += [f"{WORKER_OUT_FLAG}={out}", *(f"{config.rootpath}{os.sep}{n}" for n in nodeids)]
     return args
 
 
@@ -184,7 +229,8 @@ class Workers:
     cases: int = 0
     processes: int = 1
     seconds: float = 0.0
-    problems: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # a worker that failed: named with its kept log
+    missing: tuple[str, ...] = ()  # a worker that measured fewer cases (skipped or failed there)
 
     def for_case(self, nodeid: str) -> list[Taken]:
         return self.taken.get(nodeid, [])
@@ -195,38 +241,50 @@ class Workers:
         measure them all."""
         lines = [f"{self.cases} cases under {1e3 * below_ms:g} us timed in {self.processes} processes "
                  f"({self.processes - 1} worker runs before the tests, {self.seconds:.0f} s)"] if self.cases else []
-        return lines + [f"worker {p}" for p in self.problems]
+        return lines + [f"worker {p}" for p in (*self.problems, *self.missing)]
 
     @classmethod
     def run(cls, config: pytest.Config, nodeids: Sequence[str], processes: int) -> Workers:
         """Run ``processes - 1`` workers over ``nodeids``, one after another, and read what each
-        measured. A worker that fails (exit status other than 0, or 1 for failed tests) is
-        named with its log; its cases keep what the others measured."""
+        measured. A worker that fails (exit status other than 0, or 1 for failed tests, or one
+        that cannot start) is named with its log, which is kept; one that measured fewer cases
+        is counted, with its log when a test failed there. Their cases pool what the others
+        measured."""
         workers = cls(taken={}, cases=len(nodeids), processes=processes)
         if not nodeids or processes < 2:
             return workers
         folder = Path(tempfile.mkdtemp(prefix="attnperf-workers-"))
         started = time.monotonic()
-        problems = []
-        for i in range(1, processes):
-            out, log = folder / f"worker{i}.jsonl", folder / f"worker{i}.log"
-            cmd = [sys.executable, "-m", "pytest", *worker_args(config, nodeids, out)]
-            with open(log, "w", encoding="utf-8") as sink:
-                sink.write(shlex.join(cmd) + "\n")
-                sink.flush()
-                child = child_run.start(cmd, env=_worker_env(), cwd=config.rootpath, stdout=sink)
-                status = child_run.wait_for(child)
-            got = read_taken(out)
-            if status not in (0, 1) or len(got) < len(nodeids):  # 1: a test failed there (it fails here too)
-                problems.append(f"{i}: exit status {status}, measured {len(got)} of {len(nodeids)} cases (the rest "
-                                f"were skipped, failed or not reached there, and are pooled over fewer processes; "
-                                f"log: {log})")
-            for nodeid, taken in got.items():
-                workers.taken.setdefault(nodeid, []).append(taken)
-        workers.seconds = time.monotonic() - started
-        workers.problems = tuple(problems)
-        if not problems:  # the logs are kept only to be read
-            shutil.rmtree(folder, ignore_errors=True)
+        problems, missing, keep = [], [], False
+        try:
+            for i in range(1, processes):
+                out, log = folder / f"worker{i}.jsonl", folder / f"worker{i}.log"
+                cmd = [sys.executable, "-m", "pytest", *worker_args(config, nodeids, out, folder / f"w{i}")]
+                with open(log, "w", encoding="utf-8") as sink:
+                    sink.write(shlex.join(cmd) + "\n")
+                    sink.flush()
+                    try:
+                        child = child_run.start(cmd, env=_worker_env(), cwd=config.invocation_params.dir, stdout=sink)
+                    except OSError as exc:  # too many node ids for one command line, say
+                        problems.append(f"{i}: could not start: {exc} (log: {log})")
+                        continue
+                    status = child_run.wait_for(child)
+                got = read_taken(out)
+                if status not in (0, 1):  # 1: a test failed there (it fails here too)
+                    problems.append(f"{i}: exit status {status}, measured {len(got)} of {len(nodeids)} cases; the "
+                                    f"rest are pooled over fewer processes (log: {log})")
+                elif len(got) < len(nodeids):  # a test failed there (1; its log is kept) or was skipped
+                    kept = f"; log: {log}" if status else ""
+                    keep = keep or bool(status)
+                    missing.append(f"{i}: measured {len(got)} of {len(nodeids)} cases (the rest were skipped or "
+                                   f"failed there, and are pooled over fewer processes{kept})")
+                for nodeid, taken in got.items():
+                    workers.taken.setdefault(nodeid, []).append(taken)
+        finally:
+            workers.seconds = time.monotonic() - started
+            workers.problems, workers.missing = tuple(problems), tuple(missing)
+            if not (problems or keep):  # the logs are kept only to be read
+                shutil.rmtree(folder, ignore_errors=True)
         return workers
 
 

@@ -8,6 +8,7 @@ speeds than the main one, so a test can see the workers' samples reach the gate.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,18 @@ def test_pooling_takes_as_many_samples_from_each_process() -> None:
                                 "this one first)")
 
 
-def test_the_even_share_keeps_every_part_of_a_sequence() -> None:
-    """Cold samples go round the graphs in turn: the share is spread through the sequence, not its start."""
-    main = _m([1.0, 2.0] * 5)  # ten samples, alternating
-    pooled = pool(main, [Taken((1.5,) * 4, "cuda-graph-nodes", "cold", 1)])
-    assert sorted(pooled.samples_ms) == [1.0, 1.0, 1.5, 1.5, 1.5, 1.5, 2.0, 2.0]
+def test_the_share_takes_whole_rounds_spread_through_the_sequence() -> None:
+    """Cold samples go round the graphs in turn (sample i: graph i mod 8): a share of 8 from 64
+    is one round, and a share of 16 from 32 two rounds, each holding every graph once."""
+    graph = [1.0 + k / 100 for k in range(8)]
+    main = replace(_m(graph * 8), graphs=8)  # 64 samples, 8 rounds
+    pooled = pool(main, [Taken((2.0,) * 8, "cuda-graph-nodes", "cold", 1, graphs=8)])
+    assert sorted(pooled.samples_ms) == sorted(graph + [2.0] * 8)
+    main = replace(_m(graph * 4), graphs=8)  # 32 samples, 4 rounds; the worker gives 16
+    pooled = pool(main, [Taken((2.0,) * 16, "cuda-graph-nodes", "cold", 1, graphs=8)])
+    assert sorted(v for v in pooled.samples_ms if v < 2) == sorted(graph * 2)
+    one = pool(_m([1.0, 2.0] * 5), [Taken((1.5,) * 4, "cuda-graph-nodes", "cold", 1)])  # one graph: samples
+    assert sorted(one.samples_ms) == [1.0, 1.0, 1.5, 1.5, 1.5, 1.5, 2.0, 2.0]
 
 
 def test_a_worker_that_timed_another_way_is_left_out_and_named() -> None:
@@ -46,21 +54,30 @@ def test_a_worker_that_timed_another_way_is_left_out_and_named() -> None:
     same = Taken((1.2,) * 10, "cuda-graph-nodes", "cold", 1)
     pooled = pool(main, [other, same])
     assert pooled.processes == 2 and max(pooled.samples_ms) == 1.2
-    assert any("1 worker measurement(s) taken another way" in n for n in pooled.notes)
+    assert any("1 worker measurement(s) taken with another clock or mode" in n for n in pooled.notes)
     alone = pool(main, [other])
     assert alone.samples_ms == main.samples_ms and alone.processes == 1
     assert any("not pooled" in n for n in alone.notes)
+    hot = Measurement((1.0,) * 10, clock="cuda-graph", mode="hot", calls_per_sample=16)
+    other_calls = Taken((1.1,) * 10, "cuda-graph", "hot", 24)  # per-call samples either way: pooled
+    assert pool(hot, [other_calls]).processes == 2
+
+
+def test_a_workers_notes_are_kept_as_its_own() -> None:
+    throttled = Taken((1.0,) * 10, "cuda-graph-nodes", "cold", 1, notes=("still throttled: sw-power-cap",))
+    pooled = pool(_m([1.0] * 10), [Taken((1.0,) * 10, "cuda-graph-nodes", "cold", 1), throttled])
+    assert "worker 2: still throttled: sw-power-cap" in pooled.notes
 
 
 def test_the_workers_file_round_trips_and_skips_a_torn_line(tmp_path: Path) -> None:
     out = tmp_path / "w.jsonl"
     write_taken(out, "t.py::a", _m([1.0, 1.1], calls=1))
-    write_taken(out, "t.py::b", _m([2.0, 2.2], clock="cuda-graph", calls=64))
+    write_taken(out, "t.py::b", replace(_m([2.0, 2.2], clock="cuda-graph", calls=64), graphs=2, notes=("n",)))
     with open(out, "a", encoding="utf-8") as f:
         f.write('{"nodeid": "t.py::c", "samples_ms": [1.0')  # a worker killed mid-write
     got = read_taken(out)
     assert sorted(got) == ["t.py::a", "t.py::b"]
-    assert got["t.py::b"] == Taken((2.0, 2.2), "cuda-graph", "cold", 64)
+    assert got["t.py::b"] == Taken((2.0, 2.2), "cuda-graph", "cold", 64, 2, ("n",))
     assert got["t.py::a"].median_ms == pytest.approx(1.05)
     assert read_taken(tmp_path / "none.jsonl") == {}
 
@@ -74,15 +91,22 @@ def test_workers_get_the_resolved_settings_but_never_write_or_spawn(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNPERF_TOLERANCE", "1.5%")  # from the environment: forwarded as a flag
     monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")  # and this one is not a worker's business
-    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--hw=h200", "--attnperf-processes=3",
-                                  "--attnperf-budget=0.2", "--update-baselines")
-    args = worker_args(config, ["t.py::a", "t.py::b"], Path("/tmp/w.jsonl"))
-    assert args[-2:] == ["t.py::a", "t.py::b"]
+    pytester.makepyfile(test_t="def test_a(): pass\ndef test_b(): pass\n")
+    pytester.makeconftest("def pytest_addoption(parser):\n    parser.addoption('--seqlen')\n")
+    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--hw", "h200", "--attnperf-processes=3",
+                                  "--attnperf-budget", "0.2", "--update-baselines", "test_t.py", "--seqlen", "4096",
+                                  "-k", "a or b", "--junitxml=j.xml", "--lf", "-x", "test_t.py::test_b")
+    scratch = pytester.path / "scratch"
+    args = worker_args(config, ["test_t.py::test_a", "test_t.py::test_b"], Path("/tmp/w.jsonl"), scratch)
+    assert args[-2:] == [f"{pytester.path}/test_t.py::test_a", f"{pytester.path}/test_t.py::test_b"]
     assert "--attnperf-worker-out=/tmp/w.jsonl" in args and "--hw=h200" in args
     assert "--attnperf-tolerance=1.5%" in args and "--attnperf-budget=0.2" in args
-    assert ["-p", "pytest_attnperf.plugin"] == args[args.index("pytest_attnperf.plugin") - 1:][:2]
-    assert not [a for a in args if a.startswith(("--update-baselines", "--attnperf-processes"))]
-    assert not [a for a in args if a.startswith("--timeout")]  # no plugin gives one here
+    assert args[args.index("pytest_attnperf.plugin") - 1] == "-p"
+    assert args[args.index("--seqlen") + 1] == "4096" and "-x" in args  # a project's option, and -x
+    for gone in ("--update-baselines", "--attnperf-processes", "-k", "a or b", "--lf", "--junitxml=j.xml",
+                 "test_t.py", "test_t.py::test_b", "h200", "0.2"):
+        assert gone not in args, gone
+    assert f"--junitxml={scratch / 'junit.xml'}" in args and f"--basetemp={scratch / 'tmp'}" in args
     worker = pytester.parseconfig(*args[:-2])
     from pytest_attnperf.options import read_settings
 
@@ -104,6 +128,9 @@ class WorkerAwareTimer(ScriptedTimer):
         if not self.worker:
             return m
         test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
+        skipped = HERE / "worker_skip.json"
+        if skipped.exists() and test in json.loads(skipped.read_text()):
+            pytest.skip("skipped in the worker")
         speeds = [json.loads(p.read_text()).get(test, 1.0) if p.exists() else 1.0
                   for p in (HERE / "speed.json", HERE / "worker_speed.json")]
         scale = speeds[1] / speeds[0]
@@ -196,10 +223,43 @@ def test_a_failing_worker_is_named_and_the_run_goes_on(project: pytest.Pytester)
     (project.path / "worker_speed.json").write_text("{not json")  # every worker measurement raises
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["worker 1: exit status 1, measured 0 of 2 cases (the rest were skipped, failed or "
-                                 "not reached there, and are pooled over fewer processes; log: *worker1.log)"])
+    result.stdout.fnmatch_lines(["worker 1: measured 0 of 2 cases (the rest were skipped or failed there, and are "
+                                 "pooled over fewer processes; log: *worker1.log)"])
     assert Path(result.stdout.str().split("log: ")[-1].split(")")[0]).exists()  # kept, to be read
     assert "processes pooled" not in result.stdout.str()
+
+
+def test_a_case_a_worker_skipped_is_counted_not_called_a_failure(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    (project.path / "worker_skip.json").write_text(json.dumps(["test_case[b]"]))
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["worker 1: measured 1 of 2 cases (the rest were skipped or failed there, *"])
+    assert "2 processes pooled" in result.stdout.str() and "log:" not in result.stdout.str()
+
+
+def test_addopts_that_write_or_select_reach_the_workers_harmlessly(project: pytest.Pytester) -> None:
+    """--lf (the cache on) and --benchmark-autosave from the ini: the workers still measure every
+    case, and only this run's results are saved in the project."""
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    project.makeini("[pytest]\naddopts = --strict-markers --lf --benchmark-autosave\n")
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=2)
+    assert "2 cases under 5000 us timed in 3 processes" in result.stdout.str()
+    assert not [line for line in result.outlines if line.startswith("worker ")]  # none short of cases
+    assert len(list((project.path / ".benchmarks").rglob("*.json"))) == 1
+
+
+def test_run_from_a_subfolder_the_workers_find_the_cases(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = project.mkdir("sub")
+    (project.path / "test_cases.py").rename(sub / "test_cases.py")
+    monkeypatch.chdir(sub)
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "test_cases.py").assert_outcomes(passed=2)
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms", "test_cases.py")
+    result.assert_outcomes(passed=2)
+    assert "3 processes pooled" in result.stdout.str()
+    assert not [line for line in result.outlines if line.startswith("worker ")]
 
 
 def test_recording_with_workers_keeps_the_pooled_figure(project: pytest.Pytester) -> None:
@@ -219,5 +279,5 @@ def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> No
     pytester.makepyfile(fake_timeout="def pytest_addoption(parser):\n    parser.addoption('--timeout')\n")
     pytester.syspathinsert()
     config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "-p", "fake_timeout", "--timeout=240")
-    args = worker_args(config, ["t.py::a"], Path("/tmp/w.jsonl"))
+    args = worker_args(config, ["t.py::a"], Path("/tmp/w.jsonl"), pytester.path)
     assert "--timeout=240" in args and args[args.index("fake_timeout") - 1] == "-p"
