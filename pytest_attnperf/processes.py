@@ -16,8 +16,9 @@ samples, a line per case, to a file. When this run measures such a case, its fig
 samples of all N processes, about the same number from each (whole rounds of the cold graphs,
 spread evenly through each process's sequence), so the reported median is taken over N
 processes' offsets and not one. A suspected regression's re-measurement re-times the main
-process only and pools it with the same worker samples: it re-checks this process's part. Cases with no
-baseline entry, or at or over the threshold, are timed here only, as without the option.
+process only and pools it with the same worker samples: it re-checks this process's part. Cases
+with no baseline entry, or at or over the threshold, are timed here only, as without the
+option.
 
 Session 11 (H200, two GPUs of one host, 8 runs each of the 40 cases under 50 us, three
 processes a run): the pooled median's standard deviation over the runs was at most 0.53% and
@@ -169,7 +170,7 @@ def _invocation_args(config: pytest.Config) -> list[str]:
         name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
         own = name.startswith("--attnperf-") or name == "--hw"
         if name in _DROPPED or own:
-            takes = _DROPPED.get(name, own and name not in ("--attnperf-require-baseline",))
+            takes = _DROPPED.get(name, True)  # attnperf's own options take a value, but for its two flags
             inline = "=" in arg if arg.startswith("--") else len(arg) > 2
             i += 2 if takes and not inline else 1
             continue
