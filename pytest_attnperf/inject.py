@@ -106,6 +106,8 @@ def pytest_attnperf_make_timer(config: pytest.Config, device: DetectedDevice) ->
     timer = yield
     fraction = float(os.environ.get("ATTNPERF_INJECT", "0") or 0)
     compare = os.environ.get("ATTNPERF_COMPARE_FILE") or None
+    if config.getoption("attnperf_worker_out", None) is not None:  # an --attnperf-processes worker:
+        compare = None  # the run it works for compares its own process (the injection applies alike)
     if fraction <= 0 and compare is None:
         return timer
     every = int(os.environ.get("ATTNPERF_INJECT_EVERY", "2"))

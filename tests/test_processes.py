@@ -281,3 +281,32 @@ def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> No
     config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "-p", "fake_timeout", "--timeout=240")
     args = worker_args(config, ["t.py::a"], Path("/tmp/w.jsonl"), pytester.path)
     assert "--timeout=240" in args and args[args.index("fake_timeout") - 1] == "-p"
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
+        monkeypatch: pytest.MonkeyPatch, worker: bool) -> None:
+    from pytest_attnperf import inject
+    from pytest_attnperf.hardware import DetectedDevice
+
+    class Config:
+        def getoption(self, name: str, default: object = None) -> object:
+            return "/tmp/w.jsonl" if worker and name == "attnperf_worker_out" else default
+
+    def made(inject_env: str | None) -> object:
+        if inject_env is not None:
+            monkeypatch.setenv("ATTNPERF_INJECT", inject_env)
+        gen = inject.pytest_attnperf_make_timer(config=Config(), device=DetectedDevice("cpu", "x86_64"))
+        next(gen)
+        try:
+            gen.send(inner)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("the hook wrapper did not return")
+
+    inner = object()
+    monkeypatch.setenv("ATTNPERF_COMPARE_FILE", "/tmp/compare.jsonl")
+    compared = made(None)
+    assert (compared is inner) if worker else (compared.compare == "/tmp/compare.jsonl")
+    injecting = made("0.05")
+    assert injecting.fraction == pytest.approx(0.05) and injecting.compare == (None if worker else "/tmp/compare.jsonl")
