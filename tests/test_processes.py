@@ -310,3 +310,16 @@ def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
     assert (compared is inner) if worker else (compared.compare == "/tmp/compare.jsonl")
     injecting = made("0.05")
     assert injecting.fraction == pytest.approx(0.05) and injecting.compare == (None if worker else "/tmp/compare.jsonl")
+
+
+def test_a_device_that_cannot_be_detected_fails_the_tests_not_the_session(project: pytest.Pytester) -> None:
+    project.makeconftest(CONFTEST + WORKER_SPEED + """
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_attnperf_detect_device(config):
+    raise RuntimeError("CUDA driver initialisation failed (scripted)")
+""")
+    result = project.runpytest(*PLUGIN)  # detected when a test first needs it (an explicit --hw checks at start-up)
+    result.assert_outcomes(failed=2)
+    assert "INTERNALERROR" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*CUDA driver initialisation failed (scripted)*"])
