@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["MODES", "OPTIONS", "Settings", "add_options", "duration_ms", "fraction", "raw_value", "read_settings"]
+__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "read_settings"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -145,7 +145,7 @@ def add_options(parser: pytest.Parser) -> None:
                     help=argparse.SUPPRESS)  # internal: a worker run of --attnperf-processes
 
 
-def raw_value(config: pytest.Config, opt: Option) -> tuple[str, str]:
+def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
     """The value as given and where it came from."""
     cli = config.getoption(f"attnperf_{opt.dest}")
     if cli is not None:
@@ -215,7 +215,7 @@ def _bool(text: str) -> bool:
 
 def _get(config: pytest.Config, dest: str, parse: Callable[[str], T]) -> T:
     opt = next(o for o in OPTIONS if o.dest == dest)
-    text, source = raw_value(config, opt)
+    text, source = _raw(config, opt)
     try:
         return parse(text)
     except ValueError as exc:

@@ -51,10 +51,10 @@ __all__ = ["WORKER_OUT_FLAG", "Taken", "Workers", "pool", "read_taken", "short_c
            "write_taken"]
 
 WORKER_OUT_FLAG = "--attnperf-worker-out"
-_NOT_FORWARDED = {"update_baselines", "require_baseline", "processes", "processes_below"}
 # the invocation's options a worker does not take over: what would make it write where the main
-# run writes, select other cases, stop on cache state, spread over xdist workers or debug; the
-# attnperf options are passed as resolved instead (see worker_args). True: takes a value.
+# run writes, select other cases, stop on cache state, spread over xdist workers or debug. (The
+# attnperf options go over as given, with its environment and ini file: a worker's settings
+# refuse --update-baselines, --attnperf-require-baseline and more workers.) True: takes a value.
 _DROPPED = {
     "--junitxml": True, "--junit-xml": True, "--junit-prefix": True, "--basetemp": True, "--rootdir": True,
     "-c": True, "--config-file": True, "-k": True, "-m": True, "--deselect": True, "-n": True,
@@ -63,7 +63,7 @@ _DROPPED = {
     "--benchmark-autosave": False, "--lf": False, "--last-failed": False, "--ff": False, "--failed-first": False,
     "--nf": False, "--new-first": False, "--sw": False, "--stepwise": False, "--sw-skip": False,
     "--stepwise-skip": False, "--cache-clear": False, "--collect-only": False, "--co": False, "--pdb": False,
-    "--trace": False, "--update-baselines": False, "--attnperf-require-baseline": False,
+    "--trace": False,
 }
 
 
@@ -157,10 +157,10 @@ def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
 
 
 def _invocation_args(config: pytest.Config) -> list[str]:
-    """The invocation's arguments a worker takes over (plugins, a project's own options, -x,
-    -W, -o, ...): without its paths and node ids (the worker gets its own), the attnperf
-    options (passed as resolved) and ``_DROPPED``. The paths and node ids are the words pytest
-    took as such (``config.args``)."""
+    """The invocation's arguments a worker takes over (plugins, a project's own options, the
+    attnperf options, -x, -W, -o, ...): without its paths and node ids (the worker gets its
+    own) and ``_DROPPED``. The paths and node ids are the words pytest took as such
+    (``config.args``)."""
     out: list[str] = []
     args = list(config.invocation_params.args)
     paths = set(config.args)
@@ -168,11 +168,9 @@ def _invocation_args(config: pytest.Config) -> list[str]:
     while i < len(args):
         arg = args[i]
         name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
-        own = name.startswith("--attnperf-") or name == "--hw"
-        if name in _DROPPED or own:
-            takes = _DROPPED.get(name, True)  # attnperf's own options take a value, but for its two flags
+        if name in _DROPPED:
             inline = "=" in arg if arg.startswith("--") else len(arg) > 2
-            i += 2 if takes and not inline else 1
+            i += 2 if _DROPPED[name] and not inline else 1
             continue
         if not arg.startswith("-") and arg in paths:
             i += 1
@@ -183,24 +181,15 @@ def _invocation_args(config: pytest.Config) -> list[str]:
 
 
 def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratch: Path) -> list[str]:
-    """A worker's pytest arguments: the invocation's own (``_invocation_args``), the rootdir
-    and ini file, every attnperf setting as resolved here (so one from an environment variable
-    or an ini key reaches the worker as it reached this run) except those that make a run
-    write or fail what a worker does not, the cases by absolute node id, and the places a
-    worker may write: its cache, JUnit file, temporary folder and benchmark storage, all in
-    ``scratch`` (an ini's or PYTEST_ADDOPTS's --lf, --junitxml or --benchmark-autosave then
-    reach the worker harmlessly)."""
-    from .options import OPTIONS, raw_value
-
+    """A worker's pytest arguments: the invocation's own (``_invocation_args``; the worker
+    inherits the environment, so the attnperf settings resolve there as here), the rootdir and
+    ini file, the cases by absolute node id, and the places a worker may write: its cache, JUnit
+    file, temporary folder and benchmark storage, all in ``scratch`` (an ini's or
+    PYTEST_ADDOPTS's --lf, --junitxml or --benchmark-autosave then reach the worker
+    harmlessly)."""
     args = [*_invocation_args(config), "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         args += ["-c", str(config.inipath)]
-    for opt in OPTIONS:
-        if opt.dest in _NOT_FORWARDED or opt.is_flag:
-            continue
-        text, source = raw_value(config, opt)
-        if source != "the default":
-            args.append(f"{opt.flag}={text}")
     if config.pluginmanager.hasplugin("cacheprovider"):
         args += ["-o", f"cache_dir={scratch / 'cache'}"]
     if config.pluginmanager.hasplugin("junitxml"):

@@ -482,7 +482,8 @@ def _capture_cold(
     of one graph draws one of those medians; the median over ``graphs`` captures averages that
     part. What remains moves only from one process to the next (those cases' means over 28
     captures, inputs and flush buffers renewed too, differed by 0.4-0.5% sd between three
-    processes), which a run cannot average: the gate's recordings do. No graph is begun
+    processes), which a run averages only by timing the case in more processes
+    (``--attnperf-processes``, processes.py). No graph is begun
     once ``capture_s`` seconds have gone on capturing: a host-bound call (fla's naive
     recurrences, a Python loop of up to 1.5 s a call) is captured once, and its long kernels
     did not move between processes anyway (0.02-0.29%, session 9). When a later capture fails

@@ -87,10 +87,10 @@ def test_only_cases_with_a_centre_under_the_threshold_are_chosen() -> None:
     assert short_cases(["a", "b", "c", "d", "e"], centres, 0.05) == ["a", "b"]  # e: no entry
 
 
-def test_workers_get_the_resolved_settings_but_never_write_or_spawn(
+def test_workers_get_the_runs_settings_but_never_write_or_spawn(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATTNPERF_TOLERANCE", "1.5%")  # from the environment: forwarded as a flag
-    monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")  # and this one is not a worker's business
+    monkeypatch.setenv("ATTNPERF_TOLERANCE", "1.5%")  # the worker inherits the environment
+    monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")  # and refuses what is not a worker's business
     pytester.makepyfile(test_t="def test_a(): pass\ndef test_b(): pass\n")
     pytester.makeconftest("def pytest_addoption(parser):\n    parser.addoption('--seqlen')\n")
     config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--hw", "h200", "--attnperf-processes=3",
@@ -99,20 +99,20 @@ def test_workers_get_the_resolved_settings_but_never_write_or_spawn(
     scratch = pytester.path / "scratch"
     args = worker_args(config, ["test_t.py::test_a", "test_t.py::test_b"], Path("/tmp/w.jsonl"), scratch)
     assert args[-2:] == [f"{pytester.path}/test_t.py::test_a", f"{pytester.path}/test_t.py::test_b"]
-    assert "--attnperf-worker-out=/tmp/w.jsonl" in args and "--hw=h200" in args
-    assert "--attnperf-tolerance=1.5%" in args and "--attnperf-budget=0.2" in args
+    assert "--attnperf-worker-out=/tmp/w.jsonl" in args
+    assert args[args.index("--hw") + 1] == "h200" and args[args.index("--attnperf-budget") + 1] == "0.2"
     assert args[args.index("pytest_attnperf.plugin") - 1] == "-p"
     assert args[args.index("--seqlen") + 1] == "4096" and "-x" in args  # a project's option, and -x
-    for gone in ("--update-baselines", "--attnperf-processes", "-k", "a or b", "--lf", "--junitxml=j.xml",
-                 "test_t.py", "test_t.py::test_b", "h200", "0.2"):
+    for gone in ("-k", "a or b", "--lf", "--junitxml=j.xml", "test_t.py", "test_t.py::test_b"):
         assert gone not in args, gone
     assert f"--junitxml={scratch / 'junit.xml'}" in args and f"--basetemp={scratch / 'tmp'}" in args
     worker = pytester.parseconfig(*args[:-2])
     from pytest_attnperf.options import read_settings
 
-    settings = read_settings(worker)  # the environment's update flag is inherited, and refused
+    settings = read_settings(worker)  # --update-baselines (given and inherited) and the processes: refused
     assert settings.worker_out == Path("/tmp/w.jsonl") and not settings.update_baselines
     assert settings.processes == 1 and settings.tolerance == pytest.approx(0.015)
+    assert settings.budget_s == pytest.approx(0.2) and settings.hw == "h200"
 
 
 WORKER_SPEED = '''
