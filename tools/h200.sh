@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
-#   bash tools/h200.sh record-linear | gate | noise | pair | diag | shift | short
+#   bash tools/h200.sh record-linear | gate | noise | pair | diag | shift | short | full
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored;
 # see README, "Device runs with fla").
@@ -98,5 +98,25 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     done
     wait
     for g in 0 1; do echo "== g$g"; grep -v "^test_\|^suites" "$OUT/g$g.log" | tail -n 25; done ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift|short" >&2; exit 2 ;;
+  full)  # the whole GPU suite split over both GPUs of an x2, each case always on the same GPU
+    # (GPU0: test_linear.py less its naive forward-backward GLA and LA cases, about 195 s a run
+    # with workers; GPU1: test_softmax.py and those, about 190 s), steady runs against the
+    # committed file at the default settings (--attnperf-processes=3), as many as fit in BUDGET
+    # (default 540 s); STAGES=steady,compare adds the do_bench comparison (hot mode) after them.
+    # Run i of GPU0 and run i of GPU1 together are one full run. Each GPU's work folder
+    # (noise-work-f<gpu>$TAG, with any worker logs kept) travels back as a .tgz
+    BUDGET="${BUDGET:-540}"
+    MOVED="naive and fwdbwd and (gla or linear_attn)"
+    for g in 0 1; do
+      if [ "$g" = 0 ]; then SEL=(suites/test_linear.py -k "not ($MOVED)")
+      else SEL=(suites/test_softmax.py suites/test_linear.py -k "test_softmax or ($MOVED)"); fi
+      ( export CUDA_VISIBLE_DEVICES=$g; W="noise-work-f$g${TAG:-}"; mkdir -p "$W"; cp baselines/h200.yaml "$W/"
+        timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$W" --stages "${STAGES:-steady}" \
+          --runs "${RUNS:-8}" --time-limit $(( BUDGET - 15 )) -- "${SEL[@]}" --hw=h200 --attnperf-tolerance=1.5% \
+          > "$OUT/f$g.log" 2>&1
+        tar czf "$OUT/$W.tgz" "$W" $(ls /tmp/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
+    done
+    wait
+    for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift|short|full" >&2; exit 2 ;;
 esac
