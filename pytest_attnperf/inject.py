@@ -7,9 +7,12 @@ Loaded by the noise benchmark (``python -m pytest_attnperf.noise``) with
   cases whose crc32(node id) is even) runs 5% extra device work after each call. The kernel is
   timed once first; the extra work is a spin kernel (``torch.cuda._sleep``) of that fraction of
   its device time, captured into the same graph, or a busy wait on the CPU.
-* ``ATTNPERF_COMPARE_FILE=path``: after each GPU measurement, times the same callable with
+* ``ATTNPERF_COMPARE_FILE=path``: after each GPU measurement of a case, times the same callable with
   ``triton.testing.do_bench_cudagraph`` and appends ``{"nodeid", "ours_ms", "do_bench_ms"}``
   as a JSON line.
+
+Neither touches the run's sample floor (``SamplingPlan.floor``): it is measured once, within the
+first case, and an injected floor would move every cold case's floor shift.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class InjectingTimer:
         self.inner, self.device, self.fraction, self.every, self.compare = inner, device, fraction, every, compare
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        if plan.floor:  # the run's sample floor, timed inside its first case: no case's extra work, and
+            return self.inner.measure(fn, plan)  # cold whatever the mode, so no do_bench row either
         nodeid = _current_nodeid()
         notes: tuple[str, ...] = ()
         if self.fraction > 0 and is_picked(nodeid, self.every):

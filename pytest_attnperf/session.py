@@ -8,7 +8,7 @@ attention tests imports nothing and writes nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ class AttnPerfSession:
     def _floor(self) -> tuple[tuple[float | None, str], float | None]:
         if not self.device.is_gpu:  # a CPU run need not import torch for it
             return (None, "no CUDA device"), None
-        plan = self.plan("cold")
+        plan = replace(self.plan("cold"), floor=True)
         how = "one-element add, cold"
         try:
             import torch

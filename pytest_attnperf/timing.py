@@ -66,6 +66,8 @@ class SamplingPlan:
     warmup_calls: int = 3  # at most; fewer once budget_s is spent (see warm_up)
     cold_graphs: int = 8  # cold mode: captures of the case, sampled in turn (see _capture_cold)
     hot_sample_ms: float = 0.5  # hot mode: calls per graph chosen so a sample lasts about this
+    floor: bool = False  # the run's sample floor (AttnPerfSession.measure_floor), not a case: a timer
+    # that wraps another to change the cases (the noise benchmark's inject.py) leaves it alone
 
 
 @dataclass(frozen=True)

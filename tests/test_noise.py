@@ -84,6 +84,30 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
     assert second["do_bench_ms"] == 0.0 and "stream is capturing" in second["error"]
 
 
+def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor is timed within the run's first case (session 12 found its cold row, 5.3 us
+    against do_bench's 1.2 us, in the hot compare stage; injected, it would move every cold
+    case's floor shift): the wrapping timer hands it to the run's timer as it is."""
+    from pytest_attnperf.timing import Measurement
+
+    seen: list[object] = []
+
+    class Recording:
+        def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
+            seen.append(fn)
+            return Measurement(samples_ms=(0.005,) * 3, clock="cuda-graph-nodes", mode="cold")
+
+    def add() -> None:
+        pass
+
+    out = tmp_path / "compare.jsonl"
+    timer = InjectingTimer(Recording(), DetectedDevice("cuda", "fake"), fraction=0.5, every=1, compare=str(out))
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::first (call)")
+    measured = timer.measure(add, SamplingPlan(floor=True))
+    assert seen == [add] and measured.notes == () and not out.exists()
+
+
+
 # -- the script, end to end on a tiny project: fake CPU device, scripted timer -------------------
 
 CONFTEST = '''
@@ -236,6 +260,7 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
          "clock_after_ours": 1980.0, "clock_after_do_bench": [1860.0, ["sw-power-cap"]]},
         {"nodeid": "c", "ours_ms": 0.020, "do_bench_ms": 0.020},  # 10-50us, equal
         {"nodeid": "d", "ours_ms": 0.200, "do_bench_ms": 0.0, "error": "RuntimeError('capture')"},
+        {"nodeid": "e", "mode": "cold", "ours_ms": 0.0053, "do_bench_ms": 0.0012},  # a case marked cold
     ]
     (tmp_path / "compare.jsonl").write_text("stale line from an earlier call\n")
 
@@ -253,7 +278,12 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     assert lines[2] == ("outside 3%: 1 cases; the SM clock after do_bench was below the harness's in 1 "
                         "(do_bench 1860-1860 MHz, harness 1980-1980 MHz; throttle reasons: sw-power-cap)")
     assert lines[3] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
-    assert len(lines) == 4
+    assert lines[4] == "compare: 1 cases not timed hot (cold) left out: do_bench_cudagraph does not flush the L2"
+    assert len(lines) == 5
+    rows[:] = rows[-1:]  # nothing hot to set beside do_bench
+    assert noise._compare_lines(["suites/"], tmp_path) == [
+        f"compare: no do_bench_cudagraph timings of hot cases in {tmp_path / 'compare.jsonl'} (it needs a GPU)",
+        lines[4]]
 
 
 def test_compare_report_says_when_no_clock_explains_the_gap() -> None:

@@ -683,7 +683,10 @@ def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, cloc
     from pytest_attnperf.timing import Measurement, SamplingPlan
 
     class Timer:
+        plans: list[SamplingPlan] = []
+
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
+            self.plans.append(plan)
             m = Measurement((1.0,) * 10, clock=clock, mode="cold", notes=notes)
             object.__setattr__(m.summary, "median_ms", median_ms)  # NaN and 0 too, which samples cannot give
             return m
@@ -717,6 +720,19 @@ def test_which_floors_the_gate_may_use(monkeypatch: pytest.MonkeyPatch, median_m
     session = session_timing_floor(monkeypatch, median_ms, clock, notes)
     assert session.gate_floor_ms() == gate_ms
     assert session.measure_floor() == (median_ms, how)
+
+
+def test_the_floor_is_timed_cold_and_says_it_is_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the run's mode, and marked so that a wrapping timer (the noise benchmark's
+    injection, do_bench comparison) can tell it from the case it is timed in."""
+    from pytest_attnperf.timing import SamplingPlan
+
+    session = session_timing_floor(monkeypatch, 0.00326)
+    session.__dict__["plan"] = lambda mode=None: SamplingPlan(mode=mode or "hot")
+    session.measure_floor()
+    session.measure_floor()  # once per run
+    assert [(p.mode, p.floor) for p in session.timer.plans] == [("cold", True)]
+    assert not SamplingPlan().floor
 
 
 @pytest.mark.parametrize("bad", [0.0, float("nan"), float("inf")])

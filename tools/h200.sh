@@ -89,12 +89,13 @@ case "${1:-}" in
 print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))")
     echo "$(echo "$IDS" | wc -w) short cases"
     for g in 0 1; do
-      ( export CUDA_VISIBLE_DEVICES=$g; W="noise-work-p$g${TAG:-}"; mkdir -p "$W"; cp baselines/h200.yaml "$W/"
+      ( export CUDA_VISIBLE_DEVICES=$g TMPDIR="/tmp/gpu$g"; W="noise-work-p$g${TAG:-}"; mkdir -p "$W" "$TMPDIR"
+        cp baselines/h200.yaml "$W/"
         # shellcheck disable=SC2086  # IDS: one node id a word
         timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$W" --stages steady --runs 8 \
           --time-limit $(( BUDGET - 15 )) -- $IDS --hw=h200 --attnperf-tolerance=1.5% \
           --attnperf-processes="${PROCESSES:-3}" > "$OUT/g$g.log" 2>&1
-        tar czf "$OUT/$W.tgz" "$W" $(ls /tmp/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
+        tar czf "$OUT/$W.tgz" "$W" $(ls "$TMPDIR"/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
     done
     wait
     for g in 0 1; do echo "== g$g"; grep -v "^test_\|^suites" "$OUT/g$g.log" | tail -n 25; done ;;
@@ -104,17 +105,19 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # committed file at the default settings (--attnperf-processes=3), as many as fit in BUDGET
     # (default 540 s); STAGES=steady,compare adds the do_bench comparison (hot mode) after them.
     # Run i of GPU0 and run i of GPU1 together are one full run. Each GPU's work folder
-    # (noise-work-f<gpu>$TAG, with any worker logs kept) travels back as a .tgz
+    # (noise-work-f<gpu>$TAG, with any worker logs kept: each GPU's job has its own TMPDIR, so a
+    # job finishing first does not take the other's running workers' logs) travels back as a .tgz
     BUDGET="${BUDGET:-540}"
     MOVED="naive and fwdbwd and (gla or linear_attn)"
     for g in 0 1; do
       if [ "$g" = 0 ]; then SEL=(suites/test_linear.py -k "not ($MOVED)")
       else SEL=(suites/test_softmax.py suites/test_linear.py -k "test_softmax or ($MOVED)"); fi
-      ( export CUDA_VISIBLE_DEVICES=$g; W="noise-work-f$g${TAG:-}"; mkdir -p "$W"; cp baselines/h200.yaml "$W/"
+      ( export CUDA_VISIBLE_DEVICES=$g TMPDIR="/tmp/gpu$g"; W="noise-work-f$g${TAG:-}"; mkdir -p "$W" "$TMPDIR"
+        cp baselines/h200.yaml "$W/"
         timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$W" --stages "${STAGES:-steady}" \
           --runs "${RUNS:-8}" --time-limit $(( BUDGET - 15 )) -- "${SEL[@]}" --hw=h200 --attnperf-tolerance=1.5% \
           > "$OUT/f$g.log" 2>&1
-        tar czf "$OUT/$W.tgz" "$W" $(ls /tmp/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
+        tar czf "$OUT/$W.tgz" "$W" $(ls "$TMPDIR"/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
     done
     wait
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
