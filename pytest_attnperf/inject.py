@@ -4,9 +4,15 @@ Loaded by the noise benchmark (``python -m pytest_attnperf.noise``) with
 ``-p pytest_attnperf.inject``; it does nothing unless its environment variables are set:
 
 * ``ATTNPERF_INJECT=0.05``: every case picked by ``ATTNPERF_INJECT_EVERY`` (default 2: the
-  cases whose crc32(node id) is even) runs 5% extra device work after each call. The kernel is
-  timed once first; the extra work is a spin kernel (``torch.cuda._sleep``) of that fraction of
-  its device time, captured into the same graph, or a busy wait on the CPU.
+  cases whose crc32(node id) is even) runs 5% extra device work after each call: a spin kernel
+  (``torch.cuda._sleep``) captured into the same graph, or a busy wait on the CPU. The case is
+  timed first as it is, then with the least extra work (one cycle's spin: on the H200 a spin
+  kernel costs about 1.1-1.3 us of its own, session 12), and the spin is shortened by that
+  least, so the case slows by the fraction asked. Where the least is already more than asked
+  (a 2% of a case under about 60 us), the case gets the least, and says so.
+  ``ATTNPERF_INJECT_LOG=path`` appends each picked case's ``{"nodeid", "fraction", "base_ms",
+  "least_ms", "extra_ms", "median_ms"}`` as a JSON line (``median_ms``: this process's median
+  with the work added), from which the noise benchmark reports what each case really got.
 * ``ATTNPERF_COMPARE_FILE=path``: after each GPU measurement of a case, times the same callable with
   ``triton.testing.do_bench_cudagraph`` and appends ``{"nodeid", "ours_ms", "do_bench_ms"}``
   as a JSON line.
@@ -47,13 +53,14 @@ def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevi
         import torch
 
         clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1e3  # kHz in torch
-        cycles = max(1, int(extra_s * clock_hz))
+        cycles = max(1, int(extra_s * clock_hz))  # at zero, one cycle: the least a spin kernel costs
 
         def slowed_gpu() -> Any:
             result = fn()
             torch.cuda._sleep(cycles)
             return result
 
+        slowed_gpu.extra_s = extra_s  # type: ignore[attr-defined] # what was asked, for a scripted timer
         return slowed_gpu
 
     def slowed_cpu() -> Any:
@@ -63,25 +70,31 @@ def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevi
             pass
         return result
 
+    slowed_cpu.extra_s = extra_s  # type: ignore[attr-defined]
     return slowed_cpu
 
 
 class InjectingTimer:
     """Wraps the run's timer; see the module docstring."""
 
-    def __init__(self, inner: Timer, device: DetectedDevice, fraction: float, every: int, compare: str | None):
+    def __init__(self, inner: Timer, device: DetectedDevice, fraction: float, every: int, compare: str | None,
+                 log: str | None = None):
         self.inner, self.device, self.fraction, self.every, self.compare = inner, device, fraction, every, compare
+        self.log = log
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         if plan.floor:  # the run's sample floor, timed inside its first case: no case's extra work, and
             return self.inner.measure(fn, plan)  # cold whatever the mode, so no do_bench row either
         nodeid = _current_nodeid()
         notes: tuple[str, ...] = ()
+        injected: dict[str, Any] | None = None
         if self.fraction > 0 and is_picked(nodeid, self.every):
-            base = self.inner.measure(fn, replace(plan, budget_s=min(plan.budget_s, 0.2)))
-            fn = _with_extra_work(fn, self.fraction * base.median_ms / 1e3, self.device)
-            notes = (f"injected +{100 * self.fraction:g}% extra work (base {base.median_ms:.4g} ms)",)
+            fn, injected = self._slowed(fn, plan)
+            notes = (injected.pop("note"),)
         measured = self.inner.measure(fn, plan)
+        if injected is not None and self.log:
+            with open(self.log, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"nodeid": nodeid, **injected, "median_ms": measured.median_ms}) + "\n")
         if self.compare and self.device.is_gpu:
             import torch
             from triton.testing import do_bench_cudagraph
@@ -105,15 +118,35 @@ class InjectingTimer:
                 out.write(json.dumps(line) + "\n")
         return replace(measured, notes=measured.notes + notes) if notes else measured
 
+    def _slowed(self, fn: Callable[[], Any], plan: SamplingPlan) -> tuple[Callable[[], Any], dict[str, Any]]:
+        """``fn`` with the fraction's extra work after each call, less the extra work's own least
+        cost (``_with_extra_work`` at zero: a one-cycle spin kernel's launch in the graph), each
+        timed here on short budgets; and what was added, for the log and the case's note."""
+        quick = replace(plan, budget_s=min(plan.budget_s, 0.2))
+        base_ms = self.inner.measure(fn, quick).median_ms
+        least_ms = max(0.0, self.inner.measure(_with_extra_work(fn, 0.0, self.device), quick).median_ms - base_ms)
+        want_ms = self.fraction * base_ms
+        extra_ms = max(0.0, want_ms - least_ms)
+        note = (f"injected +{100 * self.fraction:g}% extra work (base {base_ms:.4g} ms; the extra work's own "
+                f"{1e3 * least_ms:.2f} us taken off)")
+        if want_ms < least_ms:
+            note = (f"injected +{100 * self.fraction:g}% extra work asked, +{100 * least_ms / base_ms:.3g}% given: "
+                    f"the least extra work, {1e3 * least_ms:.2f} us, is more than {1e3 * want_ms:.2f} us "
+                    f"(base {base_ms:.4g} ms)")
+        added = {"fraction": self.fraction, "base_ms": base_ms, "least_ms": least_ms, "extra_ms": extra_ms,
+                 "note": note}
+        return _with_extra_work(fn, extra_ms / 1e3, self.device), added
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_attnperf_make_timer(config: pytest.Config, device: DetectedDevice) -> Generator[None, Any, Any]:
     timer = yield
     fraction = float(os.environ.get("ATTNPERF_INJECT", "0") or 0)
     compare = os.environ.get("ATTNPERF_COMPARE_FILE") or None
-    if config.getoption("attnperf_worker_out", None) is not None:  # an --attnperf-processes worker:
-        compare = None  # the run it works for compares its own process (the injection applies alike)
+    log = os.environ.get("ATTNPERF_INJECT_LOG") or None
+    if config.getoption("attnperf_worker_out", None) is not None:  # an --attnperf-processes worker: the
+        compare = log = None  # run it works for compares and logs its own process (the injection applies alike)
     if fraction <= 0 and compare is None:
         return timer
     every = int(os.environ.get("ATTNPERF_INJECT_EVERY", "2"))
-    return InjectingTimer(timer or default_timer(device), device, fraction, every, compare)
+    return InjectingTimer(timer or default_timer(device), device, fraction, every, compare, log)

@@ -396,8 +396,10 @@ def _size_medians(work: Path, baseline: Path) -> tuple[dict[str, float], str]:
 def _inject_lines(gate: list[str], work: Path, fraction: float, every: int, base: dict[str, float]) -> list[str]:
     """One injected run: caught per size class among the picked cases, untouched cases flagged."""
     tag = f"inject{int(round(fraction * 1000))}"
-    env = {"ATTNPERF_INJECT": str(fraction), "ATTNPERF_INJECT_EVERY": str(every)}
-    (work / f"{tag}.xml").unlink(missing_ok=True)  # an earlier call's report is not this run's
+    env = {"ATTNPERF_INJECT": str(fraction), "ATTNPERF_INJECT_EVERY": str(every),
+           "ATTNPERF_INJECT_LOG": str(work / f"{tag}.jsonl")}
+    for old in (f"{tag}.xml", f"{tag}.jsonl"):  # an earlier call's report is not this run's
+        (work / old).unlink(missing_ok=True)
     try:
         code = _pytest([*gate, "--benchmark-disable", f"--junitxml={work}/{tag}.xml"], env)
     except KeyboardInterrupt as stop:  # count the cases the run finished, then stop the call
@@ -429,11 +431,13 @@ def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict
     chosen = {case for case in cases if is_picked(case, every)}
     unjudged = chosen & _with(cases, "not compared")  # nothing to catch it with: not counted
     picked = chosen - unjudged
+    given = _given(work / f"{tag}.jsonl")
     lines: list[str] = []
     for size in SIZES:
         group = {case for case in picked if case in base and _size_class(base[case]) == size}
         if group:
-            lines.append(f"+{100 * fraction:g}% on {len(group)} cases {size}: caught {len(group & flagged)}")
+            lines.append(f"+{100 * fraction:g}% on {len(group)} cases {size}: caught {len(group & flagged)}"
+                         + _given_words(group, flagged, given))
     unsized = {case for case in picked if case not in base}
     if unsized:  # e.g. tests that measure nothing; listed so that no count hides them
         lines.append(f"+{100 * fraction:g}%: {len(unsized)} picked cases without a median "
@@ -445,6 +449,40 @@ def _inject_counts(work: Path, tag: str, fraction: float, every: int, base: dict
     if interrupted:
         lines.append(f"+{100 * fraction:g}%: interrupted; the counts cover the {len(cases)} cases it finished")
     return lines
+
+
+class Given(NamedTuple):
+    """What one picked case got, from the inject plugin's log (``ATTNPERF_INJECT_LOG``)."""
+
+    slowed: float  # its median with the work added over its median without, less 1, in one process
+    more: bool  # asked for less than the extra work's least (a spin kernel's own launch): given that
+
+
+def _given(path: Path) -> dict[str, Given]:
+    """Each logged case's ``Given``; a torn or foreign line is skipped."""
+    found: dict[str, Given] = {}
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+            found[row["nodeid"]] = Given(row["median_ms"] / row["base_ms"] - 1,
+                                         row["fraction"] * row["base_ms"] < row["least_ms"])
+        except (ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue
+    return found
+
+
+def _given_words(group: set[str], flagged: set[str], given: dict[str, Given]) -> str:
+    """How much the group's cases slowed in their own process (median, range), and how many could
+    not be given as little as asked, with how many of those were caught."""
+    slowed = sorted(100 * given[case].slowed for case in group if case in given)
+    if not slowed:
+        return ""
+    words = (f"; slowed by median +{statistics.median(slowed):.2f}% (+{slowed[0]:.2f} to +{slowed[-1]:.2f}%) "
+             f"in the run's own process")
+    more = {case for case in group if case in given and given[case].more}
+    if more:
+        words += f"; {len(more)} given more than asked (the least extra work), caught {len(more & flagged)}"
+    return words
 
 
 def _set_aside(work: Path, i: int) -> None:
