@@ -6,10 +6,11 @@ Loaded by the noise benchmark (``python -m pytest_attnperf.noise``) with
 * ``ATTNPERF_INJECT=0.05``: every case picked by ``ATTNPERF_INJECT_EVERY`` (default 2: the
   cases whose crc32(node id) is even) runs 5% extra device work after each call: a spin kernel
   (``torch.cuda._sleep``) captured into the same graph, or a busy wait on the CPU. The case is
-  timed first as it is, then with the least extra work (one cycle's spin: on the H200 a spin
-  kernel costs about 1.1-1.3 us of its own, session 12), and the spin is shortened by that
-  least, so the case slows by the fraction asked. Where the least is already more than asked
-  (a 2% of a case under about 60 us), the case gets the least, and says so.
+  timed first as it is, and the spin is shortened by the extra work's least cost (one cycle's
+  spin after a one-element add, timed once per mode: on the H200 a spin kernel costs about
+  1.1-1.3 us of its own, session 12), so the case slows by the fraction asked. Where the least
+  is already more than asked (a 2% of a case under about 60 us), the case gets the least, and
+  says so.
   ``ATTNPERF_INJECT_LOG=path`` appends each picked case's ``{"nodeid", "fraction", "base_ms",
   "least_ms", "extra_ms", "median_ms"}`` as a JSON line (``median_ms``: this process's median
   with the work added), from which the noise benchmark reports what each case really got.
@@ -48,6 +49,16 @@ def _current_nodeid() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
 
 
+def _tiny(device: DetectedDevice) -> Callable[[], Any]:
+    """The least work there is to add extra work after: a one-element add, or nothing on the CPU."""
+    if device.is_gpu:
+        import torch
+
+        one = torch.zeros(1, device="cuda")
+        return lambda: one.add_(1)
+    return lambda: None
+
+
 def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevice) -> Callable[[], Any]:
     if device.is_gpu:
         import torch
@@ -60,7 +71,7 @@ def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevi
             torch.cuda._sleep(cycles)
             return result
 
-        slowed_gpu.extra_s = extra_s  # type: ignore[attr-defined] # what was asked, for a scripted timer
+        slowed_gpu.extra_s, slowed_gpu.wrapped = extra_s, fn  # type: ignore[attr-defined] # for scripted timers
         return slowed_gpu
 
     def slowed_cpu() -> Any:
@@ -70,7 +81,7 @@ def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevi
             pass
         return result
 
-    slowed_cpu.extra_s = extra_s  # type: ignore[attr-defined]
+    slowed_cpu.extra_s, slowed_cpu.wrapped = extra_s, fn  # type: ignore[attr-defined]
     return slowed_cpu
 
 
@@ -81,6 +92,7 @@ class InjectingTimer:
                  log: str | None = None):
         self.inner, self.device, self.fraction, self.every, self.compare = inner, device, fraction, every, compare
         self.log = log
+        self._least: dict[str, float] = {}  # see _least_ms, by mode
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         if plan.floor:  # the run's sample floor, timed inside its first case: no case's extra work, and
@@ -120,11 +132,10 @@ class InjectingTimer:
 
     def _slowed(self, fn: Callable[[], Any], plan: SamplingPlan) -> tuple[Callable[[], Any], dict[str, Any]]:
         """``fn`` with the fraction's extra work after each call, less the extra work's own least
-        cost (``_with_extra_work`` at zero: a one-cycle spin kernel's launch in the graph), each
-        timed here on short budgets; and what was added, for the log and the case's note."""
-        quick = replace(plan, budget_s=min(plan.budget_s, 0.2))
-        base_ms = self.inner.measure(fn, quick).median_ms
-        least_ms = max(0.0, self.inner.measure(_with_extra_work(fn, 0.0, self.device), quick).median_ms - base_ms)
+        cost (``_least_ms``), the case timed first as it is on a short budget; and what was added,
+        for the log and the case's note."""
+        base_ms = self.inner.measure(fn, replace(plan, budget_s=min(plan.budget_s, 0.2))).median_ms
+        least_ms = self._least_ms(plan)
         want_ms = self.fraction * base_ms
         extra_ms = max(0.0, want_ms - least_ms)
         note = (f"injected +{100 * self.fraction:g}% extra work (base {base_ms:.4g} ms; the extra work's own "
@@ -136,6 +147,19 @@ class InjectingTimer:
         added = {"fraction": self.fraction, "base_ms": base_ms, "least_ms": least_ms, "extra_ms": extra_ms,
                  "note": note}
         return _with_extra_work(fn, extra_ms / 1e3, self.device), added
+
+    def _least_ms(self, plan: SamplingPlan) -> float:
+        """What the extra work costs at its least (``_with_extra_work`` at zero: a one-cycle spin
+        kernel, about 1.1-1.3 us on the H200 however short), once per mode: a one-element add (a
+        no-op on the CPU) timed as it is and with it. Not each case's own difference: two medians
+        of a long case carry its noise (0.2% of 2 ms is 4 us, against the 1 us sought)."""
+        if plan.mode not in self._least:
+            tiny = _tiny(self.device)
+            quick = replace(plan, budget_s=min(plan.budget_s, 0.2))
+            bare_ms = self.inner.measure(tiny, quick).median_ms
+            spun_ms = self.inner.measure(_with_extra_work(tiny, 0.0, self.device), quick).median_ms
+            self._least[plan.mode] = max(0.0, spun_ms - bare_ms)
+        return self._least[plan.mode]
 
 
 @pytest.hookimpl(wrapper=True)

@@ -59,20 +59,32 @@ def test_injection_takes_off_the_extra_works_own_cost(
     when asked 5%; asked less than the least, it gets the least and says so. The log has both."""
     from pytest_attnperf.timing import Measurement
 
-    class Modeled:  # a 50 us case; anything the plugin adds costs 1.2 us more than asked
+    timed: list[object] = []
+
+    class Modeled:  # a 50 us case (the plugin's own least work: 4 us); what it adds costs 1.2 us more than asked
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
-            extra = getattr(fn, "extra_s", None)
-            ms = 0.05 if extra is None else 0.05 + 0.0012 + 1e3 * extra
+            timed.append(fn)
+            ms = getattr(getattr(fn, "wrapped", fn), "ms", 0.004)
+            if hasattr(fn, "extra_s"):
+                ms += 0.0012 + 1e3 * fn.extra_s
             return Measurement(samples_ms=(ms,) * 10, clock="cuda-graph-nodes", mode="cold")
+
+    def case() -> None:
+        pass
+
+    case.ms = 0.05  # type: ignore[attr-defined]
 
     log = tmp_path / "inject.jsonl"
     cpu = DetectedDevice("cpu", "x86_64")
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
-    measured = InjectingTimer(Modeled(), cpu, fraction=fraction, every=1, compare=None, log=str(log)).measure(
-        lambda: None, SamplingPlan())
+    timer = InjectingTimer(Modeled(), cpu, fraction=fraction, every=1, compare=None, log=str(log))
+    measured = timer.measure(case, SamplingPlan())
+    assert len(timed) == 4  # the case, the least work bare and with a one-cycle spin, the case slowed
+    assert timer.measure(case, SamplingPlan()).median_ms == measured.median_ms
+    assert len(timed) == 6  # the least is timed once per mode
     assert measured.median_ms == pytest.approx(0.05 * (1 + slowed))
     assert measured.notes == (note,)
-    row = json.loads(log.read_text())
+    row = json.loads(log.read_text().splitlines()[0])
     assert row == {"nodeid": "t.py::picked", "fraction": fraction, "base_ms": 0.05, "least_ms": pytest.approx(0.0012),
                    "extra_ms": pytest.approx(max(0.0, fraction * 0.05 - 0.0012)), "median_ms": measured.median_ms}
 
