@@ -103,7 +103,12 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # (GPU0: test_linear.py less its naive forward-backward GLA and LA cases, about 195 s a run
     # with workers; GPU1: test_softmax.py and those, about 190 s), steady runs against the
     # committed file at the default settings (--attnperf-processes=3), as many as fit in BUDGET
-    # (default 540 s); STAGES=steady,compare adds the do_bench comparison (hot mode) after them.
+    # (default 540 s); STAGES=steady,compare adds the do_bench comparison (hot mode) after them;
+    # STAGES=inject INJECT=0.02,0.05 (default 0.02,0.05,0.10) injects against the committed file
+    # (an injected run takes longer than a steady one: every flagged case is measured twice).
+    # FRESH=1 starts the work folders without the committed file, for STAGES=record (RECORDS=,
+    # default 3) on this machine and inject against those recordings in later calls (the folders
+    # stay on a machine kept warm; keep TAG the same).
     # Run i of GPU0 and run i of GPU1 together are one full run. Each GPU's work folder
     # (noise-work-f<gpu>$TAG, with any worker logs kept: each GPU's job has its own TMPDIR, so a
     # job finishing first does not take the other's running workers' logs) travels back as a .tgz
@@ -113,9 +118,10 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       if [ "$g" = 0 ]; then SEL=(suites/test_linear.py -k "not ($MOVED)")
       else SEL=(suites/test_softmax.py suites/test_linear.py -k "test_softmax or ($MOVED)"); fi
       ( export CUDA_VISIBLE_DEVICES=$g TMPDIR="/tmp/gpu$g"; W="noise-work-f$g${TAG:-}"; mkdir -p "$W" "$TMPDIR"
-        cp baselines/h200.yaml "$W/"
+        [ -n "${FRESH:-}" ] || cp baselines/h200.yaml "$W/"
         timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$W" --stages "${STAGES:-steady}" \
-          --runs "${RUNS:-8}" --time-limit $(( BUDGET - 15 )) -- "${SEL[@]}" --hw=h200 --attnperf-tolerance=1.5% \
+          --runs "${RUNS:-8}" --records "${RECORDS:-3}" --inject "${INJECT:-0.02,0.05,0.10}" --time-limit $(( BUDGET - 15 )) \
+          -- "${SEL[@]}" --hw=h200 --attnperf-tolerance=1.5% \
           > "$OUT/f$g.log" 2>&1
         tar czf "$OUT/$W.tgz" "$W" $(ls "$TMPDIR"/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
     done
