@@ -8,9 +8,10 @@ Loaded by the noise benchmark (``python -m pytest_attnperf.noise``) with
   (``torch.cuda._sleep``) captured into the same graph, or a busy wait on the CPU. The case is
   timed first as it is, and the spin is shortened by the extra work's least cost (one cycle's
   spin after a one-element add, timed once per mode: on the H200 a spin kernel costs about
-  1.1-1.3 us of its own, session 12), so the case slows by the fraction asked. Where the least
+  1.0-1.3 us of its own, session 12), so the case slows by the fraction asked. Where the least
   is already more than asked (a 2% of a case under about 60 us), the case gets the least, and
-  says so.
+  says so; a case timed on another clock than the least (events around eager launches, whose
+  spin is launched from the host) gets nothing taken off, and says so.
   ``ATTNPERF_INJECT_LOG=path`` appends each picked case's ``{"nodeid", "fraction", "base_ms",
   "least_ms", "extra_ms", "median_ms"}`` as a JSON line (``median_ms``: this process's median
   with the work added), from which the noise benchmark reports what each case really got.
@@ -25,6 +26,7 @@ first case, and an injected floor would move every cold case's floor shift.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import zlib
@@ -92,7 +94,7 @@ class InjectingTimer:
                  log: str | None = None):
         self.inner, self.device, self.fraction, self.every, self.compare = inner, device, fraction, every, compare
         self.log = log
-        self._least: dict[str, float] = {}  # see _least_ms, by mode
+        self._least_by_mode: dict[str, tuple[float, str]] = {}  # see _least
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         if plan.floor:  # the run's sample floor, timed inside its first case: no case's extra work, and
@@ -132,34 +134,45 @@ class InjectingTimer:
 
     def _slowed(self, fn: Callable[[], Any], plan: SamplingPlan) -> tuple[Callable[[], Any], dict[str, Any]]:
         """``fn`` with the fraction's extra work after each call, less the extra work's own least
-        cost (``_least_ms``), the case timed first as it is on a short budget; and what was added,
-        for the log and the case's note."""
-        base_ms = self.inner.measure(fn, replace(plan, budget_s=min(plan.budget_s, 0.2))).median_ms
-        least_ms = self._least_ms(plan)
+        cost (``_least``), the case timed first as it is on a short budget; and what was added,
+        for the log and the case's note. A case re-measured after a suspected regression is
+        slowed afresh (its base timed again), and its log line written again."""
+        base = self.inner.measure(fn, replace(plan, budget_s=min(plan.budget_s, 0.2)))
+        base_ms = base.median_ms
+        if not (math.isfinite(base_ms) and base_ms > 0):  # the plugin fails the case for its time
+            return fn, {"fraction": self.fraction, "base_ms": base_ms, "least_ms": 0.0, "extra_ms": 0.0,
+                        "note": f"not injected: the case read {base_ms!r} ms"}
+        least_ms, least_clock = self._least(plan)
         want_ms = self.fraction * base_ms
-        extra_ms = max(0.0, want_ms - least_ms)
-        note = (f"injected +{100 * self.fraction:g}% extra work (base {base_ms:.4g} ms; the extra work's own "
-                f"{1e3 * least_ms:.2f} us taken off)")
-        if want_ms < least_ms:
+        if least_clock != base.clock:  # e.g. a case that cannot be captured: its spin is launched
+            least_ms = 0.0  # from the host, at another cost than the one measured in a graph
+            note = (f"injected +{100 * self.fraction:g}% extra work (base {base_ms:.4g} ms; the extra work's own "
+                    f"cost not taken off: the case is timed on {base.clock}, the least on {least_clock})")
+        elif want_ms < least_ms:
             note = (f"injected +{100 * self.fraction:g}% extra work asked, +{100 * least_ms / base_ms:.3g}% given: "
                     f"the least extra work, {1e3 * least_ms:.2f} us, is more than {1e3 * want_ms:.2f} us "
                     f"(base {base_ms:.4g} ms)")
+        else:
+            note = (f"injected +{100 * self.fraction:g}% extra work (base {base_ms:.4g} ms; the extra work's own "
+                    f"{1e3 * least_ms:.2f} us taken off)")
+        extra_ms = max(0.0, want_ms - least_ms)
         added = {"fraction": self.fraction, "base_ms": base_ms, "least_ms": least_ms, "extra_ms": extra_ms,
                  "note": note}
         return _with_extra_work(fn, extra_ms / 1e3, self.device), added
 
-    def _least_ms(self, plan: SamplingPlan) -> float:
+    def _least(self, plan: SamplingPlan) -> tuple[float, str]:
         """What the extra work costs at its least (``_with_extra_work`` at zero: a one-cycle spin
-        kernel, about 1.1-1.3 us on the H200 however short), once per mode: a one-element add (a
-        no-op on the CPU) timed as it is and with it. Not each case's own difference: two medians
-        of a long case carry its noise (0.2% of 2 ms is 4 us, against the 1 us sought)."""
-        if plan.mode not in self._least:
+        kernel, about 1.0-1.3 us on the H200 however short), and the clock it was timed on, once
+        per mode: a one-element add (a no-op on the CPU) timed as it is and with it. Not each
+        case's own difference: two medians of a long case carry its noise (0.2% of 2 ms is 4 us,
+        against the 1 us sought)."""
+        if plan.mode not in self._least_by_mode:
             tiny = _tiny(self.device)
             quick = replace(plan, budget_s=min(plan.budget_s, 0.2))
-            bare_ms = self.inner.measure(tiny, quick).median_ms
-            spun_ms = self.inner.measure(_with_extra_work(tiny, 0.0, self.device), quick).median_ms
-            self._least[plan.mode] = max(0.0, spun_ms - bare_ms)
-        return self._least[plan.mode]
+            bare = self.inner.measure(tiny, quick)
+            spun = self.inner.measure(_with_extra_work(tiny, 0.0, self.device), quick)
+            self._least_by_mode[plan.mode] = (max(0.0, spun.median_ms - bare.median_ms), bare.clock)
+        return self._least_by_mode[plan.mode]
 
 
 @pytest.hookimpl(wrapper=True)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import yaml
 from pytest_attnperf.hardware import DetectedDevice
 from pytest_attnperf.inject import InjectingTimer, is_picked
 from pytest_attnperf.noise import _stages
-from pytest_attnperf.timing import HostTimer, SamplingPlan
+from pytest_attnperf.timing import HostTimer, Measurement, SamplingPlan
 
 
 def test_picks_a_fixed_part_of_the_cases() -> None:
@@ -46,6 +47,30 @@ def test_injected_work_adds_its_fraction(monkeypatch: pytest.MonkeyPatch) -> Non
     assert untouched.measure(work, plan).median_ms == pytest.approx(plain, rel=0.15)
 
 
+class Modeled:
+    """A scripted device: a callable takes its ``ms`` (the plugin's own least work, no ``ms``: 4 us)
+    on its ``clock``; extra work added by the plugin costs 1.2 us more than asked."""
+
+    def __init__(self) -> None:
+        self.timed: list[object] = []
+
+    def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
+        self.timed.append(fn)
+        inner = getattr(fn, "wrapped", fn)
+        ms = getattr(inner, "ms", 0.004)
+        if hasattr(fn, "extra_s"):
+            ms += 0.0012 + 1e3 * fn.extra_s
+        return Measurement(samples_ms=(ms,) * 10, clock=getattr(inner, "clock", "cuda-graph-nodes"), mode=plan.mode)
+
+
+def a_case(ms: float, clock: str = "cuda-graph-nodes") -> Callable[[], None]:
+    def case() -> None:
+        pass
+
+    case.ms, case.clock = ms, clock  # type: ignore[attr-defined]
+    return case
+
+
 @pytest.mark.parametrize(("fraction", "slowed", "note"), [
     (0.05, 0.05, "injected +5% extra work (base 0.05 ms; the extra work's own 1.20 us taken off)"),
     (0.02, 0.024, "injected +2% extra work asked, +2.4% given: the least extra work, 1.20 us, is more than "
@@ -57,36 +82,35 @@ def test_injection_takes_off_the_extra_works_own_cost(
     """A spin kernel costs about 1.2 us however short (session 10's +2% came out +2.7 to +4.5% on
     50-200 us cases): the least extra work is timed and taken off, so a 50 us case slows by 5%
     when asked 5%; asked less than the least, it gets the least and says so. The log has both."""
-    from pytest_attnperf.timing import Measurement
-
-    timed: list[object] = []
-
-    class Modeled:  # a 50 us case (the plugin's own least work: 4 us); what it adds costs 1.2 us more than asked
-        def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
-            timed.append(fn)
-            ms = getattr(getattr(fn, "wrapped", fn), "ms", 0.004)
-            if hasattr(fn, "extra_s"):
-                ms += 0.0012 + 1e3 * fn.extra_s
-            return Measurement(samples_ms=(ms,) * 10, clock="cuda-graph-nodes", mode="cold")
-
-    def case() -> None:
-        pass
-
-    case.ms = 0.05  # type: ignore[attr-defined]
-
-    log = tmp_path / "inject.jsonl"
-    cpu = DetectedDevice("cpu", "x86_64")
+    log, device, case = tmp_path / "inject.jsonl", Modeled(), a_case(0.05)
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
-    timer = InjectingTimer(Modeled(), cpu, fraction=fraction, every=1, compare=None, log=str(log))
+    timer = InjectingTimer(device, DetectedDevice("cpu", "x86_64"), fraction=fraction, every=1, compare=None,
+                           log=str(log))
     measured = timer.measure(case, SamplingPlan())
-    assert len(timed) == 4  # the case, the least work bare and with a one-cycle spin, the case slowed
+    assert len(device.timed) == 4  # the case, the least work bare and with a one-cycle spin, the case slowed
     assert timer.measure(case, SamplingPlan()).median_ms == measured.median_ms
-    assert len(timed) == 6  # the least is timed once per mode
+    assert len(device.timed) == 6  # the least is timed once per mode
+    timer.measure(case, SamplingPlan(mode="hot"))
+    assert len(device.timed) == 10  # and again for another mode
     assert measured.median_ms == pytest.approx(0.05 * (1 + slowed))
     assert measured.notes == (note,)
     row = json.loads(log.read_text().splitlines()[0])
     assert row == {"nodeid": "t.py::picked", "fraction": fraction, "base_ms": 0.05, "least_ms": pytest.approx(0.0012),
                    "extra_ms": pytest.approx(max(0.0, fraction * 0.05 - 0.0012)), "median_ms": measured.median_ms}
+
+
+def test_injection_keeps_the_least_to_cases_timed_on_its_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case that cannot be captured (events around eager launches) launches its spin from the
+    host, at a cost the graph-timed least does not tell: nothing taken off, and the note says
+    so. A case whose base reads no positive time is not injected (the plugin fails it)."""
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
+    timer = InjectingTimer(Modeled(), DetectedDevice("cpu", "x86_64"), fraction=0.05, every=1, compare=None)
+    measured = timer.measure(a_case(0.1, "cuda-events"), SamplingPlan())
+    assert measured.median_ms == pytest.approx(0.1 + 0.005 + 0.0012)
+    assert measured.notes == ("injected +5% extra work (base 0.1 ms; the extra work's own cost not taken off: "
+                              "the case is timed on cuda-events, the least on cuda-graph-nodes)",)
+    zero = timer.measure(a_case(0.0), SamplingPlan())
+    assert zero.median_ms == 0.0 and zero.notes == ("not injected: the case read 0.0 ms",)
 
 
 def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

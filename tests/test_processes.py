@@ -306,10 +306,12 @@ def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
 
     inner = object()
     monkeypatch.setenv("ATTNPERF_COMPARE_FILE", "/tmp/compare.jsonl")
+    monkeypatch.setenv("ATTNPERF_INJECT_LOG", "/tmp/inject.jsonl")
     compared = made(None)
     assert (compared is inner) if worker else (compared.compare == "/tmp/compare.jsonl")
     injecting = made("0.05")
     assert injecting.fraction == pytest.approx(0.05) and injecting.compare == (None if worker else "/tmp/compare.jsonl")
+    assert injecting.log == (None if worker else "/tmp/inject.jsonl")  # the run logs what its own process gave
 
 
 def test_a_device_that_cannot_be_detected_fails_the_tests_not_the_session(project: pytest.Pytester) -> None:

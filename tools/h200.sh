@@ -89,7 +89,8 @@ case "${1:-}" in
 print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))")
     echo "$(echo "$IDS" | wc -w) short cases"
     for g in 0 1; do
-      ( export CUDA_VISIBLE_DEVICES=$g TMPDIR="/tmp/gpu$g"; W="noise-work-p$g${TAG:-}"; mkdir -p "$W" "$TMPDIR"
+      ( export CUDA_VISIBLE_DEVICES=$g TMPDIR="/tmp/gpu$g"; W="noise-work-p$g${TAG:-}"
+        rm -rf "$TMPDIR"; mkdir -p "$W" "$TMPDIR"
         cp baselines/h200.yaml "$W/"
         # shellcheck disable=SC2086  # IDS: one node id a word
         timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$W" --stages steady --runs 8 \
@@ -106,9 +107,10 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # (default 540 s); STAGES=steady,compare adds the do_bench comparison (hot mode) after them;
     # STAGES=inject INJECT=0.02,0.05 (default 0.02,0.05,0.10) injects against the committed file
     # (an injected run takes longer than a steady one: every flagged case is measured twice).
-    # FRESH=1 starts the work folders without the committed file, for STAGES=record (RECORDS=,
-    # default 3) on this machine and inject against those recordings in later calls (the folders
-    # stay on a machine kept warm; keep TAG the same).
+    # A work folder keeps its baseline file between calls (the folders stay on a machine kept
+    # warm; keep TAG the same); a new one starts with the committed file. FRESH=1 removes the
+    # folder's file first, for STAGES=record (RECORDS=, default 3) on this machine: later calls
+    # without FRESH then record more or inject against those recordings.
     # Run i of GPU0 and run i of GPU1 together are one full run. Each GPU's work folder
     # (noise-work-f<gpu>$TAG, with any worker logs kept: each GPU's job has its own TMPDIR, so a
     # job finishing first does not take the other's running workers' logs) travels back as a .tgz
@@ -117,8 +119,10 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     for g in 0 1; do
       if [ "$g" = 0 ]; then SEL=(suites/test_linear.py -k "not ($MOVED)")
       else SEL=(suites/test_softmax.py suites/test_linear.py -k "test_softmax or ($MOVED)"); fi
-      ( export CUDA_VISIBLE_DEVICES=$g TMPDIR="/tmp/gpu$g"; W="noise-work-f$g${TAG:-}"; mkdir -p "$W" "$TMPDIR"
-        [ -n "${FRESH:-}" ] || cp baselines/h200.yaml "$W/"
+      ( export CUDA_VISIBLE_DEVICES=$g TMPDIR="/tmp/gpu$g"; W="noise-work-f$g${TAG:-}"
+        rm -rf "$TMPDIR"; mkdir -p "$W" "$TMPDIR"  # this call's worker logs only
+        if [ "${FRESH:-0}" = 1 ]; then rm -f "$W/h200.yaml"
+        elif [ ! -e "$W/h200.yaml" ]; then cp baselines/h200.yaml "$W/"; fi
         timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise --workdir "$W" --stages "${STAGES:-steady}" \
           --runs "${RUNS:-8}" --records "${RECORDS:-3}" --inject "${INJECT:-0.02,0.05,0.10}" --time-limit $(( BUDGET - 15 )) \
           -- "${SEL[@]}" --hw=h200 --attnperf-tolerance=1.5% \
@@ -126,6 +130,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
         tar czf "$OUT/$W.tgz" "$W" $(ls "$TMPDIR"/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
     done
     wait
+    keep_cache >/dev/null
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift|short|full" >&2; exit 2 ;;
 esac
