@@ -40,11 +40,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from . import child_run
+from .baselines import BaselineFile
+from .gate import centre_ms
 from .timing import Measurement
 
 __all__ = ["WORKER_OUT_FLAG", "Taken", "Workers", "pool", "read_taken", "short_cases", "worker_args",
@@ -278,10 +279,8 @@ class Workers:
         return workers
 
 
-def centres_ms(baseline: Any) -> dict[str, float]:
+def centres_ms(baseline: BaselineFile) -> dict[str, float]:
     """Each readable entry's centre (``gate.centre_ms``) in ``baseline`` (a BaselineFile)."""
-    from .gate import centre_ms
-
     out = {}
     for nodeid in baseline.entries:
         try:

@@ -20,7 +20,7 @@ from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id
 from .options import Settings
 from .processes import Workers, centres_ms, short_cases
 from .registry import KernelRegistry
-from .timing import SamplingPlan, Timer, default_timer
+from .timing import SamplingPlan, Timer, default_timer, one_element_add
 
 __all__ = ["SESSION_KEY", "AttnPerfSession", "Row", "get_session"]
 
@@ -134,8 +134,7 @@ class AttnPerfSession:
 
             if not torch.cuda.is_available():
                 return (None, "no CUDA device"), None
-            one = torch.zeros(1, device="cuda")
-            m = self.timer.measure(lambda: one.add_(1), plan)
+            m = self.timer.measure(one_element_add(), plan)
         except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail the run
             return (None, f"{how} failed: {type(exc).__name__}: {str(exc)[:120]}"), None
         if not (math.isfinite(m.median_ms) and m.median_ms > 0):

@@ -50,6 +50,7 @@ __all__ = [
     "ReplayClock",
     "SamplingPlan",
     "Timer",
+    "one_element_add",
     "sample_adaptively",
 ]
 
@@ -222,6 +223,16 @@ def _nvml_device(index: int) -> tuple[Any, Any] | None:
         return pynvml, _nvml_handle(pynvml, index)
     except Exception:  # noqa: BLE001 - NVML is optional; absence means "not read"
         return None
+
+
+def one_element_add() -> Callable[[], Any]:
+    """The least work a CUDA case can be: adding 1 to a one-element tensor on the current device
+    (the run's sample floor, and what the noise benchmark's injected work is set after to time
+    its own least cost)."""
+    import torch
+
+    one = torch.zeros(1, device="cuda")
+    return lambda: one.add_(1)
 
 
 def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
