@@ -348,13 +348,15 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     assert lines[1] == "harness / do_bench_cudagraph, 1 cases >=10us: median ratio 1.000, worst 1.000, within 3%: 1"
     assert lines[2] == ("outside 3%: 1 cases; the SM clock after do_bench was below the harness's in 1 "
                         "(do_bench 1860-1860 MHz, harness 1980-1980 MHz; throttle reasons: sw-power-cap)")
-    assert lines[3] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
-    assert lines[4] == "compare: 1 cases not timed hot (cold) left out: do_bench_cudagraph does not flush the L2"
-    assert len(lines) == 5
+    assert lines[3] == ("  b: harness 90.00 us, do_bench 100.00 us (x0.900), at rep=1 ms 91.00 us (x0.989); "
+                        "do_bench at 1860 MHz (sw-power-cap), harness 1980")
+    assert lines[4] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
+    assert lines[5] == "compare: 1 cases not timed hot (cold) left out: do_bench_cudagraph does not flush the L2"
+    assert len(lines) == 6
     rows[:] = rows[-1:]  # nothing hot to set beside do_bench
     assert noise._compare_lines(["suites/"], tmp_path) == [
         f"compare: no do_bench_cudagraph timings of hot cases in {tmp_path / 'compare.jsonl'} (it needs a GPU)",
-        lines[4]]
+        lines[5]]
 
 
 def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
@@ -364,8 +366,23 @@ def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
     rows = [{"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
             {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
             {"ours_ms": 0.1, "do_bench_ms": 0.1}]
-    assert noise._clock_lines(rows) == ["outside 3%: 2 cases; the SM clock after do_bench was below the harness's in 0"]
+    assert noise._clock_lines(rows) == [
+        "outside 3%: 2 cases; the SM clock after do_bench was below the harness's in 0",
+        "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)", "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)"]
     assert noise._clock_lines(rows[2:]) == []
+
+
+def test_compare_report_names_at_most_twenty_cases_outside() -> None:
+    """Each case outside 3% a line with its node id's test part, the first twenty; the rest counted."""
+    from pytest_attnperf import noise
+
+    rows = [{"nodeid": f"suites/test_softmax.py::test_softmax[c{i}]", "ours_ms": 0.0106, "do_bench_ms": 0.01,
+             "do_bench_1ms_ms": 0.0106} for i in range(23)]
+    lines = noise._clock_lines(rows)
+    assert lines[0] == "outside 3%: 23 cases; the SM clock after do_bench was below the harness's in 0"
+    assert lines[1] == "  test_softmax[c0]: harness 10.60 us, do_bench 10.00 us (x1.060), at rep=1 ms 10.60 us (x1.000)"
+    assert len(lines) == 22 and lines[20].startswith("  test_softmax[c19]:")
+    assert lines[21] == "  ... and 3 more in compare.jsonl"
 
 
 def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) -> None:

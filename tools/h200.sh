@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
-#   bash tools/h200.sh record-linear | gate | noise | pair | diag | shift | short | full
+#   bash tools/h200.sh record-linear | gate | noise | pair | diag | shift | short | full | hot
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored;
 # see README, "Device runs with fla").
@@ -132,5 +132,18 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     wait
     keep_cache >/dev/null
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift|short|full" >&2; exit 2 ;;
+  hot)  # why hot mode read short cuDNN forwards 3-7% above do_bench_cudagraph in session 13
+    # (tools/hot_diag.py: per-call time against the graph's length, the spin and the stream), then
+    # the suite's compare stage on those shapes (-k ${K:-b1-h12-t512-d64-causal-bf16-sdpa}) with one
+    # process and with three, each gated against the committed file (whose centres pick the cases
+    # timed in three processes): if only three reads high, the workers are in it
+    python3 tools/hot_diag.py --out "$OUT/hot_diag.json" 2>&1 | tee "$OUT/hot_diag.log" | tail -n 12
+    for p in 1 3; do
+      OUT="$OUT/p$p" WORK="hot-p$p" STAGES=compare SUITE=suites/test_softmax.py FROM_BASELINES=1 KEEP_CACHE=0 \
+        BUDGET="${BUDGET:-200}" EXTRA="-k ${K:-b1-h12-t512-d64-causal-bf16-sdpa} --attnperf-processes=$p" \
+        bash "$0" noise >/dev/null 2>&1
+      rm -f "$OUT/p$p/gpu.txt"  # the device returns 8 files at most
+      echo "== processes=$p"; grep -A4 "harness / do_bench" "$OUT/p$p/noise-compare.log"
+    done ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift|short|full|hot" >&2; exit 2 ;;
 esac
