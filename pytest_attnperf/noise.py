@@ -577,7 +577,8 @@ def _outside_line(row: dict) -> str:
     own graph length: a gap at 20 ms only points at the graph's length or sustained load), and
     do_bench's SM clock where it read below the harness's."""
     name = str(row.get("nodeid", "?")).split("::")[-1]
-    line = f"  {name}: harness {1e3 * row['ours_ms']:.2f} us, do_bench {1e3 * row['do_bench_ms']:.2f} us (x{_ratio(row):.3f})"
+    line = (f"  {name}: harness {1e3 * row['ours_ms']:.2f} us, do_bench {1e3 * row['do_bench_ms']:.2f} us "
+            f"(x{_ratio(row):.3f})")
     if row.get("do_bench_1ms_ms", 0) > 0:
         line += f", at rep=1 ms {1e3 * row['do_bench_1ms_ms']:.2f} us (x{row['ours_ms'] / row['do_bench_1ms_ms']:.3f})"
     theirs, why = (row.get("clock_after_do_bench") or [None, []])[:2]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -120,17 +119,7 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    torch.cuda._sleep(2_000_000_000)  # about a second of spinning: clocks up before the first case
-    torch.cuda.synchronize()
-    report: dict[str, Any] = {"torch": torch.__version__, "gpu": str(getattr(props, "uuid", "")), "cases": {}}
-    for case in CASES:
-        try:
-            report["cases"][case[0]] = run_case(case, args.replays, args.rounds)
-        except Exception as exc:  # noqa: BLE001 - one case failing must not lose the others
-            report["cases"][case[0]] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        if args.out:
-            args.out.write_text(json.dumps(report, indent=1))
+    report = sdpa_cases.run_all(CASES, lambda case: run_case(case, args.replays, args.rounds), args.out)
     columns = ([f"{way} {n}" for way in ("spin", "bare", "side") for n in CALLS]
                + [f"do_bench {rep}" for rep in REPS_MS] + ["harness"])
     print("per-call us, median over the rounds; harness(N): its calls per sample; '-' not timed")

@@ -7,6 +7,7 @@ backend leaves SDPA's own choice.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -52,3 +53,24 @@ def device_timer() -> CudaTimer:
     """The harness's timer for CUDA device 0."""
     props = torch.cuda.get_device_properties(0)
     return CudaTimer(DetectedDevice(kind="cuda", name=props.name, l2_bytes=props.L2_cache_size))
+
+
+def run_all(cases: list[tuple], run_case: Callable[[tuple], dict[str, Any]], out: Path | None,
+            first: Callable[[], dict[str, Any]] = dict) -> dict[str, Any]:
+    """A diagnostic's run: about a second of spinning (clocks up before anything is timed), then
+    ``first()``'s figures (the run's own, such as a floor) and ``run_case(case)`` for each case,
+    a case that raises recorded with its error so the others still run; the report (versions,
+    the GPU's UUID, the cases by label) is written to ``out`` after each case."""
+    props = torch.cuda.get_device_properties(0)
+    torch.cuda._sleep(2_000_000_000)
+    torch.cuda.synchronize()
+    report: dict[str, Any] = {"torch": torch.__version__, "gpu": str(getattr(props, "uuid", "")), **first(),
+                              "cases": {}}
+    for case in cases:
+        try:
+            report["cases"][case[0]] = run_case(case)
+        except Exception as exc:  # noqa: BLE001 - one case failing must not lose the others
+            report["cases"][case[0]] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        if out:
+            out.write_text(json.dumps(report, indent=1))
+    return report

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -131,18 +130,9 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--samples", type=int, default=200)
     args = parser.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    torch.cuda._sleep(2_000_000_000)  # about a second of spinning: clocks up before the first block
-    torch.cuda.synchronize()
-    report: dict[str, Any] = {"torch": torch.__version__, "gpu": str(getattr(props, "uuid", "")),
-                              "floor_us": _floor_us(props.L2_cache_size, args.samples), "cases": {}}
-    for case in CASES:
-        try:
-            report["cases"][case[0]] = run_case(case, props.L2_cache_size, args.blocks, args.samples)
-        except Exception as exc:  # noqa: BLE001 - one case failing must not lose the others
-            report["cases"][case[0]] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        if args.out:
-            args.out.write_text(json.dumps(report, indent=1))
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    report = sdpa_cases.run_all(CASES, lambda case: run_case(case, l2_bytes, args.blocks, args.samples), args.out,
+                                first=lambda: {"floor_us": _floor_us(l2_bytes, args.samples)})
     print(f"floor {report['floor_us']:.2f} us; per case and way: mean of block medians us, sd %, range %")
     print(f"{'case':34}" + "".join(f"{w:>24}" for w in WAYS))
     for label, ways in report["cases"].items():
