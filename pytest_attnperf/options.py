@@ -91,6 +91,10 @@ OPTIONS = (
     Option("cold_graphs", "--attnperf-cold-graphs", "ATTNPERF_COLD_GRAPHS", "attnperf_cold_graphs", "8",
            "cold mode: captures of each case's graph, sampled in turn (each capture of a short kernel has a "
            "median of its own, up to 5% apart on the H200; the run's median is over all of them)"),
+    Option("hot_sample", "--attnperf-hot-sample", "ATTNPERF_HOT_SAMPLE", "attnperf_hot_sample", "0.5ms",
+           "hot mode: about how long one sample lasts ('0.5ms', '20ms'; a bare number is in us): a graph of that "
+           "many back-to-back calls (at most 128 per ms of sample: 64 at the default) is replayed and a sample is "
+           "its time over its calls. do_bench_cudagraph replays about 20 ms of calls"),
     Option("processes", "--attnperf-processes", "ATTNPERF_PROCESSES", "attnperf_processes", "3",
            "on a CUDA device, time each short case (see --attnperf-processes-below) in this many processes "
            "(1: this one only): that many less one worker pytest runs measure them before the tests start, and "
@@ -127,6 +131,7 @@ class Settings:
     cold_graphs: int
     processes: int = 1
     processes_below_ms: float = 0.05
+    hot_sample_ms: float = 0.5
     worker_out: Path | None = None  # set in a worker run (see processes.py): where its samples go
 
 
@@ -180,6 +185,13 @@ def duration_ms(text: str) -> float:
     value = float(number) * _UNITS_MS[unit or "us"]
     if not 0.0 <= value < 1e6:
         raise ValueError("must be a time of at least 0, such as 1us or 0.002ms")
+    return value
+
+
+def _positive_duration_ms(text: str) -> float:
+    value = duration_ms(text)
+    if value <= 0:
+        raise ValueError("must be a time above 0, such as 0.5ms")
     return value
 
 
@@ -249,5 +261,6 @@ def read_settings(config: pytest.Config) -> Settings:
         cold_graphs=_get(config, "cold_graphs", _positive_int),
         processes=1 if worker else _get(config, "processes", _positive_int),
         processes_below_ms=_get(config, "processes_below", duration_ms),
+        hot_sample_ms=_get(config, "hot_sample", _positive_duration_ms),
         worker_out=Path(out) if worker else None,
     )

@@ -101,6 +101,7 @@ class AttnPerfSession:
             target_stdrel=s.target_stdrel,
             budget_s=s.budget_s,
             cold_graphs=s.cold_graphs,
+            hot_sample_ms=s.hot_sample_ms,
         )
 
     def measure_floor(self) -> tuple[float | None, str]:

@@ -438,20 +438,26 @@ class CudaTimer:
         return peak / 2**20
 
 
+HOT_CALLS_PER_MS = 128  # hot mode's cap on a graph's calls, per ms of sample: 64 at the default 0.5 ms,
+# where a sub-8-us call reaches it (the graph's capture and outputs grow with its calls)
+
+
 def hot_graph(
     fn: Callable[[], Any], one_call: Any, one_ms: float, sample_ms: float,
     capture: Callable[[Callable[[], Any], int], tuple[Any, str | None]] | None = None,
 ) -> tuple[Any, int, int, str | None]:
     """Hot mode's graph: ``(graph, calls per sample, replays per sample, note)``.
 
-    Enough back-to-back calls in one graph for a sample of about ``sample_ms`` (at most 64),
+    Enough back-to-back calls in one graph for a sample of about ``sample_ms`` (at most 64,
+    or ``HOT_CALLS_PER_MS`` per ms of a sample longer than 0.5 ms),
     from ``one_ms``, the device time of one replay of ``one_call``. When that longer capture
     fails (the graph pool holds every call's outputs, so memory can run out), the one-call
     graph, which did capture, is replayed that many times per sample instead, and the note
     says so: the case stays graph-timed rather than falling back to eager launches, under its
     own clock name (``cuda-graph-replays``), since host-launched replays leave gaps between
     short calls that one long graph does not."""
-    calls = max(1, min(64, math.ceil(sample_ms / max(one_ms, 1e-3))))
+    most = max(64, math.ceil(HOT_CALLS_PER_MS * sample_ms))
+    calls = max(1, min(most, math.ceil(sample_ms / max(one_ms, 1e-3))))
     if calls == 1:
         return one_call, 1, 1, None
     longer, failure = (capture or _capture)(fn, calls)

@@ -48,7 +48,8 @@ class ScriptedTimer:
 
     def measure(self, fn, plan):
         fn()
-        (HERE / "plan.json").write_text(json.dumps({"cold_graphs": plan.cold_graphs}))
+        plan_seen = {"cold_graphs": plan.cold_graphs, "hot_sample_ms": plan.hot_sample_ms}
+        (HERE / "plan.json").write_text(json.dumps(plan_seen))
         test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
         speed = HERE / "speed.json"
         factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
@@ -542,11 +543,11 @@ def test_in_hot_mode_the_floor_in_time_is_spread_over_the_calls_of_a_sample(proj
         passed=1, failed=1)
 
 
-def test_cold_graphs_reach_the_timer(project: pytest.Pytester) -> None:
+def test_cold_graphs_and_hot_sample_reach_the_timer(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN).assert_outcomes(passed=2)
-    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 8}
-    project.runpytest(*PLUGIN, "--attnperf-cold-graphs=3").assert_outcomes(passed=2)
-    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 3}
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 8, "hot_sample_ms": 0.5}
+    project.runpytest(*PLUGIN, "--attnperf-cold-graphs=3", "--attnperf-hot-sample=20ms").assert_outcomes(passed=2)
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 3, "hot_sample_ms": 20.0}
 
 
 def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(project: pytest.Pytester) -> None:

@@ -495,6 +495,8 @@ def test_hot_graph_packs_calls_for_the_sample_length() -> None:
     assert captured == [10]
     assert hot_graph(lambda: None, "graph x1", 2.0, 0.5, capture)[:3] == ("graph x1", 1, 1)  # long call
     assert hot_graph(lambda: None, "graph x1", 0.0001, 0.5, capture)[1] == 64  # capped
+    assert hot_graph(lambda: None, "graph x1", 0.05, 20.0, capture)[1] == 400  # a 20 ms sample (do_bench's length)
+    assert hot_graph(lambda: None, "graph x1", 0.0072, 20.0, capture)[1] == 2560  # capped at 128 a ms of sample
 
 
 def test_hot_graph_replays_the_one_call_graph_when_the_longer_capture_fails() -> None:

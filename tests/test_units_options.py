@@ -48,6 +48,7 @@ def test_defaults(pytester: pytest.Pytester) -> None:
     assert s.machine_noise == pytest.approx(0.007) and s.machine_offset_ms == pytest.approx(0.002)
     assert s.machine_residual_ms == pytest.approx(0.0005) and s.run_noise_time_ms == pytest.approx(0.0001)
     assert s.cold_graphs == 8
+    assert s.hot_sample_ms == 0.5
     assert s.baselines_dir == pytester.path / "baselines"
 
 
@@ -101,9 +102,11 @@ def test_machine_offset_takes_a_time_in_us_by_default(
         (("--attnperf-budget=0",), "--attnperf-budget"),
         (("--attnperf-min-samples=0",), "--attnperf-min-samples"),
         (("--attnperf-min-samples=2.5",), "--attnperf-min-samples"),
+        (("--attnperf-hot-sample=0ms",), "--attnperf-hot-sample"),
     ],
     ids=["offset-negative", "offset-word", "offset-nan", "residual-negative", "mode-warm", "tolerance-abc",
-         "tolerance-negative", "tolerance-huge", "budget-zero", "min-samples-zero", "min-samples-float"],
+         "tolerance-negative", "tolerance-huge", "budget-zero", "min-samples-zero", "min-samples-float",
+         "hot-sample-zero"],
 )
 def test_bad_flag_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: tuple[str, ...], source: str) -> None:
     """A bad value on the command line is refused at start-up, naming the flag and the value."""
@@ -157,3 +160,9 @@ def test_absolute_baselines_dir_is_kept(pytester: pytest.Pytester, tmp_path: Pat
     """An absolute folder is used as given."""
     target = tmp_path / "elsewhere"
     assert settings(pytester, f"--attnperf-baselines={target}").baselines_dir == target
+
+
+@pytest.mark.parametrize(("given", "expected"), [("20ms", 20.0), ("250us", 0.25), ("100", 0.1)])
+def test_hot_sample_is_a_time(pytester: pytest.Pytester, given: str, expected: float) -> None:
+    """'20ms', '250us' or a bare number of microseconds."""
+    assert settings(pytester, f"--attnperf-hot-sample={given}").hot_sample_ms == pytest.approx(expected)
