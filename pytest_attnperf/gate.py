@@ -127,6 +127,8 @@ class Summary:
             for f in floors
         ):
             raise TypeError(f"'run_floors_ms' is {floors!r}, not one positive time (or null) per recording")
+        if "hot_sample_ms" in entry and num("hot_sample_ms") <= 0:
+            raise ValueError(f"'hot_sample_ms' is {entry['hot_sample_ms']!r}; a time must be positive")
         return cls(
             median_ms=median,
             ci_low_ms=low,

@@ -23,6 +23,12 @@ PENDING_KEY = pytest.StashKey[dict[str, Any]]()
 HISTORY_KEEP = HISTORY_ROBUST  # recordings of a case kept: enough for the robust spread
 
 
+def _hot_sample_ms(entry: dict[str, Any]) -> float:
+    """The sample length of a hot baseline entry: 0.5 ms where not written (the only length
+    before ``--attnperf-hot-sample``)."""
+    return float(entry.get("hot_sample_ms", 0.5))
+
+
 def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
     """A failing verdict for a case whose baseline was timed with another clock in the same
     mode: the kernel changed how it can be timed (typically it stopped being graph-capturable),
@@ -185,6 +191,13 @@ class Perf:
             ), measurement
         if entry is not None and entry.get("clock") != measurement.clock:  # the kernel's doing: fail
             return _clock_changed(entry.get("clock"), measurement), measurement
+        if entry is not None and measurement.mode == "hot" and _hot_sample_ms(entry) != plan.hot_sample_ms:
+            return Verdict(
+                "not compared", None,
+                f"baseline's hot samples lasted about {_hot_sample_ms(entry):g} ms, this run's "
+                f"{plan.hot_sample_ms:g} ms (--attnperf-hot-sample): a short kernel's time per call can "
+                "depend on how many calls a graph holds, so times are not comparable",
+            ), measurement
         summary = baseline.summary(self._request.node.nodeid) if baseline else None
         if summary is None and session.settings.require_baseline:
             pytest.fail(
@@ -270,6 +283,8 @@ class Perf:
             "mode": m.mode,
             "backend": result.backend,
         }
+        if m.mode == "hot":  # a hot figure is comparable only at the same sample length (see _gate)
+            entry["hot_sample_ms"] = self._session.settings.hot_sample_ms
         if m.peak_mib is not None:
             entry["peak_mib"] = m.peak_mib
         if m.eager_ms is not None:
@@ -296,6 +311,8 @@ class Perf:
         floor_ms = self._session.gate_floor_ms()
         fresh = [median_ms], [here], [floor_ms]
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
+            return fresh
+        if m.mode == "hot" and _hot_sample_ms(before) != self._session.settings.hot_sample_ms:
             return fresh
         try:
             earlier = Summary.from_mapping(before)

@@ -283,6 +283,24 @@ def test_baseline_from_another_mode_is_not_compared(project: pytest.Pytester) ->
     result.stdout.fnmatch_lines(["*test_case[[]a[]]*not compared*"])
 
 
+def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest.Pytester) -> None:
+    """A hot entry keeps its sample length; a hot run at another --attnperf-hot-sample is not
+    gated against it (however slow), and recording at the new length starts the history afresh.
+    At the same length a slowdown still fails."""
+    project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--update-baselines").assert_outcomes(passed=2)
+    a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
+    assert a["mode"] == "hot" and a["hot_sample_ms"] == 0.5
+    set_speed(project, a=1.5)
+    project.runpytest(*PLUGIN, "--attnperf-mode=hot").assert_outcomes(passed=1, failed=1)
+    result = project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=20ms")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_case[[]a[]]*not compared*hot samples lasted about 0.5 ms, this run's 20 ms*"])
+    project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=20ms",
+                      "--update-baselines").assert_outcomes(passed=2)
+    a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
+    assert a["hot_sample_ms"] == 20.0 and len(a["run_medians_ms"]) == 1
+
+
 def set_clocks(pytester: pytest.Pytester, **sequences: list[str]) -> None:
     (pytester.path / "clock.json").write_text(json.dumps({f"test_case[{k}]": v for k, v in sequences.items()}))
 

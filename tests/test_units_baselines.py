@@ -108,6 +108,10 @@ BAD_FILES = {
     "entry-median-text": "format: 1\nmeta: {}\nentries:\n"
                          "  a: {median_ms: fast, ci_low_ms: 0.9, ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20}\n",
     "entry-not-mapping": "format: 1\nmeta: {}\nentries:\n  a: 1.0\n",
+    "entry-hot-sample-zero": "format: 1\nmeta: {}\nentries:\n  a: {median_ms: 1.0, ci_low_ms: 0.9, "
+                             "ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20, hot_sample_ms: 0}\n",
+    "entry-hot-sample-text": "format: 1\nmeta: {}\nentries:\n  a: {median_ms: 1.0, ci_low_ms: 0.9, "
+                             "ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20, hot_sample_ms: long}\n",
 }
 
 
