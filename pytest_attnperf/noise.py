@@ -549,7 +549,7 @@ def _clock_lines(timed: list[dict]) -> list[str]:
     """For the cases outside ``WITHIN``: in how many the SM clock read right after do_bench was lower
     than after the harness (do_bench's 20 ms of back-to-back calls can trip a power cap that the
     harness's shorter samples do not), with the clocks and the throttle reasons NVML gave."""
-    outside = [r for r in timed if abs(_ratio(r) - 1) > WITHIN]
+    outside = sorted((r for r in timed if abs(_ratio(r) - 1) > WITHIN), key=lambda r: -abs(_ratio(r) - 1))
     if not outside:
         return []
     slower = []
@@ -569,7 +569,7 @@ def _clock_lines(timed: list[dict]) -> list[str]:
         [f"  ... and {len(outside) - SHOWN} more in compare.jsonl"] if len(outside) > SHOWN else [])
 
 
-SHOWN = 20  # cases outside WITHIN named one a line in the compare report
+SHOWN = 20  # cases outside WITHIN named one a line in the compare report, the furthest first
 
 
 def _outside_line(row: dict) -> str:

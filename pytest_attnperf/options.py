@@ -92,9 +92,10 @@ OPTIONS = (
            "cold mode: captures of each case's graph, sampled in turn (each capture of a short kernel has a "
            "median of its own, up to 5% apart on the H200; the run's median is over all of them)"),
     Option("hot_sample", "--attnperf-hot-sample", "ATTNPERF_HOT_SAMPLE", "attnperf_hot_sample", "0.5ms",
-           "hot mode: about how long one sample lasts ('0.5ms', '20ms'; a bare number is in us): a graph of that "
-           "many back-to-back calls (at most 128 per ms of sample: 64 at the default) is replayed and a sample is "
-           "its time over its calls. do_bench_cudagraph replays about 20 ms of calls"),
+           "hot mode: about how long one sample lasts, above 0 and at most 100 ms ('0.5ms', '20ms'; a bare number "
+           "is in us): a graph of that many back-to-back calls (at most 64, or 128 per ms of a sample longer than "
+           "0.5 ms) is replayed and a sample is its time over its calls. do_bench_cudagraph replays about 20 ms "
+           "of calls"),
     Option("processes", "--attnperf-processes", "ATTNPERF_PROCESSES", "attnperf_processes", "3",
            "on a CUDA device, time each short case (see --attnperf-processes-below) in this many processes "
            "(1: this one only): that many less one worker pytest runs measure them before the tests start, and "
@@ -188,10 +189,10 @@ def duration_ms(text: str) -> float:
     return value
 
 
-def _positive_duration_ms(text: str) -> float:
+def _hot_sample_ms(text: str) -> float:
     value = duration_ms(text)
-    if value <= 0:
-        raise ValueError("must be a time above 0, such as 0.5ms")
+    if not 0 < value <= 100:  # 100 ms: a graph of up to 12800 calls of a sub-8-us kernel
+        raise ValueError("must be a time above 0 and at most 100ms, such as 0.5ms or 20ms")
     return value
 
 
@@ -261,6 +262,6 @@ def read_settings(config: pytest.Config) -> Settings:
         cold_graphs=_get(config, "cold_graphs", _positive_int),
         processes=1 if worker else _get(config, "processes", _positive_int),
         processes_below_ms=_get(config, "processes_below", duration_ms),
-        hot_sample_ms=_get(config, "hot_sample", _positive_duration_ms),
+        hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
         worker_out=Path(out) if worker else None,
     )

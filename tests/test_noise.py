@@ -373,16 +373,20 @@ def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
 
 
 def test_compare_report_names_at_most_twenty_cases_outside() -> None:
-    """Each case outside 3% a line with its node id's test part, the first twenty; the rest counted."""
+    """Each case outside 3% a line with its node id's test part, the twenty furthest from
+    do_bench first (fast or slow alike); the rest counted."""
     from pytest_attnperf import noise
 
-    rows = [{"nodeid": f"suites/test_softmax.py::test_softmax[c{i}]", "ours_ms": 0.0106, "do_bench_ms": 0.01,
-             "do_bench_1ms_ms": 0.0106} for i in range(23)]
+    rows = [{"nodeid": f"suites/test_softmax.py::test_softmax[c{i}]", "ours_ms": 0.0104 + 0.00001 * i,
+             "do_bench_ms": 0.01, "do_bench_1ms_ms": 0.0106} for i in range(23)]
+    rows.insert(5, {"nodeid": "x::test_softmax[fast]", "ours_ms": 0.009, "do_bench_ms": 0.01})  # -10%: furthest
     lines = noise._clock_lines(rows)
-    assert lines[0] == "outside 3%: 23 cases; the SM clock after do_bench was below the harness's in 0"
-    assert lines[1] == "  test_softmax[c0]: harness 10.60 us, do_bench 10.00 us (x1.060), at rep=1 ms 10.60 us (x1.000)"
-    assert len(lines) == 22 and lines[20].startswith("  test_softmax[c19]:")
-    assert lines[21] == "  ... and 3 more in compare.jsonl"
+    assert lines[0] == "outside 3%: 24 cases; the SM clock after do_bench was below the harness's in 0"
+    assert lines[1] == "  test_softmax[fast]: harness 9.00 us, do_bench 10.00 us (x0.900)"
+    assert lines[2] == ("  test_softmax[c22]: harness 10.62 us, do_bench 10.00 us (x1.062), "
+                        "at rep=1 ms 10.60 us (x1.002)")
+    assert len(lines) == 22 and lines[20].startswith("  test_softmax[c4]:")
+    assert lines[21] == "  ... and 4 more in compare.jsonl"
 
 
 def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) -> None:

@@ -103,10 +103,11 @@ def test_machine_offset_takes_a_time_in_us_by_default(
         (("--attnperf-min-samples=0",), "--attnperf-min-samples"),
         (("--attnperf-min-samples=2.5",), "--attnperf-min-samples"),
         (("--attnperf-hot-sample=0ms",), "--attnperf-hot-sample"),
+        (("--attnperf-hot-sample=101ms",), "--attnperf-hot-sample"),
     ],
     ids=["offset-negative", "offset-word", "offset-nan", "residual-negative", "mode-warm", "tolerance-abc",
          "tolerance-negative", "tolerance-huge", "budget-zero", "min-samples-zero", "min-samples-float",
-         "hot-sample-zero"],
+         "hot-sample-zero", "hot-sample-over-100ms"],
 )
 def test_bad_flag_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: tuple[str, ...], source: str) -> None:
     """A bad value on the command line is refused at start-up, naming the flag and the value."""
