@@ -18,7 +18,8 @@ It runs four stages, in this order (``--stages`` names some, default the first t
 4. ``compare``: on a GPU, the harness's median against
    ``triton.testing.do_bench_cudagraph`` on the same callables (one extra run, in hot mode:
    do_bench_cudagraph replays back to back without flushing the L2), at its default 20 ms of
-   calls per graph and at 1 ms.
+   calls per graph and at 1 ms; the harness's median there is that of the process that runs
+   do_bench (a case timed in several processes is compared without the workers' samples).
 
 A GPU run of the suite takes about a minute or two, so the stages can be split over calls that
 share the work folder; ``--keep-runs`` adds a call's unchanged runs to those already there
