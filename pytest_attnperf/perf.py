@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -27,6 +28,12 @@ def _hot_sample_ms(entry: dict[str, Any]) -> float:
     """The sample length of a hot baseline entry: 0.5 ms where not written (the only length
     before ``--attnperf-hot-sample``)."""
     return float(entry.get("hot_sample_ms", 0.5))
+
+
+def _other_sample(entry: dict[str, Any], sample_ms: float) -> bool:
+    """Whether a hot entry was sampled at another length than ``sample_ms`` (the file keeps 5
+    significant digits, so equal within that)."""
+    return not math.isclose(_hot_sample_ms(entry), sample_ms, rel_tol=1e-4)
 
 
 def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
@@ -191,7 +198,7 @@ class Perf:
             ), measurement
         if entry is not None and entry.get("clock") != measurement.clock:  # the kernel's doing: fail
             return _clock_changed(entry.get("clock"), measurement), measurement
-        if entry is not None and measurement.mode == "hot" and _hot_sample_ms(entry) != plan.hot_sample_ms:
+        if entry is not None and measurement.mode == "hot" and _other_sample(entry, plan.hot_sample_ms):
             return Verdict(
                 "not compared", None,
                 f"baseline's hot samples lasted about {_hot_sample_ms(entry):g} ms, this run's "
@@ -312,7 +319,7 @@ class Perf:
         fresh = [median_ms], [here], [floor_ms]
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
             return fresh
-        if m.mode == "hot" and _hot_sample_ms(before) != self._session.settings.hot_sample_ms:
+        if m.mode == "hot" and _other_sample(before, self._session.settings.hot_sample_ms):
             return fresh
         try:
             earlier = Summary.from_mapping(before)

@@ -300,6 +300,12 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
                       "--update-baselines").assert_outcomes(passed=2)
     a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
     assert a["hot_sample_ms"] == 20.0 and len(a["run_medians_ms"]) == 1
+    # a length the file rounds (to 5 significant digits) is still the same length
+    project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.1234567ms",
+                      "--update-baselines").assert_outcomes(passed=2)
+    result = project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.1234567ms")
+    result.assert_outcomes(passed=2)
+    assert "not compared" not in result.stdout.str()
 
 
 def set_clocks(pytester: pytest.Pytester, **sequences: list[str]) -> None:
