@@ -546,19 +546,25 @@ def _ratio(row: dict) -> float:
     return row["ours_ms"] / row["do_bench_ms"]
 
 
-def _clock_lines(timed: list[dict]) -> list[str]:
-    """For the cases outside ``WITHIN``: in how many the SM clock read right after do_bench was lower
-    than after the harness (do_bench's 20 ms of back-to-back calls can trip a power cap that the
-    harness's shorter samples do not), with the clocks and the throttle reasons NVML gave."""
+def _lower_clock(row: dict) -> tuple[float, float, tuple[str, ...]] | None:
+    """``(do_bench's SM clock, the harness's, NVML's throttle reasons after do_bench)`` where the
+    clock read right after do_bench was below the harness's (do_bench's 20 ms of back-to-back
+    calls can trip a power cap that the harness's shorter samples do not), else None."""
+    after = row.get("clock_after_do_bench") or [None, []]
+    ours, theirs = row.get("clock_after_ours"), after[0]
+    if ours is not None and theirs is not None and theirs < ours:
+        return theirs, ours, tuple(after[1] or ())
+    return None
+
+
+def _outside_lines(timed: list[dict]) -> list[str]:
+    """For the cases outside ``WITHIN``: in how many do_bench ran at a lower SM clock than the
+    harness (``_lower_clock``), with the clocks and the throttle reasons; then each case, the
+    furthest from do_bench first, up to ``SHOWN`` of them."""
     outside = sorted((r for r in timed if abs(_ratio(r) - 1) > WITHIN), key=lambda r: -abs(_ratio(r) - 1))
     if not outside:
         return []
-    slower = []
-    for r in outside:
-        after = r.get("clock_after_do_bench") or [None, []]
-        ours, theirs = r.get("clock_after_ours"), after[0]
-        if ours is not None and theirs is not None and theirs < ours:
-            slower.append((theirs, ours, tuple(after[1] or ())))
+    slower = [lower for lower in map(_lower_clock, outside) if lower is not None]
     line = (f"outside {100 * WITHIN:g}%: {len(outside)} cases; the SM clock after do_bench was below the "
             f"harness's in {len(slower)}")
     if slower:
@@ -582,10 +588,10 @@ def _outside_line(row: dict) -> str:
             f"(x{_ratio(row):.3f})")
     if row.get("do_bench_1ms_ms", 0) > 0:
         line += f", at rep=1 ms {1e3 * row['do_bench_1ms_ms']:.2f} us (x{row['ours_ms'] / row['do_bench_1ms_ms']:.3f})"
-    theirs, why = (row.get("clock_after_do_bench") or [None, []])[:2]
-    ours = row.get("clock_after_ours")
-    if theirs is not None and ours is not None and theirs < ours:
-        line += f"; do_bench at {theirs:g} MHz ({', '.join(why or ()) or 'no reason given'}), harness {ours:g}"
+    lower = _lower_clock(row)
+    if lower is not None:
+        theirs, ours, why = lower
+        line += f"; do_bench at {theirs:g} MHz ({', '.join(why) or 'no reason given'}), harness {ours:g}"
     return line
 
 
@@ -616,7 +622,7 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
                          f"{statistics.median(ratios):.3f}, worst {worst:.3f}, within {100 * WITHIN:g}%: {within}"
                          + (f"; at rep=1 ms: median {statistics.median(short):.3f}, within {100 * WITHIN:g}%: "
                             f"{sum(abs(x - 1) <= WITHIN for x in short)}" if short else ""))
-    lines.extend(_clock_lines(timed))
+    lines.extend(_outside_lines(timed))
     if len(timed) < len(rows):
         lines.append(f"compare: do_bench_cudagraph failed on {len(rows) - len(timed)} cases (see {compare})")
     return lines + left_out

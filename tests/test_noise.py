@@ -366,10 +366,10 @@ def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
     rows = [{"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
             {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
             {"ours_ms": 0.1, "do_bench_ms": 0.1}]
-    assert noise._clock_lines(rows) == [
+    assert noise._outside_lines(rows) == [
         "outside 3%: 2 cases; the SM clock after do_bench was below the harness's in 0",
         "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)", "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)"]
-    assert noise._clock_lines(rows[2:]) == []
+    assert noise._outside_lines(rows[2:]) == []
 
 
 def test_compare_report_names_at_most_twenty_cases_outside() -> None:
@@ -380,7 +380,7 @@ def test_compare_report_names_at_most_twenty_cases_outside() -> None:
     rows = [{"nodeid": f"suites/test_softmax.py::test_softmax[c{i}]", "ours_ms": 0.0104 + 0.00001 * i,
              "do_bench_ms": 0.01, "do_bench_1ms_ms": 0.0106} for i in range(23)]
     rows.insert(5, {"nodeid": "x::test_softmax[fast]", "ours_ms": 0.009, "do_bench_ms": 0.01})  # -10%: furthest
-    lines = noise._clock_lines(rows)
+    lines = noise._outside_lines(rows)
     assert lines[0] == "outside 3%: 24 cases; the SM clock after do_bench was below the harness's in 0"
     assert lines[1] == "  test_softmax[fast]: harness 9.00 us, do_bench 10.00 us (x0.900)"
     assert lines[2] == ("  test_softmax[c22]: harness 10.62 us, do_bench 10.00 us (x1.062), "
