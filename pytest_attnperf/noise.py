@@ -18,8 +18,10 @@ It runs four stages, in this order (``--stages`` names some, default the first t
 4. ``compare``: on a GPU, the harness's median against
    ``triton.testing.do_bench_cudagraph`` on the same callables (one extra run, in hot mode:
    do_bench_cudagraph replays back to back without flushing the L2), at its default 20 ms of
-   calls per graph and at 1 ms; the harness's median there is that of the process that runs
-   do_bench (a case timed in several processes is compared without the workers' samples).
+   calls per graph and at about the harness's calls per graph (do_bench sizes its graph by the
+   eager time of one call, the harness by its device time); the harness's median there is that
+   of the process that runs do_bench (a case timed in several processes is compared without the
+   workers' samples).
 
 A GPU run of the suite takes about a minute or two, so the stages can be split over calls that
 share the work folder; ``--keep-runs`` adds a call's unchanged runs to those already there
@@ -546,32 +548,39 @@ def _ratio(row: dict) -> float:
     return row["ours_ms"] / row["do_bench_ms"]
 
 
-def _lower_clock(row: dict) -> tuple[float, float, tuple[str, ...]] | None:
+def _clock_gap(row: dict) -> tuple[float, float, tuple[str, ...]] | None:
     """``(do_bench's SM clock, the harness's, NVML's throttle reasons after do_bench)`` where the
-    clock read right after do_bench was below the harness's (do_bench's 20 ms of back-to-back
-    calls can trip a power cap that the harness's shorter samples do not), else None."""
+    clocks read right after each differed (20 ms of back-to-back calls of a large kernel can trip
+    the power cap, on either side: it depends on when the cap bites), else None."""
     after = row.get("clock_after_do_bench") or [None, []]
     ours, theirs = row.get("clock_after_ours"), after[0]
-    if ours is not None and theirs is not None and theirs < ours:
+    if ours is not None and theirs is not None and theirs != ours:
         return theirs, ours, tuple(after[1] or ())
     return None
 
 
+def _same(row: dict) -> float | None:
+    """The harness's median over do_bench's at about the harness's calls per graph, or None
+    where that was not timed (a one-call graph, or do_bench failed)."""
+    return row["ours_ms"] / row["do_bench_same_ms"] if row.get("do_bench_same_ms", 0) > 0 else None
+
+
 def _outside_lines(timed: list[dict]) -> list[str]:
-    """For the cases outside ``WITHIN``: in how many do_bench ran at a lower SM clock than the
-    harness (``_lower_clock``), with the clocks and the throttle reasons; then each case, the
-    furthest from do_bench first, up to ``SHOWN`` of them."""
+    """For the cases outside ``WITHIN``: in how many the SM clocks after the harness and after
+    do_bench differed (``_clock_gap``), which side was lower, the clocks and do_bench's throttle
+    reasons; then each case, the furthest from do_bench first, up to ``SHOWN`` of them."""
     outside = sorted((r for r in timed if abs(_ratio(r) - 1) > WITHIN), key=lambda r: -abs(_ratio(r) - 1))
     if not outside:
         return []
-    slower = [lower for lower in map(_lower_clock, outside) if lower is not None]
-    line = (f"outside {100 * WITHIN:g}%: {len(outside)} cases; the SM clock after do_bench was below the "
-            f"harness's in {len(slower)}")
-    if slower:
-        reasons = sorted({reason for *_, why in slower for reason in why}) or ["none given"]
-        line += (f" (do_bench {min(t for t, _, _ in slower):g}-{max(t for t, _, _ in slower):g} MHz, "
-                 f"harness {min(o for _, o, _ in slower):g}-{max(o for _, o, _ in slower):g} MHz; "
-                 f"throttle reasons: {', '.join(reasons)})")
+    gaps = [gap for gap in map(_clock_gap, outside) if gap is not None]
+    line = f"outside {100 * WITHIN:g}%: {len(outside)} cases; the SM clocks after each differed in {len(gaps)}"
+    sides = (("do_bench", [g for g in gaps if g[0] < g[1]]), ("the harness", [g for g in gaps if g[1] < g[0]]))
+    for side, low in sides:
+        if low:
+            reasons = sorted({reason for *_, why in low for reason in why}) or ["none given"]
+            line += (f"; {side} lower in {len(low)} (do_bench {min(t for t, _, _ in low):g}-"
+                     f"{max(t for t, _, _ in low):g} MHz, harness {min(o for _, o, _ in low):g}-"
+                     f"{max(o for _, o, _ in low):g} MHz; do_bench's throttle reasons: {', '.join(reasons)})")
     return [line, *(_outside_line(r) for r in outside[:SHOWN])] + (
         [f"  ... and {len(outside) - SHOWN} more in compare.jsonl"] if len(outside) > SHOWN else [])
 
@@ -580,17 +589,19 @@ SHOWN = 20  # cases outside WITHIN named one a line in the compare report, the f
 
 
 def _outside_line(row: dict) -> str:
-    """One case outside ``WITHIN``: both medians, do_bench's at rep=1 ms too (near the harness's
-    own graph length: a gap at 20 ms only points at the graph's length or sustained load), and
-    do_bench's SM clock where it read below the harness's."""
+    """One case outside ``WITHIN``: both medians, do_bench's at about the harness's calls per
+    graph too (do_bench at 20 ms sizes its graph by the eager time of one call: a gap there only
+    points at the graph's length), and both SM clocks where they differed."""
     name = str(row.get("nodeid", "?")).split("::")[-1]
     line = (f"  {name}: harness {1e3 * row['ours_ms']:.2f} us, do_bench {1e3 * row['do_bench_ms']:.2f} us "
             f"(x{_ratio(row):.3f})")
-    if row.get("do_bench_1ms_ms", 0) > 0:
-        line += f", at rep=1 ms {1e3 * row['do_bench_1ms_ms']:.2f} us (x{row['ours_ms'] / row['do_bench_1ms_ms']:.3f})"
-    lower = _lower_clock(row)
-    if lower is not None:
-        theirs, ours, why = lower
+    same = _same(row)
+    if same is not None:
+        line += (f", at the harness's {row.get('calls', '?')} calls a graph {1e3 * row['do_bench_same_ms']:.2f} us "
+                 f"(x{same:.3f})")
+    gap = _clock_gap(row)
+    if gap is not None:
+        theirs, ours, why = gap
         line += f"; do_bench at {theirs:g} MHz ({', '.join(why) or 'no reason given'}), harness {ours:g}"
     return line
 
@@ -617,11 +628,12 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
             ratios = [_ratio(r) for r in group]
             worst = max(ratios, key=lambda x: abs(x - 1))
             within = sum(abs(x - 1) <= WITHIN for x in ratios)
-            short = [r["ours_ms"] / r["do_bench_1ms_ms"] for r in group if r.get("do_bench_1ms_ms", 0) > 0]
+            same = [x for x in map(_same, group) if x is not None]
             lines.append(f"harness / do_bench_cudagraph, {len(ratios)} cases {size}: median ratio "
                          f"{statistics.median(ratios):.3f}, worst {worst:.3f}, within {100 * WITHIN:g}%: {within}"
-                         + (f"; at rep=1 ms: median {statistics.median(short):.3f}, within {100 * WITHIN:g}%: "
-                            f"{sum(abs(x - 1) <= WITHIN for x in short)}" if short else ""))
+                         + (f"; at the harness's calls a graph ({len(same)} cases): median "
+                            f"{statistics.median(same):.3f}, within {100 * WITHIN:g}%: "
+                            f"{sum(abs(x - 1) <= WITHIN for x in same)}" if same else ""))
     lines.extend(_outside_lines(timed))
     if len(timed) < len(rows):
         lines.append(f"compare: do_bench_cudagraph failed on {len(rows) - len(timed)} cases (see {compare})")

@@ -66,7 +66,7 @@ class SamplingPlan:
     budget_s: float = 0.5
     warmup_calls: int = 3  # at most; fewer once budget_s is spent (see warm_up)
     cold_graphs: int = 8  # cold mode: captures of the case, sampled in turn (see _capture_cold)
-    hot_sample_ms: float = 0.5  # hot mode: calls per graph chosen so a sample lasts about this
+    hot_sample_ms: float = 20.0  # hot mode: calls per graph chosen so a sample lasts about this
     floor: bool = False  # the run's sample floor (AttnPerfSession.measure_floor), not a case: a timer
     # that wraps another to change the cases (the noise benchmark's inject.py) leaves it alone
 
@@ -438,7 +438,7 @@ class CudaTimer:
         return peak / 2**20
 
 
-HOT_CALLS_PER_MS = 128  # hot mode's cap on a graph's calls, per ms of sample: 64 at the default 0.5 ms,
+HOT_CALLS_PER_MS = 128  # hot mode's cap on a graph's calls, per ms of sample: 2560 at the default 20 ms,
 # where a sub-8-us call reaches it (the graph's capture and outputs grow with its calls)
 
 

@@ -124,14 +124,15 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
 
     class Fixed:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
-            return Measurement(samples_ms=(0.2, 0.2, 0.2), clock="cuda-graph", mode="hot", sm_clock_mhz=1995.0)
+            return Measurement(samples_ms=(0.2, 0.2, 0.2), clock="cuda-graph", mode="hot", sm_clock_mhz=1995.0,
+                               calls_per_sample=100, eager_ms=0.5)
 
     calls: list[float] = []
 
     def fake_do_bench(fn: object, rep: float = 20, return_mode: str = "mean") -> float:
         assert return_mode == "median"
         calls.append(rep)
-        if len(calls) > 2:
+        if len(calls) in (4, 5):  # the second case's same-length do_bench, then the third case's 20 ms one
             raise RuntimeError("operation not permitted when stream is capturing")
         return 0.21 if rep == 20 else 0.2
 
@@ -144,11 +145,19 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
     assert timer.measure(lambda: None, SamplingPlan()).median_ms == 0.2
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::b (call)")
     timer.measure(lambda: None, SamplingPlan())
-    first, second = (json.loads(line) for line in out.read_text().splitlines())
-    assert first == {"nodeid": "t.py::a", "mode": "hot", "ours_ms": 0.2, "clock_after_ours": 1995.0,
-                     "do_bench_ms": 0.21, "clock_after_do_bench": [1980.0, []],
-                     "do_bench_1ms_ms": 0.2, "clock_after_do_bench_1ms": [1980.0, []]}
-    assert second["do_bench_ms"] == 0.0 and "stream is capturing" in second["error"]
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::c (call)")
+    timer.measure(lambda: None, SamplingPlan())
+    first, second, third = (json.loads(line) for line in out.read_text().splitlines())
+    assert first == {"nodeid": "t.py::a", "mode": "hot", "ours_ms": 0.2, "clock_after_ours": 1995.0, "calls": 100,
+                     "do_bench_ms": 0.21, "clock_after_do_bench": [1980.0, []], "do_bench_same_rep_ms": 50.0,
+                     "do_bench_same_ms": 0.2, "clock_after_do_bench_same": [1980.0, []]}
+    assert calls[:2] == [20, 50.0]  # 100 calls of 0.5 ms eager: do_bench's graph of about 100 calls
+    # a failed same-length do_bench leaves the 20 ms figure standing
+    assert second["do_bench_ms"] == 0.21 and second["do_bench_same_ms"] == 0.0
+    assert "stream is capturing" in second["error_same"]
+    # a failed 20 ms do_bench is recorded, and the same-length one is not tried
+    assert third["do_bench_ms"] == 0.0 and "stream is capturing" in third["error"]
+    assert "do_bench_same_ms" not in third and len(calls) == 5
 
 
 def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -326,10 +335,12 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     from pytest_attnperf import noise
 
     rows = [
-        {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101, "do_bench_1ms_ms": 0.100},  # >=50us, within 3%
-        {"nodeid": "b", "ours_ms": 0.090, "do_bench_ms": 0.100, "do_bench_1ms_ms": 0.091,  # >=50us, 10% fast
+        {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101, "do_bench_same_ms": 0.100, "calls": 200},  # >=50us
+        {"nodeid": "b", "ours_ms": 0.090, "do_bench_ms": 0.100, "do_bench_same_ms": 0.091, "calls": 222,  # 10% fast
          "clock_after_ours": 1980.0, "clock_after_do_bench": [1860.0, ["sw-power-cap"]]},
         {"nodeid": "c", "ours_ms": 0.020, "do_bench_ms": 0.020},  # 10-50us, equal
+        {"nodeid": "f", "ours_ms": 0.104, "do_bench_ms": 0.100, "do_bench_same_ms": 0.0, "calls": 192,  # 4% slow
+         "clock_after_ours": 1725.0, "clock_after_do_bench": [1905.0, ["sw-power-cap"]], "error_same": "OOM"},
         {"nodeid": "d", "ours_ms": 0.200, "do_bench_ms": 0.0, "error": "RuntimeError('capture')"},
         {"nodeid": "e", "mode": "cold", "ours_ms": 0.0053, "do_bench_ms": 0.0012},  # a case marked cold
     ]
@@ -343,20 +354,26 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
 
     monkeypatch.setattr(noise, "_pytest", fake_pytest)
     lines = noise._compare_lines(["suites/"], tmp_path)
-    assert lines[0].startswith("harness / do_bench_cudagraph, 2 cases >=50us: median ratio 0.945, worst 0.900")
-    assert lines[0].endswith("within 3%: 1; at rep=1 ms: median 0.995, within 3%: 2")
+    assert lines[0].startswith("harness / do_bench_cudagraph, 3 cases >=50us: median ratio 0.990, worst 0.900")
+    # the same-length figure where it was timed: a (1.000) and b (0.989), not f (failed)
+    assert lines[0].endswith("within 3%: 1; at the harness's calls a graph (2 cases): median 0.995, within 3%: 2")
     assert lines[1] == "harness / do_bench_cudagraph, 1 cases >=10us: median ratio 1.000, worst 1.000, within 3%: 1"
-    assert lines[2] == ("outside 3%: 1 cases; the SM clock after do_bench was below the harness's in 1 "
-                        "(do_bench 1860-1860 MHz, harness 1980-1980 MHz; throttle reasons: sw-power-cap)")
-    assert lines[3] == ("  b: harness 90.00 us, do_bench 100.00 us (x0.900), at rep=1 ms 91.00 us (x0.989); "
-                        "do_bench at 1860 MHz (sw-power-cap), harness 1980")
-    assert lines[4] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
-    assert lines[5] == "compare: 1 cases not timed hot (cold) left out: do_bench_cudagraph does not flush the L2"
-    assert len(lines) == 6
+    assert lines[2] == ("outside 3%: 2 cases; the SM clocks after each differed in 2"
+                        "; do_bench lower in 1 (do_bench 1860-1860 MHz, harness 1980-1980 MHz; do_bench's throttle "
+                        "reasons: sw-power-cap)"
+                        "; the harness lower in 1 (do_bench 1905-1905 MHz, harness 1725-1725 MHz; do_bench's "
+                        "throttle reasons: sw-power-cap)")
+    assert lines[3] == ("  b: harness 90.00 us, do_bench 100.00 us (x0.900), at the harness's 222 calls a graph "
+                        "91.00 us (x0.989); do_bench at 1860 MHz (sw-power-cap), harness 1980")
+    assert lines[4] == ("  f: harness 104.00 us, do_bench 100.00 us (x1.040); do_bench at 1905 MHz (sw-power-cap), "
+                        "harness 1725")
+    assert lines[5] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
+    assert lines[6] == "compare: 1 cases not timed hot (cold) left out: do_bench_cudagraph does not flush the L2"
+    assert len(lines) == 7
     rows[:] = rows[-1:]  # nothing hot to set beside do_bench
     assert noise._compare_lines(["suites/"], tmp_path) == [
         f"compare: no do_bench_cudagraph timings of hot cases in {tmp_path / 'compare.jsonl'} (it needs a GPU)",
-        lines[5]]
+        lines[6]]
 
 
 def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
@@ -367,7 +384,7 @@ def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
             {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
             {"ours_ms": 0.1, "do_bench_ms": 0.1}]
     assert noise._outside_lines(rows) == [
-        "outside 3%: 2 cases; the SM clock after do_bench was below the harness's in 0",
+        "outside 3%: 2 cases; the SM clocks after each differed in 0",
         "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)", "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)"]
     assert noise._outside_lines(rows[2:]) == []
 
@@ -378,13 +395,13 @@ def test_compare_report_names_at_most_twenty_cases_outside() -> None:
     from pytest_attnperf import noise
 
     rows = [{"nodeid": f"suites/test_softmax.py::test_softmax[c{i}]", "ours_ms": 0.0104 + 0.00001 * i,
-             "do_bench_ms": 0.01, "do_bench_1ms_ms": 0.0106} for i in range(23)]
+             "do_bench_ms": 0.01, "do_bench_same_ms": 0.0106, "calls": 900} for i in range(23)]
     rows.insert(5, {"nodeid": "x::test_softmax[fast]", "ours_ms": 0.009, "do_bench_ms": 0.01})  # -10%: furthest
     lines = noise._outside_lines(rows)
-    assert lines[0] == "outside 3%: 24 cases; the SM clock after do_bench was below the harness's in 0"
+    assert lines[0] == "outside 3%: 24 cases; the SM clocks after each differed in 0"
     assert lines[1] == "  test_softmax[fast]: harness 9.00 us, do_bench 10.00 us (x0.900)"
     assert lines[2] == ("  test_softmax[c22]: harness 10.62 us, do_bench 10.00 us (x1.062), "
-                        "at rep=1 ms 10.60 us (x1.002)")
+                        "at the harness's 900 calls a graph 10.60 us (x1.002)")
     assert len(lines) == 22 and lines[20].startswith("  test_softmax[c4]:")
     assert lines[21] == "  ... and 4 more in compare.jsonl"
 

@@ -289,17 +289,30 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
     At the same length a slowdown still fails."""
     project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--update-baselines").assert_outcomes(passed=2)
     a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
-    assert a["mode"] == "hot" and a["hot_sample_ms"] == 0.5
+    assert a["mode"] == "hot" and a["hot_sample_ms"] == 20.0  # the default, do_bench_cudagraph's length
     set_speed(project, a=1.5)
     project.runpytest(*PLUGIN, "--attnperf-mode=hot").assert_outcomes(passed=1, failed=1)
-    result = project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=20ms")
+    result = project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*test_case[[]a[]]*not compared*hot samples lasted about 0.5 ms, this run's 20 ms*"])
+    result.stdout.fnmatch_lines(["*test_case[[]a[]]*not compared*hot samples lasted about 20 ms, this run's 0.5 ms*"])
     set_speed(project, a=1.0)  # unchanged: only the new sample length can start the history afresh
-    project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=20ms",
+    project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms",
                       "--update-baselines").assert_outcomes(passed=2)
     a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
-    assert a["hot_sample_ms"] == 20.0 and len(a["run_medians_ms"]) == 1
+    assert a["hot_sample_ms"] == 0.5 and len(a["run_medians_ms"]) == 1
+    # an entry written before the option (no hot_sample_ms) was taken at 0.5 ms, the only length
+    # then: gated at 0.5 ms, not compared at the default
+    path = project.path / "baselines" / "h200.yaml"
+    data = yaml.safe_load(path.read_text())
+    for entry in data["entries"].values():
+        del entry["hot_sample_ms"]
+    path.write_text(yaml.safe_dump(data))
+    set_speed(project, a=1.5)
+    project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms").assert_outcomes(passed=1, failed=1)
+    result = project.runpytest(*PLUGIN, "--attnperf-mode=hot")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*test_case[[]a[]]*not compared*hot samples lasted about 0.5 ms, this run's 20 ms*"])
+    set_speed(project, a=1.0)
     # a length the file rounds (to 5 significant digits) is still the same length
     project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.1234567ms",
                       "--update-baselines").assert_outcomes(passed=2)
@@ -570,9 +583,9 @@ def test_in_hot_mode_the_floor_in_time_is_spread_over_the_calls_of_a_sample(proj
 
 def test_cold_graphs_and_hot_sample_reach_the_timer(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN).assert_outcomes(passed=2)
-    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 8, "hot_sample_ms": 0.5}
-    project.runpytest(*PLUGIN, "--attnperf-cold-graphs=3", "--attnperf-hot-sample=20ms").assert_outcomes(passed=2)
-    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 3, "hot_sample_ms": 20.0}
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 8, "hot_sample_ms": 20.0}
+    project.runpytest(*PLUGIN, "--attnperf-cold-graphs=3", "--attnperf-hot-sample=0.5ms").assert_outcomes(passed=2)
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 3, "hot_sample_ms": 0.5}
 
 
 def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(project: pytest.Pytester) -> None:

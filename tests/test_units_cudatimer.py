@@ -276,9 +276,10 @@ def test_a_call_that_cannot_be_captured_gets_one_note_not_two(gpu: Device, monke
 
 
 def test_hot_mode_divides_a_long_graph_by_its_calls(gpu: Device) -> None:
-    """0.5 ms samples of 0.02 ms calls: graphs of 25 calls, one replay per sample."""
+    """20 ms samples (the default: do_bench_cudagraph's length) of 0.02 ms calls: graphs of 1000
+    calls, one replay per sample."""
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05))
-    assert (m.clock, m.calls_per_sample) == ("cuda-graph", 25)
+    assert (m.clock, m.calls_per_sample) == ("cuda-graph", 1000)
     assert m.median_ms == pytest.approx(0.02)
     assert gpu.replays == len(m.samples_ms)
 
@@ -290,7 +291,8 @@ def test_hot_mode_replays_the_one_call_graph_when_the_long_capture_fails(
         return (FakeGraph(gpu, fn), None) if calls == 1 else (None, "OutOfMemoryError: pool")
 
     monkeypatch.setattr(timing, "_capture", capture)
-    m = CudaTimer(H200).measure(gpu.call, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05))
+    plan = SamplingPlan(mode="hot", min_samples=10, budget_s=0.05, hot_sample_ms=0.5)  # 25 calls a sample
+    m = CudaTimer(H200).measure(gpu.call, plan)
     assert (m.clock, m.calls_per_sample) == ("cuda-graph-replays", 25)
     assert m.median_ms == pytest.approx(0.02)  # 25 replays of one call, divided by 25
     assert gpu.replays == 25 * len(m.samples_ms)

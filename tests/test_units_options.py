@@ -48,7 +48,7 @@ def test_defaults(pytester: pytest.Pytester) -> None:
     assert s.machine_noise == pytest.approx(0.007) and s.machine_offset_ms == pytest.approx(0.002)
     assert s.machine_residual_ms == pytest.approx(0.0005) and s.run_noise_time_ms == pytest.approx(0.0001)
     assert s.cold_graphs == 8
-    assert s.hot_sample_ms == 0.5
+    assert s.hot_sample_ms == 20.0  # do_bench_cudagraph's rep
     assert s.baselines_dir == pytester.path / "baselines"
 
 

@@ -132,17 +132,18 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     wait
     keep_cache >/dev/null
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
-  hot)  # why hot mode read short cuDNN forwards 3-7% above do_bench_cudagraph in session 13
-    # (tools/hot_diag.py: per-call time against the graph's length, the spin and the stream), then
-    # the suite's compare stage on one of those shapes (-k ${K:-b1-h12-t512-d64-causal-bf16-sdpa})
-    # with one process, with one at do_bench's sample length (--attnperf-hot-sample=20ms), and
-    # with three. Each work folder starts with the committed file: it is cold, so nothing is
-    # gated against it in these hot runs, but its centres pick the cases timed in three
-    # processes. The compare's harness figure is the run's own process's median (the workers'
-    # samples are not in it), so three against one tests what the workers leave on the GPU; 20 ms
-    # against 0.5 ms tests the graph's length. BUDGET (default 150 s) is per compare run
+  hot)  # why hot mode read short cuDNN forwards 3-7% above do_bench_cudagraph in session 13 (the
+    # graph's length, session 14; hot samples are 20 ms since): tools/hot_diag.py (per-call time
+    # against the graph's length, the spin and the stream), then the suite's compare stage on one
+    # of those shapes (-k ${K:-b1-h12-t512-d64-causal-bf16-sdpa}) with one process at the default
+    # sample (20 ms), with one at session 13's 0.5 ms, and with three processes. Each work folder
+    # starts with the committed file: it is cold, so nothing is gated against it in these hot
+    # runs, but its centres pick the cases timed in three processes. The compare's harness figure
+    # is the run's own process's median (the workers' samples are not in it), so three against
+    # one tests what the workers leave on the GPU; 0.5 ms against 20 ms tests the graph's length.
+    # BUDGET (default 150 s) is per compare run
     python3 tools/hot_diag.py --out "$OUT/hot_diag.json" 2>&1 | tail -n 100
-    for run in p1:1: p1s20:1:20ms p3:3:; do
+    for run in p1:1: p1s05:1:0.5ms p3:3:; do
       IFS=: read -r name procs sample <<< "$run"
       OUT="$OUT/$name" WORK="hot-$name" STAGES=compare SUITE=suites/test_softmax.py FROM_BASELINES=1 KEEP_CACHE=0 \
         BUDGET="${BUDGET:-150}" EXTRA="-k ${K:-b1-h12-t512-d64-causal-bf16-sdpa} --attnperf-processes=$procs \
