@@ -65,7 +65,7 @@ from typing import NamedTuple, TypeVar
 
 from . import baselines as store
 from . import child_run
-from .inject import is_picked
+from .inject import SAME_LENGTH_MAX_MS, is_picked
 
 T = TypeVar("T")
 
@@ -548,13 +548,17 @@ def _ratio(row: dict) -> float:
     return row["ours_ms"] / row["do_bench_ms"]
 
 
-def _clock_gap(row: dict) -> tuple[float, float, tuple[str, ...]] | None:
+CLOCK_GAP = 0.01  # SM clocks further apart than this count as a gap (the H200 steps by 15 MHz, 0.76%)
+
+
+def _clock_gap(row: dict, suffix: str = "") -> tuple[float, float, tuple[str, ...]] | None:
     """``(do_bench's SM clock, the harness's, NVML's throttle reasons after do_bench)`` where the
-    clocks read right after each differed (20 ms of back-to-back calls of a large kernel can trip
-    the power cap, on either side: it depends on when the cap bites), else None."""
-    after = row.get("clock_after_do_bench") or [None, []]
+    clocks read right after each were more than ``CLOCK_GAP`` apart (20 ms of back-to-back calls
+    of a large kernel can trip the power cap, on either side: it depends on when the cap bites),
+    else None. ``suffix`` "_same": do_bench at the harness's graph length."""
+    after = row.get(f"clock_after_do_bench{suffix}") or [None, []]
     ours, theirs = row.get("clock_after_ours"), after[0]
-    if ours is not None and theirs is not None and theirs != ours:
+    if ours is not None and theirs is not None and abs(theirs - ours) > CLOCK_GAP * ours:
         return theirs, ours, tuple(after[1] or ())
     return None
 
@@ -563,6 +567,37 @@ def _same(row: dict) -> float | None:
     """The harness's median over do_bench's at about the harness's calls per graph, or None
     where that was not timed (a one-call graph, or do_bench failed)."""
     return row["ours_ms"] / row["do_bench_same_ms"] if row.get("do_bench_same_ms", 0) > 0 else None
+
+
+def _same_label(row: dict) -> str:
+    """How the report names do_bench's figure at the harness's graph length: by the harness's
+    calls a graph, or by its rep where that was capped (``inject.SAME_LENGTH_MAX_MS``: do_bench's
+    graph then held fewer calls than the harness's)."""
+    rep = row.get("do_bench_same_rep_ms", 0.0)
+    if rep >= SAME_LENGTH_MAX_MS:
+        return f"at rep {rep:g} ms (capped; fewer calls than the harness's {row.get('calls', '?')})"
+    return f"at the harness's {row.get('calls', '?')} calls a graph"
+
+
+def _same_outside_lines(timed: list[dict]) -> list[str]:
+    """The cases outside ``WITHIN`` of do_bench at the harness's graph length, each with both
+    SM clocks where they were apart, and the cases where that do_bench failed."""
+    outside = [r for r in timed if (x := _same(r)) is not None and abs(x - 1) > WITHIN]
+    failed = [r for r in timed if r.get("error_same")]
+    lines = []
+    if outside:
+        lines.append(f"at the harness's graph length, outside {100 * WITHIN:g}%: {len(outside)} cases")
+        for row in sorted(outside, key=lambda r: -abs(_same(r) - 1))[:SHOWN]:
+            line = (f"  {str(row.get('nodeid', '?')).split('::')[-1]}: harness {1e3 * row['ours_ms']:.2f} us, "
+                    f"do_bench {_same_label(row)} {1e3 * row['do_bench_same_ms']:.2f} us (x{_same(row):.3f})")
+            gap = _clock_gap(row, "_same")
+            if gap is not None:
+                line += f"; do_bench at {gap[0]:g} MHz ({', '.join(gap[2]) or 'no reason given'}), harness {gap[1]:g}"
+            lines.append(line)
+    if failed:
+        lines.append(f"at the harness's graph length, do_bench failed on {len(failed)} cases "
+                     f"(first: {failed[0]['error_same']})")
+    return lines
 
 
 def _outside_lines(timed: list[dict]) -> list[str]:
@@ -597,8 +632,7 @@ def _outside_line(row: dict) -> str:
             f"(x{_ratio(row):.3f})")
     same = _same(row)
     if same is not None:
-        line += (f", at the harness's {row.get('calls', '?')} calls a graph {1e3 * row['do_bench_same_ms']:.2f} us "
-                 f"(x{same:.3f})")
+        line += f", {_same_label(row)} {1e3 * row['do_bench_same_ms']:.2f} us (x{same:.3f})"
     gap = _clock_gap(row)
     if gap is not None:
         theirs, ours, why = gap
@@ -635,6 +669,7 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
                             f"{statistics.median(same):.3f}, within {100 * WITHIN:g}%: "
                             f"{sum(abs(x - 1) <= WITHIN for x in same)}" if same else ""))
     lines.extend(_outside_lines(timed))
+    lines.extend(_same_outside_lines(timed))
     if len(timed) < len(rows):
         lines.append(f"compare: do_bench_cudagraph failed on {len(rows) - len(timed)} cases (see {compare})")
     return lines + left_out

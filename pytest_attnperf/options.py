@@ -95,8 +95,9 @@ OPTIONS = (
            "hot mode: about how long one sample lasts, above 0 and at most 100 ms ('0.5ms', '20ms'; a bare number "
            "is in us): a graph of that many back-to-back calls (at most 64, or 128 per ms of a sample longer than "
            "0.5 ms) is replayed and a sample is its time over its calls. The default is do_bench_cudagraph's "
-           "length: on the H200 a 10 us cuDNN forward took 10.2 us a call in graphs of 39 calls (0.5 ms) and "
-           "9.6 in graphs of 600 or more"),
+           "rep (which sizes its graph by the eager time of a call, so it holds fewer calls than ours): on the "
+           "H200 a 10 us cuDNN forward took 10.2 us a call in graphs of 39 calls (0.5 ms) and 9.6 in graphs "
+           "of 600 or more"),
     Option("processes", "--attnperf-processes", "ATTNPERF_PROCESSES", "attnperf_processes", "3",
            "on a CUDA device, time each short case (see --attnperf-processes-below) in this many processes "
            "(1: this one only): that many less one worker pytest runs measure them before the tests start, and "

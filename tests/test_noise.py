@@ -114,8 +114,9 @@ def test_injection_keeps_the_least_to_cases_timed_on_its_clock(monkeypatch: pyte
 
 
 def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cross-check's line per case: our median, do_bench_cudagraph at 20 ms and 1 ms, the SM
-    clock after each; a callable do_bench cannot take is written with its error, not raised."""
+    """The cross-check's line per case: our median, do_bench_cudagraph at 20 ms and at the
+    harness's graph length, the SM clock after each; a callable do_bench cannot take is written
+    with its error, not raised."""
     import torch
     import triton.testing
 
@@ -158,6 +159,39 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
     # a failed 20 ms do_bench is recorded, and the same-length one is not tried
     assert third["do_bench_ms"] == 0.0 and "stream is capturing" in third["error"]
     assert "do_bench_same_ms" not in third and len(calls) == 5
+
+
+@pytest.mark.parametrize(("calls", "eager_ms", "same_rep"), [(1, 0.5, None), (100, None, None), (2560, 0.5, 1000.0)],
+                         ids=["one-call-graph", "no-eager-time", "capped"])
+def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: int, eager_ms: float | None, same_rep: float | None
+) -> None:
+    """No second do_bench for a one-call graph (do_bench's 20 ms graph is as long already) or
+    without the eager time to size it by; a rep over 1000 ms is capped (its capture runs that
+    long on the host)."""
+    import torch
+    import triton.testing
+
+    from pytest_attnperf import inject
+    from pytest_attnperf.timing import Measurement
+
+    class Fixed:
+        def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
+            return Measurement(samples_ms=(0.2,), clock="cuda-graph", mode="hot", calls_per_sample=calls,
+                               eager_ms=eager_ms)
+
+    reps: list[float] = []
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
+                        lambda fn, rep=20, return_mode="mean": reps.append(rep) or 0.2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(inject, "read_sm_clock", lambda index: (1980.0, ()))
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::a (call)")
+    out = tmp_path / "compare.jsonl"
+    InjectingTimer(Fixed(), DetectedDevice("cuda", "fake"), fraction=0.0, every=2, compare=str(out)).measure(
+        lambda: None, SamplingPlan())
+    line = json.loads(out.read_text())
+    assert reps == [20] + ([same_rep] if same_rep else [])
+    assert line.get("do_bench_same_rep_ms") == same_rep and ("do_bench_same_ms" in line) == (same_rep is not None)
 
 
 def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -367,13 +401,38 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
                         "91.00 us (x0.989); do_bench at 1860 MHz (sw-power-cap), harness 1980")
     assert lines[4] == ("  f: harness 104.00 us, do_bench 100.00 us (x1.040); do_bench at 1905 MHz (sw-power-cap), "
                         "harness 1725")
-    assert lines[5] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
-    assert lines[6] == "compare: 1 cases not timed hot (cold) left out: do_bench_cudagraph does not flush the L2"
-    assert len(lines) == 7
+    assert lines[5] == "at the harness's graph length, do_bench failed on 1 cases (first: OOM)"
+    assert lines[6] == f"compare: do_bench_cudagraph failed on 1 cases (see {tmp_path / 'compare.jsonl'})"
+    assert lines[7] == "compare: 1 cases not timed hot (cold) left out: do_bench_cudagraph does not flush the L2"
+    assert len(lines) == 8
     rows[:] = rows[-1:]  # nothing hot to set beside do_bench
     assert noise._compare_lines(["suites/"], tmp_path) == [
         f"compare: no do_bench_cudagraph timings of hot cases in {tmp_path / 'compare.jsonl'} (it needs a GPU)",
-        lines[6]]
+        lines[7]]
+
+
+def test_compare_report_names_cases_outside_at_the_harness_graph_length() -> None:
+    """do_bench at the harness's graph length: the cases outside 3% of it are named with both
+    clocks where they were more than 1% apart (a 15 MHz step is not a gap), and a rep capped at
+    1000 ms is named by its rep, since do_bench's graph then held fewer calls."""
+    from pytest_attnperf import noise
+
+    rows = [
+        {"nodeid": "t::a", "ours_ms": 0.2, "do_bench_ms": 0.2, "do_bench_same_ms": 0.19, "calls": 104,
+         "clock_after_ours": 1815.0, "clock_after_do_bench_same": [1620.0, ["sw-power-cap"]]},
+        {"nodeid": "t::b", "ours_ms": 0.1, "do_bench_ms": 0.1, "do_bench_same_ms": 0.096, "calls": 2560,
+         "do_bench_same_rep_ms": 1000.0, "clock_after_ours": 1980.0, "clock_after_do_bench_same": [1965.0, []]},
+        {"nodeid": "t::c", "ours_ms": 0.1, "do_bench_ms": 0.1, "do_bench_same_ms": 0.1, "calls": 200},
+    ]
+    assert noise._same_outside_lines(rows) == [
+        "at the harness's graph length, outside 3%: 2 cases",
+        "  a: harness 200.00 us, do_bench at the harness's 104 calls a graph 190.00 us (x1.053); "
+        "do_bench at 1620 MHz (sw-power-cap), harness 1815",
+        "  b: harness 100.00 us, do_bench at rep 1000 ms (capped; fewer calls than the harness's 2560) 96.00 us "
+        "(x1.042)"]
+    assert noise._same_outside_lines(rows[2:]) == []
+    # the 20 ms figure's clocks: 1965 against 1980 is one 15 MHz step, not a gap
+    assert noise._clock_gap({"clock_after_ours": 1980.0, "clock_after_do_bench": [1965.0, []]}) is None
 
 
 def test_compare_report_says_when_no_clock_explains_the_gap() -> None:

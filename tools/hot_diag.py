@@ -34,12 +34,15 @@ something else in the timer is. Each figure is taken on its own: one that fails 
 its error and the others stand. ``bash tools/h200.sh hot`` runs this, then the suite's compare
 stage on one of these shapes with one process, with three (``--attnperf-processes``: the
 workers run before the tests; the compare's harness figure is this process's own median, so
-this tests what the workers leave behind on the GPU) and with one at 20 ms samples. Prints a
+this tests what the workers leave behind on the GPU) and with one at session 13's 0.5 ms
+samples (the default is 20 ms since session 14). Prints a
 block of per-call us per case, writes every figure to ``--out``. A diagnostic, not a test.
 
 Session 14 ran it (README, session 14): ``spin N`` fell with N on the cuDNN cases (10.24 us at
 39 calls, 9.57 at 613) and met do_bench at its N; flash and efficient stayed within 2%. Hot
-samples are 20 ms since, so "the harness's own N" is now about do_bench's.
+samples are 20 ms since, so "the harness's own N" is now 20 ms over the device time of one
+call: more calls than do_bench's 20 ms over the eager time (1167-1912 against 409-715 on the
+seven short callables, session 14's fourth call).
 """
 
 from __future__ import annotations
