@@ -588,12 +588,8 @@ def _same_outside_lines(timed: list[dict]) -> list[str]:
     if outside:
         lines.append(f"at the harness's graph length, outside {100 * WITHIN:g}%: {len(outside)} cases")
         for row in sorted(outside, key=lambda r: -abs(_same(r) - 1))[:SHOWN]:
-            line = (f"  {str(row.get('nodeid', '?')).split('::')[-1]}: harness {1e3 * row['ours_ms']:.2f} us, "
-                    f"do_bench {_same_label(row)} {1e3 * row['do_bench_same_ms']:.2f} us (x{_same(row):.3f})")
-            gap = _clock_gap(row, "_same")
-            if gap is not None:
-                line += f"; do_bench at {gap[0]:g} MHz ({', '.join(gap[2]) or 'no reason given'}), harness {gap[1]:g}"
-            lines.append(line)
+            lines.append(f"  {_case_name(row)}: harness {1e3 * row['ours_ms']:.2f} us, do_bench {_same_label(row)} "
+                         f"{1e3 * row['do_bench_same_ms']:.2f} us (x{_same(row):.3f}){_clock_note(row, '_same')}")
     if failed:
         lines.append(f"at the harness's graph length, do_bench failed on {len(failed)} cases "
                      f"(first: {failed[0]['error_same']})")
@@ -627,17 +623,27 @@ def _outside_line(row: dict) -> str:
     """One case outside ``WITHIN``: both medians, do_bench's at about the harness's calls per
     graph too (do_bench at 20 ms sizes its graph by the eager time of one call: a gap there only
     points at the graph's length), and both SM clocks where they differed."""
-    name = str(row.get("nodeid", "?")).split("::")[-1]
-    line = (f"  {name}: harness {1e3 * row['ours_ms']:.2f} us, do_bench {1e3 * row['do_bench_ms']:.2f} us "
+    line = (f"  {_case_name(row)}: harness {1e3 * row['ours_ms']:.2f} us, do_bench {1e3 * row['do_bench_ms']:.2f} us "
             f"(x{_ratio(row):.3f})")
     same = _same(row)
     if same is not None:
         line += f", {_same_label(row)} {1e3 * row['do_bench_same_ms']:.2f} us (x{same:.3f})"
-    gap = _clock_gap(row)
-    if gap is not None:
-        theirs, ours, why = gap
-        line += f"; do_bench at {theirs:g} MHz ({', '.join(why) or 'no reason given'}), harness {ours:g}"
-    return line
+    return line + _clock_note(row)
+
+
+def _case_name(row: dict) -> str:
+    """A compare row's case as the report names it: the test part of its node id."""
+    return str(row.get("nodeid", "?")).split("::")[-1]
+
+
+def _clock_note(row: dict, suffix: str = "") -> str:
+    """``"; do_bench at <MHz> (<reasons>), harness <MHz>"`` where ``_clock_gap`` finds the two
+    clocks apart, else empty."""
+    gap = _clock_gap(row, suffix)
+    if gap is None:
+        return ""
+    theirs, ours, why = gap
+    return f"; do_bench at {theirs:g} MHz ({', '.join(why) or 'no reason given'}), harness {ours:g}"
 
 
 def _compare_lines(gate: list[str], work: Path) -> list[str]:
