@@ -175,7 +175,9 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def record(folder: Path, cache_dir: Path, produced: Mapping[str, str], triton: str | None) -> tuple[int, int, list[str]]:
+def record(
+    folder: Path, cache_dir: Path, produced: Mapping[str, str], triton: str | None,
+) -> tuple[int, int, list[str]]:
     """Copy the result files ``produced`` (``"<hash>/<file>"`` -> the test that produced it) from
     ``cache_dir`` into ``folder`` as ``<hash>.json`` and merge them into the manifest: entries of
     other hash folders are kept. Returns ``(written, kept, problems)``; an unreadable manifest

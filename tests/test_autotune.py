@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_plugin import CONFTEST, PLUGIN
 
 from pytest_attnperf import autotune
 from pytest_attnperf.autotune import AutotuneError
-
-from test_plugin import CONFTEST, PLUGIN
 
 HASH_A, HASH_B = "A" * 52, "B" * 52
 
@@ -203,7 +202,8 @@ def test_recording_writes_the_choices_the_run_made(project: pytest.Pytester) -> 
     assert entries[HASH_A]["key"] == ["1024", "a"]
     folder = project.path / "baselines" / "h200.autotune"
     assert sorted(p.name for p in folder.iterdir()) == sorted([f"{HASH_A}.json", f"{HASH_B}.json", "manifest.yaml"])
-    result.stdout.fnmatch_lines(["*autotune choices: wrote 2 autotune choices to *h200.autotune (0 other entries kept)"])
+    result.stdout.fnmatch_lines(["*autotune choices: wrote 2 autotune choices to *h200.autotune (0 other entries kept)"
+                                 ])
     assert "autotuned in this run" not in result.stdout.str()  # autotuning is what a recording records
 
 
