@@ -109,6 +109,11 @@ OPTIONS = (
            "attnperf_processes_below", "50us",
            "with --attnperf-processes: the cases timed in several processes are those whose baseline centre is "
            "under this ('50us'; a bare number is in us); a case with no baseline entry is timed here only"),
+    Option("triton_cache", "--attnperf-triton-cache", "ATTNPERF_TRITON_CACHE", "attnperf_triton_cache",
+           "~/.cache/pytest-attnperf/triton",
+           "on a CUDA device, when recording or when baselines/<hw>.autotune exists: Triton's cache folder (one "
+           "subfolder per hardware, kept between runs) that gets the recorded autotune choices; 'off' leaves "
+           "TRITON_CACHE_DIR alone (default ~/.cache/pytest-attnperf/triton)"),
 )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from . import hookspecs, markers, suite
+from . import autotune, hookspecs, markers, suite
 from .hardware import DetectedDevice, HardwareSpec
 from .options import add_options, read_settings
 from .perf import PENDING_KEY, Perf
@@ -91,6 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    autotune.start(session.config, session.items)  # Triton's cache and recorded choices, before any worker or test
     get_session(session.config).start_workers(session.items)  # --attnperf-processes, before any test
 
 
@@ -101,6 +102,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         why = markers.requirement_failure(mark, session.device, session.hardware.name)
         if why:
             pytest.skip(why)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    autotune.case_started(item)
+    try:
+        return (yield)
+    finally:
+        autotune.case_finished(item)  # the kernels that autotuned during the test, noted on its row
 
 
 @pytest.hookimpl(wrapper=True)
@@ -134,6 +144,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     passed = report.passed and not hasattr(report, "wasxfail")  # an unexpected pass is no baseline
     if report.when == "call":  # set on every call, so a rerun's earlier attempt never counts
+        autotune.account_call(item, call)
         item.stash[CALL_PASSED_KEY] = passed and PENDING_KEY in item.stash
     elif report.when == "teardown" and report.passed and item.stash.get(CALL_PASSED_KEY, False):
         # committed once teardown passed too: a fixture that fails after the measurement
@@ -145,6 +156,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if SESSION_KEY in session.config.stash:
         get_session(session.config).write_baselines()
+        autotune.finish(session.config, get_session(session.config).pending)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -172,6 +184,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
     if state.write_note:
         terminalreporter.write_line(f"baselines: {state.write_note}")
+    for line in autotune.summary_lines(config):
+        terminalreporter.write_line(line)
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -216,4 +230,4 @@ def attnperf(request: pytest.FixtureRequest) -> Perf:
     returns median device time, TFLOP/s, MFU, GB/s, bandwidth fraction and peak memory, and
     fails the test when the case regressed beyond the tolerance against baselines/<hw>.yaml.
     """
-    return Perf(request, get_session(request.config))
+    return autotune.clock_measure(Perf(request, get_session(request.config)), request.node)
