@@ -246,6 +246,7 @@ class AutotuneRun:
     problems: list[str] = field(default_factory=list)
     present_at_start: frozenset[str] = frozenset()
     produced: dict[str, str] = field(default_factory=dict)  # "<hash>/<file>" -> the test it appeared in
+    skipped: set[str] = field(default_factory=set)  # tests skipped after their kernels ran (a refused backward)
     write_note: str | None = None
 
     @property
@@ -399,16 +400,27 @@ def account_call(item: pytest.Item, call: pytest.CallInfo[Any]) -> None:
     clock.tests += 1
 
 
+def note_skip(item: pytest.Item, skipped: bool) -> None:
+    """Remember a test skipped in its call phase: a kernel that refuses a case (fla's backward
+    on some Triton versions) may autotune its first kernels before refusing, and a gating run
+    meets the same autotuning, so those choices are recorded too."""
+    run = item.config.stash.get(RUN_KEY, None)
+    if run is not None and skipped:
+        run.skipped.add(item.nodeid)
+
+
 def finish(config: pytest.Config, pending: Mapping[str, Any]) -> None:
     """At session end: while recording, write the results produced by the passed, measured
-    tests (and by worker runs) into ``baselines/<hw>.autotune``; then restore TRITON_CACHE_DIR."""
+    tests, by tests skipped after their kernels ran, and by worker runs into
+    ``baselines/<hw>.autotune``; then restore TRITON_CACHE_DIR."""
     run = config.stash.get(RUN_KEY, None)
     if run is None:
         return
     for rel in sorted(set(scan(run.cache_dir)) - run.present_at_start - set(run.produced)):
         run.produced[rel] = OUTSIDE
     if run.recording and pending:
-        keep = {rel: src for rel, src in run.produced.items() if src in pending or src == OUTSIDE}
+        keep = {rel: src for rel, src in run.produced.items()
+                if src in pending or src in run.skipped or src == OUTSIDE}
         try:
             written, kept, problems = record(run.folder, run.cache_dir, keep, run.triton_here)
         except (AutotuneError, OSError) as exc:

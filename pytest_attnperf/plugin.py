@@ -145,6 +145,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     passed = report.passed and not hasattr(report, "wasxfail")  # an unexpected pass is no baseline
     if report.when == "call":  # set on every call, so a rerun's earlier attempt never counts
         autotune.account_call(item, call)
+        autotune.note_skip(item, report.skipped)
         item.stash[CALL_PASSED_KEY] = passed and PENDING_KEY in item.stash
     elif report.when == "teardown" and report.passed and item.stash.get(CALL_PASSED_KEY, False):
         # committed once teardown passed too: a fixture that fails after the measurement

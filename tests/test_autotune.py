@@ -160,6 +160,16 @@ def test_case(name, attnperf):
     assert name != os.environ.get("FAIL_CASE")
 '''
 
+REFUSED = '''
+import pytest
+from test_cases import fake_kernel
+
+
+def test_refused_after_autotuning():
+    fake_kernel("r")  # the kernel autotunes its first stage, then refuses the case
+    pytest.skip("does not support this case: RuntimeError: backward refused")
+'''
+
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
@@ -216,6 +226,18 @@ def test_recording_keeps_others_and_leaves_out_failed_tests(project: pytest.Pyte
     run(project, "cache1", "--update-baselines").assert_outcomes(passed=1, failed=1)
     entries = manifest(project)["entries"]
     assert isinstance(entries, dict) and sorted(entries) == sorted([HASH_A, HASH_B, new_a])  # new_b: failed
+
+
+def test_a_case_skipped_after_autotuning_has_its_choices_recorded(project: pytest.Pytester) -> None:
+    set_hashes(project, a=HASH_A, b=HASH_B, r="R" * 52)
+    project.makepyfile(test_refused=REFUSED)
+    run(project, "cache1", "--update-baselines").assert_outcomes(passed=2, skipped=1)
+    entries = manifest(project)["entries"]
+    assert isinstance(entries, dict) and "R" * 52 in entries
+    result = run(project, "fresh-cache")
+    result.assert_outcomes(passed=2, skipped=1)
+    assert log(project)["r"]["found"] is True  # the gating run meets the recorded choice, autotunes nothing
+    assert "autotuned in this run" not in result.stdout.str()
 
 
 def test_gating_run_installs_the_choices_before_the_tests(project: pytest.Pytester) -> None:
