@@ -93,10 +93,12 @@ class Workload:
         self._tensors = ()
 
 
-def cpu_matmul_side(seconds_at: Callable[[int], float], sides: tuple[int, ...] = CPU_MATMUL_N,
+def cpu_matmul_side(seconds_at: Callable[[int], float], sides: tuple[int, ...] | None = None,
                     most_s: float = CPU_CALL_S) -> int:
     """The largest side whose call should take at most ``most_s``: from the first, grow while
-    eight times the last call's time (the next side's, at twice the side) stays within it."""
+    eight times the last call's time (the next side's, at twice the side) stays within it.
+    ``sides`` defaults to ``CPU_MATMUL_N``."""
+    sides = sides or CPU_MATMUL_N
     chosen = sides[0]
     for side in sides[1:]:
         if 8 * seconds_at(chosen) > most_s:
