@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from .perf import PerfResult
     from .session import AttnPerfSession
 
-__all__ = ["BUILTIN", "FloorOutcome", "applicable", "check", "extra_info", "notes", "rate_peaks"]
+__all__ = ["BUILTIN", "FloorOutcome", "applicable", "check", "extra_info", "failure_message", "notes", "position",
+           "rate_peaks"]
 
 MARKER = "attnperf_floor"
 

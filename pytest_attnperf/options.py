@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "read_settings"]
+__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "read_settings"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")

@@ -283,8 +283,8 @@ def test_a_case_above_its_floor_passes_and_shows_its_roofline(project: pytest.Py
         "*test_floor*80.0*80.0*1000*cmp*80.0*new*",
         "*test_plain*1.00*10.0*10*cmp*10.0*new*",
         "ceilings (measured *; TFLOP/s, fp32 without TF32): bf16 100.0 measured, fp16 100.0 measured, "
-        "fp32 10.0 measured, copy GB/s 1000 measured",
-        "roofline ridge (bf16): 100 FLOP/B from the measured peak and measured bandwidth",
+        "fp32 10.0 measured, copy (GB/s) 1000.0 measured",
+        "roofline ridge (bf16): 100.0 FLOP/B from the measured peak and measured bandwidth",
     ])
 
 
@@ -328,7 +328,7 @@ def test_a_user_peak_overrides_measured_and_spec(project: pytest.Pytester) -> No
     text = failure(result, "test_floor")
     assert "roofline: achieved 40.0% against floor 50.0%" in text
     assert "bf16 peak 200.0 TFLOP/s (user)" in text
-    result.stdout.fnmatch_lines(["*bf16 200.0 user / 100.0 measured*copy GB/s 2000 user / 1000 measured*"])
+    result.stdout.fnmatch_lines(["*bf16 200.0 user / 100.0 measured*copy (GB/s) 2000.0 user / 1000.0 measured*"])
 
 
 def test_the_spec_is_the_ceiling_where_nothing_is_measured(project: pytest.Pytester,
