@@ -479,3 +479,25 @@ def test_floor_lookup_reads_the_callspec() -> None:
                            callspec=SimpleNamespace(params={"kernel": kernel, "case": SimpleNamespace(id="c")}))
     assert floors.applicable(item, "h200") == (Floor(mfu=0.4), "h200", "the registration of kernel 'k'")
     assert floors.applicable(item, "gb10") is None
+
+
+def test_the_summary_shows_bound_and_roofline_and_the_ceilings_once() -> None:
+    from pytest_attnperf.report import summary_lines
+    from pytest_attnperf.session import Row
+
+    ceilings_ = Ceilings(TABLE["h200"], why="not measured (--attnperf-ceilings=off)")
+
+    def row(name: str, bound_: str | None, frac: float | None) -> Row:
+        return Row(nodeid=f"t.py::test[{name}]", backend="-", median_ms=0.1, stdrel=0.01, tflops=1.0, mfu=None,
+                   gb_per_s=1.0, bandwidth_frac=None, peak_mib=None, eager_ms=None, intensity=12.0, bound=bound_,
+                   status="new", change_pct=None, roofline_frac=frac, ceilings=ceilings_)
+
+    lines = summary_lines([row("m", "memory", 0.625), row("u", None, None)], "h200")
+    header = lines[1].split()
+    assert header[header.index("FLOP/B") + 1:header.index("FLOP/B") + 4] == ["bound", "roof", "%"]
+    assert lines[3].split()[9:12] == ["12", "mem", "62.5"] and lines[4].split()[9:12] == ["12", "-", "-"]
+    assert lines[5:] == [
+        "ceilings (not measured (--attnperf-ceilings=off); TFLOP/s, fp32 without TF32): bf16 989.5 spec, "
+        "fp16 989.5 spec, fp32 66.9 spec, copy (GB/s) 4800.0 spec",
+        "roofline ridge (bf16): 206.1 FLOP/B from the spec peak and spec bandwidth",
+    ]
