@@ -1,4 +1,5 @@
-"""Markers: ``sdpa_backend`` pins torch's SDPA dispatch; ``requires_hw`` states what a case needs.
+"""Markers: ``sdpa_backend`` pins torch's SDPA dispatch; ``requires_hw`` states what a case needs;
+``attnperf_floor`` sets the least roofline, MFU or bandwidth fraction it must reach (floors.py).
 
 A pin is proven, not trusted: ``prove_backend`` profiles one call and checks the ATen ops and,
 on CUDA, the kernel names that torch.profiler records (``pytorch_flash::flash_fwd_*``,
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from .hardware import DetectedDevice
+from .roofline import Floors
 
 __all__ = [
     "BACKENDS",
@@ -38,6 +40,9 @@ MARKERS = (
     "cannot run it; attnperf.measure proves from profiler records that it ran",
     "requires_hw(gpu=True, min_capability=None, names=None): skip unless the run's device is a "
     "GPU (gpu=True), has at least this compute capability ('8.0' or (8, 0)), or is one of names",
+    "attnperf_floor(roofline=None, mfu=None, bandwidth=None, hw=None, **cards): fail the test when its "
+    "median reaches less than this fraction of the roofline, peak FLOP/s or bandwidth (beyond noise); hw= or "
+    "a card name with a dict (h200=dict(roofline=0.6)) limits a floor to that card",
 )
 
 _OPS = {
@@ -225,6 +230,14 @@ def check_marker_args(item: pytest.Item) -> None:
             raise pytest.UsageError(
                 f"{item.nodeid}: sdpa_backend{mark.args!r} must name one of {', '.join(BACKENDS)}"
             )
+    for mark in item.iter_markers("attnperf_floor"):
+        try:
+            if mark.args:
+                raise ValueError(f"takes keywords only (roofline=, mfu=, bandwidth=, hw=, or a card name with a "
+                                 f"dict), got {mark.args!r}")
+            Floors.parse(dict(mark.kwargs))
+        except ValueError as exc:
+            raise pytest.UsageError(f"{item.nodeid}: attnperf_floor: {exc}") from None
     for mark in item.iter_markers("requires_hw"):
         unknown = set(mark.kwargs) - {"gpu", "min_capability", "names"}
         if mark.args or unknown:

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "read_settings"]
+__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "read_settings"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -114,6 +114,13 @@ OPTIONS = (
            "on a CUDA device, when recording or when baselines/<hw>.autotune exists: Triton's cache folder (one "
            "subfolder per hardware, kept between runs) that gets the recorded autotune choices; 'off' leaves "
            "TRITON_CACHE_DIR alone (default ~/.cache/pytest-attnperf/triton)"),
+    Option("ceilings", "--attnperf-ceilings", "ATTNPERF_CEILINGS", "attnperf_ceilings", "cache",
+           "measured matmul and copy ceilings for the roofline: cache (measure once per machine and software "
+           "stack, kept under $XDG_CACHE_HOME or ~/.cache, pytest-attnperf/ceilings), refresh (measure again), "
+           "off (spec figures only); default cache"),
+    Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",
+           "peaks to use instead of the measured and spec ones, e.g. 'bf16=990,fp16=990,fp32=67,bw=4800' "
+           "(bf16/fp16/fp32 in TFLOP/s, bw in GB/s; any subset); default none"),
 )
 
 
@@ -141,6 +148,8 @@ class Settings:
     processes_below_ms: float = 0.05
     hot_sample_ms: float = 20.0
     worker_out: Path | None = None  # set in a worker run (see processes.py): where its samples go
+    ceilings: str = "cache"  # see --attnperf-ceilings
+    peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -224,6 +233,32 @@ def _mode(text: str) -> str:
     return text
 
 
+CEILINGS = ("cache", "refresh", "off")
+PEAK_KEYS = {"bf16": 1e12, "fp16": 1e12, "fp32": 1e12, "bw": 1e9}  # TFLOP/s and GB/s as given
+
+
+def _ceilings(text: str) -> str:
+    text = text.strip().lower()
+    if text not in CEILINGS:
+        raise ValueError(f"must be one of {', '.join(CEILINGS)}")
+    return text
+
+
+def peaks(text: str) -> tuple[tuple[str, float], ...]:
+    """'bf16=990,bw=4800' as (('bf16', 9.9e14), ('bw', 4.8e12)): FLOP/s and bytes/s."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in PEAK_KEYS:
+            raise ValueError(f"'{part}' is not KEY=NUMBER with KEY one of {', '.join(PEAK_KEYS)}")
+        number = float(value)
+        if not (number > 0 and number < 1e9):
+            raise ValueError(f"'{part}': a peak must be a positive number (TFLOP/s, or GB/s for bw)")
+        out[key] = number * PEAK_KEYS[key]
+    return tuple(sorted(out.items()))
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -271,4 +306,6 @@ def read_settings(config: pytest.Config) -> Settings:
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
         worker_out=Path(out) if worker else None,
+        ceilings=_get(config, "ceilings", _ceilings),
+        peaks=_get(config, "peaks", peaks),
     )

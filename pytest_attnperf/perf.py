@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from . import floors
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
 from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_ms, floor_shift_ms, judge
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .processes import pool, write_taken
+from .roofline import Position
 from .session import AttnPerfSession, Row
 from .timing import REPLAY_CLOCK, Measurement
 
@@ -76,6 +78,9 @@ class PerfResult:
     verdict: Verdict
     cost: Cost
     backend: str
+    roofline: Position | None = None  # against the measured ceilings (see floors.check)
+    floors: floors.FloorOutcome | None = None  # the test's floors judged, if it has any
+    dtype: str | None = None
 
     @property
     def median_ms(self) -> float:
@@ -152,14 +157,14 @@ class Perf:
         if attached:
             measurement = replace(measurement, notes=measurement.notes + (attached,))
 
-        peak = hw.peak_flops_for(dtype)
         result = PerfResult(
             measurement=measurement,
-            metrics=metrics(cost, measurement.median_ms / 1e3, peak, hw.hbm_bytes_per_s),
+            metrics=metrics(cost, measurement.median_ms / 1e3, *floors.rate_peaks(session, dtype)),
             verdict=verdict,
             cost=cost,
             backend=backend,
         )
+        result = floors.check(node, session, result, dtype)  # roofline position and floors, JUnit properties
         self._record(result)
         node.user_properties.append(("attnperf_verdict", verdict.status))  # in JUnit reports, for the noise benchmark
         self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
@@ -173,7 +178,11 @@ class Perf:
             earlier = (self._baseline_entry() or {}).get("notes")
             if isinstance(earlier, list) and earlier:
                 extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
-            pytest.fail(f"{node.nodeid}: {verdict.message}{extra}", pytrace=False)
+            below = floors.failure_message(result, floors.for_session(session))
+            pytest.fail(f"{node.nodeid}: {verdict.message}{extra}" + (f"\n{below}" if below else ""), pytrace=False)
+        below = floors.failure_message(result, floors.for_session(session))
+        if below:
+            pytest.fail(f"{node.nodeid}: {below}", pytrace=False)
         return result
 
     def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
@@ -267,11 +276,13 @@ class Perf:
                 peak_mib=m.peak_mib,
                 eager_ms=m.eager_ms,
                 intensity=result.metrics.intensity_flop_per_byte,
-                bound=result.metrics.bound,
+                bound=result.roofline.bound if result.roofline else result.metrics.bound,
                 status=result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
-                notes=m.notes + _verdict_notes(result.verdict, *self._machine_terms_set()),
+                notes=m.notes + _verdict_notes(result.verdict, *self._machine_terms_set()) + floors.notes(result),
+                roofline_frac=result.roofline.fraction if result.roofline else None,
+                ceilings=floors.for_session(self._session),
             )
         )
 
@@ -439,6 +450,7 @@ class Perf:
                 "attnperf_gate_floor_ms": self._session.gate_floor_ms(),  # the same, if the gate may use it
             }
         )
+        bench.extra_info.update(floors.extra_info(result))  # roofline position, ceilings and floors
         rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)
         try:
             bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)

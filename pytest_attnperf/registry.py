@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .roofline import Floors
+
 __all__ = ["Kernel", "KernelRegistry"]
 
 Supports = Callable[[Any], "str | None"]
@@ -38,7 +40,9 @@ class Kernel:
     says whether gradients are checked and timed. ``device_kinds`` lists where it can run
     at all ('cuda', 'cpu'). ``unsupported`` lists regular expressions of exception messages
     that mean "this kernel refuses this case" (see ``unsupported_reason``). ``form`` tells a
-    linear family's cost model which algorithm to count ('chunk' or 'recurrent').
+    linear family's cost model which algorithm to count ('chunk' or 'recurrent'). ``floors``
+    are its least roofline, MFU or bandwidth fractions, per card or for every card (see
+    ``roofline.Floors.parse`` and ``floors.py``).
     """
 
     family: str
@@ -51,6 +55,13 @@ class Kernel:
     description: str = ""
     unsupported: tuple[str, ...] = ()
     form: str | None = None  # linear families: "chunk" or "recurrent", the cost model's form
+    floors: Any = None  # roofline/MFU/bandwidth floors (roofline.Floors.parse's shape); see floors.py
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "floors", Floors.parse(self.floors))
+        except ValueError as exc:
+            raise ValueError(f"kernel '{self.name}' in family '{self.family}': {exc}") from None
 
     def unsupported_reason(self, exc: BaseException) -> str | None:
         """The kernel's own refusal of a case, or None for a real failure.
@@ -104,12 +115,13 @@ class KernelRegistry:
         device_kinds: tuple[str, ...] = ("cuda", "cpu"),
         unsupported: tuple[str, ...] = (),
         form: str | None = None,
+        floors: Any = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
-                            (fn.__doc__ or "").strip(), unsupported, form))
+                            (fn.__doc__ or "").strip(), unsupported, form, floors))
             return fn
 
         return register

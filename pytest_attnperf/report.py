@@ -10,8 +10,9 @@ from .session import Row
 __all__ = ["summary_lines"]
 
 SHARED_NOTE = 3  # a note on more cases than this, and on most of them, is printed once with its count
-_HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B",
-           "peak MiB", "eager", "eager vs base", "vs baseline")
+_HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B", "bound",
+           "roof %", "peak MiB", "eager", "eager vs base", "vs baseline")
+_BOUND = {"compute": "cmp", "memory": "mem"}
 
 
 def _time(ms: float | None) -> str:
@@ -37,8 +38,10 @@ def _case(nodeid: str) -> str:
 def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) -> list[str]:
     """A fixed-width table, one line per measured case, then notes.
 
-    "FLOP/B" is the cost model's arithmetic intensity, marked "cmp" or "mem" by the side of
-    the hardware's ridge point (peak FLOP/s over bandwidth) it falls on.
+    "FLOP/B" is the cost model's arithmetic intensity; "bound" is "cmp" or "mem" by the side of
+    the ridge point (peak FLOP/s over bandwidth, the measured ceilings where known) it falls on;
+    "roof %" is the achieved FLOP/s over the attainable ``min(peak, FLOP/B x bandwidth)``. The
+    ceilings behind them are printed under the table (see roofline.py and ceilings.py).
 
     "vs baseline" is the gated device-time verdict; "eager vs base" is the eager per-call time
     (host overhead included) against the baseline's, reported and never gated: host time is
@@ -53,7 +56,9 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
             _pct(r.mfu),
             f"{r.gb_per_s:.1f}",
             _pct(r.bandwidth_frac),
-            f"{r.intensity:.0f}" + {"compute": " cmp", "memory": " mem"}.get(r.bound or "", ""),
+            f"{r.intensity:.0f}",
+            _BOUND.get(r.bound or "", "-"),
+            _pct(r.roofline_frac),
             "-" if r.peak_mib is None else f"{r.peak_mib:.1f}",
             _time(r.eager_ms),
             "-" if r.eager_change_pct is None else f"{r.eager_change_pct:+.1f}%",
@@ -78,6 +83,11 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
             lines.append(f"note: {_case(nodeid)}: {note}")
     for note in sorted(shared):
         lines.append(f"note, {counts[note]} of {len(rows)} cases: {note}")
+    shown: list[object] = []
+    for r in rows:  # the ceilings are the run's: one set of lines
+        if r.ceilings is not None and r.ceilings not in shown:
+            shown.append(r.ceilings)
+            lines.extend(r.ceilings.lines())
     if drift:
         lines.append("environment differs from the baseline's header: " + ", ".join(drift))
     return lines

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from . import baselines as store
+from .ceilings import Ceilings
 from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
 from .options import Settings
 from .processes import Workers, centres_ms, short_cases
@@ -45,6 +46,8 @@ class Row:
     change_pct: float | None
     eager_change_pct: float | None = None
     notes: tuple[str, ...] = ()
+    roofline_frac: float | None = None  # achieved over attainable (roofline.Position.fraction)
+    ceilings: Ceilings | None = None  # what the roofline and MFU were judged against
 
 
 @dataclass

@@ -24,3 +24,13 @@ def _load_lazily_imported_modules() -> None:
 
 
 _load_lazily_imported_modules()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _ceilings_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured ceilings are cached under $XDG_CACHE_HOME: a test's runs keep theirs in a folder
+    of the test's own, never in the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
