@@ -38,6 +38,8 @@ MARKERS = (
     "cannot run it; attnperf.measure proves from profiler records that it ran",
     "requires_hw(gpu=True, min_capability=None, names=None): skip unless the run's device is a "
     "GPU (gpu=True), has at least this compute capability ('8.0' or (8, 0)), or is one of names",
+    "attnperf_sweep(name, axis='seq'): the case is a point of sweep `name` along the case parameter "
+    "`axis`; --attnperf-report fits and plots the sweep's points",
 )
 
 _OPS = {

@@ -109,6 +109,8 @@ OPTIONS = (
            "attnperf_processes_below", "50us",
            "with --attnperf-processes: the cases timed in several processes are those whose baseline centre is "
            "under this ('50us'; a bare number is in us); a case with no baseline entry is timed here only"),
+    Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
+           "folder to write the studies' report.json, report.md and plots into at the end of the run (default: none)"),
 )
 
 
@@ -136,6 +138,7 @@ class Settings:
     processes_below_ms: float = 0.05
     hot_sample_ms: float = 20.0
     worker_out: Path | None = None  # set in a worker run (see processes.py): where its samples go
+    report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -245,6 +248,7 @@ def read_settings(config: pytest.Config) -> Settings:
         folder = Path(config.rootpath) / folder
     out = config.getoption("attnperf_worker_out")
     worker = out is not None  # a worker only measures: it gates, records and spawns nothing
+    report = _get(config, "report", str).strip()
     return Settings(
         hw=hw.lower() if hw else None,
         update_baselines=_get(config, "update_baselines", _bool) and not worker,
@@ -266,4 +270,5 @@ def read_settings(config: pytest.Config) -> Settings:
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
         worker_out=Path(out) if worker else None,
+        report_dir=None if worker or not report else Path(config.invocation_params.dir) / report,
     )

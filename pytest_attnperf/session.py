@@ -45,6 +45,7 @@ class Row:
     change_pct: float | None
     eager_change_pct: float | None = None
     notes: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)  # the case as plain data (reportgen.case_params)
 
 
 @dataclass
