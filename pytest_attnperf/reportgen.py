@@ -456,8 +456,8 @@ def write_plots(report: Mapping[str, Any], outdir: Path) -> tuple[list[str], str
     points = [c for c in report.get("cases", []) if c.get("intensity") and c.get("tflops")]
     if ceilings and points:
         fig, ax = plt.subplots(figsize=(7, 5))
-        lo = min(c["intensity"] for c in points) / 2
-        hi = max(c["intensity"] for c in points) * 2
+        lo = min(c["intensity"] for c in points) / 10
+        hi = max(c["intensity"] for c in points) * 10
         grid = [lo * (hi / lo) ** (i / 99) for i in range(100)]
         for ceiling in ceilings:
             ax.plot(grid, [min(ceiling["tflops"], ceiling["gb_per_s"] * i / 1e3) for i in grid], "-",

@@ -200,3 +200,43 @@ def test_cpu_sweep_writes_the_report(pytester: pytest.Pytester, monkeypatch: pyt
     md = (pytester.path / "out" / "report.md").read_text()
     assert "| seq-b2-h2-fp32 | linear_attn/fla-naive | fwd | 100 |" in md
     assert (pytester.path / "out" / "crossover-seq-b2-h2-fp32-fwd.png").exists() == HAS_MATPLOTLIB
+
+
+def test_report_option_is_a_folder_from_the_invocation_directory(pytester: pytest.Pytester) -> None:
+    from pytest_attnperf.options import read_settings
+
+    assert read_settings(pytester.parseconfig("-p", "pytest_attnperf.plugin")).report_dir is None
+    got = read_settings(pytester.parseconfig("-p", "pytest_attnperf.plugin", "--attnperf-report=out/r1")).report_dir
+    assert got == pytester.path / "out" / "r1"
+
+
+def test_attention_layer_is_checked_against_its_fp64_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pytest_attnperf import layers
+
+    case = LadderCase("tiny", 2, 16, 32, 2, 16, "bf16")
+    call = layers.run_layer("attention-flash", case, "fwd", torch.device("cpu"))
+    assert call().shape == (2, 16, 32)
+    grads = layers.run_layer("attention-cudnn", case, "fwdbwd", torch.device("cpu"))()
+    assert len(grads) == 1 + 1 + 4 and grads[1].shape == (2, 16, 32)  # output, d input, four weights
+    exact = layers.attention_reference
+    monkeypatch.setattr(layers, "attention_reference", lambda layer, x: 1.05 * exact(layer, x))
+    with pytest.raises(AssertionError, match="attention-flash layer output: normwise relative error 0.04"):
+        layers.run_layer("attention-flash", case, "fwd", torch.device("cpu"))
+
+
+def test_gdn_layer_fp64_evaluation_reads_the_fla_layer() -> None:
+    """fla's layer runs on a GPU only; here its fp64 evaluation reads a CPU-built layer's weights."""
+    import torch
+
+    from pytest_attnperf import layers
+
+    case = LadderCase("tiny", 2, 8, 32, 2, 16, "fp32")
+    module = layers.gdn_module(case)
+    x = torch.randn(2, 8, 32)
+    out = layers.gdn_reference(module, x)
+    assert out.dtype == torch.float64 and out.shape == (2, 8, 32) and torch.isfinite(out).all()
+    with torch.no_grad():
+        module.o_proj.weight.mul_(2.0)  # the output projection is read, not a copy made earlier
+    assert torch.allclose(layers.gdn_reference(module, x), 2 * out)
