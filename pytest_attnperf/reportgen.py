@@ -113,9 +113,12 @@ def spec_ceilings(hardware: Mapping[str, Any], dtypes: Sequence[str]) -> list[di
 # -- the studies -------------------------------------------------------------------------------
 
 
-def _series(cases: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str, str, str], list[tuple[float, Mapping[str, Any]]]]:
+SeriesKey = tuple[str, str, str, str, str]  # sweep, axis, family, kernel, direction
+
+
+def _series(cases: Sequence[Mapping[str, Any]]) -> dict[SeriesKey, list[tuple[float, Mapping[str, Any]]]]:
     """Sweep cases by (sweep, axis, family, kernel, direction), sorted by the axis value."""
-    groups: dict[tuple[str, str, str, str, str], list[tuple[float, Mapping[str, Any]]]] = {}
+    groups: dict[SeriesKey, list[tuple[float, Mapping[str, Any]]]] = {}
     for case in cases:
         p = case.get("params") or {}
         value = p.get(p.get("axis", ""))
@@ -262,7 +265,8 @@ def ladder(cases: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any]) -> l
         entry: dict[str, Any] = {
             "nodeid": c["nodeid"], "hidden": p.get("hidden"), "heads": p.get("heads"), "head_dim": p.get("head_dim"),
             "layer": p["layer"], "direction": p.get("direction"), "backend": c.get("backend"), "median_ms": ms,
-            "tokens_per_s": tokens / (ms / 1e3) if tokens else None, "us_per_token": 1e3 * ms / tokens if tokens else None,
+            "tokens_per_s": tokens / (ms / 1e3) if tokens else None,
+            "us_per_token": 1e3 * ms / tokens if tokens else None,
             "peak_gb": c["peak_mib"] * 2**20 / 1e9 if c.get("peak_mib") else None, "tflops": c.get("tflops"),
             "mfu": c.get("mfu"), "bandwidth_frac": c.get("bandwidth_frac"), "intensity": c.get("intensity"),
             "ridge": ridge, "vs_best_attention": None, "layer_formula_t": None, "layer_model_t": None,
@@ -364,7 +368,8 @@ def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: s
               "(log-log interpolation between the bracketing points); the cost models' T* (equal FLOPs, "
               "solved numerically); the layer-level `4D + 3 d_v` with D = heads x key width.", ""]
     lines += _table(
-        ("sweep", "linear kernel", "direction", "measured T*", "FLOPs-equal T*", "layer 4D+3d_v", "fastest softmax per T"),
+        ("sweep", "linear kernel", "direction", "measured T*", "FLOPs-equal T*", "layer 4D+3d_v",
+         "fastest softmax per T"),
         [(c["sweep"], f"{c['family']}/{c['kernel']}", c["direction"], _crossover_text(c), _num(c["analytic_t"], "d"),
           _num(c["layer_formula_t"], "d"),
           ", ".join(f"{p['x']:g}: {p['softmax_kernel']}" for p in c["points"])) for c in report.get("crossover", [])])
@@ -415,7 +420,8 @@ def write_plots(report: Mapping[str, Any], outdir: Path) -> tuple[list[str], str
     series = _series(report.get("cases", []))
     fits = {(s["sweep"], s["family"], s["kernel"], s["direction"], s["quantity"]): s for s in report.get("scaling", [])}
     for sweep, direction in sorted({(k[0], k[4]) for k in series}):
-        for quantity, field, label in (("time_ms", "median_ms", "median time (ms)"), ("peak_mib", "peak_mib", "peak MiB")):
+        for quantity, field, label in (("time_ms", "median_ms", "median time (ms)"),
+                                       ("peak_mib", "peak_mib", "peak MiB")):
             fig, ax = plt.subplots(figsize=(7, 5))
             drawn = 0
             for key, points in series.items():
