@@ -43,6 +43,8 @@ MARKERS = (
     "attnperf_floor(roofline=None, mfu=None, bandwidth=None, hw=None, **cards): fail the test when its "
     "median reaches less than this fraction of the roofline, peak FLOP/s or bandwidth (beyond noise); hw= or "
     "a card name with a dict (h200=dict(roofline=0.6)) limits a floor to that card",
+    "attnperf_sweep(name, axis='seq'): the case is a point of sweep `name` along the case parameter "
+    "`axis`; --attnperf-report fits and plots the sweep's points",
 )
 
 _OPS = {

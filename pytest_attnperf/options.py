@@ -121,6 +121,8 @@ OPTIONS = (
     Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",
            "peaks to use instead of the measured and spec ones, e.g. 'bf16=990,fp16=990,fp32=67,bw=4800' "
            "(bf16/fp16/fp32 in TFLOP/s, bw in GB/s; any subset); default none"),
+    Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
+           "folder to write the studies' report.json, report.md and plots into at the end of the run (default: none)"),
 )
 
 
@@ -150,6 +152,7 @@ class Settings:
     worker_out: Path | None = None  # set in a worker run (see processes.py): where its samples go
     ceilings: str = "cache"  # see --attnperf-ceilings
     peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
+    report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -285,6 +288,7 @@ def read_settings(config: pytest.Config) -> Settings:
         folder = Path(config.rootpath) / folder
     out = config.getoption("attnperf_worker_out")
     worker = out is not None  # a worker only measures: it gates, records and spawns nothing
+    report = _get(config, "report", str).strip()
     return Settings(
         hw=hw.lower() if hw else None,
         update_baselines=_get(config, "update_baselines", _bool) and not worker,
@@ -308,4 +312,5 @@ def read_settings(config: pytest.Config) -> Settings:
         worker_out=Path(out) if worker else None,
         ceilings=_get(config, "ceilings", _ceilings),
         peaks=_get(config, "peaks", peaks),
+        report_dir=None if worker or not report else Path(config.invocation_params.dir) / report,
     )

@@ -283,6 +283,7 @@ class Perf:
                 notes=m.notes + _verdict_notes(result.verdict, *self._machine_terms_set()) + floors.notes(result),
                 roofline_frac=result.roofline.fraction if result.roofline else None,
                 ceilings=floors.for_session(self._session),
+                params=_case_params(self._request.node, result.cost),
             )
         )
 
@@ -456,6 +457,16 @@ class Perf:
             bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
         finally:
             REPLAY_CLOCK.finish()
+
+
+def _case_params(node: Any, cost: Cost) -> dict[str, Any]:
+    """The test's parameters and sweep marker as plain data, for the report."""
+    from .reportgen import case_params
+
+    callspec = getattr(node, "callspec", None)
+    mark = node.get_closest_marker("attnperf_sweep")
+    sweep = (str(mark.args[0]), str(mark.kwargs.get("axis", "seq"))) if mark and mark.args else None
+    return case_params(callspec.params if callspec else {}, sweep, cost)
 
 
 def _calls_a_sample(measurement: Measurement) -> int:

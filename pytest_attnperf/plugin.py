@@ -22,6 +22,7 @@ from .session import SESSION_KEY, AttnPerfSession, get_session
 from .timing import REPLAY_CLOCK
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
+REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
 
 # -- configuration --------------------------------------------------------------------------
 
@@ -158,6 +159,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if SESSION_KEY in session.config.stash:
         get_session(session.config).write_baselines()
         autotune.finish(session.config, get_session(session.config).pending)
+        _write_report(session.config)
+
+
+def _write_report(config: pytest.Config) -> None:
+    """``--attnperf-report=DIR``: the studies' report of this run's measured cases (not in a
+    pytest-xdist worker, whose rows are a share of the run's)."""
+    state = get_session(config)
+    folder = state.settings.report_dir
+    if folder is None or not state.rows or hasattr(config, "workerinput"):
+        return
+    from .reportgen import write_run
+
+    try:
+        config.stash[REPORT_NOTE_KEY] = write_run(state, folder)
+    except Exception as exc:  # noqa: BLE001 - a report that cannot be written must not hide the results
+        config.stash[REPORT_NOTE_KEY] = f"NOT written to {folder}: {type(exc).__name__}: {exc}"
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -187,6 +204,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"baselines: {state.write_note}")
     for line in autotune.summary_lines(config):
         terminalreporter.write_line(line)
+    if REPORT_NOTE_KEY in config.stash:
+        terminalreporter.write_line(f"report: {config.stash[REPORT_NOTE_KEY]}")
 
 
 # -- fixtures ------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class Row:
     notes: tuple[str, ...] = ()
     roofline_frac: float | None = None  # achieved over attainable (roofline.Position.fraction)
     ceilings: Ceilings | None = None  # what the roofline and MFU were judged against
+    params: dict[str, Any] = field(default_factory=dict)  # the case as plain data (reportgen.case_params)
 
 
 @dataclass

@@ -43,11 +43,14 @@ def parametrize(
     family: str | Sequence[str],
     cases: Sequence[Any],
     directions: Sequence[str] = DIRECTIONS,
+    kernels: Sequence[str | Kernel] | None = None,
 ) -> None:
     """Parametrize ``case``, ``kernel`` and ``direction`` (those the test asks for).
 
     ``family`` may name several families sharing one case type; kernel ids then carry the
-    family (``gdn-fla-chunk``).
+    family (``gdn-fla-chunk``). ``kernels`` limits the run to these kernels instead of every
+    registered one: a name picks the kernel of that name in each family, a ``Kernel`` is taken
+    as given.
 
     On a GPU the CPU table is left out (it exists so CPU-only machines run something real);
     on the CPU the GPU table stays in and is skipped with its reason.
@@ -59,13 +62,25 @@ def parametrize(
         metafunc.parametrize("case", [_case_param(c) for c in chosen])
     if "kernel" in metafunc.fixturenames:
         families = [family] if isinstance(family, str) else list(family)
-        kernels = [k for fam in families for k in session.registry.family(fam)]
-        if not kernels:
-            raise pytest.UsageError(f"attnperf: no kernels registered in family {family!r}")
-        params = [_kernel_param(k, device.kind, len(families) > 1) for k in kernels]
+        picked = _picked(session.registry, families, kernels)
+        params = [_kernel_param(k, device.kind, len(families) > 1) for k in picked]
         metafunc.parametrize("kernel", params)
     if "direction" in metafunc.fixturenames:
         metafunc.parametrize("direction", list(directions))
+
+
+def _picked(registry: Any, families: list[str], kernels: Sequence[str | Kernel] | None) -> list[Kernel]:
+    registered = [k for fam in families for k in registry.family(fam)]
+    if not registered:
+        raise pytest.UsageError(f"attnperf: no kernels registered in family {' or '.join(map(repr, families))}")
+    if kernels is None:
+        return registered
+    names = {k.name for k in registered}
+    wanted = {k for k in kernels if isinstance(k, str)}
+    if wanted - names:
+        raise pytest.UsageError(f"attnperf: no kernel {', '.join(sorted(wanted - names))} in {families!r}; "
+                                f"registered: {', '.join(sorted(names))}")
+    return [k for k in registered if k.name in wanted] + [k for k in kernels if isinstance(k, Kernel)]
 
 
 def invalid_reason(params: dict[str, Any]) -> str | None:
