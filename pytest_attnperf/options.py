@@ -8,6 +8,7 @@ key ``attnperf_tolerance``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +110,9 @@ OPTIONS = (
            "attnperf_processes_below", "50us",
            "with --attnperf-processes: the cases timed in several processes are those whose baseline centre is "
            "under this ('50us'; a bare number is in us); a case with no baseline entry is timed here only"),
+    Option("case_timeout", "--attnperf-case-timeout", "ATTNPERF_CASE_TIMEOUT", "attnperf_case_timeout", "300",
+           "time limit of one attention case's warm-up, correctness check and timing, failing that case "
+           "alone (0: none; default 300 s)"),
 )
 
 
@@ -135,6 +139,7 @@ class Settings:
     processes: int = 1
     processes_below_ms: float = 0.05
     hot_sample_ms: float = 20.0
+    case_timeout_s: float = 300.0  # 0: no limit (isolation.CaseClock)
     worker_out: Path | None = None  # set in a worker run (see processes.py): where its samples go
 
 
@@ -205,6 +210,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _time_limit_s(text: str) -> float:
+    """'300', '300s' or '1.5 s' as seconds; 0 is no limit."""
+    text = text.strip().lower()
+    value = float(text[:-1] if text.endswith("s") else text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("must be a finite number of seconds, at least 0 (0: no limit), such as 300 or 300s")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -265,5 +279,6 @@ def read_settings(config: pytest.Config) -> Settings:
         processes=1 if worker else _get(config, "processes", _positive_int),
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
+        case_timeout_s=_get(config, "case_timeout", _time_limit_s),
         worker_out=Path(out) if worker else None,
     )
