@@ -350,6 +350,7 @@ class CaseClock:
         self.use_faulthandler = use_faulthandler
         self._previous: Any = None
         self._watchdog: threading.Timer | None = None
+        self._finished = False  # set first on exit: a late alarm or watchdog then does nothing
 
     def __enter__(self) -> CaseClock:
         self._previous = signal.signal(signal.SIGALRM, self._expired)
@@ -362,14 +363,19 @@ class CaseClock:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, self._previous)
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        if self.use_faulthandler:
-            faulthandler.cancel_dump_traceback_later()
+        self._finished = True
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, self._previous)
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+            if self.use_faulthandler:
+                faulthandler.cancel_dump_traceback_later()
 
     def _expired(self, signum: int, frame: FrameType | None) -> None:
+        if self._finished:
+            return
         stack = "".join(traceback.format_stack(frame)[-12:]) if frame is not None else "  (no frame)\n"
         raise pytest.fail.Exception(
             f"{self.nodeid}: exceeded the case time limit of {_seconds(self.limit_s)} "
@@ -379,6 +385,8 @@ class CaseClock:
         )
 
     def _stuck(self) -> None:
+        if self._finished:
+            return
         message = (
             f"\n\nattnperf: {self.nodeid} exceeded the case time limit of {_seconds(self.limit_s)} and has not "
             f"returned to Python {_seconds(GRACE_S)} later (stuck inside a C call: a GPU deadlock, say), so it "

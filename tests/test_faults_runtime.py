@@ -153,15 +153,26 @@ def test_case(i, attnperf):
     assert i != 1, "fails after timing, its frames holding the kernel and its inputs"
 
 
+@pytest.fixture
+def broken_inputs(attnperf):
+    kernel = make_kernel()
+    raise RuntimeError("setup fails, its frame holding the inputs")
+
+
+def test_setup_fails(broken_inputs):
+    pass
+
+
 def test_after():
-    assert len(conftest.TRACKED) == 6  # 3 inputs, 3 graphs
+    assert len(conftest.TRACKED) == 7  # 4 inputs, 3 graphs
     alive = [ref() for ref in conftest.TRACKED if ref() is not None]
     assert not alive
 ''')
     result = project.runpytest(*PLUGIN, "-rA")
     ledger = FaultLedger()
     ledger.inject("test_case[1]", "fails after timing")
-    ledger.check(result, expected_cases=4)
+    ledger.inject("test_setup_fails", "a fixture fails holding the inputs")
+    ledger.check(result, expected_cases=5)
     assert gc.isenabled()
 
 
