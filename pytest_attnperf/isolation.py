@@ -16,8 +16,9 @@ Around the call of each attention case (a test using an ``attnperf*`` fixture), 
   with the stack where it was stuck. A call that never returns to Python (a GPU deadlock inside
   a C call) cannot be interrupted so: ``GRACE_S`` seconds later a watchdog thread writes a
   message and every thread's stack to stderr and ends the process (exit status 3), and should
-  the interpreter itself be held, ``faulthandler`` does the same ``GRACE_S`` after that. Not on
-  platforms without ``SIGALRM`` (Windows), under pytest-timeout (``--timeout``, its ini key or
+  the interpreter itself be held, ``faulthandler`` dumps the stacks ("Timeout (h:mm:ss)!") and
+  ends it (exit status 1) ``GRACE_S`` after that. Not on platforms without ``SIGALRM`` (Windows:
+  the report header says so), under pytest-timeout (``--timeout``, its ini key or
   environment variable, or a ``timeout`` marker: it owns the limit then), or off the main thread.
 
 torch is imported only for attention cases.
