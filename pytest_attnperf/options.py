@@ -8,6 +8,7 @@ key ``attnperf_tolerance``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,6 +124,9 @@ OPTIONS = (
            "(bf16/fp16/fp32 in TFLOP/s, bw in GB/s; any subset); default none"),
     Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
            "folder to write the studies' report.json, report.md and plots into at the end of the run (default: none)"),
+    Option("case_timeout", "--attnperf-case-timeout", "ATTNPERF_CASE_TIMEOUT", "attnperf_case_timeout", "300",
+           "time limit of one attention case's warm-up, correctness check and timing, failing that case "
+           "alone (0: none; default 300 s)"),
 )
 
 
@@ -149,6 +153,7 @@ class Settings:
     processes: int = 1
     processes_below_ms: float = 0.05
     hot_sample_ms: float = 20.0
+    case_timeout_s: float = 300.0  # 0: no limit (isolation.CaseClock)
     worker_out: Path | None = None  # set in a worker run (see processes.py): where its samples go
     ceilings: str = "cache"  # see --attnperf-ceilings
     peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
@@ -219,6 +224,15 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise ValueError("must be positive")
+    return value
+
+
+def _time_limit_s(text: str) -> float:
+    """'300', '300s' or '1.5 s' as seconds; 0 is no limit."""
+    text = text.strip().lower()
+    value = float(text[:-1] if text.endswith("s") else text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("must be a finite number of seconds, at least 0 (0: no limit), such as 300 or 300s")
     return value
 
 
@@ -309,6 +323,7 @@ def read_settings(config: pytest.Config) -> Settings:
         processes=1 if worker else _get(config, "processes", _positive_int),
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
+        case_timeout_s=_get(config, "case_timeout", _time_limit_s),
         worker_out=Path(out) if worker else None,
         ceilings=_get(config, "ceilings", _ceilings),
         peaks=_get(config, "peaks", peaks),

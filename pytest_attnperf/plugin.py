@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from . import autotune, hookspecs, markers, suite
+from .isolation import CaseGuard
 from .hardware import DetectedDevice, HardwareSpec
 from .options import add_options, read_settings
 from .perf import PENDING_KEY, Perf
@@ -46,6 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "file on its own and lose the others' entries); run it without -n"
         )
     config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(CaseGuard(config, session.settings.case_timeout_s), "attnperf-isolation")
     if session.settings.hw is not None:
         session.hardware  # noqa: B018 - an explicit --hw is checked at start-up
 

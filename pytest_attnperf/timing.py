@@ -25,16 +25,21 @@ CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_count
 around each call is the measurement.
 
 Both stop sampling adaptively (``sample_adaptively``): at least ``min_samples``, then until
-the relative standard deviation is under the target or the per-case budget is spent.
+the relative standard deviation is under the target or the per-case budget is spent, with
+Python's garbage collector run before and held off during the timed calls (``gc_paused``).
+Every graph a measurement captured is reset when it returns or fails, so its memory pool goes
+back to the allocator with the case (``_release_graphs``).
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +55,7 @@ __all__ = [
     "ReplayClock",
     "SamplingPlan",
     "Timer",
+    "gc_paused",
     "one_element_add",
     "sample_adaptively",
 ]
@@ -137,6 +143,21 @@ def sample_adaptively(take_ms: Callable[[], float], plan: SamplingPlan, rounds_o
     return samples
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect garbage, then keep the collector off inside the block (the timed calls), back on
+    after it however it ends: a collection pausing one timed call read as a slowdown of the
+    kernel. Left off if it was off already."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class ReplayClock:
     """A clock for pytest-benchmark that advances only by measured per-call times.
 
@@ -184,7 +205,9 @@ class HostTimer:
             fn()
             return (time.perf_counter_ns() - start) / 1e6
 
-        return Measurement(tuple(sample_adaptively(take_ms, plan)), clock="host", mode="host")
+        with gc_paused():
+            samples = sample_adaptively(take_ms, plan)
+        return Measurement(tuple(samples), clock="host", mode="host")
 
 
 SPIN_CYCLES = 200_000  # about 100 us at the H200's 1980 MHz boost clock
@@ -297,6 +320,15 @@ class CudaTimer:
         return self._flush
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        global _captured
+        outer, _captured = _captured, []
+        try:
+            return self._measure(fn, plan)
+        finally:
+            made, _captured = _captured, outer
+            _release_graphs(made)
+
+    def _measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         import torch
 
         notes: list[str] = []
@@ -317,7 +349,8 @@ class CudaTimer:
             """Samples, and a note when NVML's violation counters grew while they were taken
             (this also catches a throttle that has lifted by the time the clock is read)."""
             before, started = read_violation_ns(index), time.monotonic()
-            taken = sample_adaptively(take_ms, plan, rounds_of)
+            with gc_paused():
+                taken = sample_adaptively(take_ms, plan, rounds_of)
             elapsed = time.monotonic() - started  # before the second NVML read
             return taken, violation_note(before, read_violation_ns(index), elapsed)
 
@@ -411,16 +444,17 @@ class CudaTimer:
 
         events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
         torch.cuda.synchronize()
-        deadline = time.monotonic() + budget_s
-        events[0].record()
-        made = 0
-        while made < calls:
-            fn()
-            made += 1
-            events[made].record()
-            if made >= 3 and time.monotonic() >= deadline:
-                break
-        torch.cuda.synchronize()
+        with gc_paused():
+            deadline = time.monotonic() + budget_s
+            events[0].record()
+            made = 0
+            while made < calls:
+                fn()
+                made += 1
+                events[made].record()
+                if made >= 3 and time.monotonic() >= deadline:
+                    break
+            torch.cuda.synchronize()
         return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(made))
 
     @staticmethod
@@ -554,12 +588,32 @@ def _one_cold_graph(
     return take_ms, graph.pool() if pool is None else pool, None
 
 
+_captured: list[Any] | None = None  # the graphs of the measurement under way (CudaTimer.measure)
+
+
+def _release_graphs(graphs: list[Any]) -> None:
+    """Reset each graph (``CUDAGraph.reset``): its memory pool is given back to the caching
+    allocator now, even where a reference to the graph outlives the measurement (after the
+    device has finished with them: a measurement stopped mid-replay leaves one in flight)."""
+    if graphs:
+        import torch
+
+        torch.cuda.synchronize()
+    for graph in graphs:
+        reset = getattr(graph, "reset", None)
+        if reset is not None:
+            reset()
+    graphs.clear()
+
+
 def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, str | None]:
     """A CUDA graph of ``calls`` back-to-back calls, or (None, why) when capture fails;
-    in memory pool ``pool`` when given (another graph's ``.pool()``).
+    in memory pool ``pool`` when given (another graph's ``.pool()``). Inside
+    ``CudaTimer.measure``, the graph is reset when the measurement ends.
 
     A failed capture can leave the capture stream current (torch leaves its stream context
-    only after ending the capture, which is what raised): the previous stream is restored."""
+    only after ending the capture, which is what raised): the previous stream is restored,
+    also when the case is stopped mid-capture (its time limit, say)."""
     import torch
 
     previous = torch.cuda.current_stream()
@@ -569,11 +623,16 @@ def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, 
             for _ in range(calls):
                 fn()
         torch.cuda.synchronize()
-        return graph, None
     except Exception as exc:  # noqa: BLE001 - any capture failure means: time eagerly
         torch.cuda.set_stream(previous)
         torch.cuda.synchronize()
         return None, f"{type(exc).__name__}: {str(exc)[:120]}"
+    except BaseException:
+        torch.cuda.set_stream(previous)
+        raise
+    if _captured is not None:
+        _captured.append(graph)
+    return graph, None
 
 
 def _time_replay(replay: Callable[[], Any]) -> float:

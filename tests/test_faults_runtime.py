@@ -1,0 +1,643 @@
+"""One bad kernel costs only its own case: memory, global state, time and the garbage collector.
+
+Each fault is injected into one case, and every case after it must pass: an out-of-memory
+error, a kernel that leaves torch's grad mode off, a kernel that hangs, references a finished
+case would otherwise keep alive, and a collection landing inside the timed calls. The last test
+runs them all through the real softmax suite in one run and counts: each fault costs exactly
+one case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import shutil
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_attnperf import isolation, timing
+from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.timing import CudaTimer, HostTimer, SamplingPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:cacheprovider")
+
+OOM_TEXT = (
+    "CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
+    "1.25 GiB is free. Including non-PyTorch memory, this process has 138.55 GiB memory in use. Of the "
+    "allocated memory 130.20 GiB is allocated by PyTorch, and 6.10 GiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+)
+
+# A fake CPU run whose timer calls the callable once (so its faults show) and, like a capture,
+# builds a reference cycle around it that only the garbage collector frees.
+CONFTEST = '''
+import gc
+import os
+import weakref
+
+from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.timing import Measurement
+
+TRACKED = []  # weak references to what a case made: none may outlive it
+
+
+class Graph:
+    def __init__(self, fn):
+        self.fn, self.me = fn, self  # a cycle, as torch's own objects can make
+
+
+def pytest_configure(config):
+    if os.environ.get("GC_OFF"):
+        gc.disable()  # only an explicit collection frees a cycle
+
+
+def pytest_unconfigure(config):
+    gc.enable()
+
+
+def pytest_attnperf_detect_device(config):
+    return DetectedDevice("cpu", "x86_64")
+
+
+class ScriptedTimer:
+    def measure(self, fn, plan):
+        fn()
+        TRACKED.append(weakref.ref(Graph(fn)))
+        return Measurement(tuple(1.0 + 0.001 * (i % 3) for i in range(20)), clock="scripted", mode=plan.mode)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return ScriptedTimer()
+'''
+
+COST = "from pytest_attnperf.costs import Cost\nCOST = Cost(flops=1e9, bytes=1e6)\n"
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider -p no:benchmark\n")
+    return pytester
+
+
+def outcomes(result: pytest.RunResult) -> dict[str, str]:
+    """Each test's outcome by its name (``-rA`` lines)."""
+    found: dict[str, str] = {}
+    for line in result.stdout.lines:
+        for word in ("PASSED", "FAILED", "SKIPPED", "ERROR"):
+            if line.startswith(word + " "):
+                found[line.split()[1].split("::")[-1]] = word
+    return found
+
+
+class FaultLedger:
+    """Faults injected and the cases they cost: each must cost exactly its own."""
+
+    def __init__(self) -> None:
+        self.injected: dict[str, str] = {}  # case name -> fault
+
+    def inject(self, case: str, fault: str) -> str:
+        self.injected[case] = fault
+        return case
+
+    def check(self, result: pytest.RunResult, expected_cases: int) -> None:
+        seen = outcomes(result)
+        assert len(seen) == expected_cases, seen
+        failed = {name for name, outcome in seen.items() if outcome != "PASSED"}
+        assert failed == set(self.injected), (failed, self.injected)  # one case per fault, no other
+
+
+# -- memory --------------------------------------------------------------------------------
+
+
+def test_a_finished_case_keeps_nothing_alive(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the collector off, cycles around each case's callable and inputs are freed after the
+    case anyway, also when the case failed (pytest keeps the last failure's frames for
+    post-mortem use; their locals are dropped)."""
+    monkeypatch.setenv("GC_OFF", "1")
+    project.makepyfile(test_refs=COST + '''
+import weakref
+
+import pytest
+
+import conftest
+
+
+class Inputs:
+    """Stands for a case's tensors."""
+
+
+def make_kernel():
+    inputs = Inputs()
+
+    def kernel():
+        return inputs
+
+    inputs.kernel = kernel  # a cycle: freed only by a collection
+    conftest.TRACKED.append(weakref.ref(inputs))
+    return kernel
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_case(i, attnperf):
+    kernel = make_kernel()
+    attnperf.measure(kernel, cost=COST, dtype="fp32")
+    assert i != 1, "fails after timing, its frames holding the kernel and its inputs"
+
+
+@pytest.fixture
+def broken_inputs(attnperf):
+    kernel = make_kernel()
+    raise RuntimeError("setup fails, its frame holding the inputs")
+
+
+def test_setup_fails(broken_inputs):
+    pass
+
+
+def test_after():
+    assert len(conftest.TRACKED) == 7  # 4 inputs, 3 graphs
+    alive = [ref() for ref in conftest.TRACKED if ref() is not None]
+    assert not alive
+''')
+    result = project.runpytest(*PLUGIN, "-rA")
+    ledger = FaultLedger()
+    ledger.inject("test_case[1]", "fails after timing")
+    ledger.inject("test_setup_fails", "a fixture fails holding the inputs")
+    ledger.check(result, expected_cases=5)
+    assert gc.isenabled()
+
+
+def test_out_of_memory_fails_its_case_with_the_size_and_the_next_cases_pass(project: pytest.Pytester) -> None:
+    project.makepyfile(test_oom=COST + f'''
+import weakref
+
+import pytest
+import torch
+
+import conftest
+
+OOM_TEXT = {OOM_TEXT!r}
+
+
+class Intermediates:
+    """What the kernel had allocated when it ran out."""
+
+
+def test_a_oom_error(attnperf):
+    held = Intermediates()
+    conftest.TRACKED.append(weakref.ref(held))
+
+    def kernel():
+        _ = held
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    attnperf.measure(kernel, cost=COST, dtype="fp32")
+
+
+def test_b_oom_text_only(attnperf):
+    def kernel():
+        raise RuntimeError("CUDA error: out of memory")
+
+    attnperf.measure(kernel, cost=COST, dtype="fp32")
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_c_after(i, attnperf):
+    assert conftest.TRACKED and conftest.TRACKED[0]() is None  # the failed case's objects were freed
+    assert attnperf.measure(lambda: None, cost=COST, dtype="fp32").median_ms > 0
+''')
+    result = project.runpytest(*PLUGIN, "-rA")
+    ledger = FaultLedger()
+    ledger.inject("test_a_oom_error", "torch.OutOfMemoryError")
+    ledger.inject("test_b_oom_text_only", "RuntimeError saying out of memory")
+    ledger.check(result, expected_cases=4)
+    out = result.stdout.str()
+    assert "test_a_oom_error: out of memory: the case tried to allocate 4.00 GiB (OutOfMemoryError)." in out
+    assert "at the time: GPU 0 has a total capacity of 139.81 GiB of which 1.25 GiB is free" in out
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in out.split("test_a_oom_error: out of memory")[1].split("raised at")[0]
+    assert "after its memory was released: CUDA not initialized in this process; the run goes on." in out
+    assert "test_b_oom_text_only: out of memory: the case tried to allocate an amount torch's message does not give" in out
+
+
+def test_oom_parsing() -> None:
+    assert isolation.oom_request(OOM_TEXT) == "4.00 GiB"
+    assert isolation.oom_request("CUDA out of memory. Tried to allocate 512.00 MiB.") == "512.00 MiB"
+    assert isolation.oom_request("CUDA error: out of memory") is None
+    assert isolation.is_out_of_memory(torch.OutOfMemoryError("x"))
+    assert isolation.is_out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert not isolation.is_out_of_memory(RuntimeError("out of resource: shared memory"))
+    try:
+        try:
+            raise torch.OutOfMemoryError(OOM_TEXT)
+        except torch.OutOfMemoryError as exc:
+            raise ValueError("wrapped by a library") from exc
+    except ValueError as wrapped:
+        assert isolation.is_out_of_memory(wrapped)
+
+
+# -- global state --------------------------------------------------------------------------
+
+
+def test_a_leaked_global_fails_its_case_by_name_and_later_backward_cases_pass(project: pytest.Pytester) -> None:
+    project.makepyfile(test_state=COST + '''
+import pytest
+import torch
+
+
+def test_a_turns_grad_off(attnperf):
+    torch.set_grad_enabled(False)
+    attnperf.measure(lambda: None, cost=COST, dtype="fp32")
+
+
+def test_b_sets_default_dtype_then_fails(attnperf):
+    torch.set_default_dtype(torch.float64)
+    assert False, "its own failure"
+
+
+def backward():
+    x = torch.ones(4, requires_grad=True)
+    (x * 3).sum().backward()
+    assert x.grad is not None and x.dtype == torch.float32
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_c_forward_backward(i, attnperf):
+    backward()
+    attnperf.measure(backward, cost=COST, dtype="fp32")
+
+
+@pytest.mark.sdpa_backend("math")
+def test_d_backend_pin_is_not_a_leak(attnperf):
+    assert not torch.backends.cuda.flash_sdp_enabled()  # pinned inside the case
+    q = torch.randn(1, 2, 8, 4)
+    attnperf.measure(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q), cost=COST, dtype="fp32")
+
+
+def test_e_after():
+    assert torch.is_grad_enabled() and torch.get_default_dtype() == torch.float32
+    assert torch.backends.cuda.flash_sdp_enabled()
+''')
+    result = project.runpytest(*PLUGIN, "-rA")
+    ledger = FaultLedger()
+    ledger.inject("test_a_turns_grad_off", "torch.set_grad_enabled(False)")
+    ledger.inject("test_b_sets_default_dtype_then_fails", "torch.set_default_dtype, then its own failure")
+    ledger.check(result, expected_cases=6)
+    result.stdout.fnmatch_lines([
+        "*test_a_turns_grad_off: the case changed torch's global state, which would carry into every later "
+        "case; set back now:",
+        "*grad mode (torch.is_grad_enabled): True -> False",
+    ])
+    out = result.stdout.str()
+    assert "its own failure" in out  # a failing case keeps its failure, the leak beside it
+    assert "the case also changed torch's global state, set back now:" in out
+    assert "default dtype (torch.get_default_dtype): torch.float32 -> torch.float64" in out
+    assert "test_d_backend_pin_is_not_a_leak: the case changed" not in out
+
+
+# -- time ----------------------------------------------------------------------------------
+
+
+HANGS = COST + '''
+import time
+
+import pytest
+
+
+def test_a_hangs(attnperf):
+    attnperf.measure(lambda: time.sleep(30), cost=COST, dtype="fp32")
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_b_after(i, attnperf):
+    attnperf.measure(lambda: None, cost=COST, dtype="fp32")
+'''
+
+
+def test_a_hanging_case_fails_at_the_limit_and_the_next_cases_pass(project: pytest.Pytester) -> None:
+    project.makepyfile(test_hang=HANGS)
+    started = time.monotonic()
+    result = project.runpytest(*PLUGIN, "-rA", "--attnperf-case-timeout=1")
+    assert time.monotonic() - started < 20
+    ledger = FaultLedger()
+    ledger.inject("test_a_hangs", "time.sleep(30)")
+    ledger.check(result, expected_cases=3)
+    result.stdout.fnmatch_lines([
+        "*test_a_hangs: exceeded the case time limit of 1s (--attnperf-case-timeout)*; it was stuck at:",
+        "*test_hang.py*in <lambda>*",
+        "*time.sleep(30)*",
+    ])
+
+
+def test_pytest_timeout_owns_the_limit_when_set(project: pytest.Pytester) -> None:
+    """A stand-in for pytest-timeout (a plugin named ``timeout`` with ``--timeout``): with its
+    limit set, attnperf's is not armed and the slow case runs to its end."""
+    project.makeconftest(CONFTEST + '''
+
+class StandInTimeout:
+    pass
+
+
+def pytest_addoption(parser):
+    parser.addoption("--timeout", default=None)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(StandInTimeout(), "timeout")
+''')
+    project.makepyfile(test_slow=COST + '''
+import time
+
+
+def test_slow(attnperf):
+    attnperf.measure(lambda: time.sleep(1.5), cost=COST, dtype="fp32")
+''')
+    project.runpytest(*PLUGIN, "--attnperf-case-timeout=1", "--timeout=100").assert_outcomes(passed=1)
+    project.runpytest(*PLUGIN, "--attnperf-case-timeout=1").assert_outcomes(failed=1)
+
+
+def test_a_case_stuck_outside_python_ends_the_run_with_every_stack(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that swallows the time limit's exception stands in for one stuck in C: after the
+    grace period the watchdog writes why, dumps every thread's stack and ends the process."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    project.makeconftest(CONFTEST + "\nimport pytest_attnperf.isolation\npytest_attnperf.isolation.GRACE_S = 1.0\n")
+    project.makepyfile(test_stuck=COST + '''
+import time
+
+
+def stuck():
+    while True:
+        try:
+            time.sleep(60)
+        except BaseException:
+            pass
+
+
+def test_stuck(attnperf):
+    attnperf.measure(stuck, cost=COST, dtype="fp32")
+''')
+    started = time.monotonic()
+    result = project.runpytest_subprocess(*PLUGIN, "--attnperf-case-timeout=1", timeout=120)
+    assert time.monotonic() - started < 110
+    assert result.ret == isolation.EXIT_STUCK
+    err = result.stderr.str()
+    assert "test_stuck.py::test_stuck exceeded the case time limit of 1s and has not returned to Python 1s later" in err
+    assert "Current thread" in err and "in stuck" in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+def test_a_bad_time_limit_is_a_usage_error(project: pytest.Pytester, value: str) -> None:
+    project.makepyfile(test_x="def test_x():\n    pass\n")
+    result = project.runpytest(*PLUGIN, f"--attnperf-case-timeout={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*bad value '{value}' from --attnperf-case-timeout*"])
+
+
+# -- the garbage collector in the timed region ---------------------------------------------
+
+
+def gc_watcher(fail_on: int | None = None) -> tuple[Callable[[], None], list[bool]]:
+    seen: list[bool] = []
+
+    def call() -> None:
+        seen.append(gc.isenabled())
+        if fail_on is not None and len(seen) == fail_on:
+            raise RuntimeError("the kernel failed mid-sampling")
+
+    return call, seen
+
+
+def test_host_timer_holds_the_collector_off_while_timing() -> None:
+    plan = SamplingPlan(min_samples=5, max_samples=5, budget_s=0.01, warmup_calls=2)
+    call, seen = gc_watcher()
+    m = HostTimer().measure(call, plan)
+    assert seen[:2] == [True, True]  # warm-up, untimed
+    assert seen[2:] == [False] * len(m.samples_ms) and len(m.samples_ms) == 5
+    assert gc.isenabled()
+    failing, seen = gc_watcher(fail_on=4)
+    with pytest.raises(RuntimeError, match="mid-sampling"):
+        HostTimer().measure(failing, plan)
+    assert seen[-1] is False and gc.isenabled()
+
+
+def test_gc_paused_leaves_a_collector_that_was_off_off() -> None:
+    gc.disable()
+    try:
+        with timing.gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+# -- CudaTimer on fakes: the collector, and the graphs released --------------------------
+
+
+class Clock:
+    now_ms = 0.0
+
+
+class FakeEvent:
+    def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
+        self.at_ms = 0.0
+
+    def record(self) -> None:
+        self.at_ms = Clock.now_ms
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        return other.at_ms - self.at_ms
+
+
+class FakeGraph:
+    """Captured by the real ``_capture`` (torch.cuda.graph faked); replays its body."""
+
+    made: list[weakref.ref[FakeGraph]] = []
+    resets = 0
+
+    def __init__(self) -> None:
+        self.body: Callable[[], Any] = lambda: None
+        FakeGraph.made.append(weakref.ref(self))
+
+    def pool(self) -> tuple[int, int]:
+        return (0, 1)
+
+    def replay(self) -> None:
+        self.body()
+
+    def reset(self) -> None:
+        FakeGraph.resets += 1
+        self.body = lambda: None  # what torch's reset does: the graph and its memory are gone
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    FakeGraph.made, FakeGraph.resets = [], 0
+    for name, value in {
+        "Stream": _Stream, "current_stream": _Stream,
+        "stream": lambda s: contextlib.nullcontext(), "synchronize": lambda: None, "Event": FakeEvent,
+        "_sleep": lambda cycles: None, "current_device": lambda: 0, "set_stream": lambda s: None,
+        "CUDAGraph": FakeGraph, "graph": lambda graph, pool=None: contextlib.nullcontext(),
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, value, raising=False)
+    real = timing._capture
+
+    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, str | None]:
+        graph, why = real(fn, calls, pool)  # the real capture: the graph is registered for release
+        if graph is not None:
+            graph.body = lambda: [fn() for _ in range(calls)]
+        return graph, why
+
+    monkeypatch.setattr(timing, "_capture", capture)
+    monkeypatch.setattr(timing, "_time_replay", lambda replay: 0.02)
+    monkeypatch.setattr(CudaTimer, "_peak_mib", staticmethod(lambda fn: 1.0))
+    monkeypatch.setattr(CudaTimer, "_flush_buffer", lambda self: _Flush())
+    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
+    monkeypatch.setattr(timing, "read_violation_ns", lambda index: None)
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class _Stream:
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+
+class _Flush:
+    def zero_(self) -> None:
+        pass
+
+
+H200 = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
+
+
+@pytest.mark.parametrize("mode", ["cold", "hot"])
+def test_cuda_timer_times_with_the_collector_off_and_releases_its_graphs(fake_cuda: None, mode: str) -> None:
+    seen: list[bool] = []
+
+    def call() -> None:
+        seen.append(gc.isenabled())
+        Clock.now_ms += 0.02
+
+    plan = SamplingPlan(mode=mode, min_samples=10, budget_s=0.05, warmup_calls=2, hot_sample_ms=0.2)
+    m = CudaTimer(H200).measure(call, plan)
+    assert m.median_ms == pytest.approx(0.02) and m.clock in ("cuda-graph-nodes", "cuda-graph")
+    assert m.eager_ms == pytest.approx(0.02)
+    assert seen[:2] == [False, False]  # warm-up: the collector was left off by the fixture
+    assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)  # every graph reset
+    assert all(ref() is None for ref in FakeGraph.made)  # and none referenced once measured
+    assert timing._captured is None
+
+
+def test_cuda_timer_collector_is_off_in_the_timed_calls_only(fake_cuda: None) -> None:
+    gc.enable()  # the fixture turned it off; here it is on, as in a run
+    seen: list[bool] = []
+    timed: list[bool] = []
+
+    def call() -> None:
+        seen.append(gc.isenabled())
+        Clock.now_ms += 0.02
+
+    def sampled(take_ms: Callable[[], float], plan: SamplingPlan, rounds_of: int = 1) -> list[float]:
+        timed.append(gc.isenabled())
+        return real_sample(take_ms, plan, rounds_of)
+
+    real_sample = timing.sample_adaptively
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(timing, "sample_adaptively", sampled)
+        CudaTimer(H200).measure(call, SamplingPlan(min_samples=10, budget_s=0.05, warmup_calls=2))
+    assert seen[:2] == [True, True] and timed == [False] and gc.isenabled()
+    assert False in seen  # the eager calls timed by _eager_ms ran with it off
+
+
+def test_cuda_timer_that_fails_mid_sampling_releases_its_graphs_and_the_collector(fake_cuda: None) -> None:
+    gc.enable()
+    calls = [0]
+
+    def call() -> None:
+        calls[0] += 1
+        Clock.now_ms += 0.02
+        if calls[0] == 40:
+            raise RuntimeError("the kernel failed mid-sampling")
+
+    with pytest.raises(RuntimeError, match="mid-sampling"):
+        CudaTimer(H200).measure(call, SamplingPlan(min_samples=200, max_samples=400, budget_s=0.05))
+    assert gc.isenabled() and timing._captured is None
+    assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)
+
+
+# -- all of it through the real suite, counted --------------------------------------------
+
+FAULTY_KERNELS = f'''
+import time
+
+import torch
+import torch.nn.functional as F
+
+OOM_TEXT = {OOM_TEXT!r}
+leaked = []
+
+
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="softmax", name="warm", backward=False)
+    def warm(q, k, v, *, causal, scale, window=None):  # first: the profiler's start-up lands here
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+    @registry.kernel(family="softmax", name="oom", backward=False)
+    def oom(q, k, v, *, causal, scale, window=None):
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    @registry.kernel(family="softmax", name="leaks-grad")
+    def leaks_grad(q, k, v, *, causal, scale, window=None):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        if not leaked:  # once: the cases after it, its own backward included, run clean
+            leaked.append(True)
+            torch.set_grad_enabled(False)
+        return out
+
+    @registry.kernel(family="softmax", name="hangs", backward=False)
+    def hangs(q, k, v, *, causal, scale, window=None):
+        time.sleep(600)
+
+    @registry.kernel(family="softmax", name="good")
+    def good(q, k, v, *, causal, scale, window=None):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+'''
+
+
+def test_each_fault_costs_exactly_its_own_case_in_the_softmax_suite(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    shutil.copytree(ROOT / "suites", pytester.path / "suites")
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    pytester.makeconftest(FAULTY_KERNELS)
+    case = "cpu-b2-h4-t128-d32-causal-fp32"
+    result = pytester.runpytest_subprocess(
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{case} and (warm or oom or leaks or hangs or good)",
+        "--attnperf-budget=0.01", "--benchmark-disable", "--attnperf-case-timeout=20", "-rA", timeout=300,
+    )
+    ledger = FaultLedger()
+    ledger.inject(f"test_softmax[{case}-oom-fwd]", "out of memory")
+    ledger.inject(f"test_softmax[{case}-leaks-grad-fwd]", "grad mode left off")
+    ledger.inject(f"test_softmax[{case}-hangs-fwd]", "hangs")
+    ledger.check(result, expected_cases=7)  # warm-fwd, leaks-grad-fwdbwd, good-fwd and good-fwdbwd pass
+    out = result.stdout.str()
+    assert "oom-fwd]: out of memory: the case tried to allocate 4.00 GiB" in out
+    assert "grad mode (torch.is_grad_enabled): True -> False" in out
+    assert "hangs-fwd]: exceeded the case time limit of 20s" in out
