@@ -123,12 +123,17 @@ class Perf:
         dtype: str,
         detect_backend: bool = False,
         mode: str | None = None,
-    ) -> PerfResult:
-        """Measure ``fn`` (a zero-argument callable doing one call of the kernel)."""
+    ) -> PerfResult | None:
+        """Measure ``fn`` (a zero-argument callable doing one call of the kernel); None under
+        ``--attnperf-check-only``, which times nothing (the test's own checks have run)."""
         if self._used:
             raise RuntimeError("attnperf.measure can be called once per test (one baseline entry per test id)")
         self._used = True
         session, node = self._session, self._request.node
+        if session.settings.check_only:
+            session.checked_only += 1
+            node.user_properties.append(("attnperf_verdict", "checked only"))
+            return None
         hw, device = session.hardware, session.device
         marker = node.get_closest_marker("sdpa_backend")
         pinned = marker.args[0] if marker else None
@@ -161,7 +166,7 @@ class Perf:
             backend=backend,
         )
         self._record(result)
-        node.user_properties.append(("attnperf_verdict", verdict.status))  # in JUnit reports, for the noise benchmark
+        node.user_properties.extend(_junit_properties(result))  # in JUnit reports; the noise benchmark reads the verdict
         self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
         self._feed_benchmark(result)
         if verdict.failed:
@@ -437,6 +442,11 @@ class Perf:
                 "attnperf_machine": self._session.machine,
                 "attnperf_floor_ms": self._session.measure_floor()[0],  # cold, one call a sample
                 "attnperf_gate_floor_ms": self._session.gate_floor_ms(),  # the same, if the gate may use it
+                "family": _family(self._request.node),
+                "flops": result.cost.flops,
+                "bytes": result.cost.bytes,
+                "baseline_ms": _baseline_ms(result),  # the centre the verdict compared against
+                "change_pct": result.verdict.change_pct,
             }
         )
         rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)
@@ -444,6 +454,28 @@ class Perf:
             bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
         finally:
             REPLAY_CLOCK.finish()
+
+
+def _family(node: Any) -> str | None:
+    """The family of the test's ``kernel`` parameter, if it has one."""
+    callspec = getattr(node, "callspec", None)
+    return getattr(callspec.params.get("kernel"), "family", None) if callspec else None
+
+
+def _baseline_ms(result: PerfResult) -> float | None:
+    """The baseline time the verdict compared the median against (None when it compared none)."""
+    ratio = result.verdict.ratio
+    return result.median_ms / ratio if ratio else None
+
+
+def _junit_properties(result: PerfResult) -> list[tuple[str, str]]:
+    """The case's figures as JUnit XML properties (``attnperf_*``); those not known are left out."""
+    figures = {
+        "median_ms": result.median_ms, "baseline_ms": _baseline_ms(result),
+        "change_pct": result.verdict.change_pct, "tflops": result.tflops, "mfu": result.mfu,
+    }
+    found = [(f"attnperf_{name}", f"{value:.6g}") for name, value in figures.items() if value is not None]
+    return [*found, ("attnperf_verdict", result.verdict.status)]
 
 
 def _calls_a_sample(measurement: Measurement) -> int:
