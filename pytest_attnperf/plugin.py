@@ -83,6 +83,13 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Generator[None, Any, Any]:
+    """A test function's parametrized items, less the kernel x case combinations the kernel cannot take."""
+    made = yield
+    return suite.remove_invalid(collector.config, made) if isinstance(made, list) else made
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A module declaring ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES`` is a suite: kernels x cases x directions."""
     suite.generate(metafunc)
@@ -90,7 +97,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's, which reads the fixture names
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    suite.remove_invalid(config, items)
     benchmarking = config.pluginmanager.hasplugin("benchmark") and not get_session(config).settings.check_only
     for item in items:
         markers.check_marker_args(item)

@@ -131,21 +131,19 @@ def invalid_reason(params: dict[str, Any]) -> str | None:
     return kernel.supports(case) if case is not None else None
 
 
-def remove_invalid(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Remove kernel x case combinations the kernel cannot take, and remember why (reported in
-    the attnperf summary as removed, not as pytest's deselected: nobody chose to leave them out)."""
-    keep, drop, reasons = [], [], []
+def remove_invalid(config: pytest.Config, items: list[Any]) -> list[Any]:
+    """``items`` without the kernel x case combinations the kernel cannot take; the reasons are
+    kept for the attnperf summary, which reports them as removed (not as pytest's deselected:
+    nobody chose to leave them out, and pytest never counts them as collected)."""
+    keep, reasons = [], config.stash.setdefault(REMOVED_KEY, [])
     for item in items:
         callspec = getattr(item, "callspec", None)
         why = invalid_reason(callspec.params) if callspec else None
         if callspec is not None and why:
-            drop.append(item)
             reasons.append(f"{callspec.params['kernel'].name}: {why}")
         else:
             keep.append(item)
-    if drop:
-        items[:] = keep
-        config.stash[REMOVED_KEY] = reasons
+    return keep
 
 
 def removed(config: pytest.Config) -> list[str]:
