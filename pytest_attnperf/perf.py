@@ -166,7 +166,7 @@ class Perf:
             backend=backend,
         )
         self._record(result)
-        node.user_properties.extend(_junit_properties(result))  # in JUnit reports; the noise benchmark reads the verdict
+        node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
         self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
         self._feed_benchmark(result)
         if verdict.failed:
@@ -321,7 +321,7 @@ class Perf:
         them left such cases with one recording, gated on the noise floor alone."""
         median_ms, here = m.summary.median_ms, self._session.machine  # > 0: measure() saw to it
         floor_ms = self._session.gate_floor_ms()
-        fresh = [median_ms], [here], [floor_ms]
+        fresh: tuple[list[float], list[str | None], list[float | None]] = [median_ms], [here], [floor_ms]
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
             return fresh
         if m.mode == "hot" and _other_sample(before, self._session.settings.hot_sample_ms):

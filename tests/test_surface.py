@@ -170,7 +170,7 @@ def test_a_suite_file_given_on_the_command_line_is_not_collected_twice(pytester:
     import pytest_attnperf.suites.softmax as softmax
 
     alone = collected(pytester.runpytest(*PLUGIN, softmax.__file__, "--collect-only", "-q"))
-    again = collected(pytester.runpytest(*PLUGIN, softmax.__file__, "--attnperf-suites=softmax", "--collect-only", "-q"))
+    again = collected(pytester.runpytest(*PLUGIN, softmax.__file__, "--attnperf-suites=softmax", "--co", "-q"))
     assert len(again) == len(alone) > 100
 
 
@@ -247,7 +247,8 @@ def test_a_module_level_shape_table_needs_no_conftest_code(toy: pytest.Pytester)
     out = result.stdout.str()
     assert "test_toy.py::test_toy[n8-fast-fwdbwd] PASSED" in out
     assert "test_toy.py::test_toy[n16-fwd-only-fwd] PASSED" in out and "fwd-only-fwdbwd" not in out
-    result.stdout.fnmatch_lines(["2 kernel x case combinations removed at collection:", "*2 x fwd-only: fwd-only has no backward"])
+    result.stdout.fnmatch_lines(["2 kernel x case combinations removed at collection:",
+                                 "*2 x fwd-only: fwd-only has no backward"])
     assert "deselected" not in out
     assert "collected 10 items" in out  # the 2 removed are never counted
 
@@ -316,5 +317,5 @@ def test_linear_suite_without_fla_skips_with_the_install_hint(pytester: pytest.P
     result = pytester.runpytest_subprocess(*PLUGIN, "--attnperf-suites=linear", "-k", "cpu-b2-h2-t33-d16-fp32",
                                            "--benchmark-disable", "-p", "no:randomly", "-rs")
     result.assert_outcomes(skipped=24)  # 8 of fla's naive kernels on the CPU, 16 of its GPU kernels
-    result.stdout.fnmatch_lines(["SKIPPED [[]8[]] *fla-naive needs flash-linear-attention (ModuleNotFoundError: *fla*): "
-                                 "pip install pytest-attnperf[[]linear[]]"])
+    result.stdout.fnmatch_lines(["SKIPPED [[]8[]] *fla-naive needs flash-linear-attention (ModuleNotFoundError: "
+                                 "*fla*): pip install pytest-attnperf[[]linear[]]"])
