@@ -128,7 +128,7 @@ class InjectingTimer:
             # 10.2 us a call in graphs of 39 calls, 9.6 in graphs of 600). The SM clock (NVML)
             # after each (ours: read by the timer after sampling), to see whether a gap follows
             # the clock. A callable it cannot capture is recorded with its error and left out.
-            line = {"nodeid": nodeid, "mode": measured.mode, "ours_ms": measured.median_ms,
+            line: dict[str, Any] = {"nodeid": nodeid, "mode": measured.mode, "ours_ms": measured.median_ms,
                     "clock_after_ours": measured.sm_clock_mhz, "calls": measured.calls_per_sample}
             device = torch.cuda.current_device()
             line.update(_do_bench(lambda: do_bench_cudagraph(fn, return_mode="median"), "", device))

@@ -52,6 +52,7 @@ was interrupted.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -587,7 +588,7 @@ def _same_outside_lines(timed: list[dict]) -> list[str]:
     lines = []
     if outside:
         lines.append(f"at the harness's graph length, outside {100 * WITHIN:g}%: {len(outside)} cases")
-        for row in sorted(outside, key=lambda r: -abs(_same(r) - 1))[:SHOWN]:
+        for row in sorted(outside, key=lambda r: -abs((_same(r) or 1.0) - 1))[:SHOWN]:
             lines.append(f"  {_case_name(row)}: harness {1e3 * row['ours_ms']:.2f} us, do_bench {_same_label(row)} "
                          f"{1e3 * row['do_bench_same_ms']:.2f} us (x{_same(row):.3f}){_clock_note(row, '_same')}")
     if failed:
@@ -733,8 +734,8 @@ def main(argv: list[str] | None = None) -> int:
                     old.unlink()
             for i in range(first, first + opts.runs):
                 try:
-                    deadline.run("steady", f"steady run{i}", lambda i=i: _pytest(
-                        [*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"]))
+                    deadline.run("steady", f"steady run{i}", functools.partial(
+                        _pytest, [*gate, f"--benchmark-json={work}/run{i}.json", f"--junitxml={work}/run{i}.xml"]))
                 except KeyboardInterrupt:  # its reports hold part of the cases: set aside, not a run
                     _set_aside(work, i)
                     raise
@@ -754,8 +755,7 @@ def main(argv: list[str] | None = None) -> int:
                 ran.append(f"injected work: every {opts.every}, size classes from {source}")
                 for fraction in fractions:
                     ran.extend(deadline.run("inject", f"the +{100 * fraction:g}% injected run",
-                                            lambda fraction=fraction: _inject_lines(gate, work, fraction, opts.every,
-                                                                                    base)))
+                                            functools.partial(_inject_lines, gate, work, fraction, opts.every, base)))
         if "compare" in stages:
             ran.extend(deadline.run("compare", "the compare run", lambda: _compare_lines(gate, work)))
     except KeyboardInterrupt as stop:  # e.g. `timeout -s INT`: report what the finished runs left

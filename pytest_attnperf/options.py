@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "read_settings"]
+__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir", "read_settings"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -36,97 +36,66 @@ class Option:
 
 OPTIONS = (
     Option("hw", "--hw", "ATTNPERF_HW", "attnperf_hw", "",
-           "hardware name (h200, h100, gb10, ...): baselines/<NAME>.yaml; detected when omitted"),
+           "hardware name (h200, h100, gb10, ...) naming baselines/<name>.yaml (default: detected)"),
     Option("update_baselines", "--update-baselines", "ATTNPERF_UPDATE_BASELINES",
            "attnperf_update_baselines", "false",
-           "record the measured cases into the hardware's baseline file instead of gating",
+           "record the measured cases into the baseline file instead of gating them (default: off)",
            is_flag=True),
-    Option("baselines", "--attnperf-baselines", "ATTNPERF_BASELINES", "attnperf_baselines",
-           "baselines", "folder of per-hardware baseline files (relative to the rootdir)"),
-    Option("tolerance", "--attnperf-tolerance", "ATTNPERF_TOLERANCE", "attnperf_tolerance",
-           "5%", "slowdown tolerated before a case regresses: '5%' or 0.05"),
+    Option("baselines", "--attnperf-baselines", "ATTNPERF_BASELINES", "attnperf_baselines", "baselines",
+           "baseline folder, relative to the ini file's folder, else to the current one (default baselines)"),
+    Option("suites", "--attnperf-suites", "ATTNPERF_SUITES", "attnperf_suites", "",
+           "built-in suites to add to the run: softmax, linear or all, comma-separated (default: none)"),
+    Option("check_only", "--attnperf-check-only", "ATTNPERF_CHECK_ONLY", "attnperf_check_only", "false",
+           "run every correctness check but time, gate and record nothing (default: off)", is_flag=True),
+    # the gate; the evidence behind each default is in docs/gate.md
+    Option("tolerance", "--attnperf-tolerance", "ATTNPERF_TOLERANCE", "attnperf_tolerance", "5%",
+           "slowdown tolerated before a case fails (default 5%)"),
     Option("run_noise", "--attnperf-run-noise", "ATTNPERF_RUN_NOISE", "attnperf_run_noise", "0.5%",
-           "least run-to-run standard deviation of a case's median assumed by the gate (0.5%: over "
-           "five unchanged H200 runs a median's sd was up to 0.61% for cases >= 50 us and 0.89% for 10-50 us); "
-           "a case's own, from its recordings, is used when larger"),
+           "least run-to-run spread of a case's median the gate assumes (default 0.5%)"),
     Option("run_noise_time", "--attnperf-run-noise-time", "ATTNPERF_RUN_NOISE_TIME", "attnperf_run_noise_time",
-           "0.1us", "least run-to-run standard deviation of a case's median as a time, for short kernels, whose "
-           "medians move between processes by a time that does not shrink with them ('0.1us'; a bare number is "
-           "in us). 0.1us: session 10, H200 cases of 10-40 us timed cold in three processes on each of two GPUs, "
-           "the median case's sd 0.07-0.12 us (1-1.4% at most); it outweighs --attnperf-run-noise below 20 us"),
+           "0.1us", "least run-to-run spread of a median as a time, for short kernels (default 0.1 us)"),
     Option("machine_noise", "--attnperf-machine-noise", "ATTNPERF_MACHINE_NOISE", "attnperf_machine_noise", "0.7%",
-           "standard deviation of a case's move between two machines (another GPU, lease or boot), added to "
-           "the noise bar unless the baseline's centre is known to come from this machine or its recordings "
-           "come from two or more machines (0.7%: RMS move of 162 H200 softmax cases between two leases in "
-           "session 4, CUPTI attached; 0.34% between two others in session 5)"),
+           "spread of a case's move between machines, allowed against another's recordings (default 0.7%)"),
     Option("machine_offset", "--attnperf-machine-offset", "ATTNPERF_MACHINE_OFFSET", "attnperf_machine_offset",
-           "2us", "standard deviation of the time a machine adds to or takes from every sample of a case whatever "
-           "its length, used with --attnperf-machine-noise ('2us', '0.5 us', '0.002ms'; a bare number is in us). "
-           "2us: RMS move of the 45 H200 softmax cases under 60 us timed cold, four machines against the one that "
-           "recorded them (session 7): 0.2 us on another single-GPU lease, 2.1 to 2.4 us, all slower, on three GPUs "
-           "of two 2-GPU hosts (hot mode, many calls per graph: 4 of 5 such callables within 1.3%, so mostly a "
-           "fixed per-sample cost, not a share of the kernel)"),
+           "2us", "time per sample a machine may add or take, allowed against another's recordings (default 2 us)"),
     Option("machine_residual", "--attnperf-machine-residual", "ATTNPERF_MACHINE_RESIDUAL",
            "attnperf_machine_residual", "0.5us",
-           "used instead of --attnperf-machine-offset where the move is partly known: a cold case whose "
-           "recordings and this run both have a sample floor (a one-element add, measured once a run and kept with "
-           "each recording) is compared against its centre moved by the floors' difference, and this is the "
-           "standard deviation of what that leaves. 0.5us: session 9, 150 H200 cases under 1 ms timed cold on two "
-           "GPUs of a 2-GPU host against one recording on a single-GPU lease moved +1.82 to +2.07 us on average "
-           "by size class (sd 0.35-0.44 us across the cases under 200 us), the floors +1.80 to +1.96 us"),
+           "--attnperf-machine-offset once the sample floors' difference is known (default 0.5 us)"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
-           "this machine's name in the baselines' recording history (default: the GPU's UUID and the boot "
-           "id); a fixed name makes reboots of a dedicated box one machine"),
+           "this machine's name in the baselines' recording history (default: GPU UUID and boot id)"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
-           "fail a measured case that has no entry in the baseline file (default: pass as 'new')",
-           is_flag=True),
+           "fail a measured case that has no baseline entry (default: off, it passes as new)", is_flag=True),
+    # sampling; the evidence behind each default is in docs/measurement.md
     Option("mode", "--attnperf-mode", "ATTNPERF_MODE", "attnperf_mode", "cold",
-           "cold: L2 flushed before every sample (default, for gating); hot: back-to-back replays"),
+           "cold: L2 flushed before every sample; hot: back-to-back calls (default cold)"),
     Option("budget", "--attnperf-budget", "ATTNPERF_BUDGET", "attnperf_budget", "0.5",
-           "seconds of sampling per case before stopping, once the sample floor is reached"),
+           "sampling time per case once --attnperf-min-samples are taken (default 0.5 s)"),
     Option("stdrel", "--attnperf-stdrel", "ATTNPERF_STDREL", "attnperf_stdrel", "0.5%",
-           "stop sampling a case once its relative standard deviation is under this"),
+           "stop sampling a case once its relative standard deviation is below this (default 0.5%)"),
     Option("min_samples", "--attnperf-min-samples", "ATTNPERF_MIN_SAMPLES",
-           "attnperf_min_samples", "10", "floor on samples per case"),
+           "attnperf_min_samples", "10", "least samples per case (default 10 samples)"),
     Option("cold_graphs", "--attnperf-cold-graphs", "ATTNPERF_COLD_GRAPHS", "attnperf_cold_graphs", "8",
-           "cold mode: captures of each case's graph, sampled in turn (each capture of a short kernel has a "
-           "median of its own, up to 5% apart on the H200; the run's median is over all of them)"),
+           "cold mode: captures of each case's graph, sampled in turn (default 8 graphs)"),
     Option("hot_sample", "--attnperf-hot-sample", "ATTNPERF_HOT_SAMPLE", "attnperf_hot_sample", "20ms",
-           "hot mode: about how long one sample lasts, above 0 and at most 100 ms ('0.5ms', '20ms'; a bare number "
-           "is in us): a graph of that many back-to-back calls (at most 64, or 128 per ms of a sample longer than "
-           "0.5 ms) is replayed and a sample is its time over its calls. The default is do_bench_cudagraph's "
-           "rep (which sizes its graph by the eager time of a call, so it holds fewer calls than ours): on the "
-           "H200 a 10 us cuDNN forward took 10.2 us a call in graphs of 39 calls (0.5 ms) and 9.6 in graphs "
-           "of 600 or more"),
+           "hot mode: length of one sample, a graph of back-to-back calls, at most 100 ms (default 20 ms)"),
     Option("processes", "--attnperf-processes", "ATTNPERF_PROCESSES", "attnperf_processes", "3",
-           "on a CUDA device, time each short case (see --attnperf-processes-below) in this many processes "
-           "(1: this one only): that many less one worker pytest runs measure them before the tests start, and "
-           "the case's figure pools the samples of all of them, as many from each. A short kernel's median moves "
-           "between processes by 0.4-0.7% on the H200, which nothing within one process averages away; pooled "
-           "over 3, the 40 cases under 50 us moved by at most 0.58% (sd over 8 runs), one process alone by up to "
-           "1.17%. Costs a worker's start-up and those cases' time per extra process (about 40 s each there)"),
+           "processes whose samples of a short GPU case are pooled; 1: this one only (default 3 processes)"),
     Option("processes_below", "--attnperf-processes-below", "ATTNPERF_PROCESSES_BELOW",
            "attnperf_processes_below", "50us",
-           "with --attnperf-processes: the cases timed in several processes are those whose baseline centre is "
-           "under this ('50us'; a bare number is in us); a case with no baseline entry is timed here only"),
+           "a case is short for --attnperf-processes when its baseline is under this (default 50 us)"),
     Option("triton_cache", "--attnperf-triton-cache", "ATTNPERF_TRITON_CACHE", "attnperf_triton_cache",
            "~/.cache/pytest-attnperf/triton",
-           "on a CUDA device, when recording or when baselines/<hw>.autotune exists: Triton's cache folder (one "
-           "subfolder per hardware, kept between runs) that gets the recorded autotune choices; 'off' leaves "
-           "TRITON_CACHE_DIR alone (default ~/.cache/pytest-attnperf/triton)"),
+           "Triton cache folder that gets baselines/<hw>.autotune's choices; 'off' leaves it alone "
+           "(default ~/.cache/pytest-attnperf/triton)"),
     Option("ceilings", "--attnperf-ceilings", "ATTNPERF_CEILINGS", "attnperf_ceilings", "cache",
-           "measured matmul and copy ceilings for the roofline: cache (measure once per machine and software "
-           "stack, kept under $XDG_CACHE_HOME or ~/.cache, pytest-attnperf/ceilings), refresh (measure again), "
-           "off (spec figures only); default cache"),
+           "measured matmul/copy ceilings: cache (once per machine and stack), refresh or off (default cache)"),
     Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",
-           "peaks to use instead of the measured and spec ones, e.g. 'bf16=990,fp16=990,fp32=67,bw=4800' "
-           "(bf16/fp16/fp32 in TFLOP/s, bw in GB/s; any subset); default none"),
+           "your own peaks, e.g. bf16=990,fp16=990,fp32=67 (TFLOP/s),bw=4800 (GB/s) (default: none)"),
     Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
-           "folder to write the studies' report.json, report.md and plots into at the end of the run (default: none)"),
+           "folder for report.json, report.md and plots of the run's sweeps (default: none)"),
     Option("case_timeout", "--attnperf-case-timeout", "ATTNPERF_CASE_TIMEOUT", "attnperf_case_timeout", "300",
-           "time limit of one attention case's warm-up, correctness check and timing, failing that case "
-           "alone (0: none; default 300 s)"),
+           "time limit of one case (warm-up, checks, timing) before it fails; 0: none (default 300 s)"),
 )
 
 
@@ -158,19 +127,25 @@ class Settings:
     ceilings: str = "cache"  # see --attnperf-ceilings
     peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
     report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
+    suites: tuple[str, ...] = ()  # built-in suites added to the collection (--attnperf-suites)
+    check_only: bool = False  # correctness only: nothing timed, gated or recorded
+
+
+GROUP = ("attnperf: attention kernels' correctness and speed "
+         "(each option also env ATTNPERF_<NAME>, ini attnperf_<name>)")
 
 
 def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("attnperf", "attention kernel correctness and performance")
+    group = parser.getgroup("attnperf", GROUP)
     for opt in OPTIONS:
+        shown = opt.help.replace("%", "%%")  # argparse %-formats help strings
         if opt.is_flag:
-            group.addoption(opt.flag, action="store_true", default=None, dest=f"attnperf_{opt.dest}",
-                            help=f"{opt.help} (env {opt.env}, ini {opt.ini})")
+            group.addoption(opt.flag, action="store_true", default=None, dest=f"attnperf_{opt.dest}", help=shown)
             parser.addini(opt.ini, help=opt.help, type="bool", default=False)
         else:
             group.addoption(opt.flag, action="store", default=None, dest=f"attnperf_{opt.dest}",
-                            metavar=opt.dest.upper(), help=f"{opt.help} (env {opt.env}, ini {opt.ini})")
-            parser.addini(opt.ini, help=f"{opt.help} (default {opt.default})", default="")
+                            metavar=opt.dest.upper(), help=shown)
+            parser.addini(opt.ini, help=opt.help, default="")
     group.addoption("--attnperf-worker-out", action="store", default=None, dest="attnperf_worker_out",
                     help=argparse.SUPPRESS)  # internal: a worker run of --attnperf-processes
 
@@ -189,10 +164,23 @@ def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
     return opt.default, "the default"
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
 def fraction(text: str) -> float:
-    """'5%' or '0.05' as 0.05; ``ValueError`` outside [0, 10)."""
+    """'5%' or a fraction below 1 such as '0.05', as 0.05; ``ValueError`` for a bare number of
+    1 or more (a percentage without its sign) and outside [0, 10)."""
     text = text.strip()
-    value = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    if text.endswith("%"):
+        value = _finite(text[:-1]) / 100.0
+    else:
+        value = _finite(text)
+        if value >= 1.0:
+            raise ValueError(f"did you mean {text}%? (write {text}% or {value / 100:g})")
     if not 0.0 <= value < 10.0:
         raise ValueError("must be a fraction such as 0.05 or a percentage such as 5%")
     return value
@@ -207,7 +195,7 @@ def duration_ms(text: str) -> float:
     text = text.strip().lower()
     unit = next((u for u in ("us", "ms", "s") if text.endswith(u)), None)
     number = text[: -len(unit)] if unit else text
-    value = float(number) * _UNITS_MS[unit or "us"]
+    value = _finite(number) * _UNITS_MS[unit or "us"]
     if not 0.0 <= value < 1e6:
         raise ValueError("must be a time of at least 0, such as 1us or 0.002ms")
     return value
@@ -221,7 +209,7 @@ def _hot_sample_ms(text: str) -> float:
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _finite(text)
     if value <= 0:
         raise ValueError("must be positive")
     return value
@@ -274,6 +262,17 @@ def peaks(text: str) -> tuple[tuple[str, float], ...]:
             raise ValueError(f"'{part}': a peak must be a positive number (TFLOP/s, or GB/s for bw)")
         out[key] = number * PEAK_KEYS[key]
     return tuple(sorted(out.items()))
+def _suites(text: str) -> tuple[str, ...]:
+    """'softmax,linear' or 'all' as the built-in suites' names, in the package's order."""
+    from .suites import SUITES
+
+    names = {n.strip().lower() for n in text.split(",") if n.strip()}
+    if "all" in names:
+        return SUITES
+    unknown = sorted(names - set(SUITES))
+    if unknown:
+        raise ValueError(f"unknown suite {', '.join(unknown)}: choose from {', '.join(SUITES)} or all")
+    return tuple(n for n in SUITES if n in names)
 
 
 def _bool(text: str) -> bool:
@@ -294,18 +293,30 @@ def _get(config: pytest.Config, dest: str, parse: Callable[[str], T]) -> T:
         raise pytest.UsageError(f"attnperf: bad value {text!r} from {source}: {exc}") from None
 
 
+def project_dir(config: pytest.Config) -> Path:
+    """Where relative paths point: the folder of the ini file (pytest.ini, tox.ini, setup.cfg or
+    pyproject.toml) that configures this run, else the folder pytest was started in."""
+    inipath = config.inipath
+    return Path(inipath).parent if inipath is not None else Path(config.invocation_params.dir)
+
+
 def read_settings(config: pytest.Config) -> Settings:
     """Parse every setting; raises ``pytest.UsageError`` naming the source of a bad one."""
     hw = _get(config, "hw", str).strip() or None
     folder = Path(_get(config, "baselines", str))
     if not folder.is_absolute():
-        folder = Path(config.rootpath) / folder
+        folder = project_dir(config) / folder
     out = config.getoption("attnperf_worker_out")
     worker = out is not None  # a worker only measures: it gates, records and spawns nothing
     report = _get(config, "report", str).strip()
+    check_only = _get(config, "check_only", _bool)
+    update = _get(config, "update_baselines", _bool) and not worker
+    if check_only and update:
+        raise pytest.UsageError("attnperf: --attnperf-check-only times nothing, so --update-baselines has "
+                                "nothing to record; use one or the other")
     return Settings(
         hw=hw.lower() if hw else None,
-        update_baselines=_get(config, "update_baselines", _bool) and not worker,
+        update_baselines=update,
         require_baseline=_get(config, "require_baseline", _bool) and not worker,
         baselines_dir=folder,
         tolerance=_get(config, "tolerance", fraction),
@@ -328,4 +339,6 @@ def read_settings(config: pytest.Config) -> Settings:
         ceilings=_get(config, "ceilings", _ceilings),
         peaks=_get(config, "peaks", peaks),
         report_dir=None if worker or not report else Path(config.invocation_params.dir) / report,
+        suites=_get(config, "suites", _suites),
+        check_only=check_only,
     )

@@ -128,12 +128,17 @@ class Perf:
         dtype: str,
         detect_backend: bool = False,
         mode: str | None = None,
-    ) -> PerfResult:
-        """Measure ``fn`` (a zero-argument callable doing one call of the kernel)."""
+    ) -> PerfResult | None:
+        """Measure ``fn`` (a zero-argument callable doing one call of the kernel); None under
+        ``--attnperf-check-only``, which times nothing (the test's own checks have run)."""
         if self._used:
             raise RuntimeError("attnperf.measure can be called once per test (one baseline entry per test id)")
         self._used = True
         session, node = self._session, self._request.node
+        if session.settings.check_only:
+            session.checked_only += 1
+            node.user_properties.append(("attnperf_verdict", "checked only"))
+            return None
         hw, device = session.hardware, session.device
         marker = node.get_closest_marker("sdpa_backend")
         pinned = marker.args[0] if marker else None
@@ -166,7 +171,7 @@ class Perf:
         )
         result = floors.check(node, session, result, dtype)  # roofline position and floors, JUnit properties
         self._record(result)
-        node.user_properties.append(("attnperf_verdict", verdict.status))  # in JUnit reports, for the noise benchmark
+        node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
         self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
         self._feed_benchmark(result)
         if verdict.failed:
@@ -328,7 +333,7 @@ class Perf:
         them left such cases with one recording, gated on the noise floor alone."""
         median_ms, here = m.summary.median_ms, self._session.machine  # > 0: measure() saw to it
         floor_ms = self._session.gate_floor_ms()
-        fresh = [median_ms], [here], [floor_ms]
+        fresh: tuple[list[float], list[str | None], list[float | None]] = [median_ms], [here], [floor_ms]
         if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
             return fresh
         if m.mode == "hot" and _other_sample(before, self._session.settings.hot_sample_ms):
@@ -449,6 +454,11 @@ class Perf:
                 "attnperf_machine": self._session.machine,
                 "attnperf_floor_ms": self._session.measure_floor()[0],  # cold, one call a sample
                 "attnperf_gate_floor_ms": self._session.gate_floor_ms(),  # the same, if the gate may use it
+                "family": _family(self._request.node),
+                "flops": result.cost.flops,
+                "bytes": result.cost.bytes,
+                "baseline_ms": _baseline_ms(result),  # the centre the verdict compared against
+                "change_pct": result.verdict.change_pct,
             }
         )
         bench.extra_info.update(floors.extra_info(result))  # roofline position, ceilings and floors
@@ -467,6 +477,28 @@ def _case_params(node: Any, cost: Cost) -> dict[str, Any]:
     mark = node.get_closest_marker("attnperf_sweep")
     sweep = (str(mark.args[0]), str(mark.kwargs.get("axis", "seq"))) if mark and mark.args else None
     return case_params(callspec.params if callspec else {}, sweep, cost)
+
+
+def _family(node: Any) -> str | None:
+    """The family of the test's ``kernel`` parameter, if it has one."""
+    callspec = getattr(node, "callspec", None)
+    return getattr(callspec.params.get("kernel"), "family", None) if callspec else None
+
+
+def _baseline_ms(result: PerfResult) -> float | None:
+    """The baseline time the verdict compared the median against (None when it compared none)."""
+    ratio = result.verdict.ratio
+    return result.median_ms / ratio if ratio else None
+
+
+def _junit_properties(result: PerfResult) -> list[tuple[str, str]]:
+    """The case's figures as JUnit XML properties (``attnperf_*``); those not known are left out."""
+    figures = {
+        "median_ms": result.median_ms, "baseline_ms": _baseline_ms(result),
+        "change_pct": result.verdict.change_pct, "tflops": result.tflops, "mfu": result.mfu,
+    }
+    found = [(f"attnperf_{name}", f"{value:.6g}") for name, value in figures.items() if value is not None]
+    return [*found, ("attnperf_verdict", result.verdict.status)]
 
 
 def _calls_a_sample(measurement: Measurement) -> int:

@@ -75,10 +75,32 @@ def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
 # -- collection and running -----------------------------------------------------------------
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
+    """``--attnperf-suites``: the built-in suite modules join the session's top-level collectors."""
+    report = yield
+    if isinstance(collector, pytest.Session) and report.passed:
+        names = get_session(collector.config).settings.suites
+        if names:
+            report.result.extend(suite.suite_modules(collector, names))
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Generator[None, Any, Any]:
+    """A test function's parametrized items, less the kernel x case combinations the kernel cannot take."""
+    made = yield
+    return suite.remove_invalid(collector.config, made) if isinstance(made, list) else made
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module declaring ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES`` is a suite: kernels x cases x directions."""
+    suite.generate(metafunc)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's, which reads the fixture names
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    suite.remove_invalid(config, items)
-    benchmarking = config.pluginmanager.hasplugin("benchmark")
+    benchmarking = config.pluginmanager.hasplugin("benchmark") and not get_session(config).settings.check_only
     for item in items:
         markers.check_marker_args(item)
         names = getattr(item, "fixturenames", None)
@@ -95,7 +117,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     autotune.start(session.config, session.items)  # Triton's cache and recorded choices, before any worker or test
-    get_session(session.config).start_workers(session.items)  # --attnperf-processes, before any test
+    state = get_session(session.config)
+    if not state.settings.check_only:  # nothing is timed then
+        state.start_workers(session.items)  # --attnperf-processes, before any test
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -182,13 +206,17 @@ def _write_report(config: pytest.Config) -> None:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = get_session(config)
     gone = suite.removed(config)
-    if not state.rows and state.write_note is None and not gone and state.workers is None:
+    checked = state.checked_only
+    if not state.rows and state.write_note is None and not gone and state.workers is None and not checked:
         return
     terminalreporter.section("attnperf")
     if gone:
         terminalreporter.write_line(f"{len(gone)} kernel x case combinations removed at collection:")
         for reason, count in suite.count_reasons(gone).items():
             terminalreporter.write_line(f"  {count:4d} x {reason}")
+    if checked:
+        terminalreporter.write_line(f"{checked} cases checked only (--attnperf-check-only): correctness "
+                                    "checked; nothing timed, gated or recorded")
     if state.rows:
         for line in summary_lines(state.rows, state.hardware.name, state.drift()):
             terminalreporter.write_line(line)
@@ -208,6 +236,20 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(line)
     if REPORT_NOTE_KEY in config.stash:
         terminalreporter.write_line(f"report: {config.stash[REPORT_NOTE_KEY]}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
+    """attnperf's cases in pytest-benchmark's JSON: parameters as plain data (a case's fields,
+    the kernel's name, the direction) and the timer named by the clock that took the samples."""
+    for bench in output_json.get("benchmarks", []):
+        extra = bench.get("extra_info") or {}
+        if "attnperf_clock" not in extra:
+            continue
+        if isinstance(bench.get("params"), dict):
+            bench["params"] = suite.plain_params(bench["params"])  # a new dict: the test's own stays
+        if isinstance(bench.get("options"), dict):
+            bench["options"] = {**bench["options"], "timer": f"attnperf {extra['attnperf_clock']} clock"}
 
 
 # -- fixtures ------------------------------------------------------------------------------

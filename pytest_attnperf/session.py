@@ -62,6 +62,7 @@ class AttnPerfSession:
     floor_for_gate_ms: float | None = None  # see gate_floor_ms
     floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
     workers: Workers | None = None  # the --attnperf-processes worker runs, once made (see start_workers)
+    checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
 
     # -- device and hardware -------------------------------------------------------------
     @cached_property

@@ -1,15 +1,22 @@
 """Parametrizing a family's suite: kernels, cases and directions as separate axes.
 
-``parametrize(metafunc, family, cases)`` is what ``suites/conftest.py`` calls; a user's own
-suite can call it the same way. Cases carry ``gpu`` (GPU shape table) and are skipped, with
-the reason, on a machine without one; combinations a kernel cannot handle
-(``Kernel.supports``) or a forward-only kernel in the backward direction are removed at
-collection, and the terminal summary lists why.
+A test module that declares ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES`` (and optionally
+``ATTNPERF_DIRECTIONS``) is parametrized by the plugin (``generate``), no conftest.py needed;
+a conftest.py can also call ``parametrize(metafunc, family, cases)`` itself. Cases carry
+``gpu`` (GPU shape table) and are skipped, with the reason, on a machine without one;
+combinations a kernel cannot handle (``Kernel.supports``) or a forward-only kernel in the
+backward direction are removed at collection, and the attnperf summary lists why.
+
+``--attnperf-suites`` adds the built-in suite modules (``pytest_attnperf.suites``) to a run's
+collection (``suite_modules``), wherever the package is installed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +24,7 @@ import pytest
 from .registry import Kernel
 from .session import get_session
 
-__all__ = ["DIRECTIONS", "parametrize", "remove_invalid"]
+__all__ = ["DIRECTIONS", "generate", "parametrize", "plain_params", "remove_invalid", "suite_modules"]
 
 DIRECTIONS = ("fwd", "fwdbwd")
 REMOVED_KEY = pytest.StashKey[list[str]]()
@@ -83,6 +90,53 @@ def _picked(registry: Any, families: list[str], kernels: Sequence[str | Kernel] 
     return [k for k in registered if k.name in wanted] + [k for k in kernels if isinstance(k, Kernel)]
 
 
+def generate(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a test of a module that declares ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES``."""
+    module = metafunc.module
+    family, cases = getattr(module, "ATTNPERF_FAMILY", None), getattr(module, "ATTNPERF_CASES", None)
+    if family is None and cases is None:
+        return
+    if family is None or cases is None:
+        raise pytest.UsageError(f"attnperf: {module.__name__} declares only one of ATTNPERF_FAMILY and "
+                                "ATTNPERF_CASES; a suite needs both")
+    parametrize(metafunc, family, cases, getattr(module, "ATTNPERF_DIRECTIONS", DIRECTIONS))
+
+
+def suite_modules(session: pytest.Session, names: Sequence[str]) -> list[pytest.Module]:
+    """The built-in suite modules ``names`` as collectors of ``session``, found where the package
+    is installed. Their node ids are the files' paths inside the package
+    (``pytest_attnperf/suites/softmax.py::test_softmax[...]``), the same on every install, so
+    baseline entries recorded with them hold wherever the package lives. A file the run already
+    collects (given on the command line) is not added twice."""
+    modules = []
+    for name in names:
+        path = Path(importlib.import_module(f"pytest_attnperf.suites.{name}").__file__ or "")
+        if session.isinitpath(path):
+            continue
+        nodeid = f"pytest_attnperf/suites/{path.name}"
+        modules.append(pytest.Module.from_parent(session, path=path, name=nodeid, nodeid=nodeid))
+    return modules
+
+
+def _plain(value: Any) -> Any:
+    """A parameter as JSON data: a case as its fields, a kernel as its name, plain values as
+    they are, anything else as its text."""
+    if isinstance(value, Kernel):
+        return value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def plain_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A test's parameters (``callspec.params``) as plain data, for pytest-benchmark's JSON."""
+    return {name: _plain(value) for name, value in params.items()}
+
+
 def invalid_reason(params: dict[str, Any]) -> str | None:
     kernel, case = params.get("kernel"), params.get("case")
     if not isinstance(kernel, Kernel):
@@ -92,21 +146,19 @@ def invalid_reason(params: dict[str, Any]) -> str | None:
     return kernel.supports(case) if case is not None else None
 
 
-def remove_invalid(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect kernel x case combinations the kernel cannot take; remember why."""
-    keep, drop, reasons = [], [], []
+def remove_invalid(config: pytest.Config, items: list[Any]) -> list[Any]:
+    """``items`` without the kernel x case combinations the kernel cannot take; the reasons are
+    kept for the attnperf summary, which reports them as removed (not as pytest's deselected:
+    nobody chose to leave them out, and pytest never counts them as collected)."""
+    keep, reasons = [], config.stash.setdefault(REMOVED_KEY, [])
     for item in items:
         callspec = getattr(item, "callspec", None)
         why = invalid_reason(callspec.params) if callspec else None
         if callspec is not None and why:
-            drop.append(item)
             reasons.append(f"{callspec.params['kernel'].name}: {why}")
         else:
             keep.append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-        config.stash[REMOVED_KEY] = reasons
+    return keep
 
 
 def removed(config: pytest.Config) -> list[str]:

@@ -1,0 +1,133 @@
+"""docs/own-project.md, run as written: a project of its own (conftest.py registering a kernel,
+a test module with its own shape table, a pyproject.toml placing its baselines) runs the
+built-in softmax suite with its kernel in it, its own shapes, and records into its own folder.
+
+The page's code blocks are the project's files and its ``pytest`` lines the commands, so the
+page cannot drift from what works. Fake hardware and a scripted timer (``attnperf_fakes``,
+loaded with ``-p``, not part of the page) make the runs quick and the gate deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "own-project.md"
+
+FAKES = '''
+import json
+import os
+
+from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.timing import Measurement
+
+
+def pytest_attnperf_detect_device(config):
+    return DetectedDevice("cpu", "x86_64")
+
+
+class ScriptedTimer:
+    """20 samples around 1 ms x the factor slow.json gives a case whose node id contains its key."""
+
+    def __init__(self, slow):
+        self.slow = slow
+
+    def measure(self, fn, plan):
+        fn()
+        test = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
+        factors = json.loads(self.slow.read_text()) if self.slow.exists() else {}
+        factor = next((f for key, f in factors.items() if key in test), 1.0)
+        samples = tuple(factor * (1 + 0.001 * (i % 5 - 2)) for i in range(20))
+        return Measurement(samples, clock="scripted", mode=plan.mode)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return ScriptedTimer(config.rootpath / "slow.json")
+'''
+
+HARNESS = ("-p", "pytest_attnperf.plugin", "-p", "attnperf_fakes", "-p", "no:randomly", "-p", "no:cacheprovider",
+           "-rA", "-v", "--benchmark-disable")
+
+
+def blocks(language: str) -> list[str]:
+    """The page's code blocks in ``language``."""
+    return re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), re.DOTALL)
+
+
+def files() -> dict[str, str]:
+    """Each python/toml block whose first line is ``# <path>``, by path."""
+    found = {}
+    for block in blocks("python") + blocks("toml"):
+        first, _, _ = block.partition("\n")
+        if first.startswith("# "):
+            found[first[2:].strip()] = block
+    return found
+
+
+def commands() -> list[list[str]]:
+    """The page's ``pytest`` command lines, as arguments after ``pytest``."""
+    lines = [line for block in blocks("bash") for line in block.splitlines() if line.startswith("pytest ")]
+    return [shlex.split(line, comments=True)[1:] for line in lines]
+
+
+@pytest.fixture
+def own_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # a subprocess per run: torch's state does not survive pytester's in-process module resets
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join((str(ROOT), str(pytester.path))))  # the fakes, from anywhere
+    for name in [n for n in os.environ if n.startswith("ATTNPERF_")]:
+        monkeypatch.delenv(name)
+    for path, text in files().items():
+        target = pytester.path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    (pytester.path / "attnperf_fakes.py").write_text(FAKES)
+    return pytester
+
+
+def test_the_page_holds_a_whole_project_in_thirty_lines() -> None:
+    """conftest.py, a test module, pyproject.toml and two commands, in at most 30 lines of code."""
+    assert set(files()) == {"conftest.py", "tests/test_my_shapes.py", "pyproject.toml"}
+    assert [args[:1] for args in commands()] == [["--attnperf-suites=softmax"]] * 2
+    assert "--update-baselines" in commands()[0] and "--update-baselines" not in commands()[1]
+    code = [line for language in ("python", "toml", "bash") for block in blocks(language)
+            for line in block.splitlines() if line.strip()]
+    assert len(code) <= 30
+
+
+def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
+    """The kernel of the project's conftest.py runs in the built-in suite and on the project's own
+    shapes, and --update-baselines writes into the folder its pyproject.toml names."""
+    record, check = commands()
+    result = own_project.runpytest_subprocess(*record, *HARNESS)
+    result.assert_outcomes(passed=10, skipped=34)
+    out = result.stdout.str()
+    built_in = "pytest_attnperf/suites/softmax.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-fwd]"
+    own = "tests/test_my_shapes.py::test_softmax[cpu-b1-h4-t64-d32-fp32-my-attention-fwdbwd]"
+    assert f"PASSED {built_in}" in out and f"PASSED {own}" in out
+    result.stdout.fnmatch_lines(["*my-attention does not support this case: NotImplementedError*sliding window*"])
+    gpu_row = "test_my_shapes.py::test_softmax[[]b4-h32-kv8-t4096-d128-causal-bf16-my-attention-fwd[]]"
+    result.stdout.fnmatch_lines([f"*{gpu_row} SKIPPED*"])
+    assert not (own_project.path / "baselines").exists()
+    written = yaml.safe_load((own_project.path / "perf" / "baselines" / "cpu.yaml").read_text())["entries"]
+    assert len(written) == 10 and built_in in written and own in written
+    assert all("my-attention" in key for key in written)
+
+    with pytest.MonkeyPatch.context() as mp:  # from a subfolder: the baselines still lie beside pyproject.toml
+        mp.chdir(own_project.path / "tests")
+        again = own_project.runpytest_subprocess(*check, *HARNESS)
+    again.assert_outcomes(passed=10, skipped=34)
+    assert "10 measured cases (10 unchanged)" in again.stdout.str()
+    assert not (own_project.path / "tests" / "perf").exists()
+
+    (own_project.path / "slow.json").write_text('{"cpu-b1-h4-t64-d32-fp32-my-attention-fwd]": 1.2}')
+    slower = own_project.runpytest_subprocess(*check, *HARNESS)
+    slower.assert_outcomes(passed=9, failed=1, skipped=34)
+    slower.stdout.fnmatch_lines(["*test_my_shapes.py::test_softmax[[]cpu-b1-*-fwd[]]: REGRESSED +20.0%*",
+                                 "FAILED tests/test_my_shapes.py::test_softmax[[]cpu-b1-*-my-attention-fwd[]]"])
+
