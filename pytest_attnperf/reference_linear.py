@@ -466,7 +466,7 @@ def chunk_gla(
     cq, ck, cv, cg = _chunk_setup((q, k, v, g), chunk, compute)
     gamma = cg.cumsum(-2)
     limit = MAX_LOG_DECAY.get(str(compute), 10.0)
-    deepest = float(-gamma[..., -1, :].min())
+    deepest = float(-gamma[..., -1, :].detach().min())
     if deepest > limit:
         raise ValueError(f"a chunk of {chunk} tokens decays by exp(-{deepest:.3g}), beyond what {compute} "
                          f"holds in the factored form (exp(-{limit:g})): use a smaller chunk")
