@@ -33,7 +33,7 @@ __all__ = [
 
 FACTOR = 2.0
 GRAD_FACTOR = 3.0
-ELEMENT_FACTOR = 8.0  # elementwise, outputs: see assert_elementwise and docs/checks.md
+ELEMENT_FACTOR = 4.0  # elementwise, outputs: see assert_elementwise and docs/checks.md
 ELEMENT_GRAD_FACTOR = 32.0  # elementwise, gradients
 
 _EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "fp64": 2.0**-53}

@@ -24,7 +24,7 @@ scale is off by tens of percent. NaN and Inf always fail.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..registry import Kernel, KernelRegistry
@@ -209,28 +209,34 @@ class Prepared:
     scale: float
     dtype: str
     backward: bool  # fwdbwd: the reference carries the gradient of each input
-    _reference: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+    _computed: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
-    def reference(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    def reference(self, form: str | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """``(reference, yardstick)``: out, then the gradient of every input (fwdbwd), of every
-        batch and head. The reference is the chunked form in float64 on the case's device
-        (algebraically the token recurrence; tests hold them together to 1e-10), the yardstick
-        the same chunked form in float32 with every intermediate a chunk kernel stores rounded
-        to the case's dtype (``reference_linear.chunk_*``), its gradients through autograd,
-        which rounds them at the same points.
+        batch and head.
 
-        Computed on first use, not before: a kernel that refuses the case (fla's Hopper
+        The reference is the chunked form in float64 on the case's device (algebraically the
+        token recurrence; tests hold them together to 1e-10). The yardstick is the same
+        computation done plainly at the kernel's precision, in float32 with its output not
+        rounded, and for a chunk kernel (``form`` "chunk", or None: a user's kernel) with every
+        intermediate that a chunk kernel stores rounded to the case's dtype (the scores of each
+        chunk, each chunk's state, the decayed queries and keys of its products; see
+        ``reference_linear.chunk_*``); a recurrent kernel keeps its state in float32, so its
+        yardstick rounds nothing. Gradients come through autograd, which rounds them at the same
+        points.
+
+        Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
         backward, say) is skipped without paying for it.
         """
-        if self._reference is None:
-            import torch
+        import torch
 
-            store = None if self.dtype == "fp32" else torch_dtype(self.dtype)
-            self._reference = (
-                self._run(torch.float64, None),
-                self._run(torch.float32, store),
-            )
-        return self._reference
+        rounded = form != "recurrent" and self.dtype != "fp32"
+        key = "chunk" if rounded else "fp32"
+        if "fp64" not in self._computed:
+            self._computed["fp64"] = self._run(torch.float64, None)
+        if key not in self._computed:
+            self._computed[key] = self._run(torch.float32, torch_dtype(self.dtype) if rounded else None)
+        return self._computed["fp64"], self._computed[key]
 
     def _run(self, compute: Any, store: Any) -> tuple[Any, ...]:
         import torch
@@ -371,7 +377,7 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
         return run(False)
 
     got = call_checked(kernel, lambda: run(True), ", ".join(p.names), p.inputs, device)  # a refusal skips here
-    reference, yardstick = p.reference()  # only now: a refused case never pays for it
+    reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
     assert_checked(f"{kernel.name} out", got[0].detach(), reference[0], yardstick[0], case.dtype, OUT_UNITS,
                    OUT_FACTOR)
     for name, grad, ref, yard in zip(p.names[: len(got) - 1], got[1:], reference[1:], yardstick[1:], strict=True):
