@@ -349,7 +349,7 @@ def assert_checked(name: str, value: Any, reference: Any, yardstick: Any, dtype:
 
     error = assert_normwise(name, value, reference, dtype, units)
     assert_elementwise(name, value, reference, yardstick, unit=UNIT_ROUNDOFF[dtype], factor=factor,
-                       yardstick_name=f"the {dtype} chunked form")
+                       yardstick_name="the yardstick's")
     return error
 
 

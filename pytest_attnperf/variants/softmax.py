@@ -237,6 +237,6 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
         factor = FACTOR if name == "out" else GRAD_FACTOR
         assert_close(f"{kernel.name} {name}", value.detach(), ref, mine, case.dtype, factor)
         assert_elementwise(f"{kernel.name} {name}", value.detach(), ref, mine, unit=_EPS[case.dtype],
-                           factor=ELEMENT_FACTOR if name == "out" else ELEMENT_GRAD_FACTOR,
+                           factor=ELEMENT_FACTOR[case.dtype] if name == "out" else ELEMENT_GRAD_FACTOR,
                            yardstick_name=f"PyTorch's {case.dtype}")
     return call
