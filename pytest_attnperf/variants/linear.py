@@ -11,14 +11,25 @@ Inputs in fla's layout ``[B, T, H, D]``. Signatures of the families' kernels::
 recurrences). Built-in kernels: fla's Triton kernels (CUDA only) and fla's pure-PyTorch
 ``naive`` references (CPU and CUDA), each checked against our fp64 recurrences.
 
-Correctness is normwise: ``|out - ref| / |ref|`` (Frobenius norms) against the fp64 reference.
-A chunked kernel in dtype ``d`` rounds its inputs to the tensor-core format at every chunk
-product, and its intermediates and output to ``d``; each rounding costs at most one unit
-roundoff ``u`` normwise, so outputs may be off by ``2u`` and gradients, which go through twice
-as many products, by ``4u``. fp32 kernels are held to TF32's ``u`` (2^-11), since Triton's
-fp32 dots default to TF32. For bf16 that is 7.8e-3 (outputs) and 1.6e-2 (gradients), the
-range fla's own tests accept (relative RMS errors 5e-3 to 1e-2); a dropped gate or a wrong
-scale is off by tens of percent. NaN and Inf always fail.
+Correctness, for outputs and the gradients of every input, on every batch and head, against
+the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrence):
+
+* normwise: ``|out - ref| / |ref|`` (Frobenius norms). A chunked kernel in dtype ``d`` rounds its
+  inputs to the tensor-core format at every chunk product, and its intermediates and output to
+  ``d``; each rounding costs at most one unit roundoff ``u`` normwise, so outputs may be off by
+  ``2u`` and gradients, which go through twice as many products, by ``4u``. fp32 kernels are
+  held to TF32's ``u`` (2^-11), since Triton's fp32 dots default to TF32. For bf16 that is
+  7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
+  5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
+* elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
+  ``OUT_FACTOR`` (8; ``GRAD_FACTOR`` 16 for gradients) times the yardstick's error there and its
+  RMS error, the yardstick being the chunked form at the kernel's precision (see
+  ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
+  (GLA's dg) on the CPU; docs/checks.md has the figures and what a sparse error costs to detect.
+
+NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
+query's dtype and the inputs' device (fla's kernels return ``(o, state)``: the built-in wrappers
+take ``o``).
 """
 
 from __future__ import annotations
