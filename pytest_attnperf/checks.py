@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from .registry import Kernel
 
 __all__ = [
-    "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "FACTOR", "GRAD_FACTOR", "Closeness", "Elementwise", "assert_close", "assert_elementwise", "assert_unchanged",
-    "call_checked", "describe", "expect_tensor", "max_error", "poison_allocator",
+    "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "FACTOR", "GRAD_FACTOR", "Closeness", "Elementwise",
+    "assert_close", "assert_elementwise", "assert_unchanged", "call_checked", "describe", "expect_tensor", "max_error", "poison_allocator",
 ]
 
 FACTOR = 2.0

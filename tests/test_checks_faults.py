@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_attnperf import reference, reference_linear
+from pytest_attnperf import reference
 from pytest_attnperf.registry import Kernel
 from pytest_attnperf.variants import linear, softmax
 
@@ -152,8 +152,10 @@ FAULTS = (
           r"returned tuple \(len 2\); expected a torch\.Tensor of shape \(\d+, \d+, \d+, \d+\)"),
     Fault("returns-numpy", lambda f: _wrap(f, lambda out, a: out.detach().float().numpy()),
           r"returned numpy\.ndarray of shape .*; expected a torch\.Tensor"),
-    Fault("wrong-dtype", lambda f: _wrap(f, _wrong_dtype), r"dtype torch\.float(32|64) on cpu; expected .* dtype torch\."),
-    Fault("wrong-shape", lambda f: _wrap(f, lambda out, a: out[:, :-1]), r"returned a torch\.Tensor of shape .*; expected"),
+    Fault("wrong-dtype", lambda f: _wrap(f, _wrong_dtype),
+          r"dtype torch\.float(32|64) on cpu; expected .* dtype torch\."),
+    Fault("wrong-shape", lambda f: _wrap(f, lambda out, a: out[:, :-1]),
+          r"returned a torch\.Tensor of shape .*; expected"),
     Fault("wrong-device", lambda f: _wrap(f, lambda out, a: out.to("meta")), r"on meta; expected .* on cpu"),
 )
 
@@ -289,25 +291,15 @@ def test_the_built_in_naive_kernels_pass_and_fail_once_injected(family: str) -> 
 # -- the same through the suites, registered as a user would -------------------------------------
 
 CONFTEST = '''
-import torch
-
-from pytest_attnperf.variants import linear
-
-from test_checks_faults_kernels import FAULTS, FAMILIES, GOOD
+from test_checks_faults_kernels import FAMILIES, FAULTS, GOOD
 
 
 def pytest_attnperf_register_kernels(registry, config):
     for family in FAMILIES:
         for fault in FAULTS:
-            if fault.where != "bf16":
-                registry.add(linear_kernel(family, f"fault-{fault.name}", fault.make(family)))
-        registry.add(linear_kernel(family, "good-exact", GOOD[family]))
-
-
-def linear_kernel(family, name, fn):
-    from pytest_attnperf.registry import Kernel
-
-    return Kernel(family, name, fn)
+            if fault.where != "bf16":  # the suites' CPU tables are fp32
+                registry.kernel(family=family, name=f"fault-{fault.name}")(fault.make(family))
+        registry.kernel(family=family, name="good-exact")(GOOD[family])
 '''
 
 
