@@ -322,7 +322,7 @@ def test_wrong_gate_shapes_are_refused(x: Inputs) -> None:
 
 # --- chunked forms --------------------------------------------------------------------------
 
-CHUNK_TOL = 1e-10  # fp64 both ways: measured agreement is 1e-15 to 2e-15 of the largest value
+CHUNK_TOL = 1e-10  # fp64 both ways: measured agreement is within 2e-15 of the largest value
 
 
 @dataclass(frozen=True)
