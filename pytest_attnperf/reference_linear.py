@@ -29,10 +29,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, overload
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
     from torch import Tensor
 
 __all__ = [
+    "CHUNK",
+    "GLA_CHUNK",
     "L2NORM_EPS",
+    "chunk_gated_delta_rule",
+    "chunk_gla",
+    "chunk_linear_attention",
+    "chunk_simple_gla",
     "NORMALIZE_EPS",
     "gated_delta_rule",
     "gla",
@@ -310,3 +319,207 @@ def gated_delta_rule(
         state = decayed + _outer(k_t, written)
         outputs.append(_readout(q[:, :, t], state, scale))
     return _finish(outputs, state, final_state)
+
+
+# -- chunked forms -------------------------------------------------------------------------------
+
+CHUNK = 64
+"""Tokens per chunk of the chunked forms (fla's chunk kernels use 64 too)."""
+
+GLA_CHUNK = 16
+"""GLA's chunks below float64: its per-channel decay is factored as ``exp(gamma_r) * exp(-gamma_s)``
+inside a chunk, whose second factor grows with the chunk's total log decay (``MAX_LOG_DECAY``);
+float64 takes ``CHUNK``, a quarter of the chunk states to keep (8.6 GB fewer at B=4 H=16
+T=16384 K=V=128)."""
+
+MAX_LOG_DECAY = {"torch.float64": 600.0, "torch.float32": 80.0}
+"""Largest total log decay inside one GLA chunk whose ``exp(-gamma)`` the compute dtype holds."""
+
+
+def _rounding(store: torch.dtype | None) -> Callable[[Tensor], Tensor]:
+    """``x`` rounded to ``store`` and back (what a kernel's stored intermediate holds); identity
+    for None. Under autograd its gradient is rounded the same way."""
+    if store is None:
+        return lambda x: x
+    return lambda x: x.to(store).to(x.dtype)
+
+
+def _to_chunks(x: Tensor, chunk: int, dtype: torch.dtype) -> Tensor:
+    """``[B, T, H, ...]`` to ``[B, H, N, C, ...]`` in ``dtype``, the last chunk padded with zeros
+    (a zero key, value and beta writes nothing; a zero log gate decays nothing)."""
+    import torch
+
+    x = x.to(dtype).transpose(1, 2)
+    pad = (-x.shape[2]) % chunk
+    if pad:
+        x = torch.cat([x, x.new_zeros(*x.shape[:2], pad, *x.shape[3:])], dim=2)
+    return x.reshape(*x.shape[:2], -1, chunk, *x.shape[3:])
+
+
+def _from_chunks(o: Tensor, seq: int) -> Tensor:
+    """``[B, H, N, C, V]`` back to ``[B, T, H, V]``, the padding dropped."""
+    return o.flatten(2, 3)[:, :, :seq].transpose(1, 2)
+
+
+def _decay_matrix(gamma: Tensor, diagonal: bool) -> Tensor:
+    """``exp(gamma_r - gamma_s)`` for ``s <= r`` (``s < r`` without the diagonal), else 0;
+    ``gamma [..., C]`` is the cumulative log decay inside each chunk."""
+    import torch
+
+    size = gamma.shape[-1]
+    visible = torch.ones(size, size, dtype=torch.bool, device=gamma.device).tril(0 if diagonal else -1)
+    return (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~visible, float("-inf")).exp()
+
+
+def _chunk_initial(initial_state: Tensor | None, q: Tensor, key_dim: int, value_dim: int) -> Tensor:
+    """The state before the first chunk, ``[B, H, K, V]`` in ``q``'s dtype (chunked layout)."""
+    return _initial(initial_state, q, key_dim, value_dim).to(q.dtype)
+
+
+def _chunk_scan(
+    q: Tensor, k: Tensor, v: Tensor, gamma: Tensor, *, scale: float, initial_state: Tensor | None,
+    final_state: bool, seq: int, store: torch.dtype | None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Chunked linear attention with a cumulative log decay per channel ``gamma [B, H, N, C, K]``
+    (zeros: none; broadcast over K: one per head), in ``q``'s dtype.
+
+    Inside a chunk, token ``r`` reads token ``s <= r`` through ``sum_i q_ri k_si
+    exp(gamma_ri - gamma_si)``, factored as ``(q exp(gamma))_r . (k exp(-gamma))_s``; across
+    chunks through the state ``S_n`` entering chunk ``n``::
+
+        o_r = scale * ((q_r exp(gamma_r))^T S_n + sum_{s <= r} A_rs v_s)
+        S_{n+1} = exp(gamma_C) * S_n + sum_s (k_s exp(gamma_C - gamma_s)) v_s^T
+
+    ``store`` rounds what a chunk kernel stores between its products, as fla's do: the
+    intra-chunk scores (computed from unrounded factors), the decayed queries and keys of the
+    state's products, and each chunk's state; the running state stays in ``q``'s dtype.
+    """
+    import torch
+
+    r = _rounding(store)
+    size = q.shape[3]
+    visible = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+    q_decayed = q * gamma.exp()
+    scores = r((q_decayed @ (k * (-gamma).exp()).transpose(-1, -2)).masked_fill(~visible, 0.0))
+    last = gamma[..., -1:, :]  # [B, H, N, 1, K]
+    writes = r(k * (last - gamma).exp()).transpose(-1, -2) @ v  # [B, H, N, K, V]
+    state = _chunk_initial(initial_state, q[:, :, 0], q.shape[-1], v.shape[-1])
+    entering = []
+    for n in range(q.shape[2]):
+        entering.append(state)
+        state = last[:, :, n, 0, :, None].exp() * state + writes[:, :, n]
+    o = scale * (r(q_decayed) @ r(torch.stack(entering, dim=2)) + scores @ v)
+    o = _from_chunks(o, seq)
+    return (o, state) if final_state else o
+
+
+def _chunk_setup(
+    tensors: tuple[Tensor, ...], chunk: int, compute: torch.dtype
+) -> tuple[Tensor, ...]:
+    return tuple(_to_chunks(x, chunk, compute) for x in tensors)
+
+
+def chunk_linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, initial_state: Tensor | None = None,
+    final_state: bool = False, chunk: int = CHUNK, compute: torch.dtype | None = None,
+    store: torch.dtype | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`linear_attention` (causal, unnormalised) in the chunked form, computed in
+    ``compute`` (default float64) with the intermediates a chunk kernel stores rounded to
+    ``store`` (default: not rounded). Returns ``[B, T, H, V]`` in ``compute``."""
+    import torch
+
+    compute = compute or torch.float64
+    cq, ck, cv = _chunk_setup((q, k, v), chunk, compute)
+    gamma = cq.new_zeros(*cq.shape[:4], 1).expand(cq.shape)
+    return _chunk_scan(cq, ck, cv, gamma, scale=scale, initial_state=initial_state, final_state=final_state,
+                       seq=q.shape[1], store=store)
+
+
+def chunk_simple_gla(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float, initial_state: Tensor | None = None,
+    final_state: bool = False, chunk: int = CHUNK, compute: torch.dtype | None = None,
+    store: torch.dtype | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`simple_gla` in the chunked form (arguments as :func:`chunk_linear_attention`)."""
+    import torch
+
+    _check_per_head("g", g, k)
+    compute = compute or torch.float64
+    cq, ck, cv, cg = _chunk_setup((q, k, v, g), chunk, compute)
+    gamma = cg.cumsum(-1)[..., None].expand(cq.shape)
+    return _chunk_scan(cq, ck, cv, gamma, scale=scale, initial_state=initial_state, final_state=final_state,
+                       seq=q.shape[1], store=store)
+
+
+def chunk_gla(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float, initial_state: Tensor | None = None,
+    final_state: bool = False, chunk: int | None = None, compute: torch.dtype | None = None,
+    store: torch.dtype | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`gla` in the chunked form (arguments as :func:`chunk_linear_attention`; ``chunk``
+    defaults to ``CHUNK`` in float64, ``GLA_CHUNK`` below); raises ValueError when a chunk decays
+    by more than ``MAX_LOG_DECAY`` (its ``exp(-gamma)`` would overflow): use a smaller ``chunk``."""
+    import torch
+
+    if g.shape != k.shape:
+        raise ValueError(f"g must have the keys' shape [B, T, H, K] = {list(k.shape)}, got {list(g.shape)}")
+    compute = compute or torch.float64
+    chunk = chunk or (CHUNK if compute == torch.float64 else GLA_CHUNK)
+    cq, ck, cv, cg = _chunk_setup((q, k, v, g), chunk, compute)
+    gamma = cg.cumsum(-2)
+    limit = MAX_LOG_DECAY.get(str(compute), 10.0)
+    deepest = float(-gamma[..., -1, :].detach().min())
+    if deepest > limit:
+        raise ValueError(f"a chunk of {chunk} tokens decays by exp(-{deepest:.3g}), beyond what {compute} "
+                         f"holds in the factored form (exp(-{limit:g})): use a smaller chunk")
+    return _chunk_scan(cq, ck, cv, gamma, scale=scale, initial_state=initial_state, final_state=final_state,
+                       seq=q.shape[1], store=store)
+
+
+def chunk_gated_delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, l2norm_qk: bool = False,
+    initial_state: Tensor | None = None, final_state: bool = False, chunk: int = CHUNK,
+    compute: torch.dtype | None = None, store: torch.dtype | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`gated_delta_rule` in the chunked (WY/UT) form (other arguments as
+    :func:`chunk_linear_attention`).
+
+    Inside a chunk, with ``Gamma_r = exp(gamma_r)`` the decay since the chunk's start and
+    ``S`` the state entering it, the recurrence's writes ``U`` (``u_t`` of the token form) solve
+    a unit lower-triangular system::
+
+        (I + L) U = diag(beta) V - diag(beta Gamma) K S,   L_rs = beta_r (Gamma_r / Gamma_s) k_r.k_s  (s < r)
+        U = T diag(beta) V - T diag(beta Gamma) K S,        T = (I + L)^-1
+        o_r = scale * (Gamma_r S^T q_r + sum_{s <= r} (Gamma_r / Gamma_s) (q_r.k_s) u_s)
+        S' = Gamma_C S + sum_s (Gamma_C / Gamma_s) k_s u_s^T
+    """
+    import torch
+
+    _check_per_head("g", g, k)
+    _check_per_head("beta", beta, k)
+    if l2norm_qk:
+        q, k = l2norm(q), l2norm(k)
+    r = _rounding(store)
+    compute = compute or torch.float64
+    cq, ck, cv, cg, cb = _chunk_setup((q, k, v, g, beta), chunk, compute)
+    gamma = cg.cumsum(-1)  # [B, H, N, C]
+    kk = ck @ ck.transpose(-1, -2)
+    lower = cb[..., :, None] * kk * _decay_matrix(gamma, diagonal=False)
+    eye = torch.eye(chunk, dtype=compute, device=cq.device).expand(lower.shape)
+    inverse = r(torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True))
+    u = r(inverse @ (cb[..., None] * cv))
+    w = r(inverse @ ((cb * gamma.exp())[..., None] * ck))
+    scores = r((cq @ ck.transpose(-1, -2)) * _decay_matrix(gamma, diagonal=True))
+    last = gamma[..., -1:]  # [B, H, N, 1]
+    k_decayed = r(ck * (last - gamma).exp()[..., None])
+    q_decayed = cq * gamma.exp()[..., None]
+    state = _chunk_initial(initial_state, cq[:, :, 0], cq.shape[-1], cv.shape[-1])
+    outputs = []
+    for n in range(cq.shape[2]):
+        stored = r(state)
+        written = r(u[:, :, n] - w[:, :, n] @ stored)
+        outputs.append(q_decayed[:, :, n] @ stored + scores[:, :, n] @ written)
+        state = last[:, :, n, :, None].exp() * state + k_decayed[:, :, n].transpose(-1, -2) @ written
+    o = _from_chunks(scale * torch.stack(outputs, dim=2), q.shape[1])
+    return (o, state) if final_state else o

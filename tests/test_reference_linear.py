@@ -320,6 +320,71 @@ def test_wrong_gate_shapes_are_refused(x: Inputs) -> None:
         ref.linear_attention(x.q, x.k, x.v, scale=SCALE, initial_state=x.h0[0])
 
 
+# --- chunked forms --------------------------------------------------------------------------
+
+CHUNK_TOL = 1e-10  # fp64 both ways: measured agreement is within 2e-15 of the largest value
+
+
+@dataclass(frozen=True)
+class ChunkCase:
+    """A chunked form and the token recurrence it must equal, on the same inputs."""
+
+    id: str
+    chunked: Callable[..., Any]
+    token: Callable[..., Any]
+    inputs: Callable[[Inputs], tuple[torch.Tensor, ...]]
+
+
+CHUNK_CASES = (
+    ChunkCase("linear_attention", ref.chunk_linear_attention, ref.linear_attention, lambda x: (x.q, x.k, x.v)),
+    ChunkCase("gla", ref.chunk_gla, ref.gla, lambda x: (x.q, x.k, x.v, x.gk)),
+    ChunkCase("simple_gla", ref.chunk_simple_gla, ref.simple_gla, lambda x: (x.q, x.k, x.v, x.g)),
+    ChunkCase("gated_delta_rule", ref.chunk_gated_delta_rule, ref.gated_delta_rule,
+              lambda x: (x.qn, x.kn, x.v, x.g, x.beta)),
+    ChunkCase("gated_delta_rule-beta0to2", ref.chunk_gated_delta_rule, ref.gated_delta_rule,
+              lambda x: (x.qn, x.kn, x.v, x.g, 2 * x.beta)),
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 16, 64])  # 33 tokens: a partial last chunk, or one chunk
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=lambda c: c.id)
+def test_chunked_form_equals_the_token_recurrence(case: ChunkCase, chunk: int, x: Inputs) -> None:
+    args = case.inputs(x)
+    o, state = case.chunked(*args, scale=SCALE, chunk=chunk, initial_state=x.h0, final_state=True)
+    o_ref, state_ref = case.token(*args, scale=SCALE, initial_state=x.h0, final_state=True)
+    assert o.dtype == torch.float64 and o.shape == o_ref.shape == (B, T, H, V)
+    assert rel_err(o, o_ref) < CHUNK_TOL
+    assert rel_err(state, state_ref) < CHUNK_TOL
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=lambda c: c.id)
+def test_chunked_gradients_equal_the_token_recurrences(case: ChunkCase) -> None:
+    x = make_inputs(seq=21, seed=3)
+    leaves = [t.detach().clone().requires_grad_(True) for t in case.inputs(x)]
+    grad_out = torch.randn(B, 21, H, V, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    chunked = torch.autograd.grad(case.chunked(*leaves, scale=SCALE, chunk=8), leaves, grad_out)
+    token = torch.autograd.grad(case.token(*leaves, scale=SCALE), leaves, grad_out)
+    for got, want in zip(chunked, token, strict=True):
+        assert rel_err(got, want) < CHUNK_TOL
+
+
+def test_chunked_form_at_a_lower_precision_rounds_where_a_kernel_stores(x: Inputs) -> None:
+    """``store`` rounds the intermediates: the error grows to bf16's scale, and no further."""
+    q, k, v = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v))
+    exact = ref.chunk_linear_attention(q, k, v, scale=SCALE)
+    plain = ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32)
+    rounded = ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32, store=torch.bfloat16)
+    assert plain.dtype == rounded.dtype == torch.float32
+    assert rel_err(plain, exact) < 1e-6
+    assert 2.0**-12 < rel_err(rounded, exact) < 4 * 2.0**-8
+
+
+def test_chunked_gla_refuses_a_decay_its_dtype_cannot_hold(x: Inputs) -> None:
+    with pytest.raises(ValueError, match="decays by exp.*use a smaller chunk"):
+        ref.chunk_gla(x.q, x.k, x.v, x.gk - 10.0, scale=SCALE, compute=torch.float32)
+    ref.chunk_gla(x.q, x.k, x.v, x.gk - 10.0, scale=SCALE, compute=torch.float32, chunk=4)
+
+
 # --- gradients ------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Running one linear-attention case (``pytest_attnperf.variants.linear.run_case``) on the CPU:
-the fp64 reference is computed only once a kernel has answered, once per case, and it is what
-a kernel's output is held to."""
+the fp64 reference and the same-dtype yardstick are computed only once a kernel has answered,
+once per case, and they are what a kernel's output is held to."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def references(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The families whose fp64 reference was computed, in order (the case cache starts empty)."""
+    """The families whose chunked form (fp64 reference or yardstick) was computed, in order (the
+    case cache starts empty)."""
     computed: list[str] = []
-    real = linear._reference_fn
+    real = linear._chunked_fn
 
     def counting(family: str):
         fn = real(family)
@@ -30,7 +31,7 @@ def references(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         return reference
 
-    monkeypatch.setattr(linear, "_reference_fn", counting)
+    monkeypatch.setattr(linear, "_chunked_fn", counting)
     monkeypatch.setattr(linear, "_cache", {})
     return computed
 
@@ -61,8 +62,8 @@ def test_the_reference_is_computed_once_for_the_kernels_of_a_case(references, di
     call = linear.run_case("linear_attn", Kernel("linear_attn", "exact", exact), CASE, direction, CPU)
     assert callable(call)
     linear.run_case("linear_attn", Kernel("linear_attn", "exact-again", exact), CASE, direction, CPU)
-    # the forward reference, and for fwdbwd the one on the edges that autograd differentiates
-    assert references == ["linear_attn"] * (1 if direction == "fwd" else 2)
+    # the fp64 reference and the yardstick, once each (with their gradients for fwdbwd)
+    assert references == ["linear_attn"] * 2
 
 
 def test_a_refusal_then_an_answer_still_checks_the_answer(references):
@@ -71,7 +72,7 @@ def test_a_refusal_then_an_answer_still_checks_the_answer(references):
                                               unsupported=linear.FLA_REFUSALS), CASE, "fwd", CPU)
     with pytest.raises(AssertionError, match="normwise relative error .* exceeds"):
         linear.run_case("linear_attn", Kernel("linear_attn", "off", off_by_one_percent), CASE, "fwd", CPU)
-    assert references == ["linear_attn"]
+    assert references == ["linear_attn"] * 2
 
 
 def writes_into_v_then_refuses(q, k, v, *, scale):

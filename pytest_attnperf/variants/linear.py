@@ -11,20 +11,31 @@ Inputs in fla's layout ``[B, T, H, D]``. Signatures of the families' kernels::
 recurrences). Built-in kernels: fla's Triton kernels (CUDA only) and fla's pure-PyTorch
 ``naive`` references (CPU and CUDA), each checked against our fp64 recurrences.
 
-Correctness is normwise: ``|out - ref| / |ref|`` (Frobenius norms) against the fp64 reference.
-A chunked kernel in dtype ``d`` rounds its inputs to the tensor-core format at every chunk
-product, and its intermediates and output to ``d``; each rounding costs at most one unit
-roundoff ``u`` normwise, so outputs may be off by ``2u`` and gradients, which go through twice
-as many products, by ``4u``. fp32 kernels are held to TF32's ``u`` (2^-11), since Triton's
-fp32 dots default to TF32. For bf16 that is 7.8e-3 (outputs) and 1.6e-2 (gradients), the
-range fla's own tests accept (relative RMS errors 5e-3 to 1e-2); a dropped gate or a wrong
-scale is off by tens of percent. NaN and Inf always fail.
+Correctness, for outputs and the gradients of every input, on every batch and head, against
+the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrence):
+
+* normwise: ``|out - ref| / |ref|`` (Frobenius norms). A chunked kernel in dtype ``d`` rounds its
+  inputs to the tensor-core format at every chunk product, and its intermediates and output to
+  ``d``; each rounding costs at most one unit roundoff ``u`` normwise, so outputs may be off by
+  ``2u`` and gradients, which go through twice as many products, by ``4u``. fp32 kernels are
+  held to TF32's ``u`` (2^-11), since Triton's fp32 dots default to TF32. For bf16 that is
+  7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
+  5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
+* elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
+  ``OUT_FACTOR`` (8; ``GRAD_FACTOR`` 16 for gradients) times the yardstick's error there and its
+  RMS error, the yardstick being the chunked form at the kernel's precision (see
+  ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
+  (GLA's dg) on the CPU; docs/checks.md has the figures and what a sparse error costs to detect.
+
+NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
+query's dtype and the inputs' device (fla's kernels return ``(o, state)``: the built-in wrappers
+take ``o``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..registry import Kernel, KernelRegistry
@@ -35,6 +46,7 @@ FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
+OUT_FACTOR, GRAD_FACTOR = 8.0, 16.0  # elementwise: see assert_checked and docs/checks.md
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
 FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
@@ -198,49 +210,62 @@ def register(registry: KernelRegistry) -> None:
 
 @dataclass
 class Prepared:
-    """A case's inputs, and its fp64 reference once a kernel has returned something to check."""
+    """A case's inputs, and its fp64 reference and same-dtype yardstick once a kernel has
+    returned something to check."""
 
     inputs: tuple[Any, ...]  # q, k, v[, g[, beta]] as the kernel takes them
     grad_out: Any
     names: tuple[str, ...]
     family: str
     scale: float
+    dtype: str
     backward: bool  # fwdbwd: the reference carries the gradient of each input
-    _reference: tuple[Any, ...] | None = None
+    _computed: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
-    def reference(self) -> tuple[Any, ...]:
-        """Out, then the gradient of each input (edges only), fp64; computed on first use.
+    def reference(self, form: str | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """``(reference, yardstick)``: out, then the gradient of every input (fwdbwd), of every
+        batch and head.
 
-        Not before: a kernel that refuses the case (fla's Hopper backward, say) is skipped
-        without paying for it, and the fp64 recurrence is most of a GPU run's time (about 15 to
-        23 s for a B=4 H=16 T=16384 forward+backward on the H200).
+        The reference is the chunked form in float64 on the case's device (algebraically the
+        token recurrence; tests hold them together to 1e-10). The yardstick is the same
+        computation done plainly at the kernel's precision, in float32 with its output not
+        rounded, and for a chunk kernel (``form`` "chunk", or None: a user's kernel) with every
+        intermediate that a chunk kernel stores rounded to the case's dtype (the scores of each
+        chunk, each chunk's state, the decayed queries and keys of its products; see
+        ``reference_linear.chunk_*``); a recurrent kernel keeps its state in float32, so its
+        yardstick rounds nothing. Gradients come through autograd, which rounds them at the same
+        points.
 
-        The forward reference covers the whole output. Gradients are compared on the first
-        and last batch and the first and last head (batches and heads are independent, so
-        those gradients are exact, and the fp64 recurrence's autograd memory, one state per
-        token, stays bounded at long sequences); every gradient element is checked to be
-        finite.
+        Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
+        backward, say) is skipped without paying for it.
         """
-        if self._reference is None:
-            import torch
+        import torch
 
-            fn = _reference_fn(self.family)
-            with torch.no_grad():
-                out = fn(*(x.detach().double() for x in self.inputs), scale=self.scale)
-            reference: tuple[Any, ...] = (out,)
-            if self.backward:
-                leaves = [_edges(x.detach()).double().requires_grad_(True) for x in self.inputs]
-                sliced = fn(*leaves, scale=self.scale)
-                reference += torch.autograd.grad(sliced, leaves, _edges(self.grad_out).double())
-            self._reference = reference
-        return self._reference
+        rounded = form != "recurrent" and self.dtype != "fp32"
+        key = "chunk" if rounded else "fp32"
+        if "fp64" not in self._computed:
+            self._computed["fp64"] = self._run(torch.float64, None)
+        if key not in self._computed:
+            self._computed[key] = self._run(torch.float32, torch_dtype(self.dtype) if rounded else None)
+        return self._computed["fp64"], self._computed[key]
+
+    def _run(self, compute: Any, store: Any) -> tuple[Any, ...]:
+        import torch
+
+        fn = _chunked_fn(self.family)
+        leaves = [x.detach().to(compute).requires_grad_(self.backward) for x in self.inputs]
+        with torch.enable_grad() if self.backward else torch.no_grad():
+            out = fn(*leaves, scale=self.scale, compute=compute, store=store)
+            if not self.backward:
+                return (out,)
+            grads = torch.autograd.grad(out, leaves, self.grad_out.to(compute))
+        return (out.detach(),) + tuple(g.detach() for g in grads)
 
 
-def _edges(x: Any) -> Any:
-    """First and last batch, first and last head (fla layout ``[B, T, H, ...]``)."""
-    batches = sorted({0, x.shape[0] - 1})
-    heads = sorted({0, x.shape[2] - 1})
-    return x[batches][:, :, heads]
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple[Any, ...]:
@@ -249,7 +274,7 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple
     import torch
     import torch.nn.functional as F
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    dtype = torch_dtype(case.dtype)
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{family}:{case.id}".encode()))
     b, t, h, kd, vd = case.batch, case.seq, case.heads, case.key_dim, case.value_dim
 
@@ -270,12 +295,12 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple
     return tuple(x.requires_grad_(backward) for x in tensors)
 
 
-def _reference_fn(family: str) -> Callable[..., Any]:
+def _chunked_fn(family: str) -> Callable[..., Any]:
     from .. import reference_linear as ref
 
     functions: dict[str, Callable[..., Any]] = {
-        "linear_attn": ref.linear_attention, "gla": ref.gla, "simple_gla": ref.simple_gla,
-        "gdn": ref.gated_delta_rule,
+        "linear_attn": ref.chunk_linear_attention, "gla": ref.chunk_gla, "simple_gla": ref.chunk_simple_gla,
+        "gdn": ref.chunk_gated_delta_rule,
     }
     return functions[family]
 
@@ -297,7 +322,7 @@ def prepare(family: str, case: LinearCase, direction: str, device: Any) -> Prepa
     gen = torch.Generator(device=device).manual_seed(7)
     grad_out = torch.randn(inputs[2].shape, generator=gen, device=device).to(inputs[0].dtype)
     names = ("q", "k", "v", "g", "beta")[: len(inputs)]
-    prepared = Prepared(inputs, grad_out, names, family, case.scale, direction == "fwdbwd")
+    prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd")
     _cache[key] = prepared
     return prepared
 
@@ -326,28 +351,48 @@ def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: fl
     return error
 
 
+def assert_checked(name: str, value: Any, reference: Any, yardstick: Any, dtype: str, units: float,
+                   factor: float) -> float:
+    """Finite, then the normwise bound (``units`` unit roundoffs), then every element within
+    ``factor`` times the yardstick's error there and its RMS error, plus the rounding of the
+    element itself (``checks.assert_elementwise``); returns the normwise error."""
+    from ..checks import assert_elementwise
+
+    error = assert_normwise(name, value, reference, dtype, units)
+    assert_elementwise(name, value, reference, yardstick, unit=UNIT_ROUNDOFF[dtype], factor=factor,
+                       yardstick_name="the yardstick's")
+    return error
+
+
 def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any) -> Callable[[], Any]:
-    """Check ``kernel`` against the fp64 recurrence (output; gradients of every input for
-    ``fwdbwd``) and return the zero-argument callable to time."""
+    """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
+    ``fwdbwd``; every batch and head) and return the zero-argument callable to time."""
     import torch
 
-    from ..checks import call_checked
+    from ..checks import call_checked, expect_tensor
 
     p = prepare(family, case, direction, device)
     backward = direction == "fwdbwd"
+    q, v = p.inputs[0], p.inputs[2]
+    expected = tuple(v.shape)
 
-    def call() -> Any:
+    def run(check: bool) -> Any:
         out = kernel.fn(*p.inputs, scale=case.scale)
+        if check:
+            expect_tensor(kernel.name, out, expected, q.dtype, q.device)
         if not backward:
             return (out,)
         return (out,) + tuple(torch.autograd.grad(out, p.inputs, p.grad_out))
 
-    got = call_checked(kernel, call, ", ".join(p.names), p.inputs, device)  # a refusal skips here
-    reference = p.reference()  # only now: a refused case never pays for it
-    assert_normwise(f"{kernel.name} out", got[0].detach(), reference[0], case.dtype, OUT_UNITS)
-    for name, grad, ref in zip(p.names[: len(got) - 1], got[1:], reference[1:], strict=True):
-        assert_finite(f"{kernel.name} d{name}", grad.detach())
-        assert_normwise(f"{kernel.name} d{name}", _edges(grad.detach()), ref, case.dtype, GRAD_UNITS)
+    def call() -> Any:
+        return run(False)
+
+    got = call_checked(kernel, lambda: run(True), ", ".join(p.names), p.inputs, device)  # a refusal skips here
+    reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
+    assert_checked(f"{kernel.name} out", got[0].detach(), reference[0], yardstick[0], case.dtype, OUT_UNITS,
+                   OUT_FACTOR)
+    for name, grad, ref, yard in zip(p.names[: len(got) - 1], got[1:], reference[1:], yardstick[1:], strict=True):
+        assert_checked(f"{kernel.name} d{name}", grad.detach(), ref, yard, case.dtype, GRAD_UNITS, GRAD_FACTOR)
     return call
 
 

@@ -207,23 +207,36 @@ def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
 
 def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> Any:
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
-    ``fwdbwd``); return the zero-argument callable to time."""
+    ``fwdbwd``): its return value first (a tensor of the query's shape, dtype and device),
+    then the largest error (``checks.assert_close``) and every element
+    (``checks.assert_elementwise``); return the zero-argument callable to time."""
     import torch
 
-    from ..checks import FACTOR, GRAD_FACTOR, assert_close, call_checked
+    from ..checks import (
+        _EPS, ELEMENT_FACTOR, ELEMENT_GRAD_FACTOR, FACTOR, GRAD_FACTOR, assert_close, assert_elementwise,
+        call_checked, expect_tensor,
+    )
 
     p = prepare(case, direction, device)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
     backward = direction == "fwdbwd"
 
-    def call() -> Any:
+    def run(check: bool) -> Any:
         out = kernel.fn(p.q, p.k, p.v, **opts)
+        if check:
+            expect_tensor(kernel.name, out, tuple(p.q.shape), p.q.dtype, p.q.device)
         if not backward:
             return (out,)
         return (out,) + tuple(torch.autograd.grad(out, (p.q, p.k, p.v), p.grad_out))
 
-    got = call_checked(kernel, call, "q, k, v", (p.q, p.k, p.v), device)
+    def call() -> Any:
+        return run(False)
+
+    got = call_checked(kernel, lambda: run(True), "q, k, v", (p.q, p.k, p.v), device)
     for name, value, ref, mine in zip(("out", "dq", "dk", "dv"), got, p.reference, p.torch_value, strict=False):
         factor = FACTOR if name == "out" else GRAD_FACTOR
         assert_close(f"{kernel.name} {name}", value.detach(), ref, mine, case.dtype, factor)
+        assert_elementwise(f"{kernel.name} {name}", value.detach(), ref, mine, unit=_EPS[case.dtype],
+                           factor=ELEMENT_FACTOR[case.dtype] if name == "out" else ELEMENT_GRAD_FACTOR,
+                           yardstick_name=f"PyTorch's {case.dtype}")
     return call
