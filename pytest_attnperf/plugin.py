@@ -91,6 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    get_session(session.config).check_baselines(session.items)  # the file's problems, before any test
     get_session(session.config).start_workers(session.items)  # --attnperf-processes, before any test
 
 
