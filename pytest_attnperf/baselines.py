@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import math
 import os
 import sys
@@ -80,6 +81,7 @@ class BaselineFile:
     meta: dict[str, Any] = field(default_factory=dict)
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     unusable: dict[str, Unusable] = field(default_factory=dict)
+    digest: str | None = field(default=None, compare=False)  # sha256 of the bytes it was loaded from
     _summaries: dict[str, Summary] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def summary(self, key: str) -> Summary | None:
@@ -113,16 +115,24 @@ def entry_problem(entry: Any) -> str | None:
     return None
 
 
-def _parse(text: str) -> Any:
-    """The YAML document in ``text``, with the collector off while it builds (a 50 MB file is
-    millions of objects, and each collection would walk all made so far)."""
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    """The cyclic garbage collector off for the block: reading or writing a 50 MB file makes
+    millions of objects, none of them garbage, and each collection would walk all made so far
+    (half the time of a load)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
+        yield
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _parse(text: str) -> Any:
+    """The YAML document in ``text``."""
+    with _collector_off():
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
 
 
 def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
@@ -133,7 +143,8 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
     if not path.exists():
         return None
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"baseline file {path} cannot be read: {exc}") from None
     if not text.strip():
@@ -150,7 +161,7 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
     meta, entries = data.get("meta") or {}, data.get("entries") or {}
     if not isinstance(meta, dict) or not isinstance(entries, dict):
         raise BaselineError(f"baseline file {path}: 'meta' and 'entries' must be mappings")
-    loaded = BaselineFile(meta=meta)
+    loaded = BaselineFile(meta=meta, digest=hashlib.sha256(raw).hexdigest())
     for key, entry in entries.items():
         problem = entry_problem(entry)
         if problem is None:
@@ -193,13 +204,14 @@ def save(path: Path, baseline: BaselineFile) -> None:
     written back as they were. Not locked: ``update`` is the read-merge-write that is."""
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = {**{k: u.raw for k, u in baseline.unusable.items()}, **baseline.entries}
-    text = yaml.dump(
-        {"format": FORMAT, "meta": baseline.meta, "entries": entries},
-        Dumper=_DUMPER,
-        sort_keys=True,
-        default_flow_style=False,
-        width=120,
-    )
+    with _collector_off():
+        text = yaml.dump(
+            {"format": FORMAT, "meta": baseline.meta, "entries": entries},
+            Dumper=_DUMPER,
+            sort_keys=True,
+            default_flow_style=False,
+            width=120,
+        )
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -296,17 +308,28 @@ def locked(path: Path, timeout_s: float | None = None) -> Iterator[None]:
 
 def update(
     path: Path, measured: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
-    timeout_s: float | None = None,
+    timeout_s: float | None = None, known: BaselineFile | None = None,
 ) -> tuple[BaselineFile, list[Path]]:
     """Merge ``measured`` into the file at ``path`` under its lock: remove stale temporaries,
-    reload (another run may have written since this one read it), merge, save. Returns the
-    merged file and the temporaries removed. ``BaselineError`` (unreadable file: nothing is
-    written; ``LockTimeout``) and ``OSError`` (cannot write) pass through."""
+    reload (another run may have written since this one read it; ``known``, the file as this run
+    read it, is used instead when the bytes are still the same), merge, save. Returns the merged
+    file and the temporaries removed. ``BaselineError`` (unreadable file: nothing is written;
+    ``LockTimeout``) and ``OSError`` (cannot write) pass through."""
     with locked(path, timeout_s):
         removed = remove_stale_temporaries(path)
-        merged = merge(load(path, keep_unusable=True), measured, meta)
+        if known is None or known.digest is None or known.digest != _digest(path):
+            known = load(path, keep_unusable=True)
+        merged = merge(known, measured, meta)
         save(path, merged)
     return merged, removed
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of the file's bytes, None when it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def save_unsaved(hw: str, measured: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],

@@ -246,7 +246,7 @@ class AttnPerfSession:
             return
         path = self.baseline_path
         try:
-            merged, removed = store.update(path, self.pending, self.environment)
+            merged, removed = store.update(path, self.pending, self.environment, known=self.__dict__.get("baseline"))
         except store.LockTimeout as exc:
             self._not_written(f"{exc}")
             return
