@@ -95,7 +95,9 @@ class Summary:
 
     @classmethod
     def from_mapping(cls, entry: Mapping[str, object]) -> Summary:
-        """Read a baseline entry; raises KeyError/TypeError/ValueError on a malformed one."""
+        """Read a baseline entry; raises KeyError/TypeError/ValueError on a malformed one: a
+        missing or non-numeric field, a time that is not positive and finite (the gate divides
+        by them), an interval that does not hold the median, a history of the wrong length."""
 
         def num(key: str) -> float:
             value = entry[key]
@@ -107,6 +109,8 @@ class Summary:
         median, low, high = num("median_ms"), num("ci_low_ms"), num("ci_high_ms")
         if median <= 0:
             raise ValueError(f"'median_ms' is {entry['median_ms']!r}; a time must be positive")
+        if low <= 0:
+            raise ValueError(f"'ci_low_ms' is {entry['ci_low_ms']!r}; a time must be positive")
         if not low <= median <= high:
             raise ValueError(f"the interval {low!r}..{high!r} does not hold 'median_ms' {median!r}")
         count = entry["n_samples"]
@@ -127,8 +131,14 @@ class Summary:
             for f in floors
         ):
             raise TypeError(f"'run_floors_ms' is {floors!r}, not one positive time (or null) per recording")
-        if "hot_sample_ms" in entry and num("hot_sample_ms") <= 0:
-            raise ValueError(f"'hot_sample_ms' is {entry['hot_sample_ms']!r}; a time must be positive")
+        if num("stdrel") < 0:
+            raise ValueError(f"'stdrel' is {entry['stdrel']!r}; a spread cannot be negative")
+        for key in ("hot_sample_ms", "eager_ms"):  # optional times, divided by when present
+            if key in entry and num(key) <= 0:
+                raise ValueError(f"'{key}' is {entry[key]!r}; a time must be positive")
+        for key in ("tflops", "gb_per_s", "peak_mib"):  # optional figures, shown beside the time
+            if key in entry and entry[key] is not None and num(key) < 0:
+                raise ValueError(f"'{key}' is {entry[key]!r}; it cannot be negative")
         return cls(
             median_ms=median,
             ci_low_ms=low,

@@ -203,6 +203,9 @@ class Perf:
             return Verdict("worker", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
+        if baseline and self._request.node.nodeid in baseline.unusable:  # costs this case only
+            pytest.fail(f"{baseline.unusable[self._request.node.nodeid].problem}\nRecord the case again with "
+                        "--update-baselines, or fix the entry.", pytrace=False)
         entry = baseline.entries.get(self._request.node.nodeid) if baseline else None
         if entry is not None and entry.get("mode") != measurement.mode:  # the run's choice (--attnperf-mode)
             return Verdict(
@@ -266,7 +269,8 @@ class Perf:
         if self._session.settings.update_baselines:  # the entry is written only then
             self._request.node.stash[PENDING_KEY] = self._entry(result, before)
         eager_change = None
-        if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)):
+        if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)) \
+                and before["eager_ms"] > 0:  # never divide by a bad entry's time
             eager_change = 100.0 * (m.eager_ms / before["eager_ms"] - 1.0)
         self._session.rows.append(
             Row(

@@ -118,6 +118,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     autotune.start(session.config, session.items)  # Triton's cache and recorded choices, before any worker or test
     state = get_session(session.config)
+    state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
         state.start_workers(session.items)  # --attnperf-processes, before any test
 

@@ -7,6 +7,7 @@ attention tests imports nothing and writes nothing.
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -24,6 +25,9 @@ from .registry import KernelRegistry
 from .timing import SamplingPlan, Timer, default_timer, one_element_add
 
 __all__ = ["SESSION_KEY", "AttnPerfSession", "Row", "get_session"]
+
+FREEZE_ENTRIES = 10_000  # a baseline this large (about 5 MB) is frozen out of the collector once read
+STARTUP_LISTED = 20  # unusable entries named at start-up, the rest counted
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,43 @@ class AttnPerfSession:
 
     @cached_property
     def baseline(self) -> store.BaselineFile | None:
-        """The hardware's baseline file (None if absent); raises ``BaselineError`` if unusable."""
-        return store.load(self.baseline_path)
+        """The hardware's baseline file (None if absent), read once a run; raises
+        ``BaselineError`` if unusable as a whole, and sets bad entries aside (``unusable``)."""
+        loaded = store.load(self.baseline_path, keep_unusable=True)
+        if loaded is not None and len(loaded.entries) >= FREEZE_ENTRIES:
+            # keep the collector from walking the file's millions of objects in later collections,
+            # which would land as pauses in timed calls
+            gc.collect()
+            gc.freeze()
+        return loaded
+
+    def check_baselines(self, items: list[pytest.Item]) -> None:
+        """At start-up, when measured cases are selected: read the baseline file once and name
+        its problems on the terminal before anything is measured (a file that cannot be used,
+        each unusable entry). Their cases fail when measured; the others are gated."""
+        if self.config.option.collectonly or not any("attnperf" in getattr(i, "fixturenames", ()) for i in items):
+            return
+        try:
+            path = self.baseline_path  # the device lookup every measured case makes anyway
+        except Exception:  # noqa: BLE001 - each measured case meets the error itself
+            return
+        try:
+            baseline = self.baseline
+        except store.BaselineError as exc:
+            lines = [f"attnperf: {exc}", "  every measured case fails; --update-baselines will not overwrite it"]
+        else:
+            bad = baseline.unusable if baseline else {}
+            lines = [f"attnperf: {path}: {len(bad)} unusable entr{'y' if len(bad) == 1 else 'ies'}; each one's case "
+                     "fails until --update-baselines records it again:"] if bad else []
+            shown = sorted(bad)[:STARTUP_LISTED]
+            lines += [f"  {key}: {bad[key].cause}" for key in shown]
+            if len(bad) > len(shown):
+                lines.append(f"  ... and {len(bad) - len(shown)} more")
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and lines:
+            reporter.ensure_newline()
+            for line in lines:
+                reporter.write_line(line, yellow=True)
 
     @cached_property
     def environment(self) -> dict[str, str | None]:
@@ -204,21 +243,45 @@ class AttnPerfSession:
         return drift(baseline.meta, self.environment) if baseline else []
 
     def write_baselines(self) -> None:
-        """Merge the passed, measured cases into the file; never touch an unreadable file."""
+        """Merge the passed, measured cases into the file, under its lock; never touch an
+        unreadable file. When the file cannot be written (unreadable, locked too long, folder
+        not writable, disk full) the measured entries go to a file of their own in the temporary
+        folder, the summary names both, and the run's exit status is a failure."""
         if not self.settings.update_baselines or not self.pending:
             return
+        path = self.baseline_path
         try:
-            existing = store.load(self.baseline_path)
-        except store.BaselineError as exc:
-            self.write_note = f"NOT written: {exc}. The file was left as it was."
+            merged, removed = store.update(path, self.pending, self.environment, known=self.__dict__.get("baseline"))
+        except store.LockTimeout as exc:
+            self._not_written(f"{exc}")
             return
-        merged = store.merge(existing, self.pending, self.environment)
-        store.save(self.baseline_path, merged)
-        kept = len(merged.entries) - len(self.pending)
+        except store.BaselineError as exc:
+            self._not_written(f"{exc}. The file was left as it was")
+            return
+        except OSError as exc:
+            self._not_written(f"cannot write {path}: {exc}")
+            return
+        kept = len(merged.entries) + len(merged.unusable) - len(self.pending)
+        unusable = f", {len(merged.unusable)} of them unusable and left as they were" if merged.unusable else ""
+        stale = (f"; removed {len(removed)} temporary file{'s' if len(removed) > 1 else ''} an interrupted "
+                 "write had left" if removed else "")
         self.write_note = (
-            f"wrote {len(self.pending)} measured entries to {self.baseline_path} "
-            f"({kept} other entries kept)"
+            f"wrote {len(self.pending)} measured entries to {path} ({kept} other entries kept{unusable}){stale}"
         )
+
+    def _not_written(self, cause: str) -> None:
+        """The one summary line of an update that could not write, with where its entries went."""
+        try:
+            aside = store.save_unsaved(self.hardware.name, self.pending, self.environment)
+        except OSError as exc:
+            kept = f"saving them aside failed too ({exc}): the {len(self.pending)} measured entries are lost"
+        else:
+            kept = (f"the {len(self.pending)} measured entries are in {aside}; merge them with "
+                    f"'python -m pytest_attnperf.baselines merge {aside} {self.baseline_path}'")
+        self.write_note = f"ERROR, NOT written: {cause}. {kept}"
+        session = self.config.pluginmanager.get_plugin("session")
+        if session is not None and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 SESSION_KEY = pytest.StashKey[AttnPerfSession]()

@@ -1,0 +1,617 @@
+"""Fault injection for the baseline store: bad files, concurrent writers, interrupted writes,
+an unwritable folder and a full disk. The store must lose no entry and name every fault.
+
+The module counts the inputs it tried, the faults it injected and the entries lost, prints them
+when its last test is done, and fails that teardown if any entry was lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_attnperf import baselines
+from pytest_attnperf.baselines import BaselineError, BaselineFile, LockTimeout, load, save, temporaries, update
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "baselines" / "h200.yaml"
+PLUGIN = ("-p", "pytest_attnperf.plugin")
+COUNTS: Counter[str] = Counter()  # inputs, faults, entries checked, entries lost (see the fixture below)
+ROUNDS = int(os.environ.get("ATTNPERF_STORE_ROUNDS", "20"))  # concurrent-writer rounds per file size
+HUGE_MB = float(os.environ.get("ATTNPERF_STORE_HUGE_MB", "5"))  # the large file's size (50 for the figure)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_counts(request: pytest.FixtureRequest) -> Iterator[Counter[str]]:
+    """The module's counters; printed once its tests are done, which fail if an entry was lost."""
+    yield COUNTS
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    line = (f"store faults: {COUNTS['inputs']} inputs tried, {COUNTS['faults']} faults injected, "
+            f"{COUNTS['entries checked']} entries checked after them, {COUNTS['entries lost']} entries lost")
+    extra = [f"  {k}: {v}" for k, v in sorted(COUNTS.items()) if k not in ("inputs", "faults", "entries checked",
+                                                                            "entries lost")]
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("")
+            for text in [line, *extra]:
+                reporter.write_line(text)
+    assert COUNTS["entries lost"] == 0, line
+
+
+def entry(median_ms: float, **extra: Any) -> dict[str, Any]:
+    """A well-formed entry around ``median_ms``."""
+    return {"median_ms": median_ms, "ci_low_ms": round(0.99 * median_ms, 9), "ci_high_ms": round(1.01 * median_ms, 9),
+            "stdrel": 0.004, "n_samples": 20, **extra}
+
+
+def keys_of(path: Path) -> set[str]:
+    """Every entry key in the file, usable or not (read without the store's validation)."""
+    data = baselines._parse(path.read_text(encoding="utf-8"))
+    return {str(k) for k in data["entries"]}
+
+
+def check_kept(path: Path, expected: set[str]) -> None:
+    """Count the expected keys missing from ``path`` as lost, and fail if any is."""
+    missing = expected - keys_of(path)
+    COUNTS["entries checked"] += len(expected)
+    COUNTS["entries lost"] += len(missing)
+    assert not missing, f"{len(missing)} entries lost from {path}: {sorted(missing)[:5]}"
+
+
+def scaled_copy(path: Path, target_bytes: int) -> Path:
+    """A baseline file of about ``target_bytes``: the committed file's entries repeated under new keys."""
+    source = load(COMMITTED)
+    assert source is not None
+    items = sorted(source.entries.items())
+    per_entry = COMMITTED.stat().st_size / len(items)
+    count = max(len(items), int(target_bytes / per_entry))
+    entries = {f"{key}#{i // len(items)}" if i >= len(items) else key: {
+        k: list(v) if isinstance(v, list) else v for k, v in value.items()}
+        for i, (key, value) in ((i, items[i % len(items)]) for i in range(count))}
+    save(path, BaselineFile(meta=source.meta, entries=entries))
+    return path
+
+
+# -- bad files ------------------------------------------------------------------------------
+
+BAD_FILES: dict[str, bytes] = {
+    "not-yaml": b"format: 1\nentries: {a: [unclosed\n",
+    "tabs": b"format: 1\nentries:\n\ta: 1\n",
+    "binary": random.Random(0).randbytes(4096),
+    "binary-utf8": bytes(random.Random(1).choice(range(1, 128)) for _ in range(4096)),
+    "nul-bytes": b"format: 1\x00\x00\nentries: {}\n",
+    "empty": b"",
+    "blank": b"\n  \n\n",
+    "list": b"- format\n- 1\n",
+    "scalar": b"just words\n",
+    "format-2": b"format: 2\nmeta: {}\nentries: {}\n",
+    "no-format": b"meta: {}\nentries: {}\n",
+    "entries-list": b"format: 1\nmeta: {}\nentries: [1, 2]\n",
+    "meta-scalar": b"format: 1\nmeta: 3\nentries: {}\n",
+    "python-tag": b"format: 1\nmeta: !!python/object/apply:os.system ['true']\nentries: {}\n",
+    "latin-1": "format: 1\nmeta: {device: caf\u00e9}\nentries: {}\n".encode("latin-1"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FILES))
+def test_a_bad_file_is_one_clear_error_naming_it(tmp_path: Path, name: str) -> None:
+    """Whatever the bytes, ``load`` raises only ``BaselineError``, naming the file."""
+    path = tmp_path / "h200.yaml"
+    path.write_bytes(BAD_FILES[name])
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    with pytest.raises(BaselineError) as info:
+        load(path, keep_unusable=True)
+    assert str(path) in str(info.value)
+
+
+def test_truncated_and_corrupted_copies_load_or_fail_cleanly(tmp_path: Path) -> None:
+    """Two hundred cuts and byte flips of the committed file: each loads (bad entries set aside)
+    or raises ``BaselineError``; nothing else escapes, and no usable entry is reported unusable."""
+    text = COMMITTED.read_bytes()
+    rng = random.Random(7)
+    path = tmp_path / "h200.yaml"
+    outcomes: Counter[str] = Counter()
+    for i in range(200):
+        if i % 2:
+            data = text[:rng.randrange(len(text))]
+        else:
+            data = bytearray(text)
+            for _ in range(rng.randrange(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            data = bytes(data)
+        path.write_bytes(data)
+        COUNTS["inputs"] += 1
+        COUNTS["faults"] += 1
+        try:
+            loaded = load(path, keep_unusable=True)
+        except BaselineError as exc:
+            assert str(path) in str(exc)
+            outcomes["error"] += 1
+            continue
+        assert loaded is not None
+        for key, value in loaded.entries.items():
+            assert baselines.entry_problem(value) is None, key
+        outcomes["loaded"] += 1
+    assert outcomes["error"] and outcomes["loaded"]  # both paths were exercised
+
+
+BAD_ENTRIES: dict[str, dict[str, Any]] = {
+    "eager-zero": entry(1.0, eager_ms=0),
+    "eager-negative": entry(1.0, eager_ms=-0.5),
+    "eager-nan": entry(1.0, eager_ms=math.nan),
+    "eager-inf": entry(1.0, eager_ms=math.inf),
+    "median-zero": {**entry(1.0), "median_ms": 0.0, "ci_low_ms": 0.0},
+    "median-nan": {**entry(1.0), "median_ms": math.nan},
+    "median-text": {**entry(1.0), "median_ms": "fast"},
+    "ci-low-zero": {**entry(1.0), "ci_low_ms": 0.0},
+    "stdrel-negative": {**entry(1.0), "stdrel": -0.1},
+    "hot-sample-zero": entry(1.0, hot_sample_ms=0),
+    "history-zero": entry(1.0, run_medians_ms=[1.0, 0.0]),
+    "history-machines-short": entry(1.0, run_medians_ms=[1.0, 1.0], run_machines=["m"]),
+    "tflops-negative": entry(1.0, tflops=-3.0),
+    "peak-inf": entry(1.0, peak_mib=math.inf),
+    "no-median": {k: v for k, v in entry(1.0).items() if k != "median_ms"},
+    "samples-float": {**entry(1.0), "n_samples": 2.5},
+}
+
+
+def test_bad_entries_are_set_aside_each_with_its_cause_and_kept_on_save(tmp_path: Path) -> None:
+    """Each bad entry costs only itself: the good ones load, each bad one is named with the field
+    at fault, and a save writes them back untouched until a measurement replaces one."""
+    path = tmp_path / "h200.yaml"
+    raw = {"format": 1, "meta": {"hardware": "h200"},
+           "entries": {"good": entry(2.0), "not-a-mapping": 1.5, **BAD_ENTRIES}}
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += len(BAD_ENTRIES) + 1
+    loaded = load(path, keep_unusable=True)
+    assert loaded is not None
+    assert list(loaded.entries) == ["good"]
+    assert sorted(loaded.unusable) == sorted([*BAD_ENTRIES, "not-a-mapping"])
+    for name, bad in loaded.unusable.items():
+        field = {"eager": "eager_ms", "median": "median_ms", "ci": "ci_low_ms", "stdrel": "stdrel",
+                 "hot": "hot_sample_ms", "history": "run_", "tflops": "tflops", "peak": "peak_mib",
+                 "no": "median_ms", "samples": "n_samples", "not": "not a mapping"}[name.split("-")[0]]
+        assert field in bad.cause, (name, bad.cause)
+        assert str(path) in bad.problem and f"entry '{name}'" in bad.problem
+    with pytest.raises(BaselineError, match="entry '"):  # without keep_unusable, the first one raises
+        load(path)
+    merged, _ = update(path, {"eager-zero": entry(3.0, eager_ms=3.1)}, {"date": "today"})
+    COUNTS["inputs"] += 1
+    again = load(path, keep_unusable=True)
+    assert again is not None and again.entries["eager-zero"]["eager_ms"] == 3.1  # replaced by the measurement
+    assert "eager-zero" not in again.unusable and len(again.unusable) == len(BAD_ENTRIES)
+    check_kept(path, {"good", "not-a-mapping", *BAD_ENTRIES})
+
+
+def test_large_file_loads_with_the_c_loader_and_reports_its_time(tmp_path: Path) -> None:
+    """A file of ``ATTNPERF_STORE_HUGE_MB`` (5 MB here; 50 for the figure) loads, with libyaml's
+    loader where PyYAML has it; the time is printed, not asserted."""
+    if yaml.__with_libyaml__:
+        assert baselines._LOADER is yaml.CSafeLoader and baselines._DUMPER is yaml.CSafeDumper
+    path = scaled_copy(tmp_path / "h200.yaml", int(HUGE_MB * 1e6))
+    COUNTS["inputs"] += 1
+    started = time.perf_counter()
+    loaded = load(path, keep_unusable=True)
+    seconds = time.perf_counter() - started
+    assert loaded is not None and not loaded.unusable
+    COUNTS[f"large file: {path.stat().st_size / 1e6:.1f} MB, {len(loaded.entries)} entries, load s"] = round(seconds)
+    print(f"{path.stat().st_size / 1e6:.1f} MB, {len(loaded.entries)} entries: loaded in {seconds:.2f} s "
+          f"({baselines._LOADER.__name__})")
+
+
+# -- concurrent writers ---------------------------------------------------------------------
+
+WRITER = r"""
+import contextlib, sys, time
+from pathlib import Path
+from pytest_attnperf import baselines
+path, key, folder = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+unlocked, rounds = sys.argv[4] == "1", int(sys.argv[5])
+if unlocked:  # the control: the update without its lock
+    baselines.locked = lambda path, timeout_s=None: contextlib.nullcontext()
+for i in range(rounds):  # each round: say ready, wait for the go, update, say done
+    (folder / f"ready-{key}-{i}").touch()
+    while not (folder / f"go-{i}").exists():
+        if (folder / "stop").exists():
+            sys.exit(0)
+        time.sleep(0.0005)
+    baselines.update(path, {f"{key}[{i}]": {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01,
+                                            "n_samples": 20}}, {"date": str(i)})
+    (folder / f"done-{key}-{i}").touch()
+"""
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def wait_for(names: list[Path], writers: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 120
+    while not all(n.exists() for n in names):
+        assert time.monotonic() < deadline, f"writers stalled waiting for {names}"
+        assert all(w.poll() in (None, 0) for w in writers), "a writer failed"
+        time.sleep(0.002)
+
+
+def races(path: Path, folder: Path, rounds: int, unlocked: bool = False) -> Iterator[set[str]]:
+    """Two writer processes, each adding one entry a round to ``path`` at the same moment as the
+    other; yields, after each round, the round's keys missing from the file."""
+    folder.mkdir()
+    names = ["w.py::a", "w.py::b"]
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), name, str(folder), "1" if unlocked else "0",
+                                 str(rounds)], env=child_env()) for name in names]
+    try:
+        for i in range(rounds):
+            wait_for([folder / f"ready-{n}-{i}" for n in names], writers)
+            (folder / f"go-{i}").touch()
+            wait_for([folder / f"done-{n}-{i}" for n in names], writers)
+            yield {f"{n}[{i}]" for n in names} - keys_of(path)
+    finally:
+        (folder / "stop").touch()
+        for w in writers:
+            w.wait(timeout=60)
+
+
+@pytest.mark.parametrize("size", ["committed", "1.5MB"])
+def test_concurrent_updates_keep_every_entry(tmp_path: Path, size: str) -> None:
+    """Two processes update the same file at the same moment, ``ROUNDS`` times: every round
+    keeps both new entries and every old one."""
+    path = tmp_path / "h200.yaml"
+    if size == "committed":
+        path.write_bytes(COMMITTED.read_bytes())
+    else:
+        scaled_copy(path, 1_500_000)
+    expected = keys_of(path)
+    for i, missing in enumerate(races(path, tmp_path / "race", ROUNDS)):
+        COUNTS["inputs"] += 1
+        COUNTS["faults"] += 1
+        COUNTS["entries checked"] += 2
+        COUNTS["entries lost"] += len(missing)
+        assert not missing, f"round {i}: lost {missing}"
+        expected |= {f"w.py::a[{i}]", f"w.py::b[{i}]"}
+    check_kept(path, expected)
+    assert temporaries(path) == []
+
+
+def test_the_unlocked_control_loses_entries(tmp_path: Path) -> None:
+    """The same race without the lock, on the committed file's size, until it loses an entry
+    (at most ``ROUNDS`` rounds): proof that the race test above can see a lost entry. The
+    losses here are the control's and are counted apart."""
+    path = tmp_path / "h200.yaml"
+    path.write_bytes(COMMITTED.read_bytes())
+    rounds, missing = 0, set()
+    for missing in races(path, tmp_path / "race", ROUNDS, unlocked=True):
+        COUNTS["inputs"] += 1
+        rounds += 1
+        if missing:
+            break
+    COUNTS["unlocked control: rounds until an entry was lost"] = rounds
+    assert missing, f"{ROUNDS} unlocked rounds lost nothing: the race does not overlap the writes"
+
+
+def test_a_writer_waits_for_the_lock_and_then_sees_the_holders_entry(tmp_path: Path) -> None:
+    """While this process holds the lock, another's update waits; once released, it reloads and
+    keeps this process's entry beside its own."""
+    path = tmp_path / "h200.yaml"
+    path.write_bytes(COMMITTED.read_bytes())
+    before = keys_of(path)
+    COUNTS["inputs"] += 1
+    with baselines.locked(path):
+        folder = tmp_path / "race"
+        folder.mkdir()
+        (folder / "go-0").touch()
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), "theirs", str(folder), "0", "1"],
+                                  env=child_env())
+        time.sleep(1.0)
+        assert writer.poll() is None, "the writer did not wait for the lock"
+        save(path, baselines.merge(load(path), {"mine": entry(1.0)}, {}))
+    assert writer.wait(timeout=60) == 0
+    check_kept(path, before | {"mine", "theirs[0]"})
+
+
+def test_an_update_rereads_a_file_another_run_changed_since_it_was_read(tmp_path: Path) -> None:
+    """The file as this run read it is merged into only if its bytes are unchanged: another
+    run's entry written in between is kept."""
+    path = tmp_path / "h200.yaml"
+    path.write_bytes(COMMITTED.read_bytes())
+    before = keys_of(path)
+    COUNTS["inputs"] += 1
+    read_at_start = load(path, keep_unusable=True)
+    update(path, {"theirs": entry(1.0)}, {})
+    update(path, {"mine": entry(2.0)}, {}, known=read_at_start)
+    check_kept(path, before | {"theirs", "mine"})
+
+
+def test_a_lock_held_too_long_is_a_clear_timeout(tmp_path: Path) -> None:
+    """Another holder past the timeout: ``LockTimeout`` names the lock file and the holder's pid."""
+    path = tmp_path / "h200.yaml"
+    path.write_bytes(COMMITTED.read_bytes())
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    with baselines.locked(path), pytest.raises(LockTimeout) as info:
+        update(path, {"k": entry(1.0)}, {}, timeout_s=0.2)
+    assert str(baselines.lock_path(path)) in str(info.value) and f"process {os.getpid()}" in str(info.value)
+    assert path.read_bytes() == COMMITTED.read_bytes()
+
+
+# -- interrupted writes ---------------------------------------------------------------------
+
+STUCK_WRITER = r"""
+import os, sys, time
+from pathlib import Path
+from pytest_attnperf import baselines
+path, hold_lock = Path(sys.argv[1]), sys.argv[2] == "1"
+def stuck(fd):  # the temporary is written, not yet renamed: wait here to be killed
+    print("writing", flush=True)
+    time.sleep(600)
+baselines.os.fsync = stuck
+if hold_lock:
+    baselines.update(path, {"killed": {"median_ms": 1.0}}, {})
+else:
+    baselines.save(path, baselines.BaselineFile(entries={"killed": {"median_ms": 1.0}}))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_writer_killed_mid_write_leaves_the_file_intact_and_the_next_update_cleans_up(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """Killed between writing its temporary and the rename (holding the lock): the file is as it
+    was, the temporary is left, the lock is free again, and the next update removes the
+    temporary and keeps every entry."""
+    path = tmp_path / "h200.yaml"
+    path.write_bytes(COMMITTED.read_bytes())
+    before = keys_of(path)
+    writer = subprocess.Popen([sys.executable, "-c", STUCK_WRITER, str(path), "1"], env=child_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+    writer.send_signal(sig)
+    writer.wait(timeout=30)
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    assert path.read_bytes() == COMMITTED.read_bytes()
+    left = temporaries(path)
+    assert len(left) == 1
+    merged, removed = update(path, {"next": entry(1.0)}, {}, timeout_s=5)
+    assert removed == left and temporaries(path) == []
+    check_kept(path, before | {"next"})
+
+
+def test_a_run_cleans_left_temporaries_and_says_so(project: pytest.Pytester) -> None:
+    """A temporary left by a killed writer is removed by the next ``--update-baselines`` run."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    stale = project.path / "baselines" / ".h200.yaml.abc123.tmp"
+    stale.write_text("entries: {half")
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(passed=2)
+    assert "removed 1 temporary file an interrupted write had left" in result.stdout.str()
+    assert not stale.exists()
+    check_kept(project.path / "baselines" / "h200.yaml", {"test_cases.py::test_case[a]", "test_cases.py::test_case[b]"})
+
+
+# -- the plugin: start-up check, bad entries, unwritable folder, full disk ----------------
+
+CONFTEST = '''
+import pytest
+
+from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.timing import Measurement
+
+
+def pytest_attnperf_detect_device(config):
+    return DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
+
+
+class Timer:
+    def measure(self, fn, plan):
+        fn()
+        return Measurement(tuple(1.0 + 0.001 * (i % 5) for i in range(20)), clock="scripted", mode=plan.mode,
+                           eager_ms=1.2)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return Timer()
+'''
+
+TESTS = '''
+import pytest
+
+from pytest_attnperf.costs import Cost
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_case(name, attnperf):
+    attnperf.measure(lambda: None, cost=Cost(flops=1e12, bytes=1e9), dtype="bf16")
+'''
+
+CASES = {"test_cases.py::test_case[a]", "test_cases.py::test_case[b]"}
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory,
+            monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """Two measured cases on a fake H200 with a steady scripted timer; the temporary folder (where
+    an update that cannot write saves its entries) is a fresh one."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_cases=TESTS)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider --hw=h200\n")
+    spare = tmp_path_factory.mktemp("systemp")
+    monkeypatch.setattr(tempfile, "tempdir", str(spare))
+    monkeypatch.setenv("TMPDIR", str(spare))
+    return pytester
+
+
+def entries_of(project: pytest.Pytester) -> dict[str, Any]:
+    return yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
+
+
+def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project: pytest.Pytester) -> None:
+    """An ``eager_ms: 0`` entry and a bad entry of a test not in the run: both named once, before
+    any case runs; the case with the bad entry fails with its cause, the other is gated; an
+    update re-records the bad entry and keeps the unrelated one as it was."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    path = project.path / "baselines" / "h200.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["entries"]["test_cases.py::test_case[b]"]["eager_ms"] = 0
+    data["entries"]["elsewhere.py::test_x"] = {"median_ms": "soon"}
+    path.write_text(yaml.safe_dump(data))
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 2
+    result = project.runpytest(*PLUGIN, "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    header = "unusable entries; each one's case fails until --update-baselines records it again"
+    assert out.count(header) == 1
+    assert out.index(header) < out.index("test_cases.py::test_case[a]")  # named before any case ran
+    result.stdout.fnmatch_lines(["*elsewhere.py::test_x: TypeError: 'median_ms' is 'soon'*",
+                                 "*test_case?b?: ValueError: 'eager_ms' is 0; a time must be positive*"])
+    assert "entry 'test_cases.py::test_case[b]': ValueError: 'eager_ms' is 0" in out[out.index("= FAILURES ="):]
+    assert "ZeroDivisionError" not in out and "Traceback" not in out
+    update_run = project.runpytest(*PLUGIN, "--update-baselines")
+    update_run.assert_outcomes(passed=2)
+    assert "1 of them unusable and left as they were" in update_run.stdout.str()
+    after = entries_of(project)
+    assert after["test_cases.py::test_case[b]"]["eager_ms"] == 1.2
+    assert after["elsewhere.py::test_x"] == {"median_ms": "soon"}
+    project.runpytest(*PLUGIN).assert_outcomes(passed=2, failed=0)
+    check_kept(path, CASES | {"elsewhere.py::test_x"})
+
+
+def test_a_file_that_is_not_yaml_is_named_at_start_up_and_fails_each_case(project: pytest.Pytester) -> None:
+    """Binary junk in place of the file: named before any case, every measured case fails with
+    the cause, and an update leaves the file as it was."""
+    folder = project.path / "baselines"
+    folder.mkdir()
+    junk = BAD_FILES["binary"]
+    (folder / "h200.yaml").write_bytes(junk)
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    result = project.runpytest(*PLUGIN, "-v")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert out.index("every measured case fails; --update-baselines will not overwrite it") < out.index(
+        "test_cases.py::test_case[a]")
+    assert out.count("Nothing was written; fix or remove the file.") == 2  # each case fails with the cause
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(failed=2)
+    assert result.ret != 0 and (folder / "h200.yaml").read_bytes() == junk
+
+
+def test_the_file_is_read_once_a_run(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run parses the file once, at start-up: an update finding the same bytes under the lock
+    merges into what it read then."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    parsed = []
+    real = baselines._parse
+    monkeypatch.setattr(baselines, "_parse", lambda text: parsed.append(len(text)) or real(text))
+    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
+    assert len(parsed) == 1
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    assert len(parsed) == 2
+
+
+def no_space(real: Any, folder: Path) -> Any:
+    """``save`` failing with ENOSPC for files in ``folder``, as a full disk does."""
+    def save(path: Path, baseline: BaselineFile) -> None:
+        if path.parent == folder:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, baseline)
+    return save
+
+
+def assert_saved_aside(project: pytest.Pytester, result: pytest.RunResult, cause: str) -> Path:
+    """The run failed with one summary line naming ``cause`` and a file holding both entries."""
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    lines = [line for line in out.splitlines() if line.startswith("baselines: ERROR, NOT written:")]
+    assert len(lines) == 1 and cause in lines[0], out[-2000:]
+    aside = Path(lines[0].split("measured entries are in ")[1].split(";")[0])
+    assert aside.parent == Path(tempfile.gettempdir()) and aside.name.startswith("attnperf-h200-unsaved-")
+    saved = load(aside)
+    assert saved is not None and set(saved.entries) == CASES
+    return aside
+
+
+def test_a_full_disk_fails_the_run_with_one_line_and_saves_the_entries_aside(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC while writing: exit status 1, one summary line naming the cause and the file the
+    entries went to; merging that file later restores them."""
+    folder = project.path / "baselines"
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    old = (folder / "h200.yaml").read_bytes()
+    monkeypatch.setattr(baselines, "save", no_space(baselines.save, folder))
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(passed=2)
+    aside = assert_saved_aside(project, result, "No space left on device")
+    assert (folder / "h200.yaml").read_bytes() == old and temporaries(folder / "h200.yaml") == []
+    monkeypatch.undo()
+    fresh = folder / "other.yaml"
+    assert baselines.main(["merge", str(aside), str(fresh)]) == 0
+    check_kept(fresh, CASES)
+
+
+def test_a_full_disk_everywhere_says_the_entries_are_lost(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the temporary folder cannot take them either, the line says so (and the run fails)."""
+    folder = project.path / "baselines"
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    monkeypatch.setattr(baselines, "save", no_space(no_space(baselines.save, folder), Path(tempfile.gettempdir())))
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 2
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["baselines: ERROR, NOT written: cannot write *No space left on device*"
+                                 "saving them aside failed too*: the 2 measured entries are lost"])
+    COUNTS["double faults reported as lost"] += 1
+
+
+def test_a_lock_timeout_fails_the_run_and_saves_the_entries_aside(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another update holding the lock past the timeout: the entries are saved aside."""
+    monkeypatch.setattr(baselines, "LOCK_TIMEOUT_S", 0.2)
+    path = project.path / "baselines" / "h200.yaml"
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    with baselines.locked(path):
+        result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(passed=2)
+    assert_saved_aside(project, result, "for more than 0.2 s")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder; the ENOSPC tests inject it")
+def test_a_read_only_folder_fails_the_run_and_saves_the_entries_aside(project: pytest.Pytester) -> None:
+    """A folder the user cannot write to (chmod 555): the same one line and the entries aside."""
+    folder = project.path / "baselines"
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    old = (folder / "h200.yaml").read_bytes()
+    folder.chmod(0o555)
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    try:
+        result = project.runpytest(*PLUGIN, "--update-baselines")
+    finally:
+        folder.chmod(0o755)
+    result.assert_outcomes(passed=2)
+    assert_saved_aside(project, result, "Permission denied")
+    assert (folder / "h200.yaml").read_bytes() == old
