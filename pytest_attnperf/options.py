@@ -86,8 +86,7 @@ OPTIONS = (
            "a case is short for --attnperf-processes when its baseline is under this (default 50 us)"),
     Option("triton_cache", "--attnperf-triton-cache", "ATTNPERF_TRITON_CACHE", "attnperf_triton_cache",
            "~/.cache/pytest-attnperf/triton",
-           "Triton cache folder that gets baselines/<hw>.autotune's choices; 'off' leaves it alone "
-           "(default ~/.cache/pytest-attnperf/triton)"),
+           "Triton cache for baselines/<hw>.autotune picks; off: untouched (default ~/.cache/pytest-attnperf/triton)"),
     Option("ceilings", "--attnperf-ceilings", "ATTNPERF_CEILINGS", "attnperf_ceilings", "cache",
            "measured matmul/copy ceilings: cache (once per machine and stack), refresh or off (default cache)"),
     Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",

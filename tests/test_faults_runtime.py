@@ -26,7 +26,7 @@ from pytest_attnperf.hardware import DetectedDevice
 from pytest_attnperf.timing import CudaTimer, HostTimer, SamplingPlan
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:cacheprovider")
+PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:cacheprovider", "--attnperf-ceilings=off")
 
 OOM_TEXT = (
     "CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which "

@@ -285,7 +285,8 @@ def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester, monkeypatch:
     cases = {c.get("name"): c for c in ET.parse(toy.path / "out.xml").getroot().iter("testcase")}
     props = {p.get("name"): p.get("value") for p in cases["test_toy[n8-fast-fwd]"].iter("property")}
     assert set(props) == {"attnperf_median_ms", "attnperf_baseline_ms", "attnperf_change_pct", "attnperf_tflops",
-                          "attnperf_mfu", "attnperf_verdict"}
+                          "attnperf_mfu", "attnperf_verdict", "attnperf_roofline_pct", "attnperf_bound",
+                          "attnperf_ceilings"}
     assert float(props["attnperf_median_ms"]) == pytest.approx(1.02, rel=1e-3)
     assert float(props["attnperf_baseline_ms"]) == pytest.approx(1.0, rel=1e-3)
     assert float(props["attnperf_change_pct"]) == pytest.approx(2.0, abs=0.05)

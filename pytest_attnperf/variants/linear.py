@@ -22,10 +22,10 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
   7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
   5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
 * elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
-  ``OUT_FACTOR`` (8; ``GRAD_FACTOR`` 16 for gradients) times the yardstick's error there and its
+  ``OUT_FACTOR`` (16; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
   RMS error, the yardstick being the chunked form at the kernel's precision (see
   ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
-  (GLA's dg) on the CPU; docs/checks.md has the figures and what a sparse error costs to detect.
+  (GLA's dg) on the CPU and fla's GLA chunk forward 9.5 on the H200; docs/checks.md has the figures and what a sparse error costs to detect.
 
 NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
 query's dtype and the inputs' device (fla's kernels return ``(o, state)``: the built-in wrappers
@@ -46,7 +46,7 @@ FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
-OUT_FACTOR, GRAD_FACTOR = 8.0, 16.0  # elementwise: see assert_checked and docs/checks.md
+OUT_FACTOR, GRAD_FACTOR = 16.0, 32.0  # elementwise: see assert_checked and docs/checks.md
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
 FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
