@@ -22,7 +22,7 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
   7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
   5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
 * elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
-  ``OUT_FACTOR`` (16; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
+  ``OUT_FACTOR`` (16, 32 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
   RMS error, the yardstick being the chunked form at the kernel's precision (see
   ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
   (GLA's dg) on the CPU and fla's GLA chunk forward 9.5 on the H200; docs/checks.md has the figures and what a sparse error costs to detect.
@@ -47,6 +47,9 @@ FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
 OUT_FACTOR, GRAD_FACTOR = 16.0, 32.0  # elementwise: see assert_checked and docs/checks.md
+# GDN's chunk kernels round more than the yardstick models: fla's chunk forward needed 19.6 on the
+# H200 at B=4 H=16 T=4096 D=128 bf16 (docs/checks.md)
+FAMILY_OUT_FACTOR = {"gdn": 32.0}
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
 FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
@@ -390,7 +393,7 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
     got = call_checked(kernel, lambda: run(True), ", ".join(p.names), p.inputs, device)  # a refusal skips here
     reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
     assert_checked(f"{kernel.name} out", got[0].detach(), reference[0], yardstick[0], case.dtype, OUT_UNITS,
-                   OUT_FACTOR)
+                   FAMILY_OUT_FACTOR.get(family, OUT_FACTOR))
     for name, grad, ref, yard in zip(p.names[: len(got) - 1], got[1:], reference[1:], yardstick[1:], strict=True):
         assert_checked(f"{kernel.name} d{name}", grad.detach(), ref, yard, case.dtype, GRAD_UNITS, GRAD_FACTOR)
     return call
