@@ -1,6 +1,6 @@
 """The noise benchmark's pytest runs, as child processes that an interrupt does not cost their reports.
 
-``subprocess.run`` kills its child 0.25 s after a Ctrl-C; on the H200 (session 8) that lost an
+``subprocess.run`` kills its child 0.25 s after a Ctrl-C; on the H200 (2026-11-29) that lost an
 injected run's whole report, ~100 failures still to print when ``timeout -s INT`` fired. Here the
 child runs in a session of its own, so a signal reaches it only through ``wait_for``: exactly one
 SIGINT (pytest then stops the running test, prints its failures and writes its JUnit and JSON

@@ -14,7 +14,7 @@ A case regresses only when all hold:
    intervals under 0.2% wide), so (2) alone flags unchanged cases at a low tolerance; and it
    moves between machines (leases, reboots), by an RMS of 0.34% to 0.69% between two leases,
    and by a fixed time per sample on some hosts (1 to 4 us for every short kernel timed cold
-   on two H200 hosts, session 7): when the recordings cannot show that move (decided by the
+   on two H200 hosts, 2026-11-29): when the recordings cannot show that move (decided by the
    plugin from ``run_machines``), ``machine`` is ``--attnperf-machine-noise`` and
    ``--attnperf-machine-offset`` over the centre, in quadrature; else 0.
    ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the
@@ -45,8 +45,8 @@ __all__ = [
 MIN_SAMPLES = 5
 HISTORY_MIN = 3  # recordings before a case's own run-to-run spread is trusted
 HISTORY_ROBUST = 5  # recordings before one of them may be set aside as odd (the scaled MAD)
-# the largest difference of two machines' sample floors taken as a shift of their cases (session 9
-# measured 1.8-2.0 us between a 1-GPU and a 2-GPU H200 host): beyond it, a floor is taken as
+# the largest difference of two machines' sample floors taken as a shift of their cases (on the H200
+# (2026-11-29), 1.8-2.0 us between a 1-GPU and a 2-GPU H200 host): beyond it, a floor is taken as
 # measured wrong, and the between-machines offset stands
 MAX_FLOOR_SHIFT_MS = 0.006
 _Z95 = 1.959963984540054
@@ -192,7 +192,7 @@ def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[f
 
     ``sigma`` is never below ``floor`` (a share of the centre) nor below ``floor_ms`` (a time,
     ``--attnperf-run-noise-time``) as a share of the centre: a short kernel's median moves
-    between processes by a time that does not shrink with it (session 10, three processes on
+    between processes by a time that does not shrink with it (on the H200 (2026-11-29), three processes on
     each of two H200s: the 10-40 us cases moved by a standard deviation of 0.07-0.12 us for the
     median case, 1-1.4% at most, where 0.5% of a 12 us kernel is 0.06 us).
 

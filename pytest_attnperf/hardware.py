@@ -92,7 +92,7 @@ TABLE: dict[str, HardwareSpec] = {
             l2_bytes=60 * _MB,
             source="NVIDIA H200 Tensor Core GPU datasheet (SXM, 2024): 1979 TFLOP/s bf16/fp16 "
             "with sparsity (989.5 dense), 67 TFLOP/s fp32, 4.8 TB/s; SMs and L2 as "
-            "torch.cuda.get_device_properties reports on the part (shared/FACTS.md)",
+            "torch.cuda.get_device_properties reports on the part",
         ),
         HardwareSpec(
             name="h100",
@@ -126,7 +126,7 @@ TABLE: dict[str, HardwareSpec] = {
             hbm_bytes_per_s=273 * _G,
             l2_bytes=None,
             source="NVIDIA DGX Spark (GB10) specifications: 273 GB/s LPDDR5x, 6144 CUDA cores "
-            "(48 SMs); bf16 dense 118.8 TFLOP/s as quoted in shared/seeds/000; NVIDIA publishes "
+            "(48 SMs); bf16 dense 118.8 TFLOP/s as NVIDIA quotes it; NVIDIA publishes "
             "no fp32 rate or L2 size for GB10",
         ),
         HardwareSpec(

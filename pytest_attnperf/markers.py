@@ -3,7 +3,7 @@
 
 A pin is proven, not trusted: ``prove_backend`` profiles one call and checks the ATen ops and,
 on CUDA, the kernel names that torch.profiler records (``pytorch_flash::flash_fwd_*``,
-``fmha_cutlassF_*``, ``cudnn_generated_*sdpa*``; see shared/FACTS.md), so a silent fallback is
+``fmha_cutlassF_*``, ``cudnn_generated_*sdpa*``), so a silent fallback is
 never measured under the wrong name.
 """
 
@@ -152,7 +152,7 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
     (read when the profile stops; pytorch issue #144455), and every later launch in the
     process pays for it: on the H200, after one profile per case, triton's
     ``do_bench_cudagraph`` read 121.9 us instead of 110.7 us for the same math-backend call
-    (``tools/timer_diag.py``; within 1.5% with the variable set). So unless it is already set
+    (2026-11-29, see docs/evidence.md; within 1.5% with the variable set). So unless it is already set
     (by the user, or by torch.compile, which sets it to 0 for its CUDA graphs), it is set to 1
     before profiling; it applies to the whole process, the user's own profiles included.
     ``cupti_attached_note`` says when a profile left CUPTI attached."""

@@ -375,7 +375,7 @@ def _steady_lines(work: Path) -> list[str]:
     if over.cases:
         lines.append(f"cases >= 10 us with run-to-run range > 1%: {over.over_range} of {over.cases}; "
                      f"with sd > 1%: {over.over_sd} of {over.cases}")
-    else:  # session 8 ran one run per folder, and the report said "range > 1%: 0 of 262"
+    else:  # one run per folder once had the report say "range > 1%: 0 of 262"
         lines.append("run-to-run spread: no case of 10 us or more has two runs in this folder (run more, "
                      "or --keep-runs)")
     if over_events.cases:
@@ -508,7 +508,7 @@ class Deadline:
     """Runs each pytest call of a noise call unless it would end past the time limit. A run is taken
     to last as long as the longest run of its stage so far in this call; for a stage not yet run,
     twice the longest run of any stage (an injected run re-measures every case it catches: on the
-    H200's softmax suite in session 5 it took 107-109 s against 66-92 s for an unchanged one). The
+    H200's softmax suite (2026-11-29) it took 107-109 s against 66-92 s for an unchanged one). The
     first run of a call always starts."""
 
     def __init__(self, limit_s: float | None, clock: Callable[[], float]) -> None:

@@ -1,7 +1,7 @@
 """Short cases timed in more than one process (``--attnperf-processes``).
 
 A short kernel's cold median moves from one process to the next by more than anything within a
-process can average away. On the H200 (sessions 10 and 11, ``tools/shift_diag.py``), 28
+process can average away. On the H200 (2026-11-29 and 2026-11-30; see docs/evidence.md), 28
 captures of each case, with new inputs and flush buffers, still left the processes' means of
 12-14 us kernels 0.4-0.7% apart (standard deviation), and with eight captures sampled in turn
 (cold mode's default) a handful of 10-40 us cases moved by 1-1.4% over three whole-suite runs.
@@ -20,7 +20,7 @@ process only and pools it with the same worker samples: it re-checks this proces
 with no baseline entry, or at or over the threshold, are timed here only, as without the
 option.
 
-Session 11 (H200, two GPUs of one host, 8 runs each of the 40 cases under 50 us, three
+On the H200 (2026-11-30, two GPUs of one host, 8 runs each of the 40 cases under 50 us, three
 processes a run): the pooled median's standard deviation over the runs was at most 0.53% and
 0.58% (median case 0.22% and 0.16%), where the main process's own median, what a run without
 workers reports, reached 1.17% (2 cases over 1%). The workers added 78-86 s a run.

@@ -118,7 +118,7 @@ class AttnPerfSession:
         0, cold (one call a sample, whatever the run's mode: hot mode's graphs of many calls
         would spread a per-sample cost over them), measured once per run: beside each case in
         the benchmark JSON, so runs on two machines show whether a machine's samples carry a
-        fixed cost of their own (session 7: short kernels 1-3 us slower cold on two hosts; see
+        fixed cost of their own (on the H200, 2026-11-29: short kernels 1-3 us slower cold on two hosts; see
         --attnperf-machine-offset). ``(None, why)`` without CUDA or when it fails. Where the
         gate may use it, see ``gate_floor_ms``."""
         if self.floor is None:

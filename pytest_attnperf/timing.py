@@ -12,12 +12,12 @@ measurement says so. Beside the kernel figure, the eager per-call time (events a
 launches, what a user running eagerly sees) is reported as ``eager_ms``.
 
 Where the graph cannot hold the events (a torch without external CUDA events), cold
-samples are events around the replay of a one-call graph (clock ``cuda-graph``, the only cold
-clock up to session 8): the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) are
+samples are events around the replay of a one-call graph (clock ``cuda-graph``, the harness's
+first cold clock): the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) are
 enqueued first, so the host enqueues the replay while the GPU is busy and the replay starts the
 moment the start event is recorded, but the graph's launch is inside every sample. On a
 single-GPU H200 lease that was little: a one-element add read 3.58 us so, 3.26 us with the
-events in the graph, 1.05 us hot (session 9, ``tools/cold_check.py``). Without the spin, the
+events in the graph, 1.05 us hot (2026-11-29; see docs/evidence.md). Without the spin, the
 first H200 runs of this harness measured flash SDPA at B=1 H=12 T=256 as 9.6 us in one run and
 38 us in the next (the same kernel; the host had been slower than the L2 flush).
 
@@ -531,7 +531,7 @@ def _capture_cold(
     each in turn. Each capture of the same call has its own median: on the H200, short SDPA
     forwards (12-14 us) read 0.3-1.6% apart (standard deviation) from one capture to the next in
     one process, range up to 5%, while one graph replayed over the same time kept within
-    0.0-0.2% for two of them (session 10, ``tools/shift_diag.py``, three processes on each of two GPUs). A run
+    0.0-0.2% for two of them (on the H200, 2026-11-29, three processes on each of two GPUs). A run
     of one graph draws one of those medians; the median over ``graphs`` captures averages that
     part. What remains moves only from one process to the next (those cases' means over 28
     captures, inputs and flush buffers renewed too, differed by 0.4-0.5% sd between three
@@ -539,7 +539,7 @@ def _capture_cold(
     (``--attnperf-processes``, processes.py). No graph is begun
     once ``capture_s`` seconds have gone on capturing: a host-bound call (fla's naive
     recurrences, a Python loop of up to 1.5 s a call) is captured once, and its long kernels
-    did not move between processes anyway (0.02-0.29%, session 9). When a later capture fails
+    did not move between processes anyway (0.02-0.29%, on the H200, 2026-11-29). When a later capture fails
     (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
     import torch
 

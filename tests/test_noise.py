@@ -79,7 +79,7 @@ def a_case(ms: float, clock: str = "cuda-graph-nodes") -> Callable[[], None]:
 def test_injection_takes_off_the_extra_works_own_cost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fraction: float, slowed: float, note: str
 ) -> None:
-    """A spin kernel costs about 1.2 us however short (session 10's +2% came out +2.7 to +4.5% on
+    """A spin kernel costs about 1.2 us however short (on the H200 (2026-11-29) a +2% came out +2.7 to +4.5% on
     50-200 us cases): the least extra work is timed and taken off, so a 50 us case slows by 5%
     when asked 5%; asked less than the least, it gets the least and says so. The log has both."""
     log, device, case = tmp_path / "inject.jsonl", Modeled(), a_case(0.05)
@@ -195,7 +195,7 @@ def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
 
 
 def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The floor is timed within the run's first case (session 12 found its cold row, 5.3 us
+    """The floor is timed within the run's first case (on the H200 (2026-11-30) its cold row read 5.3 us
     against do_bench's 1.2 us, in the hot compare stage; injected, it would move every cold
     case's floor shift): the wrapping timer hands it to the run's timer as it is."""
     from pytest_attnperf.timing import Measurement
@@ -508,8 +508,8 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
 
 
 def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) -> None:
-    """Session 7: a steady run in a work folder without a baseline file reported "0 false
-    regressions" with every case 'new'. The line now counts the judgements and says so."""
+    """A steady run in a work folder without a baseline file reported "0 false
+    regressions" with every case 'new' once. The line now counts the judgements and says so."""
     from pytest_attnperf.noise import _steady_lines
 
     runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
@@ -769,7 +769,7 @@ def test_sigterm_stops_a_call_like_ctrl_c_and_an_ignored_sighup_stays_ignored(tm
 def test_an_interrupted_inject_run_counts_the_cases_it_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Session 8 on the H200: `timeout -s INT` stopped an injected run, and its counts were lost.
+    """On the H200 (2026-11-29) `timeout -s INT` stopped an injected run, and its counts were lost.
     Now the cases in its report are counted, marked as a part, and the later runs do not start;
     a picked case the plugin did not compare (its verdict in the report) is not counted as missed."""
     from pytest_attnperf import noise
@@ -806,7 +806,7 @@ def test_an_interrupted_inject_run_counts_the_cases_it_finished(
 def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Path) -> None:
     """Each recording is one process, so three recordings are three processes' medians: the
     report counts the cases of 10 us or more whose recordings spread above 1%, names the worst,
-    and lists a case left with fewer recordings than the rest (session 10: an 11.8 us case
+    and lists a case left with fewer recordings than the rest (2026-11-29: an 11.8 us case
     whose every recording was judged a change against the one before)."""
     from pytest_attnperf import baselines
     from pytest_attnperf.noise import _recording_lines
@@ -830,7 +830,7 @@ def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Pa
 
 
 def test_one_run_reports_no_spread(tmp_path: Path) -> None:
-    """A case with one steady run (session 8 ran one a folder on each GPU) has no run-to-run
+    """A case with one steady run (e.g. one run a folder on each GPU) has no run-to-run
     spread: the table shows none, the count leaves it out, and a folder of such cases says so
     instead of "range > 1%: 0 of N"."""
     from pytest_attnperf.noise import _steady_lines

@@ -622,7 +622,7 @@ def test_a_baseline_from_another_machine_allows_for_the_move_between_machines(pr
 
 def test_an_eager_timed_case_is_not_compared_against_another_machines_recordings(project: pytest.Pytester) -> None:
     """A case timed with events around eager launches has the host's speed in its figure (fla's
-    naive GDN on the H200 moved -22% to +78% between hosts, session 7): recorded on A, 20%
+    naive GDN on the H200 moved -22% to +78% between hosts, 2026-11-29): recorded on A, 20%
     slower on B it passes as 'not compared', saying why; on A the same slowdown fails."""
     set_clocks(project, a=["cuda-events"])
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
@@ -677,7 +677,7 @@ def test_the_machine_offset_is_per_sample(project: pytest.Pytester, clock: str, 
 
 def test_the_floors_difference_moves_the_centre_on_another_machine(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Session 9 in small: recorded on A (floor 3.26 us), a 60 us case reads 1.84 us longer on
+    """Two H200 hosts (2026-11-29) in small: recorded on A (floor 3.26 us), a 60 us case reads 1.84 us longer on
     B (floor 5.10 us). Each recording keeps its floor; on B the centre is moved by the floors'
     difference, the bar takes the 0.5 us residual instead of the 2 us offset, and +5% of real
     work is caught at a 1.5% tolerance (with the offset alone its bar is about 10%: it passes,

@@ -67,7 +67,7 @@ def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFix
 
 def test_the_floor_in_time_clears_a_short_case_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A 12 us case recorded at 11.81, 11.82, 11.81 us reads 12.10 us (+2.4%) and a 1 ms case
-    +2.4% too: with ``--floor-time 0`` (the gate before session 10) both regress at 1.5%; at the
+    +2.4% too: with ``--floor-time 0`` (no time floor) both regress at 1.5%; at the
     default 0.1 us the short case's bar is 3 * 0.85% * sqrt(4/3) = 2.9% and it passes, the long
     one (0.1 us is 0.01% of it) still regresses."""
     short, long = "suites/test_x.py::test_x[short]", "suites/test_x.py::test_x[long]"

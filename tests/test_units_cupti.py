@@ -1,6 +1,6 @@
 """CUPTI after the backend proof's profile: attnperf asks Kineto to detach it (``TEARDOWN_CUPTI=1``)
 unless the user has chosen otherwise, and then every GPU case timed after a profile says so.
-On the H200 an attached CUPTI slowed later launches (tools/timer_diag.py: do_bench_cudagraph up to
+On the H200 an attached CUPTI slowed later launches (2026-11-29, see docs/evidence.md: do_bench_cudagraph up to
 +12%, a graph of 1024 short calls +32%)."""
 
 from __future__ import annotations

@@ -359,7 +359,7 @@ def test_single_recording_uses_the_floor() -> None:
 
 def test_a_short_kernel_moving_by_a_tenth_of_a_microsecond_is_noise() -> None:
     """A 12 us kernel (the H200's B=1 T=256 SDPA forward) read 11.81, 12.10 and 11.81 us in
-    three processes (session 10). Recorded once at 11.81 us, a run at 12.10 (+2.5%) is beyond the
+    three processes (on the H200, 2026-11-29). Recorded once at 11.81 us, a run at 12.10 (+2.5%) is beyond the
     0.5% floor's bar (2.1%) but within the 0.1 us floor's (0.85%: bar 3.6%); +6% is beyond both.
     A 1 ms kernel is judged on the 0.5% floor either way (0.1 us is 0.01% of it)."""
     base = summarise(1, 0.01181, rel_noise=0.015, n=2000)
@@ -568,7 +568,7 @@ def test_the_centre_floor_follows_the_centre() -> None:
 
 
 def test_a_known_shift_between_machines_moves_the_centre() -> None:
-    """Session 9's case: a 60 us kernel recorded on a machine whose sample floor is 3.26 us,
+    """Two H200 hosts (2026-11-29): a 60 us kernel recorded on a machine whose sample floor is 3.26 us,
     run where it is 5.1 us; every cold sample there is about 1.9 us longer. Unchanged, it reads
     +3.2%: with the shift (+1.84 us) and a 0.5 us residual it is unchanged against the moved
     centre; +5% of real work on top (+3 us) regresses at a 1.5% tolerance, and the message
@@ -676,7 +676,7 @@ def test_read_violation_ns_reads_both_policies_through_nvml(monkeypatch: pytest.
 
 
 def test_a_fixed_time_between_machines_counts_over_the_centre() -> None:
-    """Session 7's move between H200 hosts: a near-constant +1..+3 us per cold sample. A 9 us
+    """The move between H200 hosts (2026-11-29): a near-constant +1..+3 us per cold sample. A 9 us
     kernel 2.5 us slower (+28%) on another machine is within the bar once a 1 us offset is
     counted (3 * sqrt(0.5%^2 * 4/3 + 0.7%^2 + (1/9)^2) = 33.4%), and regressed on the recording
     machine."""

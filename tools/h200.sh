@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device runs quoted in the issue notes, run from the repo root on the lent H200:
-#   bash tools/h200.sh record-linear | gate | noise | pair | diag | shift | short | full | hot
+#   bash tools/h200.sh record-linear | gate | noise | pair | short | full
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored;
 # see README, "Device runs with fla").
@@ -68,18 +68,6 @@ case "${1:-}" in
     done
     wait
     for log in "$OUT"/g*/noise-*.log; do echo "== $log"; tail -n "${TAIL:-30}" "$log"; done ;;
-  diag)  # what a profile that leaves CUPTI attached does to later timings (tools/timer_diag.py):
-    # the first process keeps CUPTI attached (TEARDOWN_CUPTI=0; attnperf would otherwise set 1),
-    # the second asks Kineto to tear it down after profiling (TEARDOWN_CUPTI=1, attnperf's default)
-    TEARDOWN_CUPTI=0 python3 tools/timer_diag.py --out "$OUT/timer_diag.json" 2>&1 | tee "$OUT/timer_diag.log" | tail -12
-    TEARDOWN_CUPTI=1 python3 tools/timer_diag.py --out "$OUT/timer_diag_teardown.json" 2>&1 \
-      | tee "$OUT/timer_diag_teardown.log" | tail -12 ;;
-  shift)  # what moves a short case's cold median between processes (tools/shift_diag.py), in
-    # $PROCS processes (default 3), so the within-process moves it finds can be set beside the
-    # between-process ones
-    for i in $(seq 1 "${PROCS:-3}"); do
-      python3 tools/shift_diag.py --out "$OUT/shift_diag$i.json" 2>&1 | tee "$OUT/shift_diag$i.log" | tail -5
-    done ;;
   short)  # the cases whose committed centre is under 50 us (those --attnperf-processes times in
     # several processes), steady runs against the committed file on both GPUs of an x2 at once,
     # --attnperf-processes=${PROCESSES:-3}, as many runs as fit in BUDGET (default 540 s); each
@@ -132,25 +120,5 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     wait
     keep_cache >/dev/null
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
-  hot)  # why hot mode read short cuDNN forwards 3-7% above do_bench_cudagraph in session 13 (the
-    # graph's length, session 14; hot samples are 20 ms since): tools/hot_diag.py (per-call time
-    # against the graph's length, the spin and the stream), then the suite's compare stage on one
-    # of those shapes (-k ${K:-b1-h12-t512-d64-causal-bf16-sdpa}) with one process at the default
-    # sample (20 ms), with one at session 13's 0.5 ms, and with three processes. Each work folder
-    # starts with the committed file: it is cold, so nothing is gated against it in these hot
-    # runs, but its centres pick the cases timed in three processes. The compare's harness figure
-    # is the run's own process's median (the workers' samples are not in it), so three against
-    # one tests what the workers leave on the GPU; 0.5 ms against 20 ms tests the graph's length.
-    # BUDGET (default 150 s) is per compare run
-    python3 tools/hot_diag.py --out "$OUT/hot_diag.json" 2>&1 | tail -n 100
-    for run in p1:1: p1s05:1:0.5ms p3:3:; do
-      IFS=: read -r name procs sample <<< "$run"
-      OUT="$OUT/$name" WORK="hot-$name" STAGES=compare SUITE=suites/test_softmax.py FROM_BASELINES=1 KEEP_CACHE=0 \
-        BUDGET="${BUDGET:-150}" EXTRA="-k ${K:-b1-h12-t512-d64-causal-bf16-sdpa} --attnperf-processes=$procs \
-        ${sample:+--attnperf-hot-sample=$sample}" bash "$0" noise >/dev/null 2>&1
-      rm -f "$OUT/$name/gpu.txt"  # the device returns 8 files at most
-      echo "== $name: processes=$procs ${sample:+hot sample $sample}"
-      grep -A8 "harness / do_bench" "$OUT/$name/noise-compare.log"
-    done ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|diag|shift|short|full|hot" >&2; exit 2 ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full" >&2; exit 2 ;;
 esac

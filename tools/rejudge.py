@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=fraction, default=0.015)
     parser.add_argument("--floor", type=fraction, default=0.005, help="--attnperf-run-noise")
     parser.add_argument("--floor-time", type=duration_ms, default=0.0001,
-                        help="--attnperf-run-noise-time (default 0.1us; 0 judges as before session 10)")
+                        help="--attnperf-run-noise-time (default 0.1us; 0: no time floor)")
     parser.add_argument("--machine-noise", type=fraction, default=0.0)
     parser.add_argument("--machine-offset", type=duration_ms, default=0.0,
                         help="--attnperf-machine-offset ('1us'; a bare number is in us)")
