@@ -126,7 +126,8 @@ TABLE: dict[str, HardwareSpec] = {
             hbm_bytes_per_s=273 * _G,
             l2_bytes=None,
             source="NVIDIA DGX Spark (GB10) specifications: 273 GB/s LPDDR5x, 6144 CUDA cores "
-            "(48 SMs); bf16 dense 118.8 TFLOP/s as NVIDIA quotes it; NVIDIA publishes "
+            "(48 SMs); bf16 dense 118.8 TFLOP/s, a theoretical figure from GB10 benchmark write-ups, not checked "
+            "against an NVIDIA datasheet; NVIDIA publishes "
             "no fp32 rate or L2 size for GB10",
         ),
         HardwareSpec(
