@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,8 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+
+from .baselines import write_atomic
 
 __all__ = [
     "AutotuneError", "AutotuneRun", "Choice", "autotune_notes_for_case", "chosen_config", "describe_config",
@@ -158,23 +159,6 @@ def load_manifest(folder: Path) -> dict[str, Choice]:
     return choices
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Temporary file in the same folder, fsync, rename: a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def record(
     folder: Path, cache_dir: Path, produced: Mapping[str, str], triton: str | None,
 ) -> tuple[int, int, list[str]]:
@@ -193,13 +177,13 @@ def record(
         except (AutotuneError, OSError) as exc:
             problems.append(f"not recorded: {exc}")
             continue
-        _write_atomic(folder / f"{hash_dir}.json", text)
+        write_atomic(folder / f"{hash_dir}.json", text)
         choices[hash_dir] = Choice(hash_dir, name[: -len(SUFFIX)], name, key, chosen, source, triton)
         written += 1
     if written:
         manifest = {"format": FORMAT, "triton": triton,
                     "entries": {h: c.as_mapping() for h, c in sorted(choices.items())}}
-        _write_atomic(folder / MANIFEST, yaml.safe_dump(manifest, sort_keys=True, default_flow_style=False, width=120))
+        write_atomic(folder / MANIFEST, yaml.safe_dump(manifest, sort_keys=True, default_flow_style=False, width=120))
     return written, len(choices) - written, problems
 
 

@@ -48,6 +48,7 @@ except ImportError:  # not on POSIX: updates are not locked (see ``locked``)
 __all__ = [
     "FORMAT", "LOCK_TIMEOUT_S", "BaselineError", "BaselineFile", "LockTimeout", "Unusable", "load", "lock_path",
     "locked", "merge", "remove_stale_temporaries", "rounded", "save", "save_unsaved", "temporaries", "update",
+    "write_atomic",
 ]
 
 FORMAT = 1
@@ -212,6 +213,13 @@ def save(path: Path, baseline: BaselineFile) -> None:
             default_flow_style=False,
             width=120,
         )
+    write_atomic(path, text)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file in the same folder, fsync and rename, so a
+    reader sees the old file or the new one, never half of one; the old file's permissions kept."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -98,8 +98,11 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
     def attr(owner: Any, name: str, label: str) -> GlobalSwitch:
         return GlobalSwitch(label, lambda: getattr(owner, name), lambda value: setattr(owner, name, value))
 
+    def set_grad(value: Any) -> None:
+        torch.set_grad_enabled(value)
+
     switches = [
-        GlobalSwitch("grad mode (torch.is_grad_enabled)", torch.is_grad_enabled, torch.set_grad_enabled),
+        GlobalSwitch("grad mode (torch.is_grad_enabled)", torch.is_grad_enabled, set_grad),
         GlobalSwitch("default dtype (torch.get_default_dtype)", torch.get_default_dtype, torch.set_default_dtype),
         GlobalSwitch("SDPA flash backend (torch.backends.cuda.flash_sdp_enabled)",
                      cuda.flash_sdp_enabled, cuda.enable_flash_sdp),

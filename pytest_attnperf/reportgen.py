@@ -162,8 +162,8 @@ def scaling(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entry = _fit_entry(key, "time_ms", xs, [float(c["median_ms"]) for _, c in points])
         if entry:
             out.append(entry)
-        mem = [(x, c.get("peak_mib")) for x, c in points if c.get("peak_mib")]
-        entry = _fit_entry(key, "peak_mib", [x for x, _ in mem], [float(m) for _, m in mem]) if mem else None
+        mem = [(x, float(c["peak_mib"])) for x, c in points if c.get("peak_mib")]
+        entry = _fit_entry(key, "peak_mib", [x for x, _ in mem], [m for _, m in mem]) if mem else None
         if entry:
             out.append(entry)
     return _plain(out)
@@ -458,17 +458,17 @@ def write_plots(report: Mapping[str, Any], outdir: Path) -> tuple[list[str], str
         ax.legend(fontsize=7)
         names.append(_save(fig, outdir, f"crossover-{sweep}-{direction}"))
         plt.close(fig)
-    ceilings = report.get("ceilings") or []
-    points = [c for c in report.get("cases", []) if c.get("intensity") and c.get("tflops")]
-    if ceilings and points:
+    ceilings: list[Mapping[str, Any]] = list(report.get("ceilings") or [])
+    placed: list[Mapping[str, Any]] = [c for c in report.get("cases", []) if c.get("intensity") and c.get("tflops")]
+    if ceilings and placed:
         fig, ax = plt.subplots(figsize=(7, 5))
-        lo = min(c["intensity"] for c in points) / 10
-        hi = max(c["intensity"] for c in points) * 10
+        lo = min(c["intensity"] for c in placed) / 10
+        hi = max(c["intensity"] for c in placed) * 10
         grid = [lo * (hi / lo) ** (i / 99) for i in range(100)]
         for ceiling in ceilings:
             ax.plot(grid, [min(ceiling["tflops"], ceiling["gb_per_s"] * i / 1e3) for i in grid], "-",
                     label=ceiling["name"])
-        ax.scatter([c["intensity"] for c in points], [c["tflops"] for c in points], s=12, color="black")
+        ax.scatter([c["intensity"] for c in placed], [c["tflops"] for c in placed], s=12, color="black")
         ax.set(xscale="log", yscale="log", xlabel="FLOP/byte (cost model)", ylabel="TFLOP/s",
                title="roofline: each case against the ceilings")
         ax.legend(fontsize=7)
