@@ -34,3 +34,10 @@ def _ceilings_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch
     """Measured ceilings are cached under $XDG_CACHE_HOME: a test's runs keep theirs in a folder
     of the test's own, never in the user's cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs under test print for an 80-column terminal, whatever terminal (or CI log) runs the tests:
+    pytest cuts its short summary lines to that width."""
+    monkeypatch.setenv("COLUMNS", "80")
