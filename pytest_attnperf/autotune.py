@@ -20,8 +20,9 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import wraps
 from importlib import metadata
@@ -32,6 +33,7 @@ import pytest
 import yaml
 
 from .baselines import write_atomic
+from .distributed import case_key
 
 __all__ = [
     "AutotuneError", "AutotuneRun", "Choice", "autotune_notes_for_case", "chosen_config", "describe_config",
@@ -47,6 +49,8 @@ T = TypeVar("T")
 RUN_KEY = pytest.StashKey["AutotuneRun"]()
 CLOCK_KEY = pytest.StashKey["WarmupClock"]()
 BEFORE_KEY = pytest.StashKey[frozenset[str]]()  # autotune files present when the case started
+NOTHING_AUTOTUNED = "none to write: no Triton kernel autotuned in the measured tests"
+FINISHED_KEY = pytest.StashKey[bool]()  # the case's results credited (case_finished ran)
 MEASURE_AT_KEY = pytest.StashKey[float]()  # host time (time.time) attnperf.measure was entered
 
 
@@ -306,7 +310,8 @@ def start(config: pytest.Config, items: Iterable[pytest.Item]) -> None:
     folder = folder_for(s.baselines_dir, hw)
     if root is None or not (s.update_baselines or folder.is_dir()):
         return
-    cache_dir = root / hw
+    seat = session.seat  # under pytest-xdist each worker has a folder of its own: install clears other results
+    cache_dir = root / hw / seat.worker if seat is not None else root / hw
     cache_dir.mkdir(parents=True, exist_ok=True)
     try:
         installed, problems = install(folder, cache_dir)
@@ -346,16 +351,20 @@ def case_finished(item: pytest.Item) -> None:
     before = item.stash.get(BEFORE_KEY, None)
     if run is None or before is None:
         return
+    if item.stash.get(FINISHED_KEY, False):  # credited already, at its teardown report
+        return
+    item.stash[FINISHED_KEY] = True
+    key = case_key(item)
     for rel in sorted(set(scan(run.cache_dir)) - before - set(run.installed)):
-        run.produced.setdefault(rel, item.nodeid)
-    notes = autotune_notes_for_case(run, item.nodeid)
+        run.produced.setdefault(rel, key)
+    notes = autotune_notes_for_case(run, key)
     if not notes:
         return
     from .session import get_session
 
     rows = get_session(item.config).rows
     for i, row in enumerate(rows):
-        if row.nodeid == item.nodeid:
+        if row.nodeid == key:
             rows[i] = replace(row, notes=row.notes + notes)
 
 
@@ -390,7 +399,7 @@ def note_skip(item: pytest.Item, skipped: bool) -> None:
     meets the same autotuning, so those choices are recorded too."""
     run = item.config.stash.get(RUN_KEY, None)
     if run is not None and skipped:
-        run.skipped.add(item.nodeid)
+        run.skipped.add(case_key(item))
 
 
 def finish(config: pytest.Config, pending: Mapping[str, Any]) -> None:
@@ -400,22 +409,91 @@ def finish(config: pytest.Config, pending: Mapping[str, Any]) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is None:
         return
+    keep = _to_record(run, pending)
+    if keep:
+        _record_into(run, run.cache_dir, keep)
+    elif run.recording and pending:
+        run.write_note = NOTHING_AUTOTUNED
+    _restore_env(run)
+
+
+def _to_record(run: AutotuneRun, pending: Mapping[str, Any]) -> dict[str, str]:
+    """The results a recording run keeps: those of passed, measured tests, of tests skipped
+    after their kernels ran, and those that appeared outside any test (``--attnperf-processes``
+    runs)."""
     for rel in sorted(set(scan(run.cache_dir)) - run.present_at_start - set(run.produced)):
         run.produced[rel] = OUTSIDE
-    if run.recording and pending:
-        keep = {rel: src for rel, src in run.produced.items()
-                if src in pending or src in run.skipped or src == OUTSIDE}
-        try:
-            written, kept, problems = record(run.folder, run.cache_dir, keep, run.triton_here)
-        except (AutotuneError, OSError) as exc:
-            run.write_note = f"NOT written: {exc}. The folder was left as it was."
-        else:
-            run.problems.extend(problems)
-            run.write_note = f"wrote {written} autotune choices to {run.folder} ({kept} other entries kept)"
+    if not (run.recording and pending):
+        return {}
+    return {rel: src for rel, src in run.produced.items() if src in pending or src in run.skipped or src == OUTSIDE}
+
+
+def _record_into(run: AutotuneRun, cache_dir: Path, keep: Mapping[str, str]) -> None:
+    try:
+        written, kept, problems = record(run.folder, cache_dir, keep, run.triton_here)
+    except (AutotuneError, OSError) as exc:
+        run.write_note = f"NOT written: {exc}. The folder was left as it was."
+    else:
+        run.problems.extend(problems)
+        run.write_note = f"wrote {written} autotune choices to {run.folder} ({kept} other entries kept)"
+
+
+def _restore_env(run: AutotuneRun) -> None:
     if run.previous_env is None:
         os.environ.pop("TRITON_CACHE_DIR", None)
     else:
         os.environ["TRITON_CACHE_DIR"] = run.previous_env
+
+
+def worker_payload(config: pytest.Config, pending: Mapping[str, Any]) -> dict[str, Any]:
+    """A pytest-xdist worker's part, at its end, for the controller, which records once for all
+    (``merge_workers``): its run, its time split, and the result files to record, as text."""
+    run = config.stash.get(RUN_KEY, None)
+    files: dict[str, str] = {}
+    keep: dict[str, str] = {}
+    if run is not None:
+        keep = _to_record(run, pending)
+        for rel in keep:
+            try:
+                files[rel] = (run.cache_dir / rel).read_text(encoding="utf-8")
+            except OSError as exc:
+                run.problems.append(f"not recorded: {run.cache_dir / rel}: {exc}")
+        _restore_env(run)
+    return {"run": run, "clock": config.stash.get(CLOCK_KEY, None), "keep": keep, "files": files}
+
+
+def merge_workers(config: pytest.Config, payloads: Sequence[Mapping[str, Any]], pending: Mapping[str, Any]) -> None:
+    """The controller of a pytest-xdist run: one run and one time split made of the workers',
+    for the summary, and the workers' result files recorded once (those of cases whose entries
+    arrived)."""
+    clocks = [p["clock"] for p in payloads if p.get("clock") is not None]
+    if clocks:
+        config.stash[CLOCK_KEY] = WarmupClock(sum(c.before_measure_s for c in clocks),
+                                              sum(c.in_measure_s for c in clocks), sum(c.tests for c in clocks))
+    runs = [p["run"] for p in payloads if p.get("run") is not None]
+    if not runs:
+        return
+    run = replace(runs[0], produced={}, skipped=set(), problems=[], write_note=None)
+    for other in runs:
+        run.installed.update(other.installed)
+        run.produced.update(other.produced)
+        run.skipped |= other.skipped
+        run.problems.extend(p for p in other.problems if p not in run.problems)
+    config.stash[RUN_KEY] = run
+    keep = {rel: src for p in payloads for rel, src in p.get("keep", {}).items()
+            if src in pending or src in run.skipped or src == OUTSIDE}
+    if run.recording and pending and not keep:
+        run.write_note = NOTHING_AUTOTUNED
+    if not (run.recording and keep):
+        return
+    with tempfile.TemporaryDirectory(prefix="attnperf-autotune-") as scratch:
+        for p in payloads:
+            for rel, text in p.get("files", {}).items():
+                if rel in keep:
+                    target = Path(scratch) / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(text, encoding="utf-8")
+        _record_into(run, Path(scratch), keep)
 
 
 def _drift(run: AutotuneRun) -> str:

@@ -363,16 +363,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     merging = commands.add_parser("merge", help="merge FROM's entries into INTO (FROM's replace INTO's)")
     merging.add_argument("source", type=Path, metavar="FROM")
     merging.add_argument("target", type=Path, metavar="INTO")
+    merging.add_argument("--since", type=Path, metavar="BASE",
+                         help="merge only FROM's entries that differ from BASE's (FROM: a copy of BASE that a run "
+                              "on another host updated)")
     args = parser.parse_args(argv)
     try:
         source = load(args.source)
         if source is None:
             raise BaselineError(f"baseline file {args.source} does not exist")
-        merged, _ = update(args.target, source.entries, source.meta)
+        entries = source.entries
+        if args.since is not None:
+            base = load(args.since)
+            before = base.entries if base is not None else {}
+            entries = {key: entry for key, entry in entries.items() if before.get(key) != entry}
+        merged, _ = update(args.target, entries, source.meta)
     except (BaselineError, OSError) as exc:
         print(f"not merged: {exc}", file=sys.stderr)
         return 1
-    print(f"merged {len(source.entries)} entries from {args.source} into {args.target} "
+    print(f"merged {len(entries)} entries from {args.source} into {args.target} "
           f"({len(merged.entries) + len(merged.unusable)} in all)")
     return 0
 

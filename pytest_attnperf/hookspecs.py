@@ -40,3 +40,13 @@ def pytest_attnperf_register_kernels(registry: KernelRegistry, config: pytest.Co
     Each registered kernel joins its family's suite and goes through the same correctness
     checks, timing and baselines as the built-in ones.
     """
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_attnperf_visible_gpus(config: pytest.Config) -> list[str] | None:
+    """Return the GPUs a pytest-xdist run spreads its workers over, as ``CUDA_VISIBLE_DEVICES``
+    entries (worker ``gwK`` gets the K-th).
+
+    The built-in implementation reads ``CUDA_VISIBLE_DEVICES``, else counts the devices with
+    NVML (or torch). Tests of the harness return a fixed list here.
+    """

@@ -13,6 +13,7 @@ import pytest
 from . import floors
 from .baselines import BaselineError
 from .costs import Cost, Metrics, metrics
+from .distributed import case_key, timing_turn
 from .gate import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_ms, floor_shift_ms, judge
 from .markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from .processes import pool, write_taken
@@ -119,6 +120,7 @@ class Perf:
         self._request = request
         self._session = session
         self._used = False
+        self._key = case_key(request.node)  # the node id, less pytest-xdist's group suffix
 
     def measure(
         self,
@@ -142,6 +144,34 @@ class Perf:
         hw, device = session.hardware, session.device
         marker = node.get_closest_marker("sdpa_backend")
         pinned = marker.args[0] if marker else None
+        with timing_turn(session):  # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
+            result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
+        self._record(result)
+        verdict, measurement = result.verdict, result.measurement
+        node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
+        self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
+        self._feed_benchmark(result)
+        if verdict.failed:
+            drift = session.drift()
+            extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
+            unquoted = [n for n in measurement.notes if n not in verdict.message]  # "clock changed" quotes its own
+            if unquoted:
+                extra += "\n  notes: " + "; ".join(unquoted)
+            earlier = (self._baseline_entry() or {}).get("notes")
+            if isinstance(earlier, list) and earlier:
+                extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
+            below = floors.failure_message(result, floors.for_session(session))
+            pytest.fail(f"{self._key}: {verdict.message}{extra}" + (f"\n{below}" if below else ""), pytrace=False)
+        below = floors.failure_message(result, floors.for_session(session))
+        if below:
+            pytest.fail(f"{self._key}: {below}", pytrace=False)
+        return result
+
+    def _timed(self, fn: Callable[[], Any], cost: Cost, dtype: str, pinned: str | None, detect_backend: bool,
+               mode: str | None) -> PerfResult:
+        """Prove the backend, time, gate, and place the case on the roofline."""
+        session, node = self._session, self._request.node
+        device = session.device
         with pin_backend(pinned) if pinned else nullcontext():
             if pinned:
                 backend = pinned
@@ -154,7 +184,7 @@ class Perf:
             plan = session.plan(mode)
             measurement = self._pooled(session.timer.measure(fn, plan))
             if not measurement.median_ms > 0:
-                pytest.fail(f"{node.nodeid}: the {measurement.clock} clock measured a median of "
+                pytest.fail(f"{self._key}: the {measurement.clock} clock measured a median of "
                             f"{measurement.median_ms} ms; a time must be positive (did the callable "
                             "do any work?). Nothing is gated or recorded.", pytrace=False)
             verdict, measurement = self._gate(fn, measurement, plan)
@@ -170,24 +200,6 @@ class Perf:
             backend=backend,
         )
         result = floors.check(node, session, result, dtype)  # roofline position and floors, JUnit properties
-        self._record(result)
-        node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
-        self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
-        self._feed_benchmark(result)
-        if verdict.failed:
-            drift = session.drift()
-            extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
-            unquoted = [n for n in measurement.notes if n not in verdict.message]  # "clock changed" quotes its own
-            if unquoted:
-                extra += "\n  notes: " + "; ".join(unquoted)
-            earlier = (self._baseline_entry() or {}).get("notes")
-            if isinstance(earlier, list) and earlier:
-                extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
-            below = floors.failure_message(result, floors.for_session(session))
-            pytest.fail(f"{node.nodeid}: {verdict.message}{extra}" + (f"\n{below}" if below else ""), pytrace=False)
-        below = floors.failure_message(result, floors.for_session(session))
-        if below:
-            pytest.fail(f"{node.nodeid}: {below}", pytrace=False)
         return result
 
     def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
@@ -203,10 +215,10 @@ class Perf:
             return Verdict("worker", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
-        if baseline and self._request.node.nodeid in baseline.unusable:  # costs this case only
-            pytest.fail(f"{baseline.unusable[self._request.node.nodeid].problem}\nRecord the case again with "
+        if baseline and self._key in baseline.unusable:  # costs this case only
+            pytest.fail(f"{baseline.unusable[self._key].problem}\nRecord the case again with "
                         "--update-baselines, or fix the entry.", pytrace=False)
-        entry = baseline.entries.get(self._request.node.nodeid) if baseline else None
+        entry = baseline.entries.get(self._key) if baseline else None
         if entry is not None and entry.get("mode") != measurement.mode:  # the run's choice (--attnperf-mode)
             return Verdict(
                 "not compared", None,
@@ -222,10 +234,10 @@ class Perf:
                 f"{plan.hot_sample_ms:g} ms (--attnperf-hot-sample): a short kernel's time per call can "
                 "depend on how many calls a graph holds, so times are not comparable",
             ), measurement
-        summary = baseline.summary(self._request.node.nodeid) if baseline else None
+        summary = baseline.summary(self._key) if baseline else None
         if summary is None and session.settings.require_baseline:
             pytest.fail(
-                f"{self._request.node.nodeid}: no entry in {session.baseline_path} and "
+                f"{self._key}: no entry in {session.baseline_path} and "
                 "--attnperf-require-baseline is set; record it with --update-baselines",
                 pytrace=False,
             )
@@ -256,11 +268,11 @@ class Perf:
     def _pooled(self, measurement: Measurement) -> Measurement:
         """In a worker, the measurement as taken, also written to the worker's file; in a run
         with worker processes, pooled with their samples of this case (``processes.pool``)."""
-        session, nodeid = self._session, self._request.node.nodeid
+        session, nodeid = self._session, self._key
         if session.settings.worker_out is not None:
             write_taken(session.settings.worker_out, nodeid, measurement)
             return measurement
-        taken = session.workers.for_case(nodeid) if session.workers is not None else []
+        taken = session.pool_for(nodeid)
         return pool(measurement, taken) if taken else measurement
 
     def _record(self, result: PerfResult) -> None:
@@ -274,7 +286,7 @@ class Perf:
             eager_change = 100.0 * (m.eager_ms / before["eager_ms"] - 1.0)
         self._session.rows.append(
             Row(
-                nodeid=self._request.node.nodeid,
+                nodeid=self._key,
                 backend=result.backend,
                 median_ms=s.median_ms,
                 stdrel=s.stdrel,
@@ -430,7 +442,7 @@ class Perf:
             baseline = self._session.baseline
         except BaselineError:
             return None
-        return baseline.entries.get(self._request.node.nodeid) if baseline else None
+        return baseline.entries.get(self._key) if baseline else None
 
     def _feed_benchmark(self, result: PerfResult) -> None:
         """Hand the device samples to pytest-benchmark (its timer is ``REPLAY_CLOCK``)."""

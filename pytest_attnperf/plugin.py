@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from . import autotune, hookspecs, markers, suite
+from . import autotune, distributed, hookspecs, markers, suite
 from .isolation import CaseGuard
 from .hardware import DetectedDevice, HardwareSpec
 from .options import add_options, read_settings
@@ -40,16 +40,34 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
     session = AttnPerfSession(config, read_settings(config))
-    distributed = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
-    if session.settings.update_baselines and distributed:
-        raise pytest.UsageError(
-            "attnperf: --update-baselines cannot run under pytest-xdist (each worker would write the "
-            "file on its own and lose the others' entries); run it without -n"
-        )
     config.stash[SESSION_KEY] = session
+    distributed.configure(config, session)  # under pytest-xdist: a worker's GPU, before anything starts CUDA
     config.pluginmanager.register(CaseGuard(config, session.settings.case_timeout_s), "attnperf-isolation")
-    if session.settings.hw is not None:
+    if session.settings.hw is not None and session.fleet is None:  # a controller opens no device: its workers check
         session.hardware  # noqa: B018 - an explicit --hw is checked at start-up
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_attnperf_visible_gpus(config: pytest.Config) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES``'s list, else one index per device NVML or torch counts."""
+    return distributed.visible_gpus()
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before pytest-xdist's own count of CPUs
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per visible GPU (none: pytest-xdist's own count, one per CPU)."""
+    gpus = config.hook.pytest_attnperf_visible_gpus(config=config)
+    return len(gpus) if gpus else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    distributed.configure_node(node.config, get_session(node.config), node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    distributed.node_down(get_session(node.config), node, error)
 
 
 @pytest.hookimpl(trylast=True)
@@ -100,6 +118,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's, which reads the fixture names
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    distributed.add_groups(config, items)  # a pytest-xdist worker under --dist loadgroup: a shape's cases together
     benchmarking = config.pluginmanager.hasplugin("benchmark") and not get_session(config).settings.check_only
     for item in items:
         markers.check_marker_args(item)
@@ -175,18 +194,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         autotune.account_call(item, call)
         autotune.note_skip(item, report.skipped)
         item.stash[CALL_PASSED_KEY] = passed and PENDING_KEY in item.stash
-    elif report.when == "teardown" and report.passed and item.stash.get(CALL_PASSED_KEY, False):
-        # committed once teardown passed too: a fixture that fails after the measurement
-        # (a leak check, say) keeps the test's entry out of the baseline
-        get_session(item.config).pending[item.nodeid] = item.stash[PENDING_KEY]
+    elif report.when == "teardown":
+        state, key, entry = get_session(item.config), distributed.case_key(item), None
+        if report.passed and item.stash.get(CALL_PASSED_KEY, False):
+            # committed once teardown passed too: a fixture that fails after the measurement
+            # (a leak check, say) keeps the test's entry out of the baseline
+            entry = state.pending[key] = item.stash[PENDING_KEY]
+        autotune.case_finished(item)  # its autotune notes on its row, before the row leaves a worker
+        distributed.attach_case(state, key, report, entry)  # a pytest-xdist worker's case, to the controller
     return report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if SESSION_KEY in session.config.stash:
-        get_session(session.config).write_baselines()
-        autotune.finish(session.config, get_session(session.config).pending)
-        _write_report(session.config)
+    if SESSION_KEY not in session.config.stash:
+        return
+    config, state = session.config, get_session(session.config)
+    if state.seat is not None:  # a pytest-xdist worker: the controller writes for all
+        distributed.worker_output(config, state, autotune.worker_payload(config, state.pending))
+        return
+    if state.fleet is not None:
+        payloads = [s.finished["autotune"] for s in state.fleet.shares.values() if s.finished]
+        autotune.merge_workers(config, payloads, state.pending)
+        state.rows[:] = distributed.rows_in_order(state.rows)
+    else:
+        autotune.finish(config, state.pending)
+    state.write_baselines()
+    _write_report(config)
 
 
 def _write_report(config: pytest.Config) -> None:
@@ -194,7 +227,7 @@ def _write_report(config: pytest.Config) -> None:
     pytest-xdist worker, whose rows are a share of the run's)."""
     state = get_session(config)
     folder = state.settings.report_dir
-    if folder is None or not state.rows or hasattr(config, "workerinput"):
+    if folder is None or not state.rows or state.seat is not None:
         return
     from .reportgen import write_run
 
@@ -208,9 +241,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state = get_session(config)
     gone = suite.removed(config)
     checked = state.checked_only
-    if not state.rows and state.write_note is None and not gone and state.workers is None and not checked:
+    fleet = distributed.summary_lines(state)
+    if not state.rows and state.write_note is None and not gone and state.workers is None and not checked \
+            and not fleet:
         return
     terminalreporter.section("attnperf")
+    for line in fleet:
+        terminalreporter.write_line(line)
     if gone:
         terminalreporter.write_line(f"{len(gone)} kernel x case combinations removed at collection:")
         for reason, count in suite.count_reasons(gone).items():
@@ -219,7 +256,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"{checked} cases checked only (--attnperf-check-only): correctness "
                                     "checked; nothing timed, gated or recorded")
     if state.rows:
-        for line in summary_lines(state.rows, state.hardware.name, state.drift()):
+        drift = distributed.merged_drift(state) if state.fleet is not None else state.drift()
+        for line in summary_lines(state.rows, state.hardware.name, drift):
             terminalreporter.write_line(line)
         floor_ms, how = state.floor or (None, "no CUDA device")
         if floor_ms is not None:

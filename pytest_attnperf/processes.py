@@ -206,7 +206,7 @@ def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratc
 def _worker_env() -> dict[str, str]:
     """This process's environment, with this copy of pytest_attnperf first on the path (it may
     be imported from a checkout that the worker's directory does not hold)."""
-    env = dict(os.environ)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}  # not a worker of theirs
     here = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -222,16 +222,26 @@ class Workers:
     seconds: float = 0.0
     problems: tuple[str, ...] = ()  # a worker that failed: named with its kept log
     missing: tuple[str, ...] = ()  # a worker that measured fewer cases (skipped or failed there)
+    when: str = "before the tests"
 
     def for_case(self, nodeid: str) -> list[Taken]:
         return self.taken.get(nodeid, [])
+
+    def add(self, other: Workers) -> None:
+        """Take in another set of worker runs (a pytest-xdist worker's next group)."""
+        for nodeid, taken in other.taken.items():
+            self.taken.setdefault(nodeid, []).extend(taken)
+        self.cases += other.cases
+        self.seconds += other.seconds
+        self.problems += other.problems
+        self.missing += other.missing
 
     def summary(self, below_ms: float) -> list[str]:
         """For the run's summary: nothing when no case was chosen (every case then timed here only,
         as without the option), else how many in how many processes, and any worker that did not
         measure them all."""
         lines = [f"{self.cases} cases under {1e3 * below_ms:g} us timed in {self.processes} processes "
-                 f"({self.processes - 1} worker runs before the tests, {self.seconds:.0f} s)"] if self.cases else []
+                 f"({self.processes - 1} worker runs {self.when}, {self.seconds:.0f} s)"] if self.cases else []
         return lines + [f"worker {p}" for p in (*self.problems, *self.missing)]
 
     @classmethod

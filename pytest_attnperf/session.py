@@ -18,9 +18,10 @@ import pytest
 
 from . import baselines as store
 from .ceilings import Ceilings
+from .distributed import Fleet, Seat, case_key, group_of
 from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
 from .options import Settings
-from .processes import Workers, centres_ms, short_cases
+from .processes import Taken, Workers, centres_ms, short_cases
 from .registry import KernelRegistry
 from .timing import SamplingPlan, Timer, default_timer, one_element_add
 
@@ -67,6 +68,9 @@ class AttnPerfSession:
     floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
     workers: Workers | None = None  # the --attnperf-processes worker runs, once made (see start_workers)
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
+    pool_plan: dict[str, list[str]] = field(default_factory=dict)  # a pytest-xdist worker: case -> its group's short cases
+    fleet: Fleet | None = None  # a pytest-xdist controller's workers (distributed.py)
+    seat: Seat | None = None  # a pytest-xdist worker's GPU and place in the fleet
 
     # -- device and hardware -------------------------------------------------------------
     @cached_property
@@ -160,13 +164,14 @@ class AttnPerfSession:
         """With ``--attnperf-processes`` above 1: run the worker processes over the selected
         cases whose baseline centre is under ``--attnperf-processes-below`` (processes.py),
         before any test runs. Only on a CUDA device (the offset is the GPU's; a host clock's
-        samples are noisier than it), and not in a worker, under pytest-xdist or when only
-        collecting."""
+        samples are noisier than it), and not in a worker or when only collecting. In a
+        pytest-xdist worker they run later, before the first case of each group
+        (``pool_for``): which groups a worker gets is known only as it gets them."""
         s = self.settings
-        if (s.processes < 2 or s.worker_out is not None or hasattr(self.config, "workerinput")
-                or self.config.option.collectonly):
+        if s.processes < 2 or s.worker_out is not None or self.config.option.collectonly:
             return
-        ids = [item.nodeid for item in items if "attnperf" in getattr(item, "fixturenames", ())]
+        measured = [item for item in items if "attnperf" in getattr(item, "fixturenames", ())]
+        ids = [case_key(item) for item in measured]
         if not ids:  # no measured case: the device is not even looked up
             return
         try:
@@ -180,7 +185,28 @@ class AttnPerfSession:
             self.workers = Workers({}, processes=s.processes, problems=(f"no worker runs: {exc}",))
             return
         chosen = short_cases(ids, centres_ms(baseline) if baseline else {}, s.processes_below_ms)
+        if self.seat is not None:
+            short = set(chosen)
+            groups: dict[str, list[str]] = {}
+            for item, key in zip(measured, ids, strict=True):
+                if key in short:
+                    groups.setdefault(group_of(item) or key, []).append(key)
+            self.pool_plan = {key: group for group in groups.values() for key in group}
+            self.workers = Workers({}, processes=s.processes, when="before each group's first case")
+            return
         self.workers = Workers.run(self.config, chosen, s.processes)
+
+    def pool_for(self, key: str) -> list[Taken]:
+        """The worker processes' measurements of a case (``--attnperf-processes``); in a
+        pytest-xdist worker, its group's processes run first if they have not."""
+        if self.workers is None:
+            return []
+        group = self.pool_plan.get(key)
+        if group:
+            for other in group:
+                self.pool_plan.pop(other, None)
+            self.workers.add(Workers.run(self.config, group, self.settings.processes))
+        return self.workers.for_case(key)
 
     # -- baselines ------------------------------------------------------------------------
     @property
@@ -248,6 +274,9 @@ class AttnPerfSession:
         not writable, disk full) the measured entries go to a file of their own in the temporary
         folder, the summary names both, and the run's exit status is a failure."""
         if not self.settings.update_baselines or not self.pending:
+            return
+        if self.fleet is not None and self.fleet.mixed:
+            self._not_written(self.fleet.mixed)
             return
         path = self.baseline_path
         try:

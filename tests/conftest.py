@@ -5,6 +5,7 @@ inside a run is imported again by the next user; torch's C-backed modules abort 
 when that happens. Importing them here keeps them loaded for the whole session.
 """
 
+import os
 import torch
 import torch.nn.attention
 import torch.nn.functional
@@ -41,3 +42,18 @@ def _terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs under test print for an 80-column terminal, whatever terminal (or CI log) runs the tests:
     pytest cuts its short summary lines to that width."""
     monkeypatch.setenv("COLUMNS", "80")
+
+
+@pytest.fixture(autouse=True)
+def _not_a_worker_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When these tests run under pytest-xdist, the runs they start are no workers of it:
+    pytest-benchmark (which disables itself in a worker) reads the worker's environment."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``pytest tests/ -n auto``: these tests time nothing on a device, so one worker per CPU
+    (the plugin's own rule, one per GPU, is for the suites)."""
+    return max(1, os.cpu_count() or 1)

@@ -122,6 +122,7 @@ def test_install_lays_out_hash_folders_and_drops_other_choices_only(tmp_path: Pa
 # -- the plugin --------------------------------------------------------------------------------
 
 TESTS = '''
+import fcntl
 import json
 import os
 import pathlib
@@ -138,6 +139,12 @@ def fake_kernel(name):
     """Triton's cache_results autotuner: use the result on disk, else autotune and write it."""
     seen = {"cache": os.environ.get("TRITON_CACHE_DIR")}
     log = HERE / "log.json"
+    with open(HERE / "log.lock", "w") as lock:  # pytest-xdist's workers log too
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _tune(name, seen, log)
+
+
+def _tune(name, seen, log):
     entries = json.loads(log.read_text()) if log.exists() else []
     if seen["cache"] is not None:
         hashes = json.loads((HERE / "hashes.json").read_text())
@@ -330,3 +337,25 @@ def test_summary_splits_warm_up_from_measuring(project: pytest.Pytester) -> None
     in_s = float(line.split("), ")[1].split(" s in it")[0])
     assert 0.2 <= before_s < 2.0  # two tests sleep 0.1 s each before measuring
     assert in_s < before_s
+
+
+def test_parallel_recording_writes_once_and_a_parallel_gating_run_installs(project: pytest.Pytester) -> None:
+    """Under pytest-xdist each worker autotunes in a cache folder of its own; the controller
+    records both workers' choices once, and a parallel gating run installs them in each worker's folder."""
+    pytest.importorskip("xdist")
+    project.makeconftest(CONFTEST + "\n\ndef pytest_attnperf_visible_gpus(config):\n    return ['0', '1']\n")
+    result = run(project, "cache1", "--update-baselines", "-n", "2")
+    result.assert_outcomes(passed=2)
+    entries = manifest(project)["entries"]
+    assert isinstance(entries, dict) and sorted(entries) == [HASH_A, HASH_B]
+    assert {entries[HASH_A]["source"], entries[HASH_B]["source"]} == {
+        "test_cases.py::test_case[a]", "test_cases.py::test_case[b]"}  # no pytest-xdist '@group' suffix
+    result.stdout.fnmatch_lines(["*autotune choices: wrote 2 autotune choices to *h200.autotune (0 other entries kept)"])
+    caches = {seen["cache"] for seen in log(project).values()}
+    assert caches <= {str(project.path / "cache1" / "h200" / w) for w in ("gw0", "gw1")}
+
+    gating = run(project, "fresh", "-n", "2")
+    gating.assert_outcomes(passed=2)
+    assert all(seen["found"] for seen in log(project).values())
+    out = gating.stdout.str()
+    assert "autotune choices: 2 installed from h200.autotune" in out and "autotuned in this run" not in out

@@ -244,3 +244,26 @@ def test_save_keeps_the_old_files_permissions_and_gives_new_ones_the_umasks(tmp_
     old.chmod(0o640)
     save(old, BaselineFile())
     assert stat.S_IMODE(old.stat().st_mode) == 0o640
+
+
+def test_merge_since_takes_only_what_another_host_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two hosts update copies of the committed file, each on its own cases; merging each copy
+    with --since the committed file keeps both hosts' new entries and nothing stale."""
+    meta = {"hardware": "h200"}
+    committed = tmp_path / "h200.yaml"
+    save(committed, merge(None, {"t::a": entry(1.0), "t::b": entry(2.0), "t::c": entry(3.0)}, meta))
+    host_a, host_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    save(host_a, merge(load(committed), {"t::a": entry(1.1)}, meta))
+    save(host_b, merge(load(committed), {"t::b": entry(2.2), "t::d": entry(4.0)}, meta))
+    into = tmp_path / "merged.yaml"
+    into.write_bytes(committed.read_bytes())
+    assert baselines.main(["merge", str(host_a), str(into), "--since", str(committed)]) == 0
+    assert baselines.main(["merge", str(host_b), str(into), "--since", str(committed)]) == 0
+    merged = load(into)
+    assert merged is not None
+    assert {k: v["median_ms"] for k, v in merged.entries.items()} == {"t::a": 1.1, "t::b": 2.2, "t::c": 3.0, "t::d": 4.0}
+    assert "merged 1 entries" in capsys.readouterr().out.splitlines()[0]
+    # without --since, host A's stale copy of t::b would have undone host B's
+    assert baselines.main(["merge", str(host_a), str(into)]) == 0
+    again = load(into)
+    assert again is not None and again.entries["t::b"]["median_ms"] == 2.0

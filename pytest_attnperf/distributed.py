@@ -1,0 +1,474 @@
+"""Runs spread over pytest-xdist workers: one worker per GPU, one set of results.
+
+The controller (the process ``pytest -n N`` starts) counts the GPUs this host shows
+(``pytest_attnperf_visible_gpus``), gives worker ``gwK`` the K-th in its worker input, and runs
+``--dist load`` as ``loadgroup``, with the cases of one shape in one group, so a shape's
+compilation and autotuning happen on one worker. ``-n auto`` starts one worker per GPU.
+
+A worker sets ``CUDA_VISIBLE_DEVICES`` to its GPU in ``pytest_configure``, before anything
+initialises CUDA, so ``cuda:0`` is its own card; its ``--attnperf-processes`` runs inherit the
+pin and take turns with it on that card. Each measured case's summary row and baseline entry
+travel to the controller on the case's teardown report as it finishes (a worker that dies later
+keeps what it sent); the worker's hardware, environment, floors and autotune results follow in
+its worker output at its end. The controller alone writes the baseline file (once, under its
+lock), the autotune choices, the summary and the report.
+
+More timing workers than GPUs would time two cases at once on one card: with an explicit
+attnperf run (``--hw``, ``--update-baselines``, ``--attnperf-suites``) that is refused at start-up,
+otherwise every timed case on a worker that shares its GPU fails with the reason. Without a GPU,
+timing is serialised across the workers on a lock (the other workers' checks still share the
+CPU, which the summary says).
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from .session import AttnPerfSession, Row
+
+__all__ = ["Fleet", "Seat", "case_key", "group_of", "is_controller", "is_worker"]
+
+INPUT_KEY = "attnperf"  # in a worker's workerinput: its GPU and the fleet's size
+OUTPUT_KEY = "attnperf"  # in a worker's workeroutput: what the controller merges at its end
+REPORT_ATTR = "attnperf_case"  # on a teardown report: the case's rows and baseline entry
+GROUP_PREFIX = "attnperf:"
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def is_controller(config: pytest.Config) -> bool:
+    """A pytest-xdist run's controller: it starts workers and runs no test itself."""
+    option = config.option
+    return (not is_worker(config) and bool(getattr(option, "numprocesses", None) or getattr(option, "tx", None))
+            and getattr(option, "dist", "no") != "no")
+
+
+def encode(value: Any) -> str:
+    """A payload for xdist's channel, which carries plain data: the plugin's own objects, pickled.
+    Both ends run this plugin, so both know its classes."""
+    return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+
+
+def decode(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text.encode("ascii")))  # noqa: S301 - our own workers' payload
+
+
+# -- GPUs ---------------------------------------------------------------------------------------
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries: that variable's own
+    list when set, else one index per device NVML (or, without it, the CUDA driver) counts. The
+    count does not create a CUDA context, so the controller holds no memory on any card."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [part.strip() for part in listed.split(",") if part.strip() and part.strip() != "-1"]
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: ask torch, which asks the driver
+        pass
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no torch or no driver: no GPU
+        return []
+
+
+def _explicit(session: AttnPerfSession) -> bool:
+    """Whether the run asks for attnperf's timing in so many words (``--hw``, ``--update-baselines``,
+    ``--attnperf-suites``, from the command line, the environment or the ini file)."""
+    s = session.settings
+    return s.hw is not None or s.update_baselines or bool(s.suites)
+
+
+@dataclass
+class WorkerShare:
+    """What the controller knows of one worker."""
+
+    gpu: str | None
+    cases: int = 0  # measured cases whose results arrived
+    device: str | None = None  # the device the worker measured on (its name and UUID)
+    finished: dict[str, Any] | None = None  # the worker's end-of-run payload
+
+
+@dataclass
+class Fleet:
+    """The controller's view of a pytest-xdist run."""
+
+    gpus: list[str]
+    workers: int
+    shares: dict[str, WorkerShare] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # shown in the summary
+    mixed: str | None = None  # the workers' hardware differs: no baseline is written (the entries are set aside)
+
+    specs: list[str] = field(default_factory=list)  # each worker's execnet spec, gw0 first ("popen" for -n)
+
+    def gpu_for(self, worker: str) -> str | None:
+        """The K-th worker on a host gets that host's K-th GPU: on this host the K-th entry of
+        ``gpus``, on a host of ``--tx ssh=...`` (whose GPUs the controller cannot see) index K."""
+        index = int(worker[2:]) if worker[2:].isdigit() else len(self.shares)
+        spec = self.specs[index] if index < len(self.specs) else "popen"
+        nth = self.specs[:index].count(spec)
+        if not _local(spec):
+            return str(nth)
+        return self.gpus[nth % len(self.gpus)] if self.gpus else None
+
+    def shares_gpu(self, worker: str) -> bool:
+        """Whether the worker's GPU is another local worker's too (more local workers than GPUs)."""
+        index = int(worker[2:]) if worker[2:].isdigit() else len(self.shares)
+        spec = self.specs[index] if index < len(self.specs) else "popen"
+        return _local(spec) and bool(self.gpus) and self.shared_gpu
+
+    @property
+    def shared_gpu(self) -> bool:
+        local = sum(1 for spec in self.specs if _local(spec)) if self.specs else self.workers
+        return bool(self.gpus) and local > len(self.gpus)
+
+
+def _local(spec: str) -> bool:
+    """Whether an execnet spec starts its worker on this host."""
+    return spec.split("//")[0] == "popen"
+
+
+def _expanded(specs: list[str]) -> list[str]:
+    """``--tx`` specs, one per worker (``3*ssh=host`` is three), without the options after ``//``
+    that do not change the host."""
+    out = []
+    for spec in specs:
+        count, star, rest = spec.partition("*")
+        repeat = int(count) if star and count.isdigit() else 1
+        out += [(rest if star and count.isdigit() else spec).split("//id=")[0]] * repeat
+    return out
+
+
+@dataclass
+class Seat:
+    """A worker's place in the fleet."""
+
+    worker: str
+    gpu: str | None
+    gpus: int
+    workers: int
+    testrunuid: str
+    refusal: str | None = None  # why this worker may not time (its GPU is shared, CUDA came up first)
+    rows_sent: int = 0
+    facts_sent: bool = False
+
+    @property
+    def cpu_turns(self) -> bool:
+        """Timing takes turns across the workers (no GPU to give each its own)."""
+        return self.gpu is None and self.workers > 1
+
+
+# -- configure ----------------------------------------------------------------------------------
+
+
+def configure(config: pytest.Config, session: AttnPerfSession) -> None:
+    """Called by ``pytest_configure``: a worker pins its GPU, a controller plans the fleet."""
+    if is_worker(config):
+        session.seat = _take_seat(config)
+    elif is_controller(config):
+        session.fleet = _plan(config, session)
+        config.pluginmanager.register(_Receiver(session), "attnperf-xdist-receiver")
+
+
+class _Receiver:
+    """The controller's listener for the cases' reports."""
+
+    def __init__(self, session: AttnPerfSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            receive_case(self.session, report)
+
+
+def _plan(config: pytest.Config, session: AttnPerfSession) -> Fleet:
+    option = config.option
+    workers = len(getattr(option, "tx", None) or []) or int(getattr(option, "numprocesses", 0) or 0)
+    gpus = config.hook.pytest_attnperf_visible_gpus(config=config)
+    specs = _expanded([str(spec) for spec in getattr(option, "tx", None) or []])
+    fleet = Fleet(gpus=list(gpus or []), workers=len(specs) or workers, specs=specs)
+    if fleet.shared_gpu and _explicit(session):
+        raise pytest.UsageError(
+            f"attnperf: {fleet.workers} pytest-xdist workers for {len(fleet.gpus)} GPU(s): two workers would time "
+            f"on one card at once and each would slow the other; run with -n {len(fleet.gpus)} (or -n auto)")
+    if getattr(option, "dist", None) == "load":
+        option.dist = "loadgroup"  # a shape's cases on one worker: warm-up and autotuning once (see group_of)
+    return fleet
+
+
+def _take_seat(config: pytest.Config) -> Seat:
+    given = config.workerinput.get(INPUT_KEY) or {}  # type: ignore[attr-defined]
+    seat = Seat(worker=str(config.workerinput.get("workerid", "gw?")),  # type: ignore[attr-defined]
+                gpu=given.get("gpu"), gpus=int(given.get("gpus", 0)), workers=int(given.get("workers", 1)),
+                testrunuid=str(config.workerinput.get("testrunuid", "")))  # type: ignore[attr-defined]
+    if given.get("loadgroup"):  # the controller's --dist (loadgroup for load), which a worker does not parse
+        config.option.loadgroup = True
+    if seat.gpu is None:
+        return seat
+    if given.get("shared"):
+        seat.refusal = (f"{seat.workers} pytest-xdist workers share {seat.gpus} GPU(s), so {seat.worker} would time on "
+                        f"GPU {seat.gpu} while another worker does: run with -n {seat.gpus} (or -n auto)")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        seat.refusal = (f"CUDA was initialised before pytest-attnperf could pin {seat.worker} to GPU {seat.gpu} "
+                        "(a conftest.py or plugin used CUDA while loading), so this worker's cuda:0 may be another "
+                        "worker's card; keep CUDA calls out of module level")
+    os.environ["CUDA_VISIBLE_DEVICES"] = seat.gpu
+    return seat
+
+
+def configure_node(config: pytest.Config, session: AttnPerfSession, node: Any) -> None:
+    """Controller: the worker's GPU and the fleet's size, in the worker's input."""
+    fleet = session.fleet
+    if fleet is None:
+        return
+    worker = str(node.gateway.id)
+    gpu = fleet.gpu_for(worker)
+    fleet.shares[worker] = WorkerShare(gpu=gpu)
+    node.workerinput[INPUT_KEY] = {"gpu": gpu, "gpus": len(fleet.gpus), "workers": fleet.workers,
+                                   "shared": fleet.shares_gpu(worker),
+                                   "loadgroup": getattr(config.option, "dist", None) == "loadgroup"}
+
+
+# -- scheduling ---------------------------------------------------------------------------------
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """A measured case's group under ``--dist loadgroup``: its test function and its case (the
+    shape and dtype), without kernel and direction, so one worker compiles and autotunes each
+    shape. None for a test without an ``attnperf`` fixture or with a group of its own."""
+    if "attnperf" not in getattr(item, "fixturenames", ()) or item.get_closest_marker("xdist_group"):
+        return None
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get("case") if callspec else None
+    where = item.nodeid.split("[", 1)[0]
+    if case is None:
+        return f"{GROUP_PREFIX}{where}"
+    label = getattr(case, "id", None) or str(case)
+    return f"{GROUP_PREFIX}{where}:{label}"
+
+
+def add_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a worker under ``loadgroup``: mark each measured case with its group (``group_of``)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        name = group_of(item)
+        if name is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
+
+
+def case_key(item: Any) -> str:
+    """A test's key in the baseline file and the summary: its node id, less the ``@group``
+    suffix pytest-xdist adds under ``--dist loadgroup``, so a parallel run reads and writes the
+    entries a serial one does."""
+    nodeid = str(item.nodeid)
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")}) if hasattr(item, "iter_markers") else []
+    suffix = "@" + "_".join(names)
+    return nodeid[: -len(suffix)] if names and nodeid.endswith(suffix) else nodeid
+
+
+# -- timing -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def timing_turn(session: AttnPerfSession) -> Iterator[None]:
+    """Around a case's timing in a worker: fails the case when the worker may not time (its
+    GPU is shared); without a GPU, waits for the other workers' timing to end (a lock file per
+    test run). Elsewhere it does nothing."""
+    seat = session.seat
+    if seat is None:
+        yield
+        return
+    if seat.refusal is not None:
+        pytest.fail(f"attnperf: not timed: {seat.refusal}", pytrace=False)
+    if not seat.cpu_turns:
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / f"attnperf-timing-{seat.testrunuid or os.getppid()}.lock"
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, entry: dict[str, Any] | None) -> None:
+    """Worker, on a teardown report: the rows this test added and its baseline entry (when it
+    passed and the run records), for the controller."""
+    seat = session.seat
+    if seat is None:
+        return
+    rows = session.rows[seat.rows_sent:]
+    seat.rows_sent = len(session.rows)
+    if not rows and entry is None:
+        return
+    case: dict[str, Any] = {"key": key, "rows": rows, "entry": entry, "worker": seat.worker}
+    if not seat.facts_sent:  # with the first case: the controller can write even if this worker dies later
+        case["facts"] = _facts(session)
+        seat.facts_sent = True
+    setattr(report, REPORT_ATTR, encode(case))
+
+
+def _facts(session: AttnPerfSession) -> dict[str, Any]:
+    """The worker's device, hardware spec and software environment (all known once a case was measured)."""
+    facts = {}
+    for name in ("device", "hardware", "environment"):
+        try:
+            facts[name] = getattr(session, name)
+        except Exception:  # noqa: BLE001 - what cannot be had is left out
+            pass
+    return facts
+
+
+def _adopt_facts(session: AttnPerfSession, facts: dict[str, Any], worker: str) -> None:
+    """Controller: the first worker's facts become the session's (the controller never opens a
+    device); a worker on other hardware stops the run from writing any baseline."""
+    fleet = session.fleet
+    assert fleet is not None
+    share = fleet.shares.setdefault(worker, WorkerShare(gpu=None))
+    device = facts.get("device")
+    if device is not None and share.device is None:
+        uuid = (device.extra or {}).get("uuid")
+        share.device = device.name + (f", {uuid}" if uuid else "")
+    hardware = facts.get("hardware")
+    if hardware is None:
+        return
+    known = session.__dict__.get("hardware")
+    if known is None:
+        for name in ("device", "hardware", "environment"):
+            if name in facts:
+                session.__dict__[name] = facts[name]  # the session's cached properties, as a worker found them
+    elif known.name != hardware.name and fleet.mixed is None:
+        fleet.mixed = (f"the workers measured on different hardware ({known.name}, and {hardware.name} on {worker}), "
+                       "which one baseline file cannot hold; run each kind of card apart")
+        fleet.problems.append(fleet.mixed)
+
+
+def receive_case(session: AttnPerfSession, report: pytest.TestReport) -> None:
+    """Controller: a case's rows and entry, as its teardown report arrives."""
+    text = getattr(report, REPORT_ATTR, None)
+    if session.fleet is None or not isinstance(text, str):
+        return
+    try:
+        case = decode(text)
+    except Exception as exc:  # noqa: BLE001 - a payload that cannot be read is named, never dropped silently
+        session.fleet.problems.append(f"{report.nodeid}: its results could not be read ({type(exc).__name__}: {exc})")
+        return
+    if case.get("facts"):
+        _adopt_facts(session, case["facts"], case["worker"])
+    session.rows.extend(case["rows"])
+    if case["entry"] is not None:
+        session.pending[case["key"]] = case["entry"]
+    share = session.fleet.shares.setdefault(case["worker"], WorkerShare(gpu=None))
+    share.cases += len(case["rows"])
+
+
+def worker_output(config: pytest.Config, session: AttnPerfSession, autotune_payload: Any) -> None:
+    """Worker, at session end: what the controller needs besides the cases."""
+    if session.seat is None or not hasattr(config, "workeroutput"):
+        return
+    payload: dict[str, Any] = {"worker": session.seat.worker, "checked_only": session.checked_only,
+                               "autotune": autotune_payload}
+    if session.rows or session.pending:  # the device was looked up for them: its facts are known and cheap
+        payload["facts"] = _facts(session)
+        payload["drift"] = session.drift()
+        payload["floor"] = session.floor
+        payload["floor_refusals"] = sorted(session.floor_refusals)
+    if session.workers is not None:
+        payload["processes"] = session.workers.summary(session.settings.processes_below_ms)
+    config.workeroutput[OUTPUT_KEY] = encode(payload)  # type: ignore[attr-defined]
+
+
+def node_down(session: AttnPerfSession, node: Any, error: object | None) -> None:
+    """Controller: a worker ended; take its end-of-run payload, and its device's facts for the
+    baseline file and the report (the controller never opens a device)."""
+    fleet = session.fleet
+    if fleet is None:
+        return
+    worker = str(node.gateway.id)
+    share = fleet.shares.setdefault(worker, WorkerShare(gpu=None))
+    text = getattr(node, "workeroutput", {}).get(OUTPUT_KEY)
+    if not isinstance(text, str):
+        if error is not None:
+            fleet.problems.append(f"{worker} ended early ({error}); the cases it finished are kept")
+        return
+    try:
+        payload = decode(text)
+    except Exception as exc:  # noqa: BLE001
+        fleet.problems.append(f"{worker}: its end-of-run results could not be read ({type(exc).__name__}: {exc})")
+        return
+    share.finished = payload
+    session.checked_only += int(payload.get("checked_only", 0))
+    if payload.get("facts"):
+        _adopt_facts(session, payload["facts"], worker)
+
+
+def summary_lines(session: AttnPerfSession) -> list[str]:
+    """The controller's lines on the fleet: each worker's GPU and device, its cases, its floor."""
+    fleet = session.fleet
+    if fleet is None or not (session.rows or fleet.problems):  # a run that measured nothing: no word of it
+        return []
+    lines = []
+    if fleet.gpus:
+        lines.append(f"pytest-xdist: {fleet.workers} workers, one GPU each (CUDA_VISIBLE_DEVICES={','.join(fleet.gpus)})")
+    elif fleet.workers > 1:
+        lines.append(f"pytest-xdist: {fleet.workers} workers, no GPU: timing took turns on a lock, but the other "
+                     "workers' checks shared the CPU meanwhile; record CPU baselines without -n")
+    for worker in sorted(fleet.shares, key=lambda w: (len(w), w)):
+        share = fleet.shares[worker]
+        where = f"GPU {share.gpu}" if share.gpu is not None else "CPU"
+        device = f" ({share.device})" if share.device else ""
+        lines.append(f"  {worker}: {where}{device}: {share.cases} measured cases")
+        payload = share.finished or {}
+        floor = payload.get("floor")
+        if floor and floor[0] is not None:
+            lines.append(f"    sample floor ({floor[1]}): {1e3 * floor[0]:.2f} us")
+        lines.extend(f"    {line}" for line in payload.get("processes", ()))
+        lines.extend(f"    floors not used: {refused}" for refused in payload.get("floor_refusals", ()))
+    lines.extend(f"pytest-xdist: {problem}" for problem in fleet.problems)
+    return lines
+
+
+def merged_drift(session: AttnPerfSession) -> list[str]:
+    """The environment drift the workers found, each line once."""
+    seen: list[str] = []
+    for share in (session.fleet.shares.values() if session.fleet else ()):
+        for line in (share.finished or {}).get("drift", ()):
+            if line not in seen:
+                seen.append(line)
+    return seen
+
+
+def rows_in_order(rows: list[Row]) -> list[Row]:
+    """The controller's rows in node-id order (workers finish cases in no fixed order)."""
+    return sorted(rows, key=lambda row: row.nodeid)

@@ -1,0 +1,244 @@
+"""pytest-xdist runs on the CPU, with fake GPUs: each worker pinned to its own, the cases'
+entries merged into one baseline file by the controller, one summary."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+
+import pytest
+import yaml
+
+pytest.importorskip("xdist")
+
+PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:randomly")
+
+CONFTEST = '''
+import fcntl
+import json
+import os
+import pathlib
+import time
+
+import pytest
+
+from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.timing import Measurement
+
+HERE = pathlib.Path(__file__).parent
+
+
+def pytest_attnperf_visible_gpus(config):
+    listed = os.environ.get("FAKE_GPUS", "0,1")
+    return [g for g in listed.split(",") if g]
+
+
+def pytest_attnperf_detect_device(config):
+    if not os.environ.get("FAKE_GPUS", "0,1"):
+        return DetectedDevice("cpu", "x86_64")
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "unpinned")
+    if gpu == "1" and os.environ.get("FAKE_MIXED"):  # an H100 beside the H200
+        return DetectedDevice("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132, 50 * 2**20, extra={"uuid": "GPU-fake-1"})
+    return DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20, extra={"uuid": f"GPU-fake-{gpu}"})
+
+
+class ScriptedTimer:
+    """20 samples around 1 ms x speed.json's factor for the test, the same in any process; each
+    measurement appends its test, worker, pinned GPU and host-clock interval to seen.jsonl."""
+
+    def measure(self, fn, plan):
+        fn()
+        test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0].split("@")[0]
+        start = time.time()
+        time.sleep(float(os.environ.get("FAKE_TIMING_S", "0")))
+        speed = HERE / "speed.json"
+        factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
+        seen = {"test": test, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start, "end": time.time()}
+        with open(HERE / "seen.jsonl", "a") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            out.write(json.dumps(seen) + "\\n")
+        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
+        return Measurement(tuple(factor * (1 + j) for j in jitter), clock="scripted", mode=plan.mode)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return ScriptedTimer()
+'''
+
+TESTS = '''
+import pytest
+
+from pytest_attnperf.costs import Cost
+
+
+@pytest.mark.parametrize("kernel", ["k0", "k1"])
+@pytest.mark.parametrize("case", ["s0", "s1", "s2", "s3"])
+def test_case(case, kernel, attnperf):
+    attnperf.measure(lambda: None, cost=Cost(flops=1e12, bytes=1e9), dtype="bf16")
+
+
+def test_plain():
+    assert True
+'''
+
+CASES = [f"test_cases.py::test_case[s{s}-k{k}]" for s in range(4) for k in range(2)]  # a shape: a group
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("FAKE_GPUS", raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_cases=TESTS)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    return pytester
+
+
+def entries(pytester: pytest.Pytester) -> dict:
+    return yaml.safe_load((pytester.path / "baselines" / "h200.yaml").read_text())["entries"]
+
+
+def seen(pytester: pytest.Pytester) -> list[dict]:
+    path = pytester.path / "seen.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    path.unlink(missing_ok=True)
+    return [json.loads(line) for line in lines]
+
+
+def table_rows(out: str) -> list[str]:
+    """The attnperf summary table's case column."""
+    return re.findall(r"^((?:test_cases\.py::)?test_case\[s\d-k\d\]\S*)\s", out, flags=re.M)
+
+
+def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester) -> None:
+    """Two workers, two (fake) GPUs: every entry of a serial --update-baselines is written by a
+    parallel one, under the serial keys, with the same figures; an entry of another test stays."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
+    serial = entries(project)
+    assert sorted(serial) == CASES
+    path = project.path / "baselines" / "h200.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["entries"] = {"elsewhere.py::test_x": serial[CASES[0]]}
+    path.write_text(yaml.safe_dump(data))
+    seen(project)
+
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
+    result.assert_outcomes(passed=9)
+    parallel = entries(project)
+    assert sorted(parallel) == sorted([*CASES, "elsewhere.py::test_x"])  # no '@group' suffix in any key
+    assert parallel["elsewhere.py::test_x"] == serial[CASES[0]]
+    for case in CASES:
+        assert parallel[case]["median_ms"] == serial[case]["median_ms"]
+        assert parallel[case]["n_samples"] == serial[case]["n_samples"]
+    out = result.stdout.str()
+    assert f"wrote 8 measured entries to {path} (1 other entries kept)" in out
+    assert sorted(table_rows(out)) == [case.split("::")[1] for case in CASES]  # every case once, no '@group'
+    assert "loadgroup" not in out and "@attnperf:" not in out
+    timed = seen(project)
+    assert {t["worker"] for t in timed} == {"gw0", "gw1"}
+    assert all(t["gpu"] == {"gw0": "0", "gw1": "1"}[t["worker"]] for t in timed)  # each worker on its own GPU
+    result.stdout.fnmatch_lines(["*pytest-xdist: 2 workers, one GPU each (CUDA_VISIBLE_DEVICES=0,1)",
+                                 "*gw0: GPU 0 (NVIDIA H200, GPU-fake-0): * measured cases",
+                                 "*gw1: GPU 1 (NVIDIA H200, GPU-fake-1): * measured cases"])
+    counts = [int(n) for n in re.findall(r"gw\d: GPU \d \(.*\): (\d+) measured cases", out)]
+    assert sum(counts) == 8
+
+
+def test_parallel_verdicts_match_the_serial_ones(project: pytest.Pytester) -> None:
+    """A regressed case fails under -n 2 exactly as it does serially, and nothing is written."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
+    before = (project.path / "baselines" / "h200.yaml").read_text()
+    (project.path / "speed.json").write_text(json.dumps({"test_case[s1-k1]": 1.2}))
+    serial = project.runpytest(*PLUGIN)
+    serial.assert_outcomes(passed=8, failed=1)
+    parallel = project.runpytest(*PLUGIN, "-n", "2")
+    parallel.assert_outcomes(passed=8, failed=1)
+    for result in (serial, parallel):
+        result.stdout.fnmatch_lines(["*test_cases.py::test_case[[]s1-k1[]]: REGRESSED +20.0%*"])
+        assert "7 unchanged" in result.stdout.str()
+    assert (project.path / "baselines" / "h200.yaml").read_text() == before
+
+
+def test_auto_starts_one_worker_per_gpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_GPUS", "2,5,7")
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "auto")
+    result.assert_outcomes(passed=9)
+    assert "3 workers" in result.stdout.str()
+    assert {(t["worker"], t["gpu"]) for t in seen(project)} <= {("gw0", "2"), ("gw1", "5"), ("gw2", "7")}
+
+
+def test_more_workers_than_gpus_is_refused(project: pytest.Pytester) -> None:
+    """Asked for in so many words (--update-baselines), the run stops at start-up; otherwise
+    each timed case fails with the reason and the others run."""
+    refused = project.runpytest(*PLUGIN, "--update-baselines", "-n", "3")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*3 pytest-xdist workers for 2 GPU(s)*run with -n 2 (or -n auto)"])
+    assert not (project.path / "baselines").exists()
+
+    failed = project.runpytest(*PLUGIN, "-n", "3")
+    outcomes = failed.parseoutcomes()
+    assert outcomes["passed"] == 1 and outcomes["failed"] == 8
+    failed.stdout.fnmatch_lines(["*not timed: 3 pytest-xdist workers share 2 GPU(s)*"])
+    assert seen(project) == []  # nothing was timed
+
+
+def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU only: the workers' timed intervals never overlap, and the summary says the CPU was shared."""
+    monkeypatch.setenv("FAKE_GPUS", "")
+    monkeypatch.setenv("FAKE_TIMING_S", "0.15")
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
+    result.assert_outcomes(passed=9)
+    timed = sorted(seen(project), key=lambda t: t["start"])
+    assert {t["worker"] for t in timed} == {"gw0", "gw1"}  # (the CPU's ceilings are timed too, in turn)
+    assert {t["test"] for t in timed} == {case.split("::")[1] for case in CASES}
+    assert all(later["start"] >= earlier["end"] for earlier, later in zip(timed, timed[1:]))
+    assert "no GPU: timing took turns on a lock" in result.stdout.str()
+    assert sorted(yaml.safe_load((project.path / "baselines" / "cpu.yaml").read_text())["entries"]) == CASES
+
+
+def test_pooled_processes_run_on_their_workers_gpu(project: pytest.Pytester) -> None:
+    """--attnperf-processes under pytest-xdist: a group's extra process measures its cases on the
+    GPU of the worker that runs them, before the first; each case pools its samples."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
+    seen(project)
+    result = project.runpytest(*PLUGIN, "-n", "2", "-k", "s0 or s1", "--attnperf-processes=2",
+                               "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=4)
+    timed = seen(project)
+    gpu_of = {t["test"]: t["gpu"] for t in timed if t["worker"] != "main"}
+    pooled = [t for t in timed if t["worker"] == "main"]  # the extra processes are no pytest-xdist workers
+    assert len(gpu_of) == 4 and set(gpu_of.values()) == {"0", "1"}  # a group each
+    assert sorted(t["test"] for t in pooled) == sorted(gpu_of) and all(t["gpu"] == gpu_of[t["test"]] for t in pooled)
+    result.stdout.fnmatch_lines(["*2 cases under 5000 us timed in 2 processes (1 worker runs before each group's "
+                                 "first case, * s)", "note, 4 of 4 cases: 2 processes pooled*"])
+
+
+def test_workers_of_each_host_take_its_gpus_in_turn() -> None:
+    """--tx over hosts: the K-th worker on a host gets that host's K-th GPU; this host's come
+    from its visible list, another host's by index (the controller cannot see them)."""
+    from pytest_attnperf.distributed import Fleet, _expanded
+
+    specs = _expanded(["2*popen", "2*ssh=gpu-a//python=python3", "ssh=gpu-b"])
+    fleet = Fleet(gpus=["3", "4"], workers=len(specs), specs=specs)
+    assert [fleet.gpu_for(f"gw{i}") for i in range(5)] == ["3", "4", "0", "1", "0"]
+    assert not fleet.shared_gpu and not fleet.shares_gpu("gw1")
+    crowded = Fleet(gpus=["0"], workers=3, specs=_expanded(["2*popen", "ssh=gpu-a"]))
+    assert crowded.shared_gpu and crowded.shares_gpu("gw0") and not crowded.shares_gpu("gw2")
+
+
+def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An H100 worker beside an H200 one: one file cannot hold both, so neither is written; the
+    measured entries are saved aside and the run fails, naming both cards."""
+    aside = tmp_path_factory.mktemp("aside")
+    monkeypatch.setattr(tempfile, "tempdir", str(aside))  # where the controller saves what it cannot write
+    monkeypatch.setenv("FAKE_MIXED", "1")
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert "the workers measured on different hardware (h" in out and "h100" in out and "h200" in out
+    assert "ERROR, NOT written" in out and not (project.path / "baselines").exists()
+    saved = list(aside.glob("attnperf-*-unsaved-*.yaml"))
+    assert len(saved) == 1 and sorted(yaml.safe_load(saved[0].read_text())["entries"]) == CASES
