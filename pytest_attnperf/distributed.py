@@ -397,8 +397,10 @@ def worker_output(config: pytest.Config, session: AttnPerfSession, autotune_payl
     """Worker, at session end: what the controller needs besides the cases."""
     if session.seat is None or not hasattr(config, "workeroutput"):
         return
+    from .suite import removed
+
     payload: dict[str, Any] = {"worker": session.seat.worker, "checked_only": session.checked_only,
-                               "autotune": autotune_payload}
+                               "autotune": autotune_payload, "removed": removed(config)}
     if session.rows or session.pending:  # the device was looked up for them: its facts are known and cheap
         payload["facts"] = _facts(session)
         payload["drift"] = session.drift()
@@ -429,6 +431,10 @@ def node_down(session: AttnPerfSession, node: Any, error: object | None) -> None
         return
     share.finished = payload
     session.checked_only += int(payload.get("checked_only", 0))
+    from .suite import REMOVED_KEY
+
+    if payload.get("removed") and REMOVED_KEY not in session.config.stash:  # every worker collects them all
+        session.config.stash[REMOVED_KEY] = list(payload["removed"])
     if payload.get("facts"):
         _adopt_facts(session, payload["facts"], worker)
 

@@ -242,3 +242,12 @@ def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
     assert "ERROR, NOT written" in out and not (project.path / "baselines").exists()
     saved = list(aside.glob("attnperf-*-unsaved-*.yaml"))
     assert len(saved) == 1 and sorted(yaml.safe_load(saved[0].read_text())["entries"]) == CASES
+
+
+def test_the_report_holds_every_workers_cases(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
+    result = project.runpytest(*PLUGIN, "-n", "2", f"--attnperf-report={project.path / 'report'}")
+    result.assert_outcomes(passed=9)
+    report = json.loads((project.path / "report" / "report.json").read_text())
+    assert sorted(case["nodeid"] for case in report["cases"]) == CASES
+    assert report["environment"]["hardware"] == "h200"
