@@ -374,7 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         entries = source.entries
         if args.since is not None:
             base = load(args.since)
-            before = base.entries if base is not None else {}
+            if base is None:
+                raise BaselineError(f"baseline file {args.since} (--since) does not exist")
+            before = base.entries
             entries = {key: entry for key, entry in entries.items() if before.get(key) != entry}
         merged, _ = update(args.target, entries, source.meta)
     except (BaselineError, OSError) as exc:

@@ -23,7 +23,7 @@ CPU, which the summary says).
 from __future__ import annotations
 
 import base64
-import fcntl
+import json
 import os
 import pickle
 import sys
@@ -35,6 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the CPU's turns are not taken there
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from .session import AttnPerfSession, Row
@@ -124,6 +129,23 @@ class Fleet:
     mixed: str | None = None  # the workers' hardware differs: no baseline is written (the entries are set aside)
 
     specs: list[str] = field(default_factory=list)  # each worker's execnet spec, gw0 first ("popen" for -n)
+    testrunuid: str = ""
+    planned: bool = True  # False: workers share whatever GPU they see, and may not time on it
+    _groups: dict[str, str] = field(default_factory=dict)
+
+    def groups(self) -> dict[str, str]:
+        """The workers' node id -> group maps (read once, when the scheduler first asks)."""
+        if not self._groups and self.testrunuid:
+            for path in Path(tempfile.gettempdir()).glob(f"attnperf-groups-{self.testrunuid}-*.json"):
+                try:
+                    self._groups.update(json.loads(path.read_text(encoding="utf-8")))
+                except (OSError, ValueError):
+                    continue
+        return self._groups
+
+    def forget_groups(self) -> None:
+        for path in Path(tempfile.gettempdir()).glob(f"attnperf-groups-{self.testrunuid}-*.json"):
+            path.unlink(missing_ok=True)
 
     def gpu_for(self, worker: str) -> str | None:
         """The K-th worker on a host gets that host's K-th GPU: on this host the K-th entry of
@@ -175,11 +197,12 @@ class Seat:
     refusal: str | None = None  # why this worker may not time (its GPU is shared, CUDA came up first)
     rows_sent: int = 0
     facts_sent: bool = False
+    unplanned: bool = False  # the run gave its workers no GPU each (see planned)
 
     @property
     def cpu_turns(self) -> bool:
         """Timing takes turns across the workers (no GPU to give each its own)."""
-        return self.gpu is None and self.workers > 1
+        return self.gpu is None and self.workers > 1  # a GPU seen by an unplanned worker refuses first
 
 
 # -- configure ----------------------------------------------------------------------------------
@@ -205,18 +228,35 @@ class _Receiver:
             receive_case(self.session, report)
 
 
+def planned(config: pytest.Config) -> bool:
+    """Whether this pytest-xdist run gets one GPU per worker: a project or run that configures
+    attnperf (any attnperf option given, on the command line, in the environment or as an ini
+    key). Other projects that merely have the plugin installed keep pytest-xdist as it is."""
+    from .options import configured
+
+    return configured(config)
+
+
 def _plan(config: pytest.Config, session: AttnPerfSession) -> Fleet:
     option = config.option
     workers = len(getattr(option, "tx", None) or []) or int(getattr(option, "numprocesses", 0) or 0)
-    gpus = config.hook.pytest_attnperf_visible_gpus(config=config)
     specs = _expanded([str(spec) for spec in getattr(option, "tx", None) or []])
+    if not planned(config):
+        return Fleet(gpus=[], workers=len(specs) or workers, specs=specs, planned=False)
+    gpus = config.hook.pytest_attnperf_visible_gpus(config=config)
     fleet = Fleet(gpus=list(gpus or []), workers=len(specs) or workers, specs=specs)
-    if fleet.shared_gpu and _explicit(session):
+    if getattr(option, "dist", None) == "each":
+        raise pytest.UsageError("attnperf: --dist each runs every case on every worker, and one baseline entry "
+                                "cannot hold several GPUs' figures; use --dist load (the default of -n)")
+    if fleet.shared_gpu and _explicit(session) and not option.collectonly:
         raise pytest.UsageError(
             f"attnperf: {fleet.workers} pytest-xdist workers for {len(fleet.gpus)} GPU(s): two workers would time "
             f"on one card at once and each would slow the other; run with -n {len(fleet.gpus)} (or -n auto)")
     if getattr(option, "dist", None) == "load":
         option.dist = "loadgroup"  # a shape's cases on one worker: warm-up and autotuning once (see group_of)
+    if fleet.gpus and specs:  # the pin in each worker's environment from its start, before any conftest runs
+        option.tx = [f"{spec}//env:CUDA_VISIBLE_DEVICES={fleet.gpu_for(f'gw{i}')}" if _local(spec) else spec
+                     for i, spec in enumerate(specs)]
     return fleet
 
 
@@ -224,7 +264,8 @@ def _take_seat(config: pytest.Config) -> Seat:
     given = config.workerinput.get(INPUT_KEY) or {}  # type: ignore[attr-defined]
     seat = Seat(worker=str(config.workerinput.get("workerid", "gw?")),  # type: ignore[attr-defined]
                 gpu=given.get("gpu"), gpus=int(given.get("gpus", 0)), workers=int(given.get("workers", 1)),
-                testrunuid=str(config.workerinput.get("testrunuid", "")))  # type: ignore[attr-defined]
+                testrunuid=str(config.workerinput.get("testrunuid", "")),  # type: ignore[attr-defined]
+                unplanned=bool(given.get("unplanned", False)))
     if given.get("loadgroup"):  # the controller's --dist (loadgroup for load), which a worker does not parse
         config.option.loadgroup = True
     if seat.gpu is None:
@@ -247,7 +288,12 @@ def configure_node(config: pytest.Config, session: AttnPerfSession, node: Any) -
     if fleet is None:
         return
     worker = str(node.gateway.id)
-    gpu = fleet.gpu_for(worker)
+    fleet.testrunuid = str(node.workerinput.get("testrunuid", ""))
+    if not fleet.planned:
+        node.workerinput[INPUT_KEY] = {"gpu": None, "gpus": 0, "workers": fleet.workers, "unplanned": True}
+        return
+    pinned = (getattr(getattr(node.gateway, "spec", None), "env", None) or {}).get("CUDA_VISIBLE_DEVICES")
+    gpu = pinned or fleet.gpu_for(worker)  # a restarted worker keeps its spec, and so its GPU
     fleet.shares[worker] = WorkerShare(gpu=gpu)
     node.workerinput[INPUT_KEY] = {"gpu": gpu, "gpus": len(fleet.gpus), "workers": fleet.workers,
                                    "shared": fleet.shares_gpu(worker),
@@ -261,7 +307,9 @@ def group_of(item: pytest.Item) -> str | None:
     """A measured case's group under ``--dist loadgroup``: its test function and its case (the
     shape and dtype), without kernel and direction, so one worker compiles and autotunes each
     shape. None for a test without an ``attnperf`` fixture or with a group of its own."""
-    if "attnperf" not in getattr(item, "fixturenames", ()) or item.get_closest_marker("xdist_group"):
+    theirs = [m for m in item.iter_markers("xdist_group")
+              if not str(m.args[0] if m.args else m.kwargs.get("name", "")).startswith(GROUP_PREFIX)]
+    if "attnperf" not in getattr(item, "fixturenames", ()) or theirs:
         return None
     callspec = getattr(item, "callspec", None)
     case = callspec.params.get("case") if callspec else None
@@ -272,14 +320,50 @@ def group_of(item: pytest.Item) -> str | None:
     return f"{GROUP_PREFIX}{where}:{label}"
 
 
+def _groups_path(testrunuid: str, worker: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"attnperf-groups-{testrunuid}-{worker}.json"
+
+
 def add_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a worker under ``loadgroup``: mark each measured case with its group (``group_of``)."""
+    """In a worker under ``loadgroup``: mark each measured case with its group (``group_of``)
+    and write the node id -> group map for the controller's scheduler (``make_scheduler``):
+    pytest-xdist's own way, a ``@group`` suffix on the node id, does not take with pytest 9,
+    whose node ids cannot be changed after collection."""
     if not getattr(config.option, "loadgroup", False):
         return
+    groups = {}
     for item in items:
         name = group_of(item)
         if name is not None:
+            groups[item.nodeid] = name
             item.add_marker(pytest.mark.xdist_group(name))
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or not groups:
+        return
+    path = _groups_path(str(workerinput.get("testrunuid", "")), str(workerinput.get("workerid", "")))
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(groups), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:  # no map: each case is its own group, as without grouping
+        pass
+
+
+def make_scheduler(config: pytest.Config, log: Any, session: AttnPerfSession) -> Any:
+    """Controller, under ``loadgroup``: pytest-xdist's group scheduling, with each case's group
+    read from the map its workers wrote (same host), else from the node id's ``@group``."""
+    fleet = session.fleet
+    if fleet is None or config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    groups = fleet.groups
+
+    class ShapeScheduling(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return groups().get(nodeid) or str(super()._split_scope(nodeid))
+
+    return ShapeScheduling(config, log)
 
 
 def case_key(item: Any) -> str:
@@ -305,9 +389,13 @@ def timing_turn(session: AttnPerfSession) -> Iterator[None]:
     if seat is None:
         yield
         return
+    if seat.unplanned and session.device.is_gpu:
+        pytest.fail("attnperf: not timed: this pytest-xdist run gave its workers no GPU each, so they would time "
+                    "on one card at once; name the run (--hw=..., or any attnperf option or ini key) and pytest-"
+                    "attnperf gives each worker its own GPU", pytrace=False)
     if seat.refusal is not None:
         pytest.fail(f"attnperf: not timed: {seat.refusal}", pytrace=False)
-    if not seat.cpu_turns:
+    if not seat.cpu_turns or fcntl is None:
         yield
         return
     path = Path(tempfile.gettempdir()) / f"attnperf-timing-{seat.testrunuid or os.getppid()}.lock"
@@ -336,7 +424,11 @@ def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, e
     if not seat.facts_sent:  # with the first case: the controller can write even if this worker dies later
         case["facts"] = _facts(session)
         seat.facts_sent = True
-    setattr(report, REPORT_ATTR, encode(case))
+    try:
+        setattr(report, REPORT_ATTR, encode(case))
+    except Exception as exc:  # noqa: BLE001 - named on the controller, never an internal error here
+        setattr(report, REPORT_ATTR, encode({"key": key, "rows": [], "entry": None, "worker": seat.worker,
+                                             "error": f"{type(exc).__name__}: {exc}"}))
 
 
 def _facts(session: AttnPerfSession) -> dict[str, Any]:
@@ -384,8 +476,14 @@ def receive_case(session: AttnPerfSession, report: pytest.TestReport) -> None:
     except Exception as exc:  # noqa: BLE001 - a payload that cannot be read is named, never dropped silently
         session.fleet.problems.append(f"{report.nodeid}: its results could not be read ({type(exc).__name__}: {exc})")
         return
+    if case.get("error"):
+        session.fleet.problems.append(f"{case['key']}: its results could not be sent ({case['error']}); not recorded")
+        return
     if case.get("facts"):
         _adopt_facts(session, case["facts"], case["worker"])
+    if any(row.nodeid == case["key"] for row in session.rows):  # a rerun's or --dist each's second: first kept
+        session.fleet.problems.append(f"{case['key']}: measured more than once; the first result is kept")
+        return
     session.rows.extend(case["rows"])
     if case["entry"] is not None:
         session.pending[case["key"]] = case["entry"]
@@ -446,7 +544,8 @@ def summary_lines(session: AttnPerfSession) -> list[str]:
         return []
     lines = []
     if fleet.gpus:
-        lines.append(f"pytest-xdist: {fleet.workers} workers, one GPU each (CUDA_VISIBLE_DEVICES={','.join(fleet.gpus)})")
+        each = "one GPU each" if not fleet.shared_gpu else "MORE workers than GPUs"
+        lines.append(f"pytest-xdist: {fleet.workers} workers, {each} (CUDA_VISIBLE_DEVICES={','.join(fleet.gpus)})")
     elif fleet.workers > 1:
         lines.append(f"pytest-xdist: {fleet.workers} workers, no GPU: timing took turns on a lock, but the other "
                      "workers' checks shared the CPU meanwhile; record CPU baselines without -n")

@@ -414,6 +414,7 @@ class CaseGuard:
     def __init__(self, config: pytest.Config, limit_s: float) -> None:
         self.config, self.limit_s = config, limit_s
         self.stderr_fd: int | None = None  # a copy of stderr as it is now, before any test's capture
+        self.froze = False  # objects alive after collection moved out of the collector's reach
         if limit_s > 0:
             try:
                 self.stderr_fd = os.dup(2)
@@ -424,6 +425,17 @@ class CaseGuard:
         if self.stderr_fd is not None:
             os.close(self.stderr_fd)
             self.stderr_fd = None
+        if self.froze:
+            gc.unfreeze()
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Once the cases are collected (torch imported, the items made): what is alive now lives
+        for the run, so the collector's full pass after each case need not walk it again. The
+        pass then costs microseconds where it cost 0.4 s with torch and fla loaded."""
+        if any(is_attention_case(item) for item in session.items):
+            gc.collect()
+            gc.freeze()
+            self.froze = True
 
     def _faulthandler_free(self) -> bool:
         try:

@@ -158,9 +158,15 @@ def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
     if env is not None and env != "":
         return env, f"environment variable {opt.env}"
     ini = config.getini(opt.ini)
-    if ini not in (None, "", []):
+    if ini not in (None, "", []) and ini is not False:  # a bool key's default reads False: not given
         return str(ini), f"ini key {opt.ini}"
     return opt.default, "the default"
+
+
+def configured(config: pytest.Config) -> bool:
+    """Whether any attnperf option is given: on the command line, in the environment or the ini
+    file (a project that uses the plugin, as against one that merely has it installed)."""
+    return any(_raw(config, opt)[1] != "the default" for opt in OPTIONS)
 
 
 def _finite(text: str) -> float:

@@ -56,8 +56,16 @@ def pytest_attnperf_visible_gpus(config: pytest.Config) -> list[str]:
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before pytest-xdist's own count of CPUs
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per visible GPU (none: pytest-xdist's own count, one per CPU)."""
+    if not distributed.planned(config):
+        return None  # a project that merely has the plugin installed: pytest-xdist's own count
     gpus = config.hook.pytest_attnperf_visible_gpus(config=config)
     return len(gpus) if gpus else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``loadgroup`` with each case's group from its workers' map (distributed.make_scheduler)."""
+    return distributed.make_scheduler(config, log, get_session(config))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -213,6 +221,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         distributed.worker_output(config, state, autotune.worker_payload(config, state.pending))
         return
     if state.fleet is not None:
+        state.fleet.forget_groups()
         payloads = [s.finished["autotune"] for s in state.fleet.shares.values() if s.finished]
         autotune.merge_workers(config, payloads, state.pending)
         state.rows[:] = distributed.rows_in_order(state.rows)

@@ -64,7 +64,7 @@ _DROPPED = {
     "--benchmark-autosave": False, "--lf": False, "--last-failed": False, "--ff": False, "--failed-first": False,
     "--nf": False, "--new-first": False, "--sw": False, "--stepwise": False, "--sw-skip": False,
     "--stepwise-skip": False, "--cache-clear": False, "--collect-only": False, "--co": False, "--pdb": False,
-    "--trace": False,
+    "--trace": False, "-d": False, "--distload": False, "--tx": True, "--px": True, "--rsyncdir": True,
 }
 
 
@@ -199,6 +199,8 @@ def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratc
         args.append(f"--basetemp={scratch / 'tmp'}")
     if config.pluginmanager.hasplugin("benchmark"):
         args.append(f"--benchmark-storage=file://{scratch / 'benchmarks'}")
+    if config.pluginmanager.hasplugin("xdist"):  # an ini's -n must not make the worker a pytest-xdist controller
+        args += ["-n", "0"]
     args += [f"{WORKER_OUT_FLAG}={out}", *(f"{config.rootpath}{os.sep}{n}" for n in nodeids)]
     return args
 

@@ -4,6 +4,7 @@ entries merged into one baseline file by the controller, one summary."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 
@@ -27,6 +28,7 @@ from pytest_attnperf.hardware import DetectedDevice
 from pytest_attnperf.timing import Measurement
 
 HERE = pathlib.Path(__file__).parent
+AT_IMPORT = os.environ.get("CUDA_VISIBLE_DEVICES")  # a conftest that touches CUDA while loading sees this
 
 
 def pytest_attnperf_visible_gpus(config):
@@ -54,7 +56,7 @@ class ScriptedTimer:
         time.sleep(float(os.environ.get("FAKE_TIMING_S", "0")))
         speed = HERE / "speed.json"
         factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
-        seen = {"test": test, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        seen = {"test": test, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "at_import": AT_IMPORT,
                 "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start, "end": time.time()}
         with open(HERE / "seen.jsonl", "a") as out:
             fcntl.flock(out, fcntl.LOCK_EX)
@@ -92,8 +94,11 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     monkeypatch.delenv("FAKE_GPUS", raising=False)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=TESTS)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n" + INI)
     return pytester
+
+
+INI = "attnperf_baselines = baselines\n"  # a project that configures attnperf
 
 
 def entries(pytester: pytest.Pytester) -> dict:
@@ -138,7 +143,11 @@ def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester)
     assert "loadgroup" not in out and "@attnperf:" not in out
     timed = seen(project)
     assert {t["worker"] for t in timed} == {"gw0", "gw1"}
-    assert all(t["gpu"] == {"gw0": "0", "gw1": "1"}[t["worker"]] for t in timed)  # each worker on its own GPU
+    assert all(t["gpu"] == t["at_import"] == {"gw0": "0", "gw1": "1"}[t["worker"]] for t in timed)  # pinned from
+    # the worker's start, and each on its own GPU
+    worker_of = {t["test"]: t["worker"] for t in timed}
+    for shape in range(4):  # a shape's cases on one worker: its compiling and autotuning once
+        assert worker_of[f"test_case[s{shape}-k0]"] == worker_of[f"test_case[s{shape}-k1]"]
     result.stdout.fnmatch_lines(["*pytest-xdist: 2 workers, one GPU each (CUDA_VISIBLE_DEVICES=0,1)",
                                  "*gw0: GPU 0 (NVIDIA H200, GPU-fake-0): * measured cases",
                                  "*gw1: GPU 1 (NVIDIA H200, GPU-fake-1): * measured cases"])
@@ -251,3 +260,27 @@ def test_the_report_holds_every_workers_cases(project: pytest.Pytester) -> None:
     report = json.loads((project.path / "report" / "report.json").read_text())
     assert sorted(case["nodeid"] for case in report["cases"]) == CASES
     assert report["environment"]["hardware"] == "h200"
+
+
+def test_a_project_that_does_not_configure_attnperf_keeps_xdist_as_it_is(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No attnperf option anywhere: no pin, no grouping, -n auto counts CPUs; a timed case on a
+    GPU fails saying why, and the untimed test runs."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_cases=TESTS)
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    result = pytester.runpytest(*PLUGIN, "-n", "2")
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] == 1 and outcomes["failed"] == 8
+    result.stdout.fnmatch_lines(["*not timed: this pytest-xdist run gave its workers no GPU each*"])
+    assert "pytest-xdist: 2 workers" not in result.stdout.str()
+    auto = pytester.runpytest(*PLUGIN, "-n", "auto", "-k", "plain")
+    auto.assert_outcomes(passed=1)
+    assert f"created: {os.cpu_count()}/{os.cpu_count()} workers" in auto.stdout.str()
+
+
+def test_dist_each_is_refused(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN, "-n", "2", "--dist", "each")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dist each runs every case on every worker*"])
