@@ -144,7 +144,12 @@ class Fleet:
         return self._groups
 
     def forget_groups(self) -> None:
-        for path in Path(tempfile.gettempdir()).glob(f"attnperf-groups-{self.testrunuid}-*.json"):
+        """At the run's end: the workers' group maps and the CPU's timing lock file."""
+        if not self.testrunuid:
+            return
+        folder = Path(tempfile.gettempdir())
+        for path in [*folder.glob(f"attnperf-groups-{self.testrunuid}-*.json"),
+                     folder / f"attnperf-timing-{self.testrunuid}.lock"]:
             path.unlink(missing_ok=True)
 
     def gpu_for(self, worker: str) -> str | None:

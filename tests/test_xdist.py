@@ -197,6 +197,10 @@ def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch:
     """CPU only: the workers' timed intervals never overlap, and the summary says the CPU was shared."""
     monkeypatch.setenv("FAKE_GPUS", "")
     monkeypatch.setenv("FAKE_TIMING_S", "0.15")
+    scratch = project.path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the workers' temporary folder
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the controller's (here, in this process)
     result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
     result.assert_outcomes(passed=9)
     timed = sorted(seen(project), key=lambda t: t["start"])
@@ -204,6 +208,7 @@ def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch:
     assert {t["test"] for t in timed} == {case.split("::")[1] for case in CASES}
     assert all(later["start"] >= earlier["end"] for earlier, later in zip(timed, timed[1:]))
     assert "no GPU: timing took turns on a lock" in result.stdout.str()
+    assert not list(scratch.glob("attnperf-*"))  # the lock file and the group maps, removed at the end
     assert sorted(yaml.safe_load((project.path / "baselines" / "cpu.yaml").read_text())["entries"]) == CASES
 
 
