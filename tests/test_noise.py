@@ -37,14 +37,27 @@ def test_injected_work_adds_its_fraction(monkeypatch: pytest.MonkeyPatch) -> Non
 
     plan = SamplingPlan(min_samples=15, budget_s=0.1, warmup_calls=1)
     cpu = DetectedDevice("cpu", "x86_64")
-    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
-    plain = HostTimer().measure(work, plan).median_ms
-    slowed = InjectingTimer(HostTimer(), cpu, fraction=0.5, every=1, compare=None).measure(work, plan)
-    assert slowed.median_ms == pytest.approx(1.5 * plain, rel=0.15)
-    assert any("injected +50%" in note for note in slowed.notes)
-    untouched = InjectingTimer(HostTimer(), cpu, fraction=0.5, every=10**9, compare=None)
-    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::other (call)")
-    assert untouched.measure(work, plan).median_ms == pytest.approx(plain, rel=0.15)
+
+    def ratios() -> tuple[float, float, tuple[str, ...]]:
+        """(slowed / plain, untouched / plain, the slowed measurement's notes), on the host clock."""
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
+        plain = HostTimer().measure(work, plan).median_ms
+        slowed = InjectingTimer(HostTimer(), cpu, fraction=0.5, every=1, compare=None).measure(work, plan)
+        untouched = InjectingTimer(HostTimer(), cpu, fraction=0.5, every=10**9, compare=None)
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::other (call)")
+        return slowed.median_ms / plain, untouched.measure(work, plan).median_ms / plain, slowed.notes
+
+    # wall-clock medians on a loaded machine (the tests run under pytest-xdist) can move by more
+    # than the tolerance once: three tries, and a broken injection fails all three
+    tries = []
+    for _ in range(3):
+        tries.append(ratios())
+        slowed_ratio, untouched_ratio, notes = tries[-1]
+        if abs(slowed_ratio - 1.5) <= 0.15 * 1.5 and abs(untouched_ratio - 1.0) <= 0.15:
+            break
+    else:
+        pytest.fail(f"slowed / plain and untouched / plain in three tries: {[t[:2] for t in tries]}")
+    assert any("injected +50%" in note for note in notes)
 
 
 class Modeled:
