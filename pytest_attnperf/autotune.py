@@ -445,6 +445,22 @@ def _restore_env(run: AutotuneRun) -> None:
         os.environ["TRITON_CACHE_DIR"] = run.previous_env
 
 
+def case_files(config: pytest.Config, key: str) -> dict[str, str]:
+    """A recording pytest-xdist worker: the result files that autotuned during case ``key``, as
+    text, sent with the case so that a worker that dies later still has its choices recorded."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or not run.recording:
+        return {}
+    files = {}
+    for rel, source in run.produced.items():
+        if source == key:
+            try:
+                files[rel] = (run.cache_dir / rel).read_text(encoding="utf-8")
+            except OSError:  # sent again, or named, at the worker's end
+                continue
+    return files
+
+
 def worker_payload(config: pytest.Config, pending: Mapping[str, Any]) -> dict[str, Any]:
     """A pytest-xdist worker's part, at its end, for the controller, which records once for all
     (``merge_workers``): its run, its time split, and the result files to record, as text."""

@@ -131,6 +131,8 @@ class Fleet:
     specs: list[str] = field(default_factory=list)  # each worker's execnet spec, gw0 first ("popen" for -n)
     testrunuid: str = ""
     planned: bool = True  # False: workers share whatever GPU they see, and may not time on it
+    autotune_files: dict[str, str] = field(default_factory=dict)  # Triton results sent with recorded cases
+    autotune_keep: dict[str, str] = field(default_factory=dict)  # their sources (the cases)
     _groups: dict[str, str] = field(default_factory=dict)
 
     def groups(self) -> dict[str, str]:
@@ -259,6 +261,11 @@ def _plan(config: pytest.Config, session: AttnPerfSession) -> Fleet:
             f"on one card at once and each would slow the other; run with -n {len(fleet.gpus)} (or -n auto)")
     if getattr(option, "dist", None) == "load":
         option.dist = "loadgroup"  # a shape's cases on one worker: warm-up and autotuning once (see group_of)
+    if getattr(option, "maxworkerrestart", "") is None:
+        # pytest-xdist's group scheduling does not recover from a crashed worker (a replacement
+        # re-ran the crashing case, or the run hung): the run goes on without it, and the cases it
+        # finished are kept; --max-worker-restart=N asks for replacements all the same
+        option.maxworkerrestart = "0"
     if fleet.gpus and specs:  # the pin in each worker's environment from its start, before any conftest runs
         option.tx = [f"{spec}//env:CUDA_VISIBLE_DEVICES={fleet.gpu_for(f'gw{i}')}" if _local(spec) else spec
                      for i, spec in enumerate(specs)]
@@ -415,7 +422,8 @@ def timing_turn(session: AttnPerfSession) -> Iterator[None]:
 # -- results ------------------------------------------------------------------------------------
 
 
-def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, entry: dict[str, Any] | None) -> None:
+def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, entry: dict[str, Any] | None,
+                autotune_files: dict[str, str] | None = None) -> None:
     """Worker, on a teardown report: the rows this test added and its baseline entry (when it
     passed and the run records), for the controller."""
     seat = session.seat
@@ -425,7 +433,8 @@ def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, e
     seat.rows_sent = len(session.rows)
     if not rows and entry is None:
         return
-    case: dict[str, Any] = {"key": key, "rows": rows, "entry": entry, "worker": seat.worker}
+    case: dict[str, Any] = {"key": key, "rows": rows, "entry": entry, "worker": seat.worker,
+                            "autotune": autotune_files or {}}
     if not seat.facts_sent:  # with the first case: the controller can write even if this worker dies later
         case["facts"] = _facts(session)
         seat.facts_sent = True
@@ -492,6 +501,9 @@ def receive_case(session: AttnPerfSession, report: pytest.TestReport) -> None:
     session.rows.extend(case["rows"])
     if case["entry"] is not None:
         session.pending[case["key"]] = case["entry"]
+    for rel, text in case.get("autotune", {}).items():
+        session.fleet.autotune_files[rel] = text
+        session.fleet.autotune_keep[rel] = case["key"]
     share = session.fleet.shares.setdefault(case["worker"], WorkerShare(gpu=None))
     share.cases += len(case["rows"])
 

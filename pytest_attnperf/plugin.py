@@ -209,7 +209,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             # (a leak check, say) keeps the test's entry out of the baseline
             entry = state.pending[key] = item.stash[PENDING_KEY]
         autotune.case_finished(item)  # its autotune notes on its row, before the row leaves a worker
-        distributed.attach_case(state, key, report, entry)  # a pytest-xdist worker's case, to the controller
+        files = autotune.case_files(item.config, key) if entry is not None and state.seat is not None else {}
+        distributed.attach_case(state, key, report, entry, files)  # a pytest-xdist worker's case, to the controller
     return report
 
 
@@ -223,6 +224,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if state.fleet is not None:
         state.fleet.forget_groups()
         payloads = [s.finished["autotune"] for s in state.fleet.shares.values() if s.finished]
+        payloads.append({"keep": state.fleet.autotune_keep, "files": state.fleet.autotune_files})  # sent case by case
         autotune.merge_workers(config, payloads, state.pending)
         state.rows[:] = distributed.rows_in_order(state.rows)
     else:

@@ -70,6 +70,8 @@ def pytest_attnperf_make_timer(config, device):
 '''
 
 TESTS = '''
+import os
+
 import pytest
 
 from pytest_attnperf.costs import Cost
@@ -79,6 +81,8 @@ from pytest_attnperf.costs import Cost
 @pytest.mark.parametrize("case", ["s0", "s1", "s2", "s3"])
 def test_case(case, kernel, attnperf):
     attnperf.measure(lambda: None, cost=Cost(flops=1e12, bytes=1e9), dtype="bf16")
+    if os.environ.get("FAKE_CRASH") == f"{case}-{kernel}":
+        os._exit(3)  # the worker process dies after its measurement
 
 
 def test_plain():
@@ -289,3 +293,17 @@ def test_dist_each_is_refused(project: pytest.Pytester) -> None:
     result = project.runpytest(*PLUGIN, "-n", "2", "--dist", "each")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--dist each runs every case on every worker*"])
+
+
+def test_a_worker_that_dies_keeps_the_entries_it_sent(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process that dies mid-run: every case that finished, on either worker, is
+    recorded; the one it died in fails; the run ends (no replacement worker by default)."""
+    monkeypatch.setenv("FAKE_CRASH", "s2-k0")
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2", "-rA")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*worker 'gw?' crashed while running*s2-k0*"])
+    passed = {line.split(" ", 1)[1] for line in result.stdout.lines if line.startswith("PASSED ")}
+    timed = {t["test"] for t in seen(project)}
+    finished = {f"test_cases.py::{test}" for test in timed} - {"test_cases.py::test_case[s2-k0]"}
+    assert len(finished) >= 4 and sorted(entries(project)) == sorted(finished)
+    assert finished <= passed  # each finished case reported as passed, and recorded
