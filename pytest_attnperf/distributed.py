@@ -154,11 +154,15 @@ class Fleet:
                      folder / f"attnperf-timing-{self.testrunuid}.lock"]:
             path.unlink(missing_ok=True)
 
+    def _spec(self, worker: str) -> tuple[int, str]:
+        """The worker's index (``gwK``: K) and execnet spec."""
+        index = int(worker[2:]) if worker[2:].isdigit() else len(self.shares)
+        return index, self.specs[index] if index < len(self.specs) else "popen"
+
     def gpu_for(self, worker: str) -> str | None:
         """The K-th worker on a host gets that host's K-th GPU: on this host the K-th entry of
         ``gpus``, on a host of ``--tx ssh=...`` (whose GPUs the controller cannot see) index K."""
-        index = int(worker[2:]) if worker[2:].isdigit() else len(self.shares)
-        spec = self.specs[index] if index < len(self.specs) else "popen"
+        index, spec = self._spec(worker)
         nth = self.specs[:index].count(spec)
         if not _local(spec):
             return str(nth)
@@ -166,9 +170,7 @@ class Fleet:
 
     def shares_gpu(self, worker: str) -> bool:
         """Whether the worker's GPU is another local worker's too (more local workers than GPUs)."""
-        index = int(worker[2:]) if worker[2:].isdigit() else len(self.shares)
-        spec = self.specs[index] if index < len(self.specs) else "popen"
-        return _local(spec) and bool(self.gpus) and self.shared_gpu
+        return _local(self._spec(worker)[1]) and self.shared_gpu
 
     @property
     def shared_gpu(self) -> bool:
@@ -352,11 +354,11 @@ def add_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None or not groups:
         return
-    path = _groups_path(str(workerinput.get("testrunuid", "")), str(workerinput.get("workerid", "")))
+    from .baselines import write_atomic
+
     try:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(groups), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(_groups_path(str(workerinput.get("testrunuid", "")), str(workerinput.get("workerid", ""))),
+                     json.dumps(groups))
     except OSError:  # no map: each case is its own group, as without grouping
         pass
 
