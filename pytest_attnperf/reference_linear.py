@@ -57,9 +57,11 @@ L2NORM_EPS = 1e-6
 """Added to the squared norm by ``l2norm``, as fla's ``fla.modules.l2norm`` default."""
 
 
-def _heads_first(x: Tensor) -> Tensor:
-    """``[B, T, H, ...]`` to ``[B, H, T, ...]`` in float64."""
-    return x.double().transpose(1, 2)
+def _heads_first(x: Tensor, compute: torch.dtype | None = None) -> Tensor:
+    """``[B, T, H, ...]`` to ``[B, H, T, ...]`` in ``compute`` (float64 unless given)."""
+    import torch
+
+    return x.to(compute or torch.float64).transpose(1, 2)
 
 
 def _check_per_head(name: str, x: Tensor, k: Tensor) -> None:
@@ -69,16 +71,16 @@ def _check_per_head(name: str, x: Tensor, k: Tensor) -> None:
 
 
 def _initial(initial_state: Tensor | None, q: Tensor, key_dim: int, value_dim: int) -> Tensor:
-    """The state before the first token, ``[B, H, K, V]`` float64 (zeros unless given)."""
+    """The state before the first token, ``[B, H, K, V]`` in ``q``'s dtype (zeros unless given)."""
     import torch
 
     batch, heads = q.shape[0], q.shape[1]
     if initial_state is None:
-        return torch.zeros(batch, heads, key_dim, value_dim, dtype=torch.float64, device=q.device)
+        return torch.zeros(batch, heads, key_dim, value_dim, dtype=q.dtype, device=q.device)
     expected = (batch, heads, key_dim, value_dim)
     if tuple(initial_state.shape) != expected:
         raise ValueError(f"initial_state has shape {tuple(initial_state.shape)}, expected {expected}")
-    return initial_state.double()
+    return initial_state.to(q.dtype)
 
 
 def _readout(q_t: Tensor, state: Tensor, scale: float) -> Tensor:
@@ -112,14 +114,14 @@ def l2norm(x: Tensor, eps: float = L2NORM_EPS) -> Tensor:
 @overload
 def linear_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = ..., normalize: bool = ...,
-    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ..., compute: torch.dtype | None = ...,
 ) -> Tensor: ...
 
 
 @overload
 def linear_attention(
     q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = ..., normalize: bool = ...,
-    initial_state: Tensor | None = ..., final_state: Literal[True],
+    initial_state: Tensor | None = ..., final_state: Literal[True], compute: torch.dtype | None = ...,
 ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -133,6 +135,7 @@ def linear_attention(
     normalize: bool = False,
     initial_state: Tensor | None = None,
     final_state: bool = False,
+    compute: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Linear attention (no feature map, no gate), fla's ``linear_attn`` semantics.
 
@@ -151,8 +154,11 @@ def linear_attention(
     The key sum starts at zero, as fla's does when ``initial_state`` is a plain tensor rather
     than a ``(kv_state, z_state)`` tuple. With ``causal=False`` every token reads the state after
     the last token, ``S_T`` (and ``z_T``); fla has no non-causal kernel.
+
+    Every recurrence here runs in ``compute`` (default float64); in float32 it is the yardstick
+    of a kernel that keeps its state in float32 and updates it token by token.
     """
-    q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
+    q, k, v = _heads_first(q, compute), _heads_first(k, compute), _heads_first(v, compute)
     seq, key_dim, value_dim = q.shape[2], q.shape[3], v.shape[3]
     state = _initial(initial_state, q, key_dim, value_dim)
     key_sum = q.new_zeros(q.shape[0], q.shape[1], key_dim)
@@ -176,14 +182,14 @@ def linear_attention(
 @overload
 def gla(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
-    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ..., compute: torch.dtype | None = ...,
 ) -> Tensor: ...
 
 
 @overload
 def gla(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
-    initial_state: Tensor | None = ..., final_state: Literal[True],
+    initial_state: Tensor | None = ..., final_state: Literal[True], compute: torch.dtype | None = ...,
 ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -196,6 +202,7 @@ def gla(
     scale: float,
     initial_state: Tensor | None = None,
     final_state: bool = False,
+    compute: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Gated linear attention with a per-key-channel log decay ``g: [B, T, H, K]``.
 
@@ -208,7 +215,7 @@ def gla(
 
     if g.shape != k.shape:
         raise ValueError(f"g must have the keys' shape [B, T, H, K] = {list(k.shape)}, got {list(g.shape)}")
-    q, k, v, g = _heads_first(q), _heads_first(k), _heads_first(v), _heads_first(g)
+    q, k, v, g = (_heads_first(x, compute) for x in (q, k, v, g))
     state = _initial(initial_state, q, q.shape[3], v.shape[3])
     outputs = []
     for t in range(q.shape[2]):
@@ -220,14 +227,14 @@ def gla(
 @overload
 def simple_gla(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
-    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ..., compute: torch.dtype | None = ...,
 ) -> Tensor: ...
 
 
 @overload
 def simple_gla(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, *, scale: float,
-    initial_state: Tensor | None = ..., final_state: Literal[True],
+    initial_state: Tensor | None = ..., final_state: Literal[True], compute: torch.dtype | None = ...,
 ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -240,6 +247,7 @@ def simple_gla(
     scale: float,
     initial_state: Tensor | None = None,
     final_state: bool = False,
+    compute: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Linear attention with one log decay per head and token, ``g: [B, T, H]``.
 
@@ -253,21 +261,21 @@ def simple_gla(
     # one decay for every key channel: GLA with the gate broadcast over K, exactly
     per_key = g[..., None].expand(k.shape)
     if final_state:
-        return gla(q, k, v, per_key, scale=scale, initial_state=initial_state, final_state=True)
-    return gla(q, k, v, per_key, scale=scale, initial_state=initial_state)
+        return gla(q, k, v, per_key, scale=scale, initial_state=initial_state, final_state=True, compute=compute)
+    return gla(q, k, v, per_key, scale=scale, initial_state=initial_state, compute=compute)
 
 
 @overload
 def gated_delta_rule(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, l2norm_qk: bool = ...,
-    initial_state: Tensor | None = ..., final_state: Literal[False] = ...,
+    initial_state: Tensor | None = ..., final_state: Literal[False] = ..., compute: torch.dtype | None = ...,
 ) -> Tensor: ...
 
 
 @overload
 def gated_delta_rule(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float, l2norm_qk: bool = ...,
-    initial_state: Tensor | None = ..., final_state: Literal[True],
+    initial_state: Tensor | None = ..., final_state: Literal[True], compute: torch.dtype | None = ...,
 ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -282,6 +290,7 @@ def gated_delta_rule(
     l2norm_qk: bool = False,
     initial_state: Tensor | None = None,
     final_state: bool = False,
+    compute: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Gated DeltaNet: log decay ``g: [B, T, H]`` and write strength ``beta: [B, T, H]``.
 
@@ -308,8 +317,7 @@ def gated_delta_rule(
     _check_per_head("beta", beta, k)
     if l2norm_qk:
         q, k = l2norm(q), l2norm(k)
-    q, k, v = _heads_first(q), _heads_first(k), _heads_first(v)
-    g, beta = _heads_first(g), _heads_first(beta)
+    q, k, v, g, beta = (_heads_first(x, compute) for x in (q, k, v, g, beta))
     state = _initial(initial_state, q, q.shape[3], v.shape[3])
     outputs = []
     for t in range(q.shape[2]):

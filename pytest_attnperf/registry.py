@@ -15,7 +15,7 @@ reference, times it and gates it against the baselines like any built-in kernel.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,17 @@ Supports = Callable[[Any], "str | None"]
 
 
 def _always(case: Any) -> str | None:
+    return None
+
+
+def refusal_reason(exc: BaseException, patterns: Sequence[str]) -> str | None:
+    """The first line of ``exc`` when it is a refusal (``NotImplementedError``, or a message
+    matching one of ``patterns``, regular expressions), else None."""
+    import re
+
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if isinstance(exc, NotImplementedError) or any(re.search(p, text) for p in patterns):
+        return text.splitlines()[0][:300]
     return None
 
 
@@ -71,12 +82,7 @@ class Kernel:
         a backward on a given triton version. A refusal skips the case quoting the message;
         anything else, and any wrong number, fails it.
         """
-        import re
-
-        text = f"{type(exc).__name__}: {exc}".strip()
-        if isinstance(exc, NotImplementedError) or any(re.search(p, text) for p in self.unsupported):
-            return text.splitlines()[0][:300]
-        return None
+        return refusal_reason(exc, self.unsupported)
 
     def call_or_skip(self, call: Callable[[], Any]) -> Any:
         """``call()``, with the kernel's own refusal of the case turned into a skip that quotes it."""

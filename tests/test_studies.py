@@ -149,3 +149,23 @@ def test_layer_costs_count_projections_and_cores() -> None:
     gdn_core = costs_linear.gated_delta_rule(batch=32, heads=8, seq=1024, key_dim=64, value_dim=128, dtype="bf16")
     assert gdn.flops == pytest.approx(2 * tokens * d * (d + d + 2 * d + 2 * d + 8 + 8 + 2 * d) + gdn_core.flops)
     assert gdn.bytes > gdn_core.bytes + 7 * d * d * 2  # weights, activations between kernels
+
+
+def test_a_layer_backward_refused_by_fla_skips_and_any_other_error_fails() -> None:
+    from pytest_attnperf import layers
+
+    def refused() -> None:
+        raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
+                           "chunk_bwd_dqkwg (see #640). Please upgrade Triton to >= 3.7.1")
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    calls = []
+    layers.first_backward("gdn", lambda: calls.append(1))
+    assert calls == [1]
+    with pytest.raises(pytest.skip.Exception, match=r"gdn layer's backward is refused on this machine: "
+                                                    r"RuntimeError: Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper"):
+        layers.first_backward("gdn", refused)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        layers.first_backward("gdn", broken)

@@ -235,22 +235,33 @@ class Prepared:
         rounded, and for a chunk kernel (``form`` "chunk", or None: a user's kernel) with every
         intermediate that a chunk kernel stores rounded to the case's dtype (the scores of each
         chunk, each chunk's state, the decayed queries and keys of its products; see
-        ``reference_linear.chunk_*``); a recurrent kernel keeps its state in float32, so its
-        yardstick rounds nothing. Gradients come through autograd, which rounds them at the same
-        points.
+        ``reference_linear.chunk_*``). A recurrent kernel (``form`` "recurrent") keeps its state
+        in float32 and updates it token by token, so its output's yardstick is the token
+        recurrence in float32: its state's rounding error grows with the sequence as the
+        kernel's does (the chunked form updates the state once per 64 tokens, and at T=16384
+        erred a twentieth of what fla's fused recurrent kernel did). Gradients come through
+        autograd, which rounds them at the same points (the chunked form, unrounded, for a
+        recurrent kernel).
 
         Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
         backward, say) is skipped without paying for it.
         """
         import torch
 
-        rounded = form != "recurrent" and self.dtype != "fp32"
+        recurrent = form == "recurrent"
+        rounded = not recurrent and self.dtype != "fp32"
         key = "chunk" if rounded else "fp32"
         if "fp64" not in self._computed:
             self._computed["fp64"] = self._run(torch.float64, None)
         if key not in self._computed:
             self._computed[key] = self._run(torch.float32, torch_dtype(self.dtype) if rounded else None)
-        return self._computed["fp64"], self._computed[key]
+        if not recurrent:
+            return self._computed["fp64"], self._computed[key]
+        if "recurrent" not in self._computed:
+            with torch.no_grad():
+                out = _recurrence_fn(self.family)(*self.inputs, scale=self.scale, compute=torch.float32)
+            self._computed["recurrent"] = (out,) + self._computed["fp32"][1:]
+        return self._computed["fp64"], self._computed["recurrent"]
 
     def _run(self, compute: Any, store: Any) -> tuple[Any, ...]:
         import torch
@@ -304,6 +315,15 @@ def _chunked_fn(family: str) -> Callable[..., Any]:
     functions: dict[str, Callable[..., Any]] = {
         "linear_attn": ref.chunk_linear_attention, "gla": ref.chunk_gla, "simple_gla": ref.chunk_simple_gla,
         "gdn": ref.chunk_gated_delta_rule,
+    }
+    return functions[family]
+
+
+def _recurrence_fn(family: str) -> Callable[..., Any]:
+    from .. import reference_linear as ref
+
+    functions: dict[str, Callable[..., Any]] = {
+        "linear_attn": ref.linear_attention, "gla": ref.gla, "simple_gla": ref.simple_gla, "gdn": ref.gated_delta_rule,
     }
     return functions[family]
 
