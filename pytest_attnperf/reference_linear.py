@@ -47,6 +47,7 @@ __all__ = [
     "gla",
     "l2norm",
     "linear_attention",
+    "recurrent_gradients",
     "simple_gla",
 ]
 
@@ -327,6 +328,61 @@ def gated_delta_rule(
         state = decayed + _outer(k_t, written)
         outputs.append(_readout(q[:, :, t], state, scale))
     return _finish(outputs, state, final_state)
+
+
+def recurrent_gradients(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, grad_out: Tensor, *, scale: float,
+    compute: torch.dtype | None = None,
+) -> tuple[Tensor, ...]:
+    """The gradients of :func:`linear_attention` (``g`` None, unnormalised), :func:`gla` (``g``
+    ``[B, T, H, K]``) or :func:`simple_gla` (``g`` ``[B, T, H]``) given ``grad_out``, computed the
+    way a recurrent kernel's backward computes them: token by token in ``compute`` (default
+    float64), with no autograd and one state in memory::
+
+        dq_t = scale S_t do_t                                  # forward in time
+        dH_t = a_{t+1} dH_{t+1} + scale q_t do_t^T             # backward in time, dH_{T+1} = 0
+        dk_t = dH_t v_t,   dv_t = dH_t^T k_t
+        dg_t = sum_{s >= t} (q_s dq_s - k_s dk_s)              # over K as well for a per-head gate
+
+    (``a_t = exp(g_t)`` decays the rows of the state). The last line is the identity that fla's
+    kernels use for the gate's gradient: a reverse cumulative sum whose terms cancel where the
+    gradient is small, so its rounding follows the terms' size rather than the result's.
+    Returns ``(dq, dk, dv)``, plus ``dg`` when ``g`` is given, in the inputs' layouts.
+    """
+    import torch
+
+    per_head = g is not None and g.dim() == 3
+    if g is not None and per_head:
+        _check_per_head("g", g, k)
+        g = g[..., None].expand(k.shape)
+    elif g is not None and g.shape != k.shape:
+        raise ValueError(f"g must have the keys' shape [B, T, H, K] = {list(k.shape)} or [B, T, H], "
+                         f"got {list(g.shape)}")
+    q, k, v, do = (_heads_first(x, compute) for x in (q, k, v, grad_out))
+    decay = None if g is None else torch.exp(_heads_first(g, compute))
+    seq = q.shape[2]
+    state = _initial(None, q, q.shape[3], v.shape[3])
+    dq = []
+    for t in range(seq):
+        state = state if decay is None else decay[:, :, t][..., :, None] * state
+        state = state + _outer(k[:, :, t], v[:, :, t])
+        dq.append(scale * torch.einsum("bhkv,bhv->bhk", state, do[:, :, t]))
+    d_state = torch.zeros_like(state)
+    dk, dv = [], []
+    for t in reversed(range(seq)):
+        if decay is not None and t + 1 < seq:
+            d_state = decay[:, :, t + 1][..., :, None] * d_state
+        d_state = d_state + scale * _outer(q[:, :, t], do[:, :, t])
+        dk.append(torch.einsum("bhkv,bhv->bhk", d_state, v[:, :, t]))
+        dv.append(torch.einsum("bhkv,bhk->bhv", d_state, k[:, :, t]))
+    dq_t, dk_t, dv_t = torch.stack(dq, dim=1), torch.stack(dk[::-1], dim=1), torch.stack(dv[::-1], dim=1)
+    grads: tuple[Tensor, ...] = (dq_t, dk_t, dv_t)
+    if g is None:
+        return grads
+    terms = q.transpose(1, 2) * dq_t - k.transpose(1, 2) * dk_t
+    if per_head:
+        terms = terms.sum(-1)
+    return grads + (terms.flip(1).cumsum(1).flip(1),)
 
 
 # -- chunked forms -------------------------------------------------------------------------------

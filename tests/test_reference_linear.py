@@ -368,6 +368,34 @@ def test_chunked_gradients_equal_the_token_recurrences(case: ChunkCase) -> None:
         assert rel_err(got, want) < CHUNK_TOL
 
 
+@pytest.mark.parametrize("case", CHUNK_CASES[:3], ids=lambda c: c.id)
+def test_recurrent_gradients_equal_autograd_through_the_token_recurrence(case: ChunkCase) -> None:
+    """A recurrent backward written out (the gate's gradient from the reverse cumulative sum of
+    ``q dq - k dk``, as fla's kernels take it) equals autograd through the definition in fp64."""
+    x = make_inputs(seq=21, seed=5)
+    leaves = [t.detach().clone().requires_grad_(True) for t in case.inputs(x)]
+    grad_out = torch.randn(B, 21, H, V, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    want = torch.autograd.grad(case.token(*leaves, scale=SCALE), leaves, grad_out)
+    gate = leaves[3].detach() if len(leaves) > 3 else None
+    got = ref.recurrent_gradients(*(t.detach() for t in leaves[:3]), gate, grad_out, scale=SCALE)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == torch.float64
+        assert rel_err(g, w) < CHUNK_TOL
+
+
+def test_recurrences_run_in_the_dtype_asked(x: Inputs) -> None:
+    """``compute=float32``: the same recurrence, state and output in float32, within float32's
+    rounding of the fp64 answer; a wrong gate shape is refused by the gradients too."""
+    o32 = ref.gla(x.q, x.k, x.v, x.gk, scale=SCALE, compute=torch.float32)
+    assert o32.dtype == torch.float32
+    assert 0 < rel_err(o32, ref.gla(x.q, x.k, x.v, x.gk, scale=SCALE)) < 1e-5
+    grads = ref.recurrent_gradients(x.q, x.k, x.v, x.g, x.v, scale=SCALE, compute=torch.float32)
+    assert [g.dtype for g in grads] == [torch.float32] * 4 and grads[3].shape == x.g.shape
+    with pytest.raises(ValueError, match="g must have the keys' shape"):
+        ref.recurrent_gradients(x.q, x.k, x.v, x.gk[..., :3], x.v, scale=SCALE)
+
+
 def test_chunked_form_at_a_lower_precision_rounds_where_a_kernel_stores(x: Inputs) -> None:
     """``store`` rounds the intermediates: the error grows to bf16's scale, and no further."""
     q, k, v = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v))

@@ -106,3 +106,27 @@ def test_a_wrong_gradient_fails_with_a_right_output(references):
     with pytest.raises(AssertionError, match="wrong-dv dv: normwise relative error"):
         linear.run_case("linear_attn", Kernel("linear_attn", "wrong-dv", right_output_wrong_dv), CASE, "fwdbwd", CPU)
     linear.run_case("linear_attn", Kernel("linear_attn", "wrong-dv", right_output_wrong_dv), CASE, "fwd", CPU)
+
+
+@pytest.mark.parametrize("family", ["linear_attn", "gla", "simple_gla", "gdn"])
+def test_a_recurrent_kernels_yardstick_is_the_token_recurrence_in_float32(monkeypatch, family):
+    """A recurrent kernel updates a float32 state token by token, so its yardstick does too: the
+    output is the token recurrence in float32 and the gradients a recurrent backward's (GDN's
+    from the chunked form); a chunk kernel's yardstick stays the rounded chunked form."""
+    monkeypatch.setattr(linear, "_cache", {})
+    case = linear.LinearCase("unit-b1-h2-t40-d8-bf16", 1, 2, 40, 8, 16, "bf16", gpu=False)
+    p = linear.prepare(family, case, "fwdbwd", CPU)
+    _, yard = p.reference("recurrent")
+    q, k, v = p.inputs[:3]
+    token = linear._recurrence_fn(family)(*p.inputs, scale=p.scale, compute=torch.float32)
+    assert torch.equal(yard[0], token)
+    if family == "gdn":
+        chunked = p._run(torch.float32, None)
+        assert all(torch.equal(a, b) for a, b in zip(yard[1:], chunked[1:], strict=True))
+    else:
+        gate = p.inputs[3] if family != "linear_attn" else None
+        grads = reference_linear.recurrent_gradients(q, k, v, gate, p.grad_out, scale=p.scale, compute=torch.float32)
+        assert all(torch.equal(a, b) for a, b in zip(yard[1:], grads, strict=True))
+    assert len(yard) == len(p.inputs) + 1
+    _, chunk_yard = p.reference("chunk")
+    assert not torch.equal(chunk_yard[0], yard[0])

@@ -239,29 +239,44 @@ class Prepared:
         in float32 and updates it token by token, so its output's yardstick is the token
         recurrence in float32: its state's rounding error grows with the sequence as the
         kernel's does (the chunked form updates the state once per 64 tokens, and at T=16384
-        erred a twentieth of what fla's fused recurrent kernel did). Gradients come through
-        autograd, which rounds them at the same points (the chunked form, unrounded, for a
-        recurrent kernel).
+        erred a twentieth of what fla's fused recurrent kernel did), and its gradients are a
+        recurrent backward's in float32, the gate's from the reverse cumulative sum that fla's
+        kernels use (GDN's from the chunked form). A chunk kernel's gradients come through
+        autograd, which rounds them at the same points.
 
         Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
         backward, say) is skipped without paying for it.
         """
         import torch
 
-        recurrent = form == "recurrent"
-        rounded = not recurrent and self.dtype != "fp32"
-        key = "chunk" if rounded else "fp32"
         if "fp64" not in self._computed:
             self._computed["fp64"] = self._run(torch.float64, None)
+        rounded = self.dtype != "fp32"
+        key = "recurrent" if form == "recurrent" else "chunk" if rounded else "fp32"
         if key not in self._computed:
-            self._computed[key] = self._run(torch.float32, torch_dtype(self.dtype) if rounded else None)
-        if not recurrent:
-            return self._computed["fp64"], self._computed[key]
-        if "recurrent" not in self._computed:
-            with torch.no_grad():
-                out = _recurrence_fn(self.family)(*self.inputs, scale=self.scale, compute=torch.float32)
-            self._computed["recurrent"] = (out,) + self._computed["fp32"][1:]
-        return self._computed["fp64"], self._computed["recurrent"]
+            self._computed[key] = (self._recurrent() if key == "recurrent"
+                                   else self._run(torch.float32, torch_dtype(self.dtype) if rounded else None))
+        return self._computed["fp64"], self._computed[key]
+
+    def _recurrent(self) -> tuple[Any, ...]:
+        """A recurrent kernel's yardstick: the token recurrence in float32, output and (but for
+        GDN, whose gradients come from the chunked form) gradients as a recurrent backward
+        computes them (``reference_linear.recurrent_gradients``)."""
+        import torch
+
+        from .. import reference_linear as ref
+
+        with torch.no_grad():
+            out = _recurrence_fn(self.family)(*self.inputs, scale=self.scale, compute=torch.float32)
+            if not self.backward:
+                return (out,)
+        if self.family == "gdn":
+            return (out,) + self._run(torch.float32, None)[1:]
+        with torch.no_grad():
+            q, k, v = self.inputs[:3]
+            gate = self.inputs[3] if self.family in ("gla", "simple_gla") else None
+            grads = ref.recurrent_gradients(q, k, v, gate, self.grad_out, scale=self.scale, compute=torch.float32)
+        return (out,) + tuple(grads)
 
     def _run(self, compute: Any, store: Any) -> tuple[Any, ...]:
         import torch
