@@ -6,13 +6,14 @@ the device, and only then.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
-from . import autotune, distributed, hookspecs, markers, suite
+from . import autotune, distributed, hookspecs, markers, suite, timeline
 from .isolation import CaseGuard
 from .hardware import DetectedDevice, HardwareSpec
 from .options import add_options, read_settings
@@ -39,6 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
+    config.stash[timeline.KEY] = clock = timeline.Timeline.begin()
+    config.pluginmanager.register(clock, "attnperf-timeline")  # sums the tests' phases from their reports
     session = AttnPerfSession(config, read_settings(config))
     config.stash[SESSION_KEY] = session
     distributed.configure(config, session)  # under pytest-xdist: a worker's GPU, before anything starts CUDA
@@ -143,11 +146,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    clock = session.config.stash.get(timeline.KEY, None)
+    if clock is not None:
+        clock.collected = time.perf_counter()
     autotune.start(session.config, session.items)  # Triton's cache and recorded choices, before any worker or test
     state = get_session(session.config)
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
         state.start_workers(session.items)  # --attnperf-processes, before any test
+    if clock is not None:
+        clock.prepared = time.perf_counter()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -217,6 +225,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if SESSION_KEY not in session.config.stash:
         return
+    clock = session.config.stash.get(timeline.KEY, None)
+    if clock is not None:
+        clock.finishing = time.perf_counter()
+    try:
+        _finish_session(session)
+    finally:
+        if clock is not None:
+            clock.finished = time.perf_counter()
+
+
+def _finish_session(session: pytest.Session) -> None:
     config, state = session.config, get_session(session.config)
     if state.seat is not None:  # a pytest-xdist worker: the controller writes for all
         distributed.worker_output(config, state, autotune.worker_payload(config, state.pending))
@@ -284,6 +303,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"baselines: {state.write_note}")
     for line in autotune.summary_lines(config):
         terminalreporter.write_line(line)
+    clock = config.stash.get(timeline.KEY, None)
+    spent = clock.line(distributed=state.fleet is not None) if clock is not None and state.rows else None
+    if spent:
+        terminalreporter.write_line(spent)
     if REPORT_NOTE_KEY in config.stash:
         terminalreporter.write_line(f"report: {config.stash[REPORT_NOTE_KEY]}")
 
