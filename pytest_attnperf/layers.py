@@ -186,9 +186,9 @@ def run_layer(layer: str, case: LadderCase, direction: str, device: Any) -> Call
 
 
 def first_backward(layer: str, call_bwd: Callable[[], Any]) -> None:
-    """Run the layer's backward once before it is timed: fla's refusal of it on this machine
-    (its Hopper backward with a Triton older than 3.7.1, say) skips the case quoting the
-    refusal; any other error fails it."""
+    """Run the layer's backward once before it is timed: a refusal (a ``NotImplementedError``,
+    or fla's message refusing its Hopper backward with a Triton older than 3.7.1) skips the case
+    quoting it; any other error fails it."""
     import pytest
 
     from .registry import refusal_reason

@@ -2,8 +2,8 @@
 
 Layout is flash-linear-attention's (fla's): time before heads, ``q, k: [B, T, H, K]``,
 ``v: [B, T, H, V]``, per-channel gates ``[B, T, H, K]``, per-head gates and betas ``[B, T, H]``.
-Every function casts its inputs to float64, loops over time (vectorised over batch and heads) and
-returns a float64 output ``[B, T, H, V]``; with ``final_state=True`` it returns ``(output, state)``,
+Every function casts its inputs to float64 (or to ``compute`` where given), loops over time
+(vectorised over batch and heads) and returns an output ``[B, T, H, V]`` in that dtype; with ``final_state=True`` it returns ``(output, state)``,
 the state ``[B, H, K, V]`` in fla's default key-first orientation (``state_v_first=False``).
 
 Notation, per (batch, head): ``S_t`` is the ``[K, V]`` state after token ``t``, ``S_0`` the initial

@@ -28,7 +28,7 @@ def process_age_s() -> float | None:
         return None
 
 
-@dataclass
+@dataclass(eq=False)  # a registered plugin: pluggy keeps plugins in sets, so hashed by identity
 class Timeline:
     """The run's stages, as ``time.perf_counter`` readings and sums."""
 
@@ -59,7 +59,7 @@ class Timeline:
         start = "the process started" if self.since_process_start else "pytest_configure"
         total = time.perf_counter() - self.started
         parts = [f"{self.collected - self.started:.1f} s start-up and collection",
-                 f"{self.prepared - self.collected:.1f} s preparing (Triton's cache, baselines, worker processes)"]
+                 f"{self.prepared - self.collected:.1f} s preparing"]
         if distributed:
             parts.append(f"{self.finishing - self.prepared:.1f} s running {self.tests} tests on the workers "
                          f"({self.in_tests_s:.1f} s in their phases, summed over workers)")
@@ -67,6 +67,5 @@ class Timeline:
             between = max(0.0, self.finishing - self.prepared - self.in_tests_s)
             parts.append(f"{self.in_tests_s:.1f} s in tests (setup, call and teardown; {self.tests} called)")
             parts.append(f"{between:.1f} s between tests")
-        parts.append(f"{self.finished - self.finishing:.1f} s at the session's end (baselines, autotune "
-                     "choices, report)")
+        parts.append(f"{self.finished - self.finishing:.1f} s at the session's end")
         return f"wall time {total:.1f} s since {start}: " + ", ".join(parts)

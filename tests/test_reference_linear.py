@@ -392,6 +392,8 @@ def test_recurrences_run_in_the_dtype_asked(x: Inputs) -> None:
     assert 0 < rel_err(o32, ref.gla(x.q, x.k, x.v, x.gk, scale=SCALE)) < 1e-5
     grads = ref.recurrent_gradients(x.q, x.k, x.v, x.g, x.v, scale=SCALE, compute=torch.float32)
     assert [g.dtype for g in grads] == [torch.float32] * 4 and grads[3].shape == x.g.shape
+    exact = ref.recurrent_gradients(x.q, x.k, x.v, x.g, x.v, scale=SCALE)
+    assert all(0 < rel_err(g, e) < 1e-5 for g, e in zip(grads, exact, strict=True))
     with pytest.raises(ValueError, match="g must have the keys' shape"):
         ref.recurrent_gradients(x.q, x.k, x.v, x.gk[..., :3], x.v, scale=SCALE)
 

@@ -128,5 +128,8 @@ def test_a_recurrent_kernels_yardstick_is_the_token_recurrence_in_float32(monkey
         grads = reference_linear.recurrent_gradients(q, k, v, gate, p.grad_out, scale=p.scale, compute=torch.float32)
         assert all(torch.equal(a, b) for a, b in zip(yard[1:], grads, strict=True))
     assert len(yard) == len(p.inputs) + 1
+    ref, _ = p.reference("chunk")
+    for y, r in zip(yard, ref, strict=True):  # float32 throughout: close to the fp64 reference
+        assert float((y.double() - r).abs().max() / r.abs().max()) < 1e-5
     _, chunk_yard = p.reference("chunk")
     assert not torch.equal(chunk_yard[0], yard[0])

@@ -23,8 +23,8 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
   5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
 * elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
   ``OUT_FACTOR`` (16, 32 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
-  RMS error, the yardstick being the chunked form at the kernel's precision (see
-  ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
+  RMS error, the yardstick being the same computation at the kernel's precision: the chunked
+  form for a chunk kernel, the token recurrence for a recurrent one (see ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
   (GLA's dg) on the CPU and fla's GLA chunk forward 9.5 on the H200; docs/checks.md has the figures and what a sparse error costs to detect.
 
 NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
@@ -241,7 +241,9 @@ class Prepared:
         kernel's does (the chunked form updates the state once per 64 tokens, and at T=16384
         erred a twentieth of what fla's fused recurrent kernel did), and its gradients are a
         recurrent backward's in float32, the gate's from the reverse cumulative sum that fla's
-        kernels use (GDN's from the chunked form). A chunk kernel's gradients come through
+        ``fused_recurrent`` backward uses (GDN's from the chunked form). fla's ``naive`` kernels
+        take their gradients by autograd through their recurrence, more accurately than that sum,
+        so the bound holds them more loosely. A chunk kernel's gradients come through
         autograd, which rounds them at the same points.
 
         Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
@@ -271,7 +273,9 @@ class Prepared:
             if not self.backward:
                 return (out,)
         if self.family == "gdn":
-            return (out,) + self._run(torch.float32, None)[1:]
+            if "fp32" not in self._computed:
+                self._computed["fp32"] = self._run(torch.float32, None)
+            return (out,) + self._computed["fp32"][1:]
         with torch.no_grad():
             q, k, v = self.inputs[:3]
             gate = self.inputs[3] if self.family in ("gla", "simple_gla") else None
