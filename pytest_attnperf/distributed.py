@@ -502,7 +502,7 @@ def receive_case(session: AttnPerfSession, report: pytest.TestReport) -> None:
         return
     session.rows.extend(case["rows"])
     if case["entry"] is not None:
-        session.pending[case["key"]] = case["entry"]
+        session.commit(case["key"], case["entry"])
     for rel, text in case.get("autotune", {}).items():
         session.fleet.autotune_files[rel] = text
         session.fleet.autotune_keep[rel] = case["key"]

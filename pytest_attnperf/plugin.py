@@ -215,7 +215,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if report.passed and item.stash.get(CALL_PASSED_KEY, False):
             # committed once teardown passed too: a fixture that fails after the measurement
             # (a leak check, say) keeps the test's entry out of the baseline
-            entry = state.pending[key] = item.stash[PENDING_KEY]
+            entry = item.stash[PENDING_KEY]
+            state.commit(key, entry)
         autotune.case_finished(item)  # its autotune notes on its row, before the row leaves a worker
         files = autotune.case_files(item.config, key) if entry is not None and state.seat is not None else {}
         distributed.attach_case(state, key, report, entry, files)  # a pytest-xdist worker's case, to the controller

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from . import baselines as store
+from . import journal as journals
 from .ceilings import Ceilings
 from .distributed import Fleet, Seat, case_key, group_of
 from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
@@ -209,6 +210,37 @@ class AttnPerfSession:
         return self.workers.for_case(key)
 
     # -- baselines ------------------------------------------------------------------------
+    @cached_property
+    def journal(self) -> journals.Journal | None:
+        """This recording's journal (``pytest_attnperf.journal``); None unless recording, and under
+        pytest-xdist (its workers send each entry to the controller as their case ends, and one
+        journal cannot hold the entries of workers on different cards)."""
+        if not self.settings.update_baselines or self.seat is not None or self.fleet is not None:
+            return None
+        try:
+            return journals.Journal(self.settings.baselines_dir, self.hardware.name)
+        except Exception:  # noqa: BLE001 - no hardware to name it by: the run's end reports that anyway
+            return None
+
+    def commit(self, key: str, entry: dict[str, Any]) -> None:
+        """A measured case's entry, to be written at the run's end; journaled at once."""
+        self.pending[key] = entry
+        if self.journal is not None:
+            self.journal.add(key, entry)
+
+    def _left_behind(self) -> tuple[list[Path], dict[str, dict[str, Any]]]:
+        """Journals that dead recordings on this host left for this hardware, and their entries."""
+        paths = journals.left_behind(self.settings.baselines_dir, self.hardware.name)
+        entries: dict[str, dict[str, Any]] = {}
+        readable = []
+        for path in paths:
+            try:
+                entries.update(journals.read(path))
+            except OSError:
+                continue
+            readable.append(path)
+        return readable, entries
+
     @property
     def baseline_path(self) -> Path:
         return self.settings.baselines_dir / f"{self.hardware.name}.yaml"
@@ -247,6 +279,13 @@ class AttnPerfSession:
             lines += [f"  {key}: {bad[key].cause}" for key in shown]
             if len(bad) > len(shown):
                 lines.append(f"  ... and {len(bad) - len(shown)} more")
+        if not self.settings.update_baselines:
+            left, entries = self._left_behind()
+            if left:
+                lines.append(f"attnperf: {len(left)} recording journal{'s' if len(left) > 1 else ''} with "
+                             f"{len(entries)} measured entries, left by runs that ended before writing them: "
+                             f"{', '.join(str(p) for p in left)}; the next --update-baselines for "
+                             f"{self.hardware.name} on this host merges them")
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None and lines:
             reporter.ensure_newline()
@@ -273,39 +312,64 @@ class AttnPerfSession:
         unreadable file. When the file cannot be written (unreadable, locked too long, folder
         not writable, disk full) the measured entries go to a file of their own in the temporary
         folder, the summary names both, and the run's exit status is a failure."""
-        if not self.settings.update_baselines or not self.pending:
+        if not self.settings.update_baselines or self.seat is not None:
+            return
+        left, recovered = self._left_behind() if self.fleet is None or not self.fleet.mixed else ([], {})
+        recovered = {k: v for k, v in recovered.items() if k not in self.pending}  # this run's own win
+        if not self.pending and not recovered:
             return
         if self.fleet is not None and self.fleet.mixed:
             self._not_written(self.fleet.mixed)
             return
+        measured = {**recovered, **self.pending}
         path = self.baseline_path
         try:
-            merged, removed = store.update(path, self.pending, self.environment, known=self.__dict__.get("baseline"))
+            merged, removed = store.update(path, measured, self.environment, known=self.__dict__.get("baseline"))
         except store.LockTimeout as exc:
-            self._not_written(f"{exc}")
+            self._not_written(f"{exc}", measured, left)
             return
         except store.BaselineError as exc:
-            self._not_written(f"{exc}. The file was left as it was")
+            self._not_written(f"{exc}. The file was left as it was", measured, left)
             return
         except OSError as exc:
-            self._not_written(f"cannot write {path}: {exc}")
+            self._not_written(f"cannot write {path}: {exc}", measured, left)
             return
-        kept = len(merged.entries) + len(merged.unusable) - len(self.pending)
+        self._journals_done(left)
+        kept = len(merged.entries) + len(merged.unusable) - len(measured)
         unusable = f", {len(merged.unusable)} of them unusable and left as they were" if merged.unusable else ""
         stale = (f"; removed {len(removed)} temporary file{'s' if len(removed) > 1 else ''} an interrupted "
                  "write had left" if removed else "")
+        cut = (f"; with them {len(recovered)} entries that {len(left)} recording{'s' if len(left) > 1 else ''} "
+               f"ended before writing had left in {'its' if len(left) == 1 else 'their'} journal"
+               f"{'s' if len(left) > 1 else ''}" if recovered else "")
         self.write_note = (
-            f"wrote {len(self.pending)} measured entries to {path} ({kept} other entries kept{unusable}){stale}"
+            f"wrote {len(self.pending)} measured entries to {path} ({kept} other entries kept{unusable}){cut}{stale}"
         )
+        if self.journal is not None and self.journal.problem is not None:
+            self.write_note += f"; {self.journal.problem}"
 
-    def _not_written(self, cause: str) -> None:
+    def _journals_done(self, left: list[Path]) -> None:
+        """The entries are safe (written, or saved aside): this run's journal and those it merged go."""
+        for path in left:
+            path.unlink(missing_ok=True)
+        if self.journal is not None:
+            self.journal.remove()
+
+    def _not_written(self, cause: str, measured: dict[str, Any] | None = None, left: list[Path] | None = None) -> None:
         """The one summary line of an update that could not write, with where its entries went."""
+        measured = self.pending if measured is None else measured
         try:
-            aside = store.save_unsaved(self.hardware.name, self.pending, self.environment)
+            aside = store.save_unsaved(self.hardware.name, measured, self.environment)
         except OSError as exc:
-            kept = f"saving them aside failed too ({exc}): the {len(self.pending)} measured entries are lost"
+            journal = self.journal.path if self.journal is not None and self.journal.problem is None else None
+            if journal is not None and journal.exists():
+                kept = (f"saving them aside failed too ({exc}): the {len(measured)} measured entries stay in the "
+                        f"journal {journal}, which the next --update-baselines for {self.hardware.name} merges")
+            else:
+                kept = f"saving them aside failed too ({exc}): the {len(measured)} measured entries are lost"
         else:
-            kept = (f"the {len(self.pending)} measured entries are in {aside}; merge them with "
+            self._journals_done(left or [])
+            kept = (f"the {len(measured)} measured entries are in {aside}; merge them with "
                     f"'python -m pytest_attnperf.baselines merge {aside} {self.baseline_path}'")
         self.write_note = f"ERROR, NOT written: {cause}. {kept}"
         session = self.config.pluginmanager.get_plugin("session")

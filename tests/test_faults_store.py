@@ -572,19 +572,81 @@ def test_a_full_disk_fails_the_run_with_one_line_and_saves_the_entries_aside(
     check_kept(fresh, CASES)
 
 
-def test_a_full_disk_everywhere_says_the_entries_are_lost(
-        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the temporary folder cannot take them either, the line says so (and the run fails)."""
+FULL_DISK = """
+import errno
+import os
+
+from pytest_attnperf import baselines
+
+
+def save(path, baseline):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+baselines.save = save  # every folder full: the baseline file's and the temporary one
+"""
+
+KILLED = """
+import os
+import signal
+
+
+def test_zz_the_process_dies():
+    os.kill(os.getpid(), signal.SIGKILL)  # no session end: nothing written the usual way
+"""
+
+
+def test_a_killed_recording_leaves_a_journal_a_gating_run_names_and_the_next_update_merges(
+        project: pytest.Pytester) -> None:
+    """SIGKILL after two measured cases: the baseline file was never written, the journal holds
+    both entries; a gating run names it at start-up and leaves it; the next update merges it."""
     folder = project.path / "baselines"
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    monkeypatch.setattr(baselines, "save", no_space(no_space(baselines.save, folder), Path(tempfile.gettempdir())))
+    project.makepyfile(test_zz_killed=KILLED)
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    killed = project.runpytest_subprocess("--update-baselines")
+    assert killed.ret == -signal.SIGKILL
+    assert not (folder / "h200.yaml").exists()
+    journals = list(folder.glob(".h200.recording-*.jsonl"))
+    assert len(journals) == 1 and len(journals[0].read_text().splitlines()) == 2
+    (project.path / "test_zz_killed.py").unlink()
+    gate = project.runpytest(*PLUGIN)
+    gate.assert_outcomes(passed=2)
+    gate.stdout.fnmatch_lines(["attnperf: 1 recording journal with 2 measured entries, left by runs that ended "
+                               "before writing them: *.jsonl; the next --update-baselines for h200 on this host "
+                               "merges them"])
+    assert journals[0].exists()
+    again = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[b]")
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines(["baselines: wrote 1 measured entries to *h200.yaml (0 other entries kept); with "
+                                "them 1 entries that 1 recording ended before writing had left in its journal"])
+    assert not journals[0].exists() and not list(folder.glob(".h200.recording-*"))
+    check_kept(folder / "h200.yaml", CASES)
+
+
+def test_a_full_disk_everywhere_keeps_the_entries_in_the_journal_for_the_next_update(
+        project: pytest.Pytester) -> None:
+    """When the temporary folder cannot take them either, the line says so (and the run fails);
+    the recording's journal still holds them, and the next update merges it and removes it."""
+    folder = project.path / "baselines"
+    project.makepyfile(full_disk=FULL_DISK)
     COUNTS["inputs"] += 1
     COUNTS["faults"] += 2
-    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result = project.runpytest_subprocess("--update-baselines", "-p", "full_disk")  # its own process, gone after
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["baselines: ERROR, NOT written: cannot write *No space left on device*"
-                                 "saving them aside failed too*: the 2 measured entries are lost"])
-    COUNTS["double faults reported as lost"] += 1
+                                 "saving them aside failed too*: the 2 measured entries stay in the journal *"
+                                 ".h200.recording-*.jsonl, which the next --update-baselines for h200 merges"])
+    journals = list(folder.glob(".h200.recording-*.jsonl"))
+    assert len(journals) == 1 and not (folder / "h200.yaml").exists()
+    (project.path / "full_disk.py").unlink()
+    again = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[a]")
+    again.assert_outcomes(passed=1)
+    again.stdout.fnmatch_lines(["baselines: wrote 1 measured entries to *h200.yaml (0 other entries kept); with "
+                                "them 1 entries that 1 recording ended before writing had left in its journal"])
+    assert not journals[0].exists()
+    check_kept(folder / "h200.yaml", CASES)
+    COUNTS["double faults kept in the journal"] += 1
 
 
 def test_a_lock_timeout_fails_the_run_and_saves_the_entries_aside(
