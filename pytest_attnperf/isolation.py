@@ -285,6 +285,10 @@ def clear_traceback(tb: TracebackType | None) -> None:
         tb = tb.tb_next
 
 
+REFREEZE_OBJECTS = 20_000
+"""New objects surviving a case's collection from which they are frozen (``CaseGuard._refreeze``)."""
+
+
 def release_memory() -> None:
     """Collect garbage and, where CUDA is in use, hand the allocator's cached blocks (graph pools
     no longer used included) back to the device."""
@@ -519,7 +523,18 @@ class CaseGuard:
             item.stash[FAILED_TRACEBACKS] = []
             if item.stash.get(CALLED, False):  # a case skipped before its call made nothing to release,
                 release_memory()  # and a collection costs 0.4 s with torch and fla loaded
+                self._refreeze()
         return result
+
+    def _refreeze(self) -> None:
+        """After a case's full collection: when the modules a case imported for the run (torch's
+        compiler stack for flex attention, Triton's JIT) left ``REFREEZE_OBJECTS`` or more new
+        objects, freeze those survivors too, so the pass after each later case does not walk
+        them (it took 70-100 ms a case once they were there, on the CPU). The case's own garbage
+        went in the collection just made; frozen objects are still freed by reference counting,
+        and only a reference cycle among them that dies later waits for the run's end."""
+        if self.froze and len(gc.get_objects()) >= REFREEZE_OBJECTS:
+            gc.freeze()
 
     def pytest_report_header(self, config: pytest.Config) -> str | None:
         why = time_limit_unavailable() if self.limit_s > 0 else None

@@ -176,6 +176,43 @@ def test_after():
     assert gc.isenabled()
 
 
+def test_what_a_case_imports_for_the_run_is_frozen_after_its_garbage_is_collected(project: pytest.Pytester) -> None:
+    """A case that leaves 25,000 objects alive for the run (as an import does) and a reference
+    cycle of its own: after it the cycle is freed, and the objects it left are frozen, so later
+    collections skip them."""
+    project.makepyfile(test_kept=COST + '''
+import gc
+import weakref
+
+import conftest
+
+KEPT = []
+
+
+class Inputs:
+    """Stands for a case's tensors."""
+
+
+def test_a_imports(attnperf):
+    KEPT.append(gc.get_freeze_count())
+    KEPT.extend(Inputs() for _ in range(25_000))  # objects the collector tracks
+    inputs = Inputs()
+    inputs.me = inputs  # a cycle: freed only by a collection
+    conftest.TRACKED.append(weakref.ref(inputs))
+    attnperf.measure(lambda: None, cost=COST, dtype="fp32")
+
+
+def test_b_after():
+    assert conftest.TRACKED and conftest.TRACKED[-1]() is None
+    tracked = {id(obj) for obj in gc.get_objects()}
+    assert id(KEPT[1]) not in tracked and id(KEPT[-1]) not in tracked  # frozen: no longer walked
+    assert gc.get_freeze_count() >= KEPT[0] + 25_000
+''')
+    result = project.runpytest(*PLUGIN, "-rA")
+    FaultLedger().check(result, expected_cases=2)
+    assert gc.get_freeze_count() == 0  # the run's end unfroze them
+
+
 def test_out_of_memory_fails_its_case_with_the_size_and_the_next_cases_pass(project: pytest.Pytester) -> None:
     project.makepyfile(test_oom=COST + f'''
 import weakref
