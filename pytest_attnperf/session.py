@@ -312,14 +312,15 @@ class AttnPerfSession:
         unreadable file. When the file cannot be written (unreadable, locked too long, folder
         not writable, disk full) the measured entries go to a file of their own in the temporary
         folder, the summary names both, and the run's exit status is a failure."""
-        if not self.settings.update_baselines or self.seat is not None:
-            return
-        left, recovered = self._left_behind() if self.fleet is None or not self.fleet.mixed else ([], {})
-        recovered = {k: v for k, v in recovered.items() if k not in self.pending}  # this run's own win
-        if not self.pending and not recovered:
+        if not self.settings.update_baselines:
             return
         if self.fleet is not None and self.fleet.mixed:
-            self._not_written(self.fleet.mixed)
+            if self.pending:
+                self._not_written(self.fleet.mixed)
+            return
+        left, recovered = self._left_behind()
+        recovered = {k: v for k, v in recovered.items() if k not in self.pending}  # this run's own win
+        if not self.pending and not recovered:
             return
         measured = {**recovered, **self.pending}
         path = self.baseline_path
@@ -361,10 +362,12 @@ class AttnPerfSession:
         try:
             aside = store.save_unsaved(self.hardware.name, measured, self.environment)
         except OSError as exc:
-            journal = self.journal.path if self.journal is not None and self.journal.problem is None else None
-            if journal is not None and journal.exists():
+            own = [self.journal.path] if self.journal is not None and self.journal.problem is None else []
+            holders = [path for path in own + (left or []) if path.exists()]
+            if holders and (own or not self.pending):
                 kept = (f"saving them aside failed too ({exc}): the {len(measured)} measured entries stay in the "
-                        f"journal {journal}, which the next --update-baselines for {self.hardware.name} merges")
+                        f"journal{'s' if len(holders) > 1 else ''} {', '.join(str(p) for p in holders)}, which the "
+                        f"next --update-baselines for {self.hardware.name} merges")
             else:
                 kept = f"saving them aside failed too ({exc}): the {len(measured)} measured entries are lost"
         else:
