@@ -56,6 +56,7 @@ __all__ = [
     "SamplingPlan",
     "Timer",
     "gc_paused",
+    "held_signals",
     "one_element_add",
     "sample_adaptively",
 ]
@@ -606,32 +607,70 @@ def _release_graphs(graphs: list[Any]) -> None:
     graphs.clear()
 
 
+HELD_SIGNALS = ("SIGINT", "SIGALRM")  # Ctrl-C or `timeout -s INT`; the case clock (or pytest-timeout)
+
+
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """SIGINT and SIGALRM held while the block runs, then delivered to the handlers they had,
+    once each. A graph capture must end before an interrupt or a time limit raises: raised
+    inside the capture, the exception leaves the stream capturing, and the run can die there
+    without its failures, its JUnit file or its baseline write. Only the main thread handles
+    signals; elsewhere this holds nothing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if signum not in pending:
+            pending.append(signum)
+
+    before: dict[Any, Any] = {}
+    for name in HELD_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) not in (signal.SIG_IGN, None):
+            before[sig] = signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            signal.raise_signal(sig)
+
+
 def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, str | None]:
     """A CUDA graph of ``calls`` back-to-back calls, or (None, why) when capture fails;
     in memory pool ``pool`` when given (another graph's ``.pool()``). Inside
     ``CudaTimer.measure``, the graph is reset when the measurement ends.
 
-    A failed capture can leave the capture stream current (torch leaves its stream context
-    only after ending the capture, which is what raised): the previous stream is restored,
-    also when the case is stopped mid-capture (its time limit, say)."""
+    An interrupt or the case's time limit arriving during the capture is held until the
+    capture has ended and the graph is registered for release (``held_signals``). A failed
+    capture can leave the capture stream current (torch leaves its stream context only after
+    ending the capture, which is what raised): the previous stream is restored."""
     import torch
 
     previous = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, pool=pool):
-            for _ in range(calls):
-                fn()
-        torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001 - any capture failure means: time eagerly
-        torch.cuda.set_stream(previous)
-        torch.cuda.synchronize()
-        return None, f"{type(exc).__name__}: {str(exc)[:120]}"
-    except BaseException:
-        torch.cuda.set_stream(previous)
-        raise
-    if _captured is not None:
-        _captured.append(graph)
+    with held_signals():
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                for _ in range(calls):
+                    fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: time eagerly
+            torch.cuda.set_stream(previous)
+            torch.cuda.synchronize()
+            return None, f"{type(exc).__name__}: {str(exc)[:120]}"
+        except BaseException:
+            torch.cuda.set_stream(previous)
+            raise
+        if _captured is not None:
+            _captured.append(graph)
     return graph, None
 
 

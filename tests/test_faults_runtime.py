@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import shutil
+import signal
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -616,6 +617,55 @@ def test_cuda_timer_that_fails_mid_sampling_releases_its_graphs_and_the_collecto
         CudaTimer(H200).measure(call, SamplingPlan(min_samples=200, max_samples=400, budget_s=0.05))
     assert gc.isenabled() and timing._captured is None
     assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)
+
+
+def test_an_interrupt_during_a_graph_capture_is_raised_once_the_capture_has_ended(
+    fake_cuda: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or `timeout -s INT`) while a graph is being captured: raised inside the capture,
+    it would leave the stream capturing; held, it is raised after the capture ends, the graph is
+    released with the measurement, and the run stops as an interrupted run does."""
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def graph(g: Any, pool: Any = None) -> Iterator[None]:
+        events.append("capture begins")
+        try:
+            yield
+        finally:
+            events.append("capture ends")
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    handler = signal.getsignal(signal.SIGINT)
+
+    def call() -> None:
+        Clock.now_ms += 0.02
+        if events and events[-1] == "capture begins":
+            signal.raise_signal(signal.SIGINT)
+            events.append("call after the interrupt")
+
+    with pytest.raises(KeyboardInterrupt):
+        CudaTimer(H200).measure(call, SamplingPlan(min_samples=10, budget_s=0.05, warmup_calls=2))
+    assert events[:3] == ["capture begins", "call after the interrupt", "capture ends"]
+    assert len(events) == 3  # raised there: no second capture
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)
+
+
+def test_held_signals_delivers_each_held_signal_once_to_the_handler_it_had() -> None:
+    seen: list[int] = []
+    before = signal.signal(signal.SIGALRM, lambda signum, frame: seen.append(signum))
+    try:
+        with timing.held_signals():
+            signal.raise_signal(signal.SIGALRM)
+            signal.raise_signal(signal.SIGALRM)
+            assert seen == []
+        assert seen == [signal.SIGALRM]
+        with timing.held_signals():
+            pass
+        assert seen == [signal.SIGALRM]  # nothing held, nothing delivered
+    finally:
+        signal.signal(signal.SIGALRM, before)
 
 
 # -- all of it through the real suite, counted --------------------------------------------
