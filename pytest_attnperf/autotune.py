@@ -259,12 +259,16 @@ def _triton_version() -> str | None:
 
 
 def _cache_root(config: pytest.Config) -> Path | None:
-    from .options import _get
+    """The folder given (``~`` and environment variables expanded), the default under
+    ``$XDG_CACHE_HOME`` (``~/.cache`` without it), or None: ``off``."""
+    from .options import TRITON_CACHE_DEFAULT, _get, user_cache
 
     text = _get(config, "triton_cache", str).strip()
     if text.lower() in ("off", "none", "0", "false", ""):
         return None
-    root = Path(os.path.expanduser(text))
+    if text == TRITON_CACHE_DEFAULT:  # also when the variable is unset
+        return user_cache("pytest-attnperf", "triton")
+    root = Path(os.path.expandvars(os.path.expanduser(text)))
     return root if root.is_absolute() else Path(config.rootpath) / root
 
 

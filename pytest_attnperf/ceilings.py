@@ -242,8 +242,9 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/pytest-attnperf/ceilings``, or under ``~/.cache``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pytest-attnperf" / "ceilings"
+    from .options import user_cache
+
+    return user_cache("pytest-attnperf", "ceilings")
 
 
 def cache_path(folder: Path, machine: str, stack: Mapping[str, str | None]) -> Path:

@@ -23,6 +23,9 @@ MODES = ("cold", "hot")
 T = TypeVar("T")
 
 
+TRITON_CACHE_DEFAULT = "$XDG_CACHE_HOME/pytest-attnperf/triton"  # ~/.cache/... with the variable unset
+
+
 @dataclass(frozen=True)
 class Option:
     dest: str
@@ -85,8 +88,9 @@ OPTIONS = (
            "attnperf_processes_below", "50us",
            "a case is short for --attnperf-processes when its baseline is under this (default 50 us)"),
     Option("triton_cache", "--attnperf-triton-cache", "ATTNPERF_TRITON_CACHE", "attnperf_triton_cache",
-           "~/.cache/pytest-attnperf/triton",
-           "Triton cache for baselines/<hw>.autotune picks; off: untouched (default ~/.cache/pytest-attnperf/triton)"),
+           TRITON_CACHE_DEFAULT,
+           "Triton cache given the recorded autotune picks; off: as is "
+           "(default $XDG_CACHE_HOME/pytest-attnperf/triton)"),
     Option("ceilings", "--attnperf-ceilings", "ATTNPERF_CEILINGS", "attnperf_ceilings", "cache",
            "measured matmul/copy ceilings: cache (once per machine and stack), refresh or off (default cache)"),
     Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",
@@ -287,6 +291,13 @@ def _bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError("must be true or false")
+
+
+def user_cache(*parts: str) -> Path:
+    """``$XDG_CACHE_HOME/<parts>``, or under ``~/.cache`` without it: where the plugin keeps
+    what it measured or installed for this user (ceilings, the Triton cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).joinpath(*parts)
 
 
 def _get(config: pytest.Config, dest: str, parse: Callable[[str], T]) -> T:
