@@ -259,15 +259,17 @@ def _triton_version() -> str | None:
 
 
 def _cache_root(config: pytest.Config) -> Path | None:
-    """The folder given (``~`` and environment variables expanded), the default under
-    ``$XDG_CACHE_HOME`` (``~/.cache`` without it), or None: ``off``."""
-    from .options import TRITON_CACHE_DEFAULT, _get, user_cache
+    """The folder given (``~`` and environment variables expanded; a leading
+    ``$XDG_CACHE_HOME``, as in the default, is ``~/.cache`` when the variable is unset or not
+    absolute), or None: ``off``."""
+    from .options import _get, user_cache
 
     text = _get(config, "triton_cache", str).strip()
     if text.lower() in ("off", "none", "0", "false", ""):
         return None
-    if text == TRITON_CACHE_DEFAULT:  # also when the variable is unset
-        return user_cache("pytest-attnperf", "triton")
+    for variable in ("$XDG_CACHE_HOME", "${XDG_CACHE_HOME}"):  # the default's; ~/.cache when unset
+        if text == variable or text.startswith(variable + "/"):
+            return user_cache(*Path(text[len(variable):].lstrip("/")).parts)
     root = Path(os.path.expandvars(os.path.expanduser(text)))
     return root if root.is_absolute() else Path(config.rootpath) / root
 

@@ -296,7 +296,9 @@ def _bool(text: str) -> bool:
 def user_cache(*parts: str) -> Path:
     """``$XDG_CACHE_HOME/<parts>``, or under ``~/.cache`` without it: where the plugin keeps
     what it measured or installed for this user (ceilings, the Triton cache)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: ignored, as the XDG specification says
+        base = str(Path.home() / ".cache")
     return Path(base).joinpath(*parts)
 
 

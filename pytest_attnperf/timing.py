@@ -56,7 +56,7 @@ __all__ = [
     "SamplingPlan",
     "Timer",
     "gc_paused",
-    "held_signals",
+    "interrupt_held",
     "one_element_add",
     "sample_adaptively",
 ]
@@ -607,40 +607,38 @@ def _release_graphs(graphs: list[Any]) -> None:
     graphs.clear()
 
 
-HELD_SIGNALS = ("SIGINT", "SIGALRM")  # Ctrl-C or `timeout -s INT`; the case clock (or pytest-timeout)
-
-
 @contextmanager
-def held_signals() -> Iterator[None]:
-    """SIGINT and SIGALRM held while the block runs, then delivered to the handlers they had,
-    once each. A graph capture must end before an interrupt or a time limit raises: raised
-    inside the capture, the exception leaves the stream capturing, and the run can die there
-    without its failures, its JUnit file or its baseline write. Only the main thread handles
-    signals; elsewhere this holds nothing."""
+def interrupt_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT, also ``timeout -s INT``) held while the block runs and delivered to its
+    handler when the block ends. A graph capture must end before an interrupt raises: raised
+    inside the capture, it leaves the stream capturing, and the run can die there without its
+    failures, its JUnit file or its baseline write. A second SIGINT while one is held is
+    delivered at once (a capture stuck in Python code can still be stopped). Only the main
+    thread handles signals; elsewhere, or with SIGINT ignored or not Python's, nothing is held.
+    The case's time limit (SIGALRM) is not held: its watchdog must still see a stuck capture."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or handler in (signal.SIG_IGN, signal.SIG_DFL, None):
         yield
         return
-    pending: list[int] = []
+    held: list[bool] = []
 
     def hold(signum: int, frame: Any) -> None:
-        if signum not in pending:
-            pending.append(signum)
+        if held:  # pressed again: let it through now
+            signal.signal(signal.SIGINT, handler)
+            signal.raise_signal(signal.SIGINT)
+        held.append(True)
 
-    before: dict[Any, Any] = {}
-    for name in HELD_SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) not in (signal.SIG_IGN, None):
-            before[sig] = signal.signal(sig, hold)
+    signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-        for sig in pending:
-            signal.raise_signal(sig)
+        restored = signal.getsignal(signal.SIGINT) is handler
+        signal.signal(signal.SIGINT, handler)
+        if held and not restored:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, str | None]:
@@ -648,15 +646,15 @@ def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, 
     in memory pool ``pool`` when given (another graph's ``.pool()``). Inside
     ``CudaTimer.measure``, the graph is reset when the measurement ends.
 
-    An interrupt or the case's time limit arriving during the capture is held until the
-    capture has ended and the graph is registered for release (``held_signals``). A failed
+    An interrupt arriving during the capture is held until the capture has ended and the
+    graph is registered for release (``interrupt_held``). A failed
     capture can leave the capture stream current (torch leaves its stream context only after
     ending the capture, which is what raised): the previous stream is restored."""
     import torch
 
     previous = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
-    with held_signals():
+    with interrupt_held():
         try:
             with torch.cuda.graph(graph, pool=pool):
                 for _ in range(calls):

@@ -270,9 +270,13 @@ def test_default_cache_folder_is_per_user_and_per_hardware(project: pytest.Pytes
     project.runpytest(*PLUGIN, "--hw=h200").assert_outcomes(passed=2)
     assert log(project)["a"] == {"cache": str(project.path / "xdg" / "pytest-attnperf" / "triton" / "h200"), "found": True}
     (project.path / "log.json").unlink()
-    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # not absolute: ignored, as the XDG specification says
     project.runpytest(*PLUGIN, "--hw=h200").assert_outcomes(passed=2)  # pytester's HOME is its folder
     assert log(project)["a"] == {"cache": os.path.expanduser("~/.cache/pytest-attnperf/triton/h200"), "found": True}
+    (project.path / "log.json").unlink()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-triton-cache=$XDG_CACHE_HOME/mine").assert_outcomes(passed=2)
+    assert log(project)["a"] == {"cache": os.path.expanduser("~/.cache/mine/h200"), "found": True}
 
 
 def test_a_choice_that_no_longer_applies_is_noted_on_its_case_and_as_drift(project: pytest.Pytester) -> None:
