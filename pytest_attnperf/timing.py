@@ -647,9 +647,10 @@ def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, 
     ``CudaTimer.measure``, the graph is reset when the measurement ends.
 
     An interrupt arriving during the capture is held until the capture has ended and the
-    graph is registered for release (``interrupt_held``). A failed
-    capture can leave the capture stream current (torch leaves its stream context only after
-    ending the capture, which is what raised): the previous stream is restored."""
+    graph is registered for release (``interrupt_held``). A failed capture can leave the
+    capture stream current (torch leaves its stream context only after ending the capture,
+    which is what raised): the previous stream is restored, also when the case is stopped
+    mid-capture (its time limit, or a second interrupt)."""
     import torch
 
     previous = torch.cuda.current_stream()
