@@ -613,23 +613,28 @@ def interrupt_held() -> Iterator[None]:
     handler when the block ends. A graph capture must end before an interrupt raises: raised
     inside the capture, it leaves the stream capturing, and the run can die there without its
     failures, its JUnit file or its baseline write. A second SIGINT while one is held is
-    delivered at once (a capture stuck in Python code can still be stopped). Only the main
-    thread handles signals; elsewhere, or with SIGINT ignored or not Python's, nothing is held.
-    The case's time limit (SIGALRM) is not held: its watchdog must still see a stuck capture."""
+    delivered at once (a capture stuck in Python code can still be stopped), unless it came
+    within ``child_run.ECHO_S`` of the first: ``timeout`` signals the command and then its
+    group, so one interrupt can arrive twice. Only the main thread handles signals; elsewhere,
+    or with SIGINT ignored or not Python's, nothing is held. The case's time limit (SIGALRM) is
+    not held: its watchdog must still see a stuck capture."""
     import signal
     import threading
+
+    from . import child_run
 
     handler = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or handler in (signal.SIG_IGN, signal.SIG_DFL, None):
         yield
         return
-    held: list[bool] = []
+    held: list[float] = []  # when the first one came
 
     def hold(signum: int, frame: Any) -> None:
-        if held:  # pressed again: let it through now
+        if not held:
+            held.append(time.monotonic())
+        elif time.monotonic() - held[0] >= child_run.ECHO_S:  # pressed again: let it through now
             signal.signal(signal.SIGINT, handler)
             signal.raise_signal(signal.SIGINT)
-        held.append(True)
 
     signal.signal(signal.SIGINT, hold)
     try:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_attnperf import isolation, timing
+from pytest_attnperf import child_run, isolation, timing
 from pytest_attnperf.hardware import DetectedDevice
 from pytest_attnperf.timing import CudaTimer, HostTimer, SamplingPlan
 
@@ -665,9 +665,21 @@ def test_an_interrupt_during_a_graph_capture_is_raised_once_the_capture_has_ende
     assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)
 
 
-def test_a_second_interrupt_during_a_held_one_goes_through_at_once(python_sigint: None) -> None:
-    """A capture stuck in Python code can still be stopped: the second Ctrl-C raises inside."""
+def test_a_second_interrupt_during_a_held_one_goes_through_at_once(
+    python_sigint: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture stuck in Python code can still be stopped: the second Ctrl-C raises inside.
+    The same interrupt arriving twice at once (`timeout` signals the command, then its group) is
+    still held until the block ends."""
     reached: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        with timing.interrupt_held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # the echo
+            reached.append("held")
+    assert reached == ["held"]
+    monkeypatch.setattr(child_run, "ECHO_S", 0.0)  # every later one is pressed again
+    reached.clear()
     with pytest.raises(KeyboardInterrupt):
         with timing.interrupt_held():
             signal.raise_signal(signal.SIGINT)
