@@ -3,8 +3,9 @@
 Layout is flash-linear-attention's (fla's): time before heads, ``q, k: [B, T, H, K]``,
 ``v: [B, T, H, V]``, per-channel gates ``[B, T, H, K]``, per-head gates and betas ``[B, T, H]``.
 Every function casts its inputs to float64 (or to ``compute`` where given), loops over time
-(vectorised over batch and heads) and returns an output ``[B, T, H, V]`` in that dtype; with ``final_state=True`` it returns ``(output, state)``,
-the state ``[B, H, K, V]`` in fla's default key-first orientation (``state_v_first=False``).
+(vectorised over batch and heads) and returns an output ``[B, T, H, V]`` in that dtype; with
+``final_state=True`` it returns ``(output, state)``, the state ``[B, H, K, V]`` in fla's default
+key-first orientation (``state_v_first=False``).
 
 Notation, per (batch, head): ``S_t`` is the ``[K, V]`` state after token ``t``, ``S_0`` the initial
 state (zeros unless given), ``q_t, k_t`` are ``K``-vectors, ``v_t`` a ``V``-vector, and every

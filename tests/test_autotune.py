@@ -262,15 +262,18 @@ def test_gating_run_installs_the_choices_before_the_tests(project: pytest.Pytest
     assert "autotuned in this run" not in out and "drift" not in out
 
 
-def test_default_cache_folder_is_per_user_and_per_hardware(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_cache_folder_is_per_user_and_per_hardware(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Under $XDG_CACHE_HOME, as the measured ceilings are; under ~/.cache without it."""
     run(project, "c", "--update-baselines").assert_outcomes(passed=2)
     (project.path / "log.json").unlink()
     monkeypatch.setenv("XDG_CACHE_HOME", str(project.path / "xdg"))
     project.runpytest(*PLUGIN, "--hw=h200").assert_outcomes(passed=2)
-    assert log(project)["a"] == {"cache": str(project.path / "xdg" / "pytest-attnperf" / "triton" / "h200"), "found": True}
+    assert log(project)["a"] == {"cache": str(project.path / "xdg" / "pytest-attnperf" / "triton" / "h200"),
+                                 "found": True}
     (project.path / "log.json").unlink()
-    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # not absolute: ignored, as the XDG specification says
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # not absolute: ignored (the XDG specification)
     project.runpytest(*PLUGIN, "--hw=h200").assert_outcomes(passed=2)  # pytester's HOME is its folder
     assert log(project)["a"] == {"cache": os.path.expanduser("~/.cache/pytest-attnperf/triton/h200"), "found": True}
     (project.path / "log.json").unlink()

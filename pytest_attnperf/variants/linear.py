@@ -24,8 +24,10 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
 * elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
   ``OUT_FACTOR`` (16, 32 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
   RMS error, the yardstick being the same computation at the kernel's precision: the chunked
-  form for a chunk kernel, the token recurrence for a recurrent one (see ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
-  (GLA's dg) on the CPU and fla's GLA chunk forward 9.5 on the H200; docs/checks.md has the figures and what a sparse error costs to detect.
+  form for a chunk kernel, the token recurrence for a recurrent one (see
+  ``Prepared.reference``). A correct bf16 chunk kernel needed up to 6.7 (outputs) and 8.0
+  (GLA's dg) on the CPU and fla's GLA chunk forward 9.5 on the H200; docs/checks.md has the
+  figures and what a sparse error costs to detect.
 
 NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
 query's dtype and the inputs' device (fla's kernels return ``(o, state)``: the built-in wrappers
@@ -240,12 +242,11 @@ class Prepared:
         recurrence in float32: its state's rounding error grows with the sequence as the
         kernel's does (the chunked form updates the state once per 64 tokens; at T=16384, fla's
         fused recurrent kernel erred by 20 times that form's RMS error at its worst element), and
-        its gradients are a
-        recurrent backward's in float32, the gate's from the reverse cumulative sum that fla's
-        ``fused_recurrent`` backward uses (GDN's from the chunked form). fla's ``naive`` kernels
-        take their gradients by autograd through their recurrence, more accurately than that sum,
-        so the bound holds them more loosely. A chunk kernel's gradients come through
-        autograd, which rounds them at the same points.
+        its gradients are a recurrent backward's in float32, the gate's from the reverse
+        cumulative sum that fla's ``fused_recurrent`` backward uses (GDN's from the chunked form).
+        fla's ``naive`` kernels take their gradients by autograd through their recurrence, more
+        accurately than that sum, so the bound holds them more loosely. A chunk kernel's
+        gradients come through autograd, which rounds them at the same points.
 
         Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
         backward, say) is skipped without paying for it.
