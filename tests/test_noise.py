@@ -730,7 +730,9 @@ def test_an_interrupted_run_gets_one_sigint_and_time_to_write_its_reports(
 SLOW_TEST = """
 import os, time
 def test_slow():
-    open("pid", "w").write(str(os.getpid()))
+    with open("pid.tmp", "w") as f:  # renamed whole: the test never reads a half-written file
+        f.write(str(os.getpid()))
+    os.replace("pid.tmp", "pid")
     deadline = time.monotonic() + 60
     while not os.path.exists("go") and time.monotonic() < deadline:
         time.sleep(0.05)
