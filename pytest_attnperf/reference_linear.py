@@ -558,6 +558,11 @@ def chunk_gated_delta_rule(
         U = T diag(beta) V - T diag(beta Gamma) K S,        T = (I + L)^-1
         o_r = scale * (Gamma_r S^T q_r + sum_{s <= r} (Gamma_r / Gamma_s) (q_r.k_s) u_s)
         S' = Gamma_C S + sum_s (Gamma_C / Gamma_s) k_s u_s^T
+
+    With ``store`` given (a yardstick), it rounds where a chunk kernel stores: ``T``,
+    ``diag(beta) V`` and ``diag(beta Gamma) K`` and their products with ``T``, the scores, the
+    state, the writes ``U``, and the writes decayed to the chunk's end (the decay applied to the
+    unrounded writes, the keys left as given), as fla's chunk forward does.
     """
     import torch
 
@@ -573,18 +578,18 @@ def chunk_gated_delta_rule(
     lower = cb[..., :, None] * kk * _decay_matrix(gamma, diagonal=False)
     eye = torch.eye(chunk, dtype=compute, device=cq.device).expand(lower.shape)
     inverse = r(torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True))
-    u = r(inverse @ (cb[..., None] * cv))
-    w = r(inverse @ ((cb * gamma.exp())[..., None] * ck))
+    u = r(inverse @ r(cb[..., None] * cv))
+    w = r(inverse @ r((cb * gamma.exp())[..., None] * ck))
     scores = r((cq @ ck.transpose(-1, -2)) * _decay_matrix(gamma, diagonal=True))
     last = gamma[..., -1:]  # [B, H, N, 1]
-    k_decayed = r(ck * (last - gamma).exp()[..., None])
+    decay = (last - gamma).exp()[..., None]  # to the chunk's end, [B, H, N, C, 1]
     q_decayed = cq * gamma.exp()[..., None]
     state = _chunk_initial(initial_state, cq[:, :, 0], cq.shape[-1], cv.shape[-1])
     outputs = []
     for n in range(cq.shape[2]):
         stored = r(state)
-        written = r(u[:, :, n] - w[:, :, n] @ stored)
-        outputs.append(q_decayed[:, :, n] @ stored + scores[:, :, n] @ written)
-        state = last[:, :, n, :, None].exp() * state + k_decayed[:, :, n].transpose(-1, -2) @ written
+        new = u[:, :, n] - w[:, :, n] @ stored
+        outputs.append(q_decayed[:, :, n] @ stored + scores[:, :, n] @ r(new))
+        state = last[:, :, n, :, None].exp() * state + ck[:, :, n].transpose(-1, -2) @ r(new * decay[:, :, n])
     o = _from_chunks(scale * torch.stack(outputs, dim=2), q.shape[1])
     return (o, state) if final_state else o

@@ -275,6 +275,45 @@ def read_sm_clock(index: int = 0) -> tuple[float | None, tuple[str, ...]]:
     return mhz, tuple(name for bit, name in _THROTTLE_NAMES.items() if reasons & bit)
 
 
+# A throttled case is sampled again once the GPU has idled at least COOL_DOWN_MIN_S, and until no
+# throttle reason is set and the board draws under COOL_POWER_SHARE of its enforced limit (NVML's
+# power reading is an average over about a second, as the power-cap controller's own is), at most
+# COOL_DOWN_MAX_S: a heavy kernel sampled at once after a capped sampling is capped again
+# (docs/measurement.md).
+COOL_DOWN_MIN_S, COOL_DOWN_MAX_S, COOL_POWER_SHARE = 0.5, 5.0, 0.5
+
+
+def read_power_w(index: int = 0) -> tuple[float, float] | None:
+    """The board's power draw and its enforced power limit in watts through NVML, or None."""
+    nvml = _nvml_device(index)
+    if nvml is None:
+        return None
+    pynvml, handle = nvml
+    try:
+        return (pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+                pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3)
+    except Exception:  # noqa: BLE001 - NVML is optional; absence means "not read"
+        return None
+
+
+def cool_down(index: int = 0, *, max_s: float = COOL_DOWN_MAX_S) -> str:
+    """Leave the GPU idle until it may boost again (see COOL_DOWN_MIN_S), at most ``max_s``;
+    says how long it waited and what NVML read last, for the case's note."""
+    started = time.monotonic()
+    time.sleep(COOL_DOWN_MIN_S)
+    while True:
+        _, reasons = read_sm_clock(index)
+        power = read_power_w(index)
+        cool = not reasons and (power is None or power[0] < COOL_POWER_SHARE * power[1])
+        waited = time.monotonic() - started
+        if cool or waited >= max_s:
+            break
+        time.sleep(0.05)
+    drawn = f", the board at {power[0]:.0f} W of {power[1]:.0f} W" if power else ""
+    still = f", still {', '.join(reasons)}" if reasons else ""
+    return f"the GPU idled {waited:.1f} s{drawn}{still}"
+
+
 _VIOLATION_POLICIES = (("power", 0), ("thermal", 1))  # NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL
 
 
@@ -360,7 +399,8 @@ class CudaTimer:
         if mhz is None:
             notes.append("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked")
         if throttled:
-            notes.append(f"clock throttled ({', '.join(throttled)}) at {mhz} MHz; re-measured")
+            idled = cool_down(index)
+            notes.append(f"clock throttled ({', '.join(throttled)}) at {mhz} MHz; re-measured after {idled}")
             samples, held = watched()
             mhz, throttled = read_sm_clock(index)
             if throttled:

@@ -113,6 +113,7 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> Device:
     monkeypatch.setattr(CudaTimer, "_flush_buffer", lambda self: FakeFlush(device))
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: {"power": 0, "thermal": 0})
+    monkeypatch.setattr(timing, "cool_down", lambda index: "the GPU idled 0.5 s")
     return device
 
 
@@ -314,18 +315,22 @@ def test_a_callable_that_cannot_be_captured_is_timed_eagerly_and_says_so(
 
 def test_a_throttled_case_is_measured_again(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sampling ran throttled (0.03 ms per call) and the clock read after it says so;
-    the throttle has lifted for the second (0.02 ms): one re-measure, noted, and the samples
-    kept are the second sampling's."""
+    the GPU idles, the throttle lifts, and the second sampling runs at 0.02 ms: one re-measure
+    after the idle, noted, and the samples kept are the second sampling's."""
     reads = iter([(1700.0, ("sw-power-cap",)), (1980.0, ())])
+    idles = []
 
-    def clock(index: int) -> tuple[float, tuple[str, ...]]:
-        gpu.ms_per_call = 0.02  # whatever follows this read runs at full clock
-        return next(reads)
+    def idle(index: int) -> str:
+        idles.append(index)
+        gpu.ms_per_call = 0.02  # whatever runs after the idle runs at full clock
+        return "the GPU idled 1.2 s"
 
     gpu.ms_per_call = 0.03
-    monkeypatch.setattr(timing, "read_sm_clock", clock)
+    monkeypatch.setattr(timing, "read_sm_clock", lambda index: next(reads))
+    monkeypatch.setattr(timing, "cool_down", idle)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
-    assert m.notes == ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured",)
+    assert idles == [0]
+    assert m.notes == ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured after the GPU idled 1.2 s",)
     assert m.sm_clock_mhz == 1980.0
     assert m.median_ms == pytest.approx(0.02) and max(m.samples_ms) == pytest.approx(0.02)
 
@@ -335,9 +340,58 @@ def test_still_throttled_and_held_clocks_are_noted(gpu: Device, monkeypatch: pyt
     counters = iter([{"power": 0}, {"power": 10**10}, {"power": 10**10}, {"power": 2 * 10**10}])
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: next(counters))
     m = CudaTimer(H200).measure(gpu.call, PLAN)
-    assert m.notes[:2] == ("clock throttled (sw-power-cap) at 1890.0 MHz; re-measured",
+    assert m.notes[:2] == ("clock throttled (sw-power-cap) at 1890.0 MHz; re-measured after the GPU idled 0.5 s",
                            "still throttled (sw-power-cap) after re-measuring")
     assert m.notes[2].startswith("clocks held down while sampling (power 100% of ")
+
+
+class Clock:
+    """time.monotonic and time.sleep of a host whose sleeps take exactly what they ask."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(timing.time, "monotonic", lambda: clock.now)
+    monkeypatch.setattr(timing.time, "sleep", clock.sleep)
+    return clock
+
+
+def test_cool_down_waits_until_the_cap_lifts_and_the_board_draws_under_half_its_limit(
+    host: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capped for the first 1.0 s of idling; the board's (averaged) power falls 100 W every
+    0.25 s from 700 W: the wait ends at the first read that finds both, not before."""
+    monkeypatch.setattr(timing, "read_sm_clock",
+                        lambda index: (1980.0, ("sw-power-cap",) if host.now < 1.0 else ()))
+    monkeypatch.setattr(timing, "read_power_w", lambda index: (700.0 - 400.0 * host.now, 700.0))
+    note = timing.cool_down(0)
+    assert 1.0 <= host.now < 1.0 + 0.06  # power under 350 W from 0.875 s, the cap lifted at 1.0 s
+    assert note == "the GPU idled 1.0 s, the board at 300 W of 700 W"
+
+
+def test_cool_down_waits_its_least_and_stops_at_its_most(host: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
+    monkeypatch.setattr(timing, "read_power_w", lambda index: (90.0, 700.0))
+    assert timing.cool_down(0) == "the GPU idled 0.5 s, the board at 90 W of 700 W"
+    assert host.now == timing.COOL_DOWN_MIN_S  # cool at once: the least wait only
+
+    host.now = 0.0
+    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1700.0, ("hw-thermal",)))
+    note = timing.cool_down(0, max_s=2.0)
+    assert 2.0 <= host.now < 2.06
+    assert note == "the GPU idled 2.0 s, the board at 90 W of 700 W, still hw-thermal"
+
+    host.now = 0.0  # without NVML: nothing to wait for beyond the least
+    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (None, ()))
+    monkeypatch.setattr(timing, "read_power_w", lambda index: None)
+    assert timing.cool_down(0) == "the GPU idled 0.5 s"
 
 
 def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,9 +49,9 @@ FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
 OUT_FACTOR, GRAD_FACTOR = 16.0, 32.0  # elementwise: see assert_checked and docs/checks.md
-# GDN's chunk kernels round more than the yardstick models: fla's chunk forward needed 19.6 on the
-# H200 at B=4 H=16 T=4096 D=128 bf16 (docs/checks.md)
-FAMILY_OUT_FACTOR = {"gdn": 32.0}
+# GDN's outputs: fla's chunk forward needed up to 6.35 against its yardstick on the H200, its fused
+# recurrent forward 5.73 (the suite's GPU shapes, bf16; docs/checks.md)
+FAMILY_OUT_FACTOR = {"gdn": 12.0}
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
 FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
