@@ -7,7 +7,7 @@ Importing this package imports nothing heavy. The public pieces:
 * ``SoftmaxCase`` / ``LinearCase``: one shape of a family. A test module that declares
   ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES`` is parametrized over the family's kernels, its
   cases and both directions; import a built-in suite's test function
-  (``from pytest_attnperf.suites.softmax import test_softmax``) to run it on your shapes.
+  (``from pytest_attnperf.families.softmax.suite import test_softmax``) to run it on your shapes.
 * ``--attnperf-suites=softmax,linear``: the built-in suites join any run.
 * ``costs``: analytic FLOP/byte models; ``gate``: the regression verdict;
   ``suite.parametrize``: the same parametrization, called from a conftest.py of your own.
@@ -15,9 +15,9 @@ Importing this package imports nothing heavy. The public pieces:
 
 from __future__ import annotations
 
-from .registry import Kernel, KernelRegistry
-from .variants.linear import LinearCase
-from .variants.softmax import SoftmaxCase
+from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 
 __all__ = ["Kernel", "KernelRegistry", "LinearCase", "SoftmaxCase", "__version__"]
 __version__ = "0.1.0"

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from .hardware import DetectedDevice
-    from .registry import KernelRegistry
-    from .timing import Timer
+    from pytest_attnperf.families.registry import KernelRegistry
+    from pytest_attnperf.hw.table import DetectedDevice
+    from pytest_attnperf.measure.timing import Timer
 
 
 @pytest.hookspec(firstresult=True)

@@ -1,4 +1,4 @@
-"""Markers: ``sdpa_backend`` pins torch's SDPA dispatch; ``requires_hw`` states what a case needs;
+"""Markers: ``attnperf_sdpa_backend`` pins torch's SDPA dispatch; ``attnperf_requires_hw`` states what a case needs;
 ``attnperf_floor`` sets the least roofline, MFU or bandwidth fraction it must reach (floors.py).
 
 A pin is proven, not trusted: ``prove_backend`` profiles one call and checks the ATen ops and,
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from .hardware import DetectedDevice
-from .roofline import Floors
+from pytest_attnperf.gate.roofline import Floors
+from pytest_attnperf.hw.table import DetectedDevice
 
 __all__ = [
     "BACKENDS",
@@ -35,10 +35,10 @@ __all__ = [
 BACKENDS = ("flash", "efficient", "cudnn", "math")
 
 MARKERS = (
-    "sdpa_backend(name): pin torch's scaled_dot_product_attention to one backend "
+    "attnperf_sdpa_backend(name): pin torch's scaled_dot_product_attention to one backend "
     "(flash, efficient, cudnn, math) for the test; skips with torch's reason where the card "
     "cannot run it; attnperf.measure proves from profiler records that it ran",
-    "requires_hw(gpu=True, min_capability=None, names=None): skip unless the run's device is a "
+    "attnperf_requires_hw(gpu=True, min_capability=None, names=None): skip unless the run's device is a "
     "GPU (gpu=True), has at least this compute capability ('8.0' or (8, 0)), or is one of names",
     "attnperf_floor(roofline=None, mfu=None, bandwidth=None, hw=None, **cards): fail the test when its "
     "median reaches less than this fraction of the roofline, peak FLOP/s or bandwidth (beyond noise); hw= or "
@@ -194,7 +194,7 @@ def prove_backend(fn: Callable[[], Any], backend: str, device: DetectedDevice) -
     if problems:
         shown = sorted({k for k in kernels})[:8] or sorted({o for o in ops if "attention" in o})[:8]
         raise BackendProofError(
-            f"sdpa_backend('{backend}') was pinned but {'; '.join(problems)}. Seen: {shown}"
+            f"attnperf_sdpa_backend('{backend}') was pinned but {'; '.join(problems)}. Seen: {shown}"
         )
     return seen
 
@@ -209,7 +209,7 @@ def _capability(value: object) -> tuple[int, int]:
 
 
 def requirement_failure(marker: pytest.Mark, device: DetectedDevice, hw_name: str) -> str | None:
-    """Why ``requires_hw`` is not met on this device, or None."""
+    """Why ``attnperf_requires_hw`` is not met on this device, or None."""
     gpu = marker.kwargs.get("gpu", True)
     if gpu and not device.is_gpu:
         return "needs a CUDA GPU; this run has only the CPU (torch.cuda.is_available() is False)"
@@ -227,10 +227,10 @@ def requirement_failure(marker: pytest.Mark, device: DetectedDevice, hw_name: st
 
 def check_marker_args(item: pytest.Item) -> None:
     """Usage errors for markers with bad arguments, at collection."""
-    for mark in item.iter_markers("sdpa_backend"):
+    for mark in item.iter_markers("attnperf_sdpa_backend"):
         if len(mark.args) != 1 or mark.args[0] not in BACKENDS:
             raise pytest.UsageError(
-                f"{item.nodeid}: sdpa_backend{mark.args!r} must name one of {', '.join(BACKENDS)}"
+                f"{item.nodeid}: attnperf_sdpa_backend{mark.args!r} must name one of {', '.join(BACKENDS)}"
             )
     for mark in item.iter_markers("attnperf_floor"):
         try:
@@ -240,11 +240,11 @@ def check_marker_args(item: pytest.Item) -> None:
             Floors.parse(dict(mark.kwargs))
         except ValueError as exc:
             raise pytest.UsageError(f"{item.nodeid}: attnperf_floor: {exc}") from None
-    for mark in item.iter_markers("requires_hw"):
+    for mark in item.iter_markers("attnperf_requires_hw"):
         unknown = set(mark.kwargs) - {"gpu", "min_capability", "names"}
         if mark.args or unknown:
             raise pytest.UsageError(
-                f"{item.nodeid}: requires_hw takes keywords gpu, min_capability, names; got "
+                f"{item.nodeid}: attnperf_requires_hw takes keywords gpu, min_capability, names; got "
                 f"{mark.args!r} {sorted(unknown)}"
             )
         if "min_capability" in mark.kwargs:

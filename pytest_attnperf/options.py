@@ -273,7 +273,7 @@ def peaks(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out.items()))
 def _suites(text: str) -> tuple[str, ...]:
     """'softmax,linear' or 'all' as the built-in suites' names, in the package's order."""
-    from .suites import SUITES
+    from pytest_attnperf.families.builtin import SUITES
 
     names = {n.strip().lower() for n in text.split(",") if n.strip()}
     if "all" in names:

@@ -13,15 +13,20 @@ from typing import Any
 
 import pytest
 
-from . import autotune, distributed, hookspecs, markers, suite, timeline
-from .isolation import CaseGuard
-from .hardware import DetectedDevice, HardwareSpec
-from .options import add_options, read_settings
-from .perf import PENDING_KEY, Perf
-from .registry import KernelRegistry
-from .report import summary_lines
-from .session import SESSION_KEY, AttnPerfSession, get_session
-from .timing import REPLAY_CLOCK
+from pytest_attnperf import hookspecs, markers
+from pytest_attnperf.families import parametrize as suite
+from pytest_attnperf.families.registry import KernelRegistry
+from pytest_attnperf.fixture import PENDING_KEY, Perf
+from pytest_attnperf.hw.detect import detect_device
+from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
+from pytest_attnperf.measure.isolation import CaseGuard
+from pytest_attnperf.measure.timing import REPLAY_CLOCK
+from pytest_attnperf.options import add_options, read_settings
+from pytest_attnperf.parallel import fleet, xdist
+from pytest_attnperf.report import timeline
+from pytest_attnperf.report.summary import summary_lines
+from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
+from pytest_attnperf.store import autotune
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
 REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
@@ -44,7 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(clock, "attnperf-timeline")  # sums the tests' phases from their reports
     session = AttnPerfSession(config, read_settings(config))
     config.stash[SESSION_KEY] = session
-    distributed.configure(config, session)  # under pytest-xdist: a worker's GPU, before anything starts CUDA
+    config.stash[suite.RUN_KEY] = session  # what parametrizing reads: the device and the kernels
+    xdist.configure(config, session)  # under pytest-xdist: a worker's GPU, before anything starts CUDA
     config.pluginmanager.register(CaseGuard(config, session.settings.case_timeout_s), "attnperf-isolation")
     if session.settings.hw is not None and session.fleet is None:  # a controller opens no device: its workers check
         session.hardware  # noqa: B018 - an explicit --hw is checked at start-up
@@ -53,13 +59,13 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_attnperf_visible_gpus(config: pytest.Config) -> list[str]:
     """``CUDA_VISIBLE_DEVICES``'s list, else one index per device NVML or torch counts."""
-    return distributed.visible_gpus()
+    return fleet.visible_gpus()
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before pytest-xdist's own count of CPUs
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per visible GPU (none: pytest-xdist's own count, one per CPU)."""
-    if not distributed.planned(config):
+    if not xdist.planned(config):
         return None  # a project that merely has the plugin installed: pytest-xdist's own count
     gpus = config.hook.pytest_attnperf_visible_gpus(config=config)
     return len(gpus) if gpus else None
@@ -67,38 +73,24 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``loadgroup`` with each case's group from its workers' map (distributed.make_scheduler)."""
-    return distributed.make_scheduler(config, log, get_session(config))
+    """``loadgroup`` with each case's group from its workers' map (parallel.xdist.make_scheduler)."""
+    return xdist.make_scheduler(config, log, get_session(config))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    distributed.configure_node(node.config, get_session(node.config), node)
+    xdist.configure_node(node.config, get_session(node.config), node)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object | None) -> None:
-    distributed.node_down(get_session(node.config), node, error)
+    xdist.node_down(get_session(node.config), node, error)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
     """CUDA device 0 when torch sees one, else the CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        return DetectedDevice(
-            kind="cuda",
-            name=props.name,
-            capability=(props.major, props.minor),
-            sm_count=props.multi_processor_count,
-            l2_bytes=getattr(props, "L2_cache_size", None),
-            extra={"uuid": str(getattr(props, "uuid", "") or "")},
-        )
-    import platform
-
-    return DetectedDevice(kind="cpu", name=platform.processor() or platform.machine() or "cpu")
+    return detect_device()
 
 
 # -- collection and running -----------------------------------------------------------------
@@ -129,7 +121,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's, which reads the fixture names
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    distributed.add_groups(config, items)  # a pytest-xdist worker under --dist loadgroup: a shape's cases together
+    xdist.add_groups(config, items)  # a pytest-xdist worker under --dist loadgroup: a shape's cases together
     benchmarking = config.pluginmanager.hasplugin("benchmark") and not get_session(config).settings.check_only
     for item in items:
         markers.check_marker_args(item)
@@ -149,7 +141,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     clock = session.config.stash.get(timeline.KEY, None)
     if clock is not None:
         clock.collected = time.perf_counter()
-    autotune.start(session.config, session.items)  # Triton's cache and recorded choices, before any worker or test
+    autotune.start(session.config, session.items, get_session(session.config))  # Triton's cache and recorded choices, before any worker or test
     state = get_session(session.config)
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
@@ -159,7 +151,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    mark = item.get_closest_marker("requires_hw")
+    mark = item.get_closest_marker("attnperf_requires_hw")
     if mark is not None:
         session = get_session(item.config)
         why = markers.requirement_failure(mark, session.device, session.hardware.name)
@@ -173,12 +165,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         return (yield)
     finally:
-        autotune.case_finished(item)  # the kernels that autotuned during the test, noted on its row
+        autotune.case_finished(item, get_session(item.config).rows)  # the kernels that autotuned, noted on its row
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    mark = item.get_closest_marker("sdpa_backend")
+    mark = item.get_closest_marker("attnperf_sdpa_backend")
     if mark is None:
         return (yield)
     backend = mark.args[0]
@@ -198,7 +190,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if reason is not None:
         where = get_session(item.config).device.name
-        pytest.skip(f"sdpa_backend('{backend}') cannot run on {where}: {reason}")
+        pytest.skip(f"attnperf_sdpa_backend('{backend}') cannot run on {where}: {reason}")
     return result
 
 
@@ -211,15 +203,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         autotune.note_skip(item, report.skipped)
         item.stash[CALL_PASSED_KEY] = passed and PENDING_KEY in item.stash
     elif report.when == "teardown":
-        state, key, entry = get_session(item.config), distributed.case_key(item), None
+        state, key, entry = get_session(item.config), fleet.case_key(item), None
         if report.passed and item.stash.get(CALL_PASSED_KEY, False):
             # committed once teardown passed too: a fixture that fails after the measurement
             # (a leak check, say) keeps the test's entry out of the baseline
             entry = item.stash[PENDING_KEY]
             state.commit(key, entry)
-        autotune.case_finished(item)  # its autotune notes on its row, before the row leaves a worker
+        autotune.case_finished(item, state.rows)  # its autotune notes on its row, before the row leaves a worker
         files = autotune.case_files(item.config, key) if entry is not None and state.seat is not None else {}
-        distributed.attach_case(state, key, report, entry, files)  # a pytest-xdist worker's case, to the controller
+        xdist.attach_case(state, key, report, entry, files)  # a pytest-xdist worker's case, to the controller
     return report
 
 
@@ -239,14 +231,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def _finish_session(session: pytest.Session) -> None:
     config, state = session.config, get_session(session.config)
     if state.seat is not None:  # a pytest-xdist worker: the controller writes for all
-        distributed.worker_output(config, state, autotune.worker_payload(config, state.pending))
+        xdist.worker_output(config, state, autotune.worker_payload(config, state.pending))
         return
     if state.fleet is not None:
         state.fleet.forget_groups()
         payloads = [s.finished["autotune"] for s in state.fleet.shares.values() if s.finished]
         payloads.append({"keep": state.fleet.autotune_keep, "files": state.fleet.autotune_files})  # sent case by case
         autotune.merge_workers(config, payloads, state.pending)
-        state.rows[:] = distributed.rows_in_order(state.rows)
+        state.rows[:] = xdist.rows_in_order(state.rows)
     else:
         autotune.finish(config, state.pending)
     state.write_baselines()
@@ -260,7 +252,7 @@ def _write_report(config: pytest.Config) -> None:
     folder = state.settings.report_dir
     if folder is None or not state.rows or state.seat is not None:
         return
-    from .reportgen import write_run
+    from pytest_attnperf.report.studies import write_run
 
     try:
         config.stash[REPORT_NOTE_KEY] = write_run(state, folder)
@@ -272,12 +264,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state = get_session(config)
     gone = suite.removed(config)
     checked = state.checked_only
-    fleet = distributed.summary_lines(state)
+    fleet_lines = xdist.summary_lines(state)
     if not state.rows and state.write_note is None and not gone and state.workers is None and not checked \
-            and not fleet:
+            and not fleet_lines:
         return
     terminalreporter.section("attnperf")
-    for line in fleet:
+    for line in fleet_lines:
         terminalreporter.write_line(line)
     if gone:
         terminalreporter.write_line(f"{len(gone)} kernel x case combinations removed at collection:")
@@ -287,7 +279,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"{checked} cases checked only (--attnperf-check-only): correctness "
                                     "checked; nothing timed, gated or recorded")
     if state.rows:
-        drift = distributed.merged_drift(state) if state.fleet is not None else state.drift()
+        drift = xdist.merged_drift(state) if state.fleet is not None else state.drift()
         for line in summary_lines(state.rows, state.hardware.name, drift):
             terminalreporter.write_line(line)
         floor_ms, how = state.floor or (None, "no CUDA device")

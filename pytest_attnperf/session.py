@@ -16,45 +16,21 @@ from typing import Any
 
 import pytest
 
-from . import baselines as store
-from . import journal as journals
-from .ceilings import Ceilings
-from .distributed import Fleet, Seat, case_key, group_of
-from .hardware import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
-from .options import Settings
-from .processes import Taken, Workers, centres_ms, short_cases
-from .registry import KernelRegistry
-from .timing import SamplingPlan, Timer, default_timer, one_element_add
+from pytest_attnperf.families.registry import KernelRegistry
+from pytest_attnperf.gate.policy import GateTerms, Here
+from pytest_attnperf.hw.table import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
+from pytest_attnperf.measure.processes import Taken, Workers, centres_ms, short_cases
+from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer, one_element_add
+from pytest_attnperf.options import Settings
+from pytest_attnperf.outcome import Row
+from pytest_attnperf.parallel.fleet import Fleet, Seat, case_key, group_of
+from pytest_attnperf.store import baselines as store
+from pytest_attnperf.store import journal as journals
 
-__all__ = ["SESSION_KEY", "AttnPerfSession", "Row", "get_session"]
+__all__ = ["SESSION_KEY", "AttnPerfSession", "get_session"]
 
 FREEZE_ENTRIES = 10_000  # a baseline this large (about 5 MB) is frozen out of the collector once read
 STARTUP_LISTED = 20  # unusable entries named at start-up, the rest counted
-
-
-@dataclass(frozen=True)
-class Row:
-    """One measured case, for the summary table."""
-
-    nodeid: str
-    backend: str
-    median_ms: float
-    stdrel: float
-    tflops: float
-    mfu: float | None
-    gb_per_s: float
-    bandwidth_frac: float | None
-    peak_mib: float | None
-    eager_ms: float | None
-    intensity: float
-    bound: str | None
-    status: str
-    change_pct: float | None
-    eager_change_pct: float | None = None
-    notes: tuple[str, ...] = ()
-    roofline_frac: float | None = None  # achieved over attainable (roofline.Position.fraction)
-    ceilings: Ceilings | None = None  # what the roofline and MFU were judged against
-    params: dict[str, Any] = field(default_factory=dict)  # the case as plain data (reportgen.case_params)
 
 
 @dataclass
@@ -70,7 +46,7 @@ class AttnPerfSession:
     workers: Workers | None = None  # the --attnperf-processes worker runs, once made (see start_workers)
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
     pool_plan: dict[str, list[str]] = field(default_factory=dict)  # a pytest-xdist worker: case -> its group's short cases
-    fleet: Fleet | None = None  # a pytest-xdist controller's workers (distributed.py)
+    fleet: Fleet | None = None  # a pytest-xdist controller's workers (parallel/xdist.py)
     seat: Seat | None = None  # a pytest-xdist worker's GPU and place in the fleet
 
     # -- device and hardware -------------------------------------------------------------
@@ -100,12 +76,22 @@ class AttnPerfSession:
 
     @cached_property
     def registry(self) -> KernelRegistry:
-        from .variants import register_builtin
+        from pytest_attnperf.families.builtin import register_builtin
 
         registry = KernelRegistry()
         register_builtin(registry)
         self.config.hook.pytest_attnperf_register_kernels(registry=registry, config=self.config)
         return registry
+
+    @cached_property
+    def gate_terms(self) -> GateTerms:
+        """The gate's settings, frozen once for the run."""
+        return GateTerms.from_settings(self.settings)
+
+    @cached_property
+    def here(self) -> Here:
+        """What the gate knows of this machine: its name and its sample floor (measured on first need)."""
+        return Here(self.machine, self.gate_floor_ms)
 
     def plan(self, mode: str | None = None) -> SamplingPlan:
         s = self.settings
@@ -212,7 +198,7 @@ class AttnPerfSession:
     # -- baselines ------------------------------------------------------------------------
     @cached_property
     def journal(self) -> journals.Journal | None:
-        """This recording's journal (``pytest_attnperf.journal``); None unless recording, and under
+        """This recording's journal (``pytest_attnperf.store.journal``); None unless recording, and under
         pytest-xdist (its workers send each entry to the controller as their case ends, and one
         journal cannot hold the entries of workers on different cards)."""
         if not self.settings.update_baselines or self.seat is not None or self.fleet is not None:
@@ -294,12 +280,12 @@ class AttnPerfSession:
 
     @cached_property
     def environment(self) -> dict[str, str | None]:
-        from .envinfo import environment
+        from pytest_attnperf.store.envinfo import environment
 
         return environment(self.device, self.hardware.name)
 
     def drift(self) -> list[str]:
-        from .envinfo import drift
+        from pytest_attnperf.store.envinfo import drift
 
         try:
             baseline = self.baseline
@@ -373,7 +359,7 @@ class AttnPerfSession:
         else:
             self._journals_done(left or [])
             kept = (f"the {len(measured)} measured entries are in {aside}; merge them with "
-                    f"'python -m pytest_attnperf.baselines merge {aside} {self.baseline_path}'")
+                    f"'attnperf-baselines merge {aside} {self.baseline_path}'")
         self.write_note = f"ERROR, NOT written: {cause}. {kept}"
         session = self.config.pluginmanager.get_plugin("session")
         if session is not None and session.exitstatus == pytest.ExitCode.OK:

@@ -18,12 +18,14 @@ import dataclasses
 
 import pytest
 
-from pytest_attnperf import costs, sliced, suite
-from pytest_attnperf.registry import Kernel
+from pytest_attnperf import costs
+from pytest_attnperf.families import parametrize as suite
+from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax import sliced
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 from pytest_attnperf.session import get_session
-from pytest_attnperf.variants import linear
-from pytest_attnperf.variants.linear import LinearCase
-from pytest_attnperf.variants.softmax import SoftmaxCase
 
 pytestmark = pytest.mark.attnperf_sweep("seq-b{batch}-h{heads}-{dtype}", axis="seq")
 

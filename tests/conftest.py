@@ -6,6 +6,7 @@ when that happens. Importing them here keeps them loaded for the whole session.
 """
 
 import os
+
 import torch
 import torch.nn.attention
 import torch.nn.functional

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from test_plugin import CONFTEST, PLUGIN
 
-from pytest_attnperf import autotune
-from pytest_attnperf.autotune import AutotuneError
+from pytest_attnperf.store import autotune
+from pytest_attnperf.store.autotune import AutotuneError
 
 HASH_A, HASH_B = "A" * 52, "B" * 52
 

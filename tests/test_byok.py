@@ -84,7 +84,7 @@ def pytest_attnperf_register_kernels(registry, config):
 
     @registry.kernel(family="gla", name="dropped-gate")
     def dropped_gate(q, k, v, g, *, scale):
-        from pytest_attnperf.variants.linear import la_naive
+        from pytest_attnperf.families.linear.kernels import la_naive
 
         return la_naive(q, k, v, scale=scale)
 

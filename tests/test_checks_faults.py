@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_attnperf import reference
-from pytest_attnperf.registry import Kernel
-from pytest_attnperf.variants import linear, softmax
+from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax import kernels as softmax
+from pytest_attnperf.families.softmax import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

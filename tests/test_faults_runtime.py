@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_attnperf import child_run, isolation, timing
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import CudaTimer, HostTimer, SamplingPlan
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure import child as child_run
+from pytest_attnperf.measure import isolation, timing
+from pytest_attnperf.measure.timing import CudaTimer, HostTimer, SamplingPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:cacheprovider", "--attnperf-ceilings=off")
@@ -45,8 +46,8 @@ import gc
 import os
 import weakref
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 TRACKED = []  # weak references to what a case made: none may outlive it
 
@@ -314,7 +315,7 @@ def test_c_forward_backward(i, attnperf):
     attnperf.measure(backward, cost=COST, dtype="fp32")
 
 
-@pytest.mark.sdpa_backend("math")
+@pytest.mark.attnperf_sdpa_backend("math")
 def test_d_backend_pin_is_not_a_leak(attnperf):
     assert not torch.backends.cuda.flash_sdp_enabled()  # pinned inside the case
     q = torch.randn(1, 2, 8, 4)
@@ -409,7 +410,7 @@ def test_a_case_stuck_outside_python_ends_the_run_with_every_stack(
     """A call that swallows the time limit's exception stands in for one stuck in C: after the
     grace period the watchdog writes why, dumps every thread's stack and ends the process."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    project.makeconftest(CONFTEST + "\nimport pytest_attnperf.isolation\npytest_attnperf.isolation.GRACE_S = 1.0\n")
+    project.makeconftest(CONFTEST + "\nimport pytest_attnperf.measure.isolation\npytest_attnperf.measure.isolation.GRACE_S = 1.0\n")
     project.makepyfile(test_stuck=COST + '''
 import time
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_attnperf import baselines
-from pytest_attnperf.baselines import BaselineError, BaselineFile, LockTimeout, load, save, temporaries, update
+from pytest_attnperf.store import baselines
+from pytest_attnperf.store.baselines import BaselineError, BaselineFile, LockTimeout, load, save, temporaries, update
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "baselines" / "h200.yaml"
@@ -221,7 +221,7 @@ def test_large_file_loads_with_the_c_loader_and_reports_its_time(tmp_path: Path)
 WRITER = r"""
 import contextlib, sys, time
 from pathlib import Path
-from pytest_attnperf import baselines
+from pytest_attnperf.store import baselines
 path, key, folder = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 unlocked, rounds = sys.argv[4] == "1", int(sys.argv[5])
 if unlocked:  # the control: the update without its lock
@@ -356,7 +356,7 @@ def test_a_lock_held_too_long_is_a_clear_timeout(tmp_path: Path) -> None:
 STUCK_WRITER = r"""
 import os, sys, time
 from pathlib import Path
-from pytest_attnperf import baselines
+from pytest_attnperf.store import baselines
 path, hold_lock = Path(sys.argv[1]), sys.argv[2] == "1"
 def stuck(fd):  # the temporary is written, not yet renamed: wait here to be killed
     print("writing", flush=True)
@@ -412,8 +412,8 @@ def test_a_run_cleans_left_temporaries_and_says_so(project: pytest.Pytester) -> 
 CONFTEST = '''
 import pytest
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 
 def pytest_attnperf_detect_device(config):
@@ -576,7 +576,7 @@ FULL_DISK = """
 import errno
 import os
 
-from pytest_attnperf import baselines
+from pytest_attnperf.store import baselines
 
 
 def save(path, baseline):

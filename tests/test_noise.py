@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.inject import InjectingTimer, is_picked
-from pytest_attnperf.noise import _stages
-from pytest_attnperf.timing import HostTimer, Measurement, SamplingPlan
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import HostTimer, Measurement, SamplingPlan
+from pytest_attnperf.noise import compare as noise_compare
+from pytest_attnperf.noise.benchmark import _stages
+from pytest_attnperf.noise.inject import InjectingTimer, is_picked
 
 
 def test_picks_a_fixed_part_of_the_cases() -> None:
@@ -133,8 +134,8 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
     import torch
     import triton.testing
 
-    from pytest_attnperf import inject
-    from pytest_attnperf.timing import Measurement
+    from pytest_attnperf.measure.timing import Measurement
+    from pytest_attnperf.noise import inject
 
     class Fixed:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
@@ -185,8 +186,8 @@ def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
     import torch
     import triton.testing
 
-    from pytest_attnperf import inject
-    from pytest_attnperf.timing import Measurement
+    from pytest_attnperf.measure.timing import Measurement
+    from pytest_attnperf.noise import inject
 
     class Fixed:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
@@ -211,7 +212,7 @@ def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monke
     """The floor is timed within the run's first case (on the H200 (2026-11-30) its cold row read 5.3 us
     against do_bench's 1.2 us, in the hot compare stage; injected, it would move every cold
     case's floor shift): the wrapping timer hands it to the run's timer as it is."""
-    from pytest_attnperf.timing import Measurement
+    from pytest_attnperf.measure.timing import Measurement
 
     seen: list[object] = []
 
@@ -236,8 +237,8 @@ def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monke
 CONFTEST = '''
 import os
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 MS = {"big": 1.0, "mid": 0.02, "small": 0.005}
 
@@ -290,15 +291,15 @@ def project(tmp_path: Path) -> Path:
 
 
 def noise(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest_attnperf.noise OPTIONS -- <the tiny project's tests>``, in the project."""
+    """``python -m pytest_attnperf.noise.benchmark OPTIONS -- <the tiny project's tests>``, in the project."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest_attnperf.noise", "--workdir", "work", *options,
+    cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark", "--workdir", "work", *options,
            "--", "-p", "pytest_attnperf.plugin", "--hw=cpu", "test_cases.py"]
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_compare_flag_adds_the_compare_stage_to_named_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     ran: list[dict[str, str] | None] = []
     monkeypatch.setattr(noise, "_pytest", lambda args, env=None: ran.append(env) or 0)
@@ -379,7 +380,7 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
 ) -> None:
     """The do_bench cross-check: ratios per size class, how many lie within 3%, the worst one,
     and callables do_bench_cudagraph could not capture counted, not averaged in."""
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     rows = [
         {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101, "do_bench_same_ms": 0.100, "calls": 200},  # >=50us
@@ -428,7 +429,6 @@ def test_compare_report_names_cases_outside_at_the_harness_graph_length() -> Non
     """do_bench at the harness's graph length: the cases outside 3% of it are named with both
     clocks where they were more than 1% apart (a 15 MHz step is not a gap), and a rep capped at
     1000 ms is named by its rep, since do_bench's graph then held fewer calls."""
-    from pytest_attnperf import noise
 
     rows = [
         {"nodeid": "t::a", "ours_ms": 0.2, "do_bench_ms": 0.2, "do_bench_same_ms": 0.19, "calls": 104,
@@ -437,39 +437,37 @@ def test_compare_report_names_cases_outside_at_the_harness_graph_length() -> Non
          "do_bench_same_rep_ms": 1000.0, "clock_after_ours": 1980.0, "clock_after_do_bench_same": [1965.0, []]},
         {"nodeid": "t::c", "ours_ms": 0.1, "do_bench_ms": 0.1, "do_bench_same_ms": 0.1, "calls": 200},
     ]
-    assert noise._same_outside_lines(rows) == [
+    assert noise_compare._same_outside_lines(rows) == [
         "at the harness's graph length, outside 3%: 2 cases",
         "  a: harness 200.00 us, do_bench at the harness's 104 calls a graph 190.00 us (x1.053); "
         "do_bench at 1620 MHz (sw-power-cap), harness 1815",
         "  b: harness 100.00 us, do_bench at rep 1000 ms (capped; fewer calls than the harness's 2560) 96.00 us "
         "(x1.042)"]
-    assert noise._same_outside_lines(rows[2:]) == []
+    assert noise_compare._same_outside_lines(rows[2:]) == []
     # the 20 ms figure's clocks: 1965 against 1980 is one 15 MHz step, not a gap
-    assert noise._clock_gap({"clock_after_ours": 1980.0, "clock_after_do_bench": [1965.0, []]}) is None
+    assert noise_compare._clock_gap({"clock_after_ours": 1980.0, "clock_after_do_bench": [1965.0, []]}) is None
 
 
 def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
     """Outside 3% with do_bench at the harness's clock (or no clock read): counted, not explained."""
-    from pytest_attnperf import noise
 
     rows = [{"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
             {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
             {"ours_ms": 0.1, "do_bench_ms": 0.1}]
-    assert noise._outside_lines(rows) == [
+    assert noise_compare._outside_lines(rows) == [
         "outside 3%: 2 cases; the SM clocks after each differed in 0",
         "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)", "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)"]
-    assert noise._outside_lines(rows[2:]) == []
+    assert noise_compare._outside_lines(rows[2:]) == []
 
 
 def test_compare_report_names_at_most_twenty_cases_outside() -> None:
     """Each case outside 3% a line with its node id's test part, the twenty furthest from
     do_bench first (fast or slow alike); the rest counted."""
-    from pytest_attnperf import noise
 
     rows = [{"nodeid": f"suites/test_softmax.py::test_softmax[c{i}]", "ours_ms": 0.0104 + 0.00001 * i,
              "do_bench_ms": 0.01, "do_bench_same_ms": 0.0106, "calls": 900} for i in range(23)]
     rows.insert(5, {"nodeid": "x::test_softmax[fast]", "ours_ms": 0.009, "do_bench_ms": 0.01})  # -10%: furthest
-    lines = noise._outside_lines(rows)
+    lines = noise_compare._outside_lines(rows)
     assert lines[0] == "outside 3%: 24 cases; the SM clocks after each differed in 0"
     assert lines[1] == "  test_softmax[fast]: harness 9.00 us, do_bench 10.00 us (x0.900)"
     assert lines[2] == ("  test_softmax[c22]: harness 10.62 us, do_bench 10.00 us (x1.062), "
@@ -481,7 +479,7 @@ def test_compare_report_names_at_most_twenty_cases_outside() -> None:
 def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) -> None:
     """One odd run among five moves the range past 1% while the sd stays under it; the table
     counts each by its own definition."""
-    from pytest_attnperf.noise import _steady_lines
+    from pytest_attnperf.noise.benchmark import _steady_lines
 
     medians = {"t.py::odd": [1.0, 1.02, 1.0, 1.0, 1.0], "t.py::steady": [0.05, 0.05, 0.05, 0.05, 0.05],
                "t.py::wild": [0.02, 0.021, 0.019, 0.02, 0.021]}
@@ -497,7 +495,7 @@ def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) ->
 
 def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) -> None:
     """A changed clock or a crash in an unchanged run is listed apart from false regressions."""
-    from pytest_attnperf.noise import _steady_lines
+    from pytest_attnperf.noise.benchmark import _steady_lines
 
     verdicts = {"slow": "regressed", "clock": "clock changed", "fine": "unchanged"}  # crash: none written
     runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4},
@@ -523,7 +521,7 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
 def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) -> None:
     """A steady run in a work folder without a baseline file reported "0 false
     regressions" with every case 'new' once. The line now counts the judgements and says so."""
-    from pytest_attnperf.noise import _steady_lines
+    from pytest_attnperf.noise.benchmark import _steady_lines
 
     runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
@@ -553,7 +551,7 @@ class FakeClock:
     @classmethod
     def installed(cls, monkeypatch: pytest.MonkeyPatch, durations: list[float]) -> FakeClock:
         """A clock that the noise module reads, and its pytest runs."""
-        from pytest_attnperf import noise
+        from pytest_attnperf.noise import benchmark as noise
 
         clock = cls(durations)
         monkeypatch.setattr(noise, "_now", clock)
@@ -563,7 +561,7 @@ class FakeClock:
 
 def test_time_limit_stops_before_a_run_that_would_pass_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     clock = FakeClock.installed(monkeypatch, [90, 100, 80])
     code = noise.main(["--workdir", str(tmp_path), "--stages", "record,steady", "--records", "2", "--runs", "3",
@@ -579,7 +577,7 @@ def test_time_limit_stops_before_a_run_that_would_pass_it(tmp_path: Path, monkey
 
 def test_time_limit_always_runs_the_first_and_none_without_a_limit(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     clock = FakeClock.installed(monkeypatch, [500, 500])
     noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "2", "--time-limit", "10", "--", "x.py"])
@@ -591,7 +589,7 @@ def test_time_limit_always_runs_the_first_and_none_without_a_limit(tmp_path: Pat
 
 @pytest.mark.parametrize("text", ["0", "-5", "ten", "nan"])
 def test_time_limit_must_be_a_positive_number(text: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     with pytest.raises(SystemExit):
         noise.main(["--stages", "steady", "--time-limit", text, "--", "x.py"])
@@ -600,7 +598,7 @@ def test_time_limit_must_be_a_positive_number(text: str, capsys: pytest.CaptureF
 
 def test_time_limit_goes_by_the_longest_run_of_the_same_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     clock = FakeClock.installed(monkeypatch, [60, 70, 65])
     code = noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "5", "--time-limit", "250",
@@ -613,7 +611,7 @@ def test_time_limit_goes_by_the_longest_run_of_the_same_stage(tmp_path: Path, mo
 
 def test_time_limit_keeps_the_earlier_runs_when_no_steady_run_can_start(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     (tmp_path / "run0.json").write_text("{}")  # an earlier call's run
     clock = FakeClock.installed(monkeypatch, [200])
@@ -626,7 +624,7 @@ def test_time_limit_keeps_the_earlier_runs_when_no_steady_run_can_start(tmp_path
 def test_time_limit_stops_inject_before_its_header(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     (tmp_path / "h200.yaml").write_text("format: 1\nmeta: {}\nentries: {}\n")
     clock = FakeClock.installed(monkeypatch, [100, 100])
@@ -640,7 +638,7 @@ def test_time_limit_stops_inject_before_its_header(
 
 def test_steady_table_sets_apart_the_cases_timed_with_events(tmp_path: Path) -> None:
     """A host-bound callable (no graph) is marked, and counted on a line of its own."""
-    from pytest_attnperf.noise import _steady_lines
+    from pytest_attnperf.noise.benchmark import _steady_lines
 
     medians = {"t.py::graphed": [1.0, 1.0, 1.0], "t.py::loop": [300.0, 290.0, 310.0], "t.py::tiny": [0.005] * 3}
     for i in range(3):
@@ -678,7 +676,7 @@ while True:  # a pytest that does not stop
 DRIVER = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from pytest_attnperf import child_run
+from pytest_attnperf.measure import child as child_run
 signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the test runner's shell set
 child_run.INTERRUPT_GRACE_S = float(sys.argv[5])
 child = child_run.start([sys.executable, "-c", sys.argv[2], sys.argv[3], sys.argv[4]], dict(os.environ))
@@ -748,7 +746,7 @@ def test_sigterm_stops_a_call_like_ctrl_c_and_an_ignored_sighup_stays_ignored(tm
 
     (tmp_path / "test_slow.py").write_text(SLOW_TEST)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest_attnperf.noise", "--workdir", "work", "--stages", "steady", "--runs", "1",
+    cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark", "--workdir", "work", "--stages", "steady", "--runs", "1",
            "--", "-p", "pytest_attnperf.plugin", "test_slow.py"]
     ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
     bench = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -787,7 +785,7 @@ def test_an_interrupted_inject_run_counts_the_cases_it_finished(
     """On the H200 (2026-11-29) `timeout -s INT` stopped an injected run, and its counts were lost.
     Now the cases in its report are counted, marked as a part, and the later runs do not start;
     a picked case the plugin did not compare (its verdict in the report) is not counted as missed."""
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     entry = "{median_ms: 0.1, ci_low_ms: 0.099, ci_high_ms: 0.101, stdrel: 0.002, n_samples: 20}"
     names = [f"t.py::test_k[{i}]" for i in range(40)]
@@ -823,8 +821,8 @@ def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Pa
     report counts the cases of 10 us or more whose recordings spread above 1%, names the worst,
     and lists a case left with fewer recordings than the rest (2026-11-29: an 11.8 us case
     whose every recording was judged a change against the one before)."""
-    from pytest_attnperf import baselines
-    from pytest_attnperf.noise import _recording_lines
+    from pytest_attnperf.noise.benchmark import _recording_lines
+    from pytest_attnperf.store import baselines
 
     def entry(runs: list[float]) -> dict:
         return {"median_ms": runs[-1], "ci_low_ms": runs[-1], "ci_high_ms": runs[-1], "stdrel": 0.001,
@@ -848,7 +846,7 @@ def test_one_run_reports_no_spread(tmp_path: Path) -> None:
     """A case with one steady run (e.g. one run a folder on each GPU) has no run-to-run
     spread: the table shows none, the count leaves it out, and a folder of such cases says so
     instead of "range > 1%: 0 of N"."""
-    from pytest_attnperf.noise import _steady_lines
+    from pytest_attnperf.noise.benchmark import _steady_lines
 
     runs = [{"fullname": "t.py::long", "stats": {"median": 1.0 / 1e3}, "extra_info": {"verdict": "unchanged"}}]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
@@ -865,7 +863,7 @@ def test_one_run_reports_no_spread(tmp_path: Path) -> None:
 
 def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An earlier call's report of the same run is deleted first, so it is not counted as this one's."""
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     (tmp_path / "h200.yaml").write_text("format: 1\nmeta: {}\nentries: {}\n")
     stale = '<testsuites><testsuite><testcase classname="t" name="test_k[0]"/></testsuite></testsuites>'
@@ -884,7 +882,7 @@ def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypat
 def test_junit_reports_of_cut_runs(tmp_path: Path) -> None:
     """A run cut by SIGINT writes a nameless testcase for the test it stopped: not a case. A run
     killed while writing leaves a file that is not XML: named, and its counts not taken."""
-    from pytest_attnperf.noise import BadReport, _inject_counts, _outcomes, _steady_lines
+    from pytest_attnperf.noise.benchmark import BadReport, _inject_counts, _outcomes, _steady_lines
 
     (tmp_path / "a.xml").write_text('<testsuites><testsuite><testcase classname="t" name="test_k[0]"/>'
                                     '<testcase time="0.000"/></testsuite></testsuites>')
@@ -905,7 +903,7 @@ def test_a_cut_steady_run_is_set_aside(tmp_path: Path, monkeypatch: pytest.Monke
     """pytest-benchmark writes its JSON also when interrupted: that part of a run is kept as
     run<i>.cut<k>.json, out of the run count and of the next call's numbering, and a run cut
     again under the same number does not overwrite it."""
-    from pytest_attnperf import noise
+    from pytest_attnperf.noise import benchmark as noise
 
     runs = [{"fullname": "t.py::a", "stats": {"median": 1e-3}, "extra_info": {"verdict": "unchanged"}}]
 
@@ -937,7 +935,7 @@ def test_pytest_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
     driver_code = (
         "import os, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from pytest_attnperf import child_run\n"
+        "from pytest_attnperf.measure import child as child_run\n"
         "child = child_run.start([sys.executable, '-c', sys.argv[1], sys.argv[2], 'hangs'], dict(os.environ))\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n")

@@ -24,8 +24,8 @@ FAKES = '''
 import json
 import os
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 
 def pytest_attnperf_detect_device(config):
@@ -107,7 +107,7 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     result = own_project.runpytest_subprocess(*record, *HARNESS)
     result.assert_outcomes(passed=10, skipped=34)
     out = result.stdout.str()
-    built_in = "pytest_attnperf/suites/softmax.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-fwd]"
+    built_in = "pytest_attnperf/families/softmax/suite.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-fwd]"
     own = "tests/test_my_shapes.py::test_softmax[cpu-b1-h4-t64-d32-fp32-my-attention-fwdbwd]"
     assert f"PASSED {built_in}" in out and f"PASSED {own}" in out
     result.stdout.fnmatch_lines(["*my-attention does not support this case: NotImplementedError*sliding window*"])

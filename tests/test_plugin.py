@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_attnperf.noise import _outcomes
+from pytest_attnperf.noise.benchmark import _outcomes
 
 PLUGIN = ("-p", "pytest_attnperf.plugin")
 
@@ -24,8 +24,8 @@ import pathlib
 
 import pytest
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 HERE = pathlib.Path(__file__).parent
 DEVICE = os.environ.get("FAKE_DEVICE", "h200")
@@ -213,14 +213,14 @@ def test_bad_backend_name_is_a_usage_error(project: pytest.Pytester) -> None:
         test_marker='''
         import pytest
 
-        @pytest.mark.sdpa_backend("flsh")
+        @pytest.mark.attnperf_sdpa_backend("flsh")
         def test_x():
             pass
         '''
     )
     result = project.runpytest(*PLUGIN, "test_marker.py")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*sdpa_backend('flsh',) must name one of flash, efficient, cudnn, math*"])
+    result.stderr.fnmatch_lines(["*attnperf_sdpa_backend('flsh',) must name one of flash, efficient, cudnn, math*"])
 
 
 def test_corrupt_baseline_fails_loudly_and_is_never_overwritten(project: pytest.Pytester) -> None:
@@ -417,7 +417,7 @@ def test_requires_hw_skips_with_reason_on_cpu(project: pytest.Pytester, monkeypa
         test_gpu='''
         import pytest
 
-        @pytest.mark.requires_hw(gpu=True, min_capability="8.0")
+        @pytest.mark.attnperf_requires_hw(gpu=True, min_capability="8.0")
         def test_needs_gpu():
             pass
         '''
@@ -432,11 +432,11 @@ def test_min_capability_skips_older_cards(project: pytest.Pytester) -> None:
         test_gpu='''
         import pytest
 
-        @pytest.mark.requires_hw(min_capability="10.0")
+        @pytest.mark.attnperf_requires_hw(min_capability="10.0")
         def test_needs_blackwell():
             pass
 
-        @pytest.mark.requires_hw(min_capability=(9, 0))
+        @pytest.mark.attnperf_requires_hw(min_capability=(9, 0))
         def test_needs_hopper():
             pass
         '''
@@ -492,17 +492,17 @@ def matmul_only():
     return torch.softmax(q @ q.transpose(-1, -2), -1) @ q
 
 
-@pytest.mark.sdpa_backend("math")
+@pytest.mark.attnperf_sdpa_backend("math")
 def test_math_really_ran(attnperf):
     assert attnperf.measure(sdpa, cost=Cost(1.0, 1.0), dtype="fp32").backend == "math"
 
 
-@pytest.mark.sdpa_backend("flash")
+@pytest.mark.attnperf_sdpa_backend("flash")
 def test_flash_pinned_but_not_called(attnperf):
     attnperf.measure(matmul_only, cost=Cost(1.0, 1.0), dtype="fp32")
 
 
-@pytest.mark.sdpa_backend("efficient")
+@pytest.mark.attnperf_sdpa_backend("efficient")
 def test_efficient_cannot_run_on_cpu(attnperf):
     attnperf.measure(sdpa, cost=Cost(1.0, 1.0), dtype="fp32")
 '''
@@ -514,8 +514,8 @@ def test_backend_pin_is_proven_from_the_profiler(pytester: pytest.Pytester) -> N
     result.assert_outcomes(passed=1, failed=1, skipped=1)
     result.stdout.fnmatch_lines(
         [
-            "*sdpa_backend('flash') was pinned but no trace of the 'flash' backend*",
-            "*sdpa_backend('efficient') cannot run on *: No viable backend*",
+            "*attnperf_sdpa_backend('flash') was pinned but no trace of the 'flash' backend*",
+            "*attnperf_sdpa_backend('efficient') cannot run on *: No viable backend*",
         ]
     )
 
@@ -719,9 +719,9 @@ def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, cloc
     the floor's included, these figures."""
     import torch
 
-    from pytest_attnperf.hardware import DetectedDevice
+    from pytest_attnperf.hw.table import DetectedDevice
+    from pytest_attnperf.measure.timing import Measurement, SamplingPlan
     from pytest_attnperf.session import AttnPerfSession
-    from pytest_attnperf.timing import Measurement, SamplingPlan
 
     class Timer:
         plans: list[SamplingPlan] = []
@@ -766,7 +766,7 @@ def test_which_floors_the_gate_may_use(monkeypatch: pytest.MonkeyPatch, median_m
 def test_the_floor_is_timed_cold_and_says_it_is_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the run's mode, and marked so that a wrapping timer (the noise benchmark's
     injection, do_bench comparison) can tell it from the case it is timed in."""
-    from pytest_attnperf.timing import SamplingPlan
+    from pytest_attnperf.measure.timing import SamplingPlan
 
     session = session_timing_floor(monkeypatch, 0.00326)
     session.__dict__["plan"] = lambda mode=None: SamplingPlan(mode=mode or "hot")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from test_plugin import CONFTEST, PLUGIN, TESTS, set_speed
 
-from pytest_attnperf.processes import Taken, pool, read_taken, short_cases, worker_args, write_taken
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.measure.processes import Taken, pool, read_taken, short_cases, worker_args, write_taken
+from pytest_attnperf.measure.timing import Measurement
 
 
 def _m(values: list[float], clock: str = "cuda-graph-nodes", calls: int = 1) -> Measurement:
@@ -286,8 +286,8 @@ def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> No
 @pytest.mark.parametrize("worker", [False, True])
 def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
         monkeypatch: pytest.MonkeyPatch, worker: bool) -> None:
-    from pytest_attnperf import inject
-    from pytest_attnperf.hardware import DetectedDevice
+    from pytest_attnperf.hw.table import DetectedDevice
+    from pytest_attnperf.noise import inject
 
     class Config:
         def getoption(self, name: str, default: object = None) -> object:

@@ -24,9 +24,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pytest_attnperf import costs_linear
-from pytest_attnperf import reference_linear as ref
 from pytest_attnperf.costs import Cost, softmax_attention
+from pytest_attnperf.families.linear import costs as costs_linear
+from pytest_attnperf.families.linear import reference as ref
 
 B, T, H, K, V = 2, 33, 2, 16, 32  # T=33 is a multiple of no chunk size
 SCALE = K**-0.5  # fla's default scale, the only one fla's naive_recurrent_gla knows
@@ -708,7 +708,7 @@ def test_bad_arguments_are_usage_errors() -> None:
 def test_modules_import_nothing_heavy() -> None:
     """The cost model is pure and the references import torch only when called."""
     code = (
-        "import sys; import pytest_attnperf.costs_linear, pytest_attnperf.reference_linear; "
+        "import sys; import pytest_attnperf.families.linear.costs, pytest_attnperf.families.linear.reference; "
         "heavy = sorted(m for m in ('torch', 'triton', 'fla') if m in sys.modules); "
         "assert not heavy, heavy"
     )

@@ -1,19 +1,15 @@
-"""tools/rejudge.py: a saved noise work folder judged again with the gate in this tree."""
+"""attnperf-rejudge: a saved noise work folder judged again with the gate in this tree."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pytest_attnperf.baselines import FORMAT
-
-SPEC = importlib.util.spec_from_file_location("rejudge", Path(__file__).resolve().parents[1] / "tools" / "rejudge.py")
-rejudge = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(rejudge)
+from pytest_attnperf.noise import rejudge
+from pytest_attnperf.store.baselines import FORMAT
 
 A, B = "suites/test_x.py::test_x[a]", "suites/test_x.py::test_x[b]"
 

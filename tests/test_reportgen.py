@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_attnperf import reportgen
 from pytest_attnperf.costs import Cost
-from pytest_attnperf.layers import LadderCase
-from pytest_attnperf.registry import Kernel
-from pytest_attnperf.variants.linear import LinearCase
-from pytest_attnperf.variants.softmax import SoftmaxCase
+from pytest_attnperf.families.layers.kernels import LadderCase
+from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+from pytest_attnperf.report import studies as reportgen
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -145,8 +145,8 @@ SWEEP_CONFTEST = '''
 import os
 import re
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 
 def pytest_attnperf_detect_device(config):
@@ -215,7 +215,7 @@ def test_report_option_is_a_folder_from_the_invocation_directory(pytester: pytes
 def test_attention_layer_is_checked_against_its_fp64_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from pytest_attnperf import layers
+    from pytest_attnperf.families.layers import kernels as layers
 
     case = LadderCase("tiny", 2, 16, 32, 2, 16, "bf16")
     call = layers.run_layer("attention-flash", case, "fwd", torch.device("cpu"))
@@ -232,7 +232,7 @@ def test_gdn_layer_fp64_evaluation_reads_the_fla_layer() -> None:
     """fla's layer runs on a GPU only; here its fp64 evaluation reads a CPU-built layer's weights."""
     import torch
 
-    from pytest_attnperf import layers
+    from pytest_attnperf.families.layers import kernels as layers
 
     case = LadderCase("tiny", 2, 8, 32, 2, 16, "fp32")
     module = layers.gdn_module(case)

@@ -16,12 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_attnperf import ceilings, floors
-from pytest_attnperf.ceilings import Ceilings, Measured, cpu_matmul_side
-from pytest_attnperf.hardware import TABLE, DetectedDevice, unlisted_spec
-from pytest_attnperf.options import peaks
-from pytest_attnperf.registry import Kernel
-from pytest_attnperf.roofline import (
+from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.gate import floors
+from pytest_attnperf.gate.roofline import (
     Ceiling,
     Floor,
     Floors,
@@ -34,6 +31,10 @@ from pytest_attnperf.roofline import (
     ridge,
     roofline_fraction,
 )
+from pytest_attnperf.hw import ceilings
+from pytest_attnperf.hw.ceilings import Ceilings, Measured, cpu_matmul_side
+from pytest_attnperf.hw.table import TABLE, DetectedDevice, unlisted_spec
+from pytest_attnperf.options import peaks
 
 PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:randomly")
 
@@ -42,8 +43,8 @@ import json
 import os
 import pathlib
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 HERE = pathlib.Path(__file__).parent
 DEVICES = {
@@ -404,7 +405,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_attnperf.costs import Cost
-from pytest_attnperf.registry import Kernel
+from pytest_attnperf.families.registry import Kernel
 
 STRICT = Kernel("fam", "strict", lambda: None, floors={"cpu": {"roofline": 0.9}})
 CASE = SimpleNamespace(id="c1")
@@ -453,7 +454,7 @@ def test_the_benchmark_json_carries_the_roofline(project: pytest.Pytester) -> No
 
 def test_a_failing_ceiling_costs_only_itself() -> None:
     """A timer that fails the fp16 matmul: the other ceilings are measured, fp16's reason kept."""
-    from pytest_attnperf.timing import Measurement, SamplingPlan
+    from pytest_attnperf.measure.timing import Measurement, SamplingPlan
 
     class Timer:
         def measure(self, fn, plan):  # noqa: ANN001, ANN202
@@ -482,8 +483,8 @@ def test_floor_lookup_reads_the_callspec() -> None:
 
 
 def test_the_summary_shows_bound_and_roofline_and_the_ceilings_once() -> None:
-    from pytest_attnperf.report import summary_lines
-    from pytest_attnperf.session import Row
+    from pytest_attnperf.outcome import Row
+    from pytest_attnperf.report.summary import summary_lines
 
     ceilings_ = Ceilings(TABLE["h200"], why="not measured (--attnperf-ceilings=off)")
 

@@ -7,7 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from pytest_attnperf import costs, costs_layers, costs_linear, studies
+from pytest_attnperf import costs
+from pytest_attnperf.families.layers import costs as costs_layers
+from pytest_attnperf.families.linear import costs as costs_linear
+from pytest_attnperf.report import fits as studies
 
 SEQS = [512, 1024, 2048, 4096, 8192, 16384]
 
@@ -152,7 +155,7 @@ def test_layer_costs_count_projections_and_cores() -> None:
 
 
 def test_a_layer_backward_refused_by_fla_skips_and_any_other_error_fails() -> None:
-    from pytest_attnperf import layers
+    from pytest_attnperf.families.layers import kernels as layers
 
     def refused() -> None:
         raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "

@@ -158,16 +158,16 @@ def test_suites_option_adds_the_built_in_suite_to_any_run(pytester: pytest.Pytes
     result = pytester.runpytest(*PLUGIN, "--attnperf-suites=softmax", "--collect-only", "-q")
     ids = collected(result)
     assert "test_mine.py::test_mine" in ids
-    suite_ids = [i for i in ids if i.startswith("pytest_attnperf/suites/softmax.py::test_softmax[")]
+    suite_ids = [i for i in ids if i.startswith("pytest_attnperf/families/softmax/suite.py::test_softmax[")]
     assert len(suite_ids) > 100 and len(suite_ids) == len(ids) - 1
-    assert "pytest_attnperf/suites/softmax.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-sdpa-math-fwd]" in ids
+    assert "pytest_attnperf/families/softmax/suite.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-sdpa-math-fwd]" in ids
     assert not any("linear" in i for i in ids)
     both = collected(pytester.runpytest(*PLUGIN, "--attnperf-suites=all", "--collect-only", "-q"))
-    assert any(i.startswith("pytest_attnperf/suites/linear.py::test_linear[") for i in both)
+    assert any(i.startswith("pytest_attnperf/families/linear/suite.py::test_linear[") for i in both)
 
 
 def test_a_suite_file_given_on_the_command_line_is_not_collected_twice(pytester: pytest.Pytester) -> None:
-    import pytest_attnperf.suites.softmax as softmax
+    import pytest_attnperf.families.softmax.suite as softmax
 
     alone = collected(pytester.runpytest(*PLUGIN, softmax.__file__, "--collect-only", "-q"))
     again = collected(pytester.runpytest(*PLUGIN, softmax.__file__, "--attnperf-suites=softmax", "--co", "-q"))
@@ -179,8 +179,8 @@ def test_a_suite_file_given_on_the_command_line_is_not_collected_twice(pytester:
 TOY_CONFTEST = '''
 import os
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 
 def pytest_attnperf_detect_device(config):

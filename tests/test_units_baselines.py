@@ -1,4 +1,4 @@
-"""Unit tests for ``pytest_attnperf.baselines``: the per-hardware YAML store."""
+"""Unit tests for ``pytest_attnperf.store.baselines``: the per-hardware YAML store."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from pytest_attnperf import baselines
-from pytest_attnperf.baselines import BaselineError, BaselineFile, load, merge, rounded, save
-from pytest_attnperf.gate import Summary
+from pytest_attnperf.gate.verdict import Summary
+from pytest_attnperf.store import baselines
+from pytest_attnperf.store.baselines import BaselineError, BaselineFile, load, merge, rounded, save
 
 
 def entry(median_ms: float, n_samples: int = 20) -> dict[str, Any]:
@@ -232,7 +232,7 @@ def test_save_keeps_the_old_files_permissions_and_gives_new_ones_the_umasks(tmp_
     import os
     import stat
 
-    from pytest_attnperf.baselines import BaselineFile, save
+    from pytest_attnperf.store.baselines import BaselineFile, save
 
     fresh = tmp_path / "new.yaml"
     save(fresh, BaselineFile())

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_attnperf import timing
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import CudaTimer, SamplingPlan
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure import nvml, sampling, timing
+from pytest_attnperf.measure.timing import CudaTimer, SamplingPlan
 
 H200 = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
 
@@ -368,30 +368,30 @@ def test_cool_down_waits_until_the_cap_lifts_and_the_board_draws_under_half_its_
 ) -> None:
     """Capped for the first 1.0 s of idling; the board's (averaged) power falls 100 W every
     0.25 s from 700 W: the wait ends at the first read that finds both, not before."""
-    monkeypatch.setattr(timing, "read_sm_clock",
+    monkeypatch.setattr(nvml, "read_sm_clock",
                         lambda index: (1980.0, ("sw-power-cap",) if host.now < 1.0 else ()))
-    monkeypatch.setattr(timing, "read_power_w", lambda index: (700.0 - 400.0 * host.now, 700.0))
-    note = timing.cool_down(0)
+    monkeypatch.setattr(nvml, "read_power_w", lambda index: (700.0 - 400.0 * host.now, 700.0))
+    note = nvml.cool_down(0)
     assert 1.0 <= host.now < 1.0 + 0.06  # power under 350 W from 0.875 s, the cap lifted at 1.0 s
     assert note == "the GPU idled 1.0 s, the board at 300 W of 700 W"
 
 
 def test_cool_down_waits_its_least_and_stops_at_its_most(host: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
-    monkeypatch.setattr(timing, "read_power_w", lambda index: (90.0, 700.0))
-    assert timing.cool_down(0) == "the GPU idled 0.5 s, the board at 90 W of 700 W"
-    assert host.now == timing.COOL_DOWN_MIN_S  # cool at once: the least wait only
+    monkeypatch.setattr(nvml, "read_sm_clock", lambda index: (1980.0, ()))
+    monkeypatch.setattr(nvml, "read_power_w", lambda index: (90.0, 700.0))
+    assert nvml.cool_down(0) == "the GPU idled 0.5 s, the board at 90 W of 700 W"
+    assert host.now == nvml.COOL_DOWN_MIN_S  # cool at once: the least wait only
 
     host.now = 0.0
-    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1700.0, ("hw-thermal",)))
-    note = timing.cool_down(0, max_s=2.0)
+    monkeypatch.setattr(nvml, "read_sm_clock", lambda index: (1700.0, ("hw-thermal",)))
+    note = nvml.cool_down(0, max_s=2.0)
     assert 2.0 <= host.now < 2.06
     assert note == "the GPU idled 2.0 s, the board at 90 W of 700 W, still hw-thermal"
 
     host.now = 0.0  # without NVML: nothing to wait for beyond the least
-    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (None, ()))
-    monkeypatch.setattr(timing, "read_power_w", lambda index: None)
-    assert timing.cool_down(0) == "the GPU idled 0.5 s"
+    monkeypatch.setattr(nvml, "read_sm_clock", lambda index: (None, ()))
+    monkeypatch.setattr(nvml, "read_power_w", lambda index: None)
+    assert nvml.cool_down(0) == "the GPU idled 0.5 s"
 
 
 def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -419,7 +419,8 @@ def test_warm_up_stops_after_the_first_call_once_the_budget_is_spent(monkeypatch
 def test_measure_warms_up_before_sampling(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
     warmed: list[int] = []
     real = timing.warm_up
-    monkeypatch.setattr(timing, "warm_up", lambda fn, plan: warmed.append(real(fn, plan)))
+    for module in (timing, sampling):  # the CUDA timer's and the host timer's
+        monkeypatch.setattr(module, "warm_up", lambda fn, plan: warmed.append(real(fn, plan)))
     CudaTimer(H200).measure(gpu.call, PLAN)
     timing.HostTimer().measure(lambda: None, SamplingPlan(min_samples=3, budget_s=0.01))
     assert warmed == [3, 3]

@@ -12,7 +12,7 @@ import pytest
 import torch.profiler
 
 from pytest_attnperf import markers
-from pytest_attnperf.hardware import DetectedDevice
+from pytest_attnperf.hw.table import DetectedDevice
 
 GPU = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
 CPU = DetectedDevice("cpu", "cpu")

@@ -1,5 +1,5 @@
-"""Unit tests for ``pytest_attnperf.gate`` (summaries, the regression verdict) and for the
-pure parts of ``pytest_attnperf.timing`` (the adaptive sampling loop, the replay clock, hot mode's graph choice).
+"""Unit tests for ``pytest_attnperf.gate.verdict`` (summaries, the regression verdict) and for the
+pure parts of ``pytest_attnperf.measure.timing`` (the adaptive sampling loop, the replay clock, hot mode's graph choice).
 
 Samples are synthetic: a centre in ms with gaussian noise drawn from a seeded
 ``random.Random``, so every verdict here is deterministic.
@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_attnperf import timing
-from pytest_attnperf.gate import MIN_SAMPLES, Summary, Verdict, centre_floor_ms, judge, median_ci
-from pytest_attnperf.timing import ReplayClock, SamplingPlan, hot_graph, sample_adaptively
+from pytest_attnperf.gate.verdict import MIN_SAMPLES, Summary, Verdict, centre_floor_ms, judge, median_ci
+from pytest_attnperf.measure import nvml, sampling
+from pytest_attnperf.measure.timing import ReplayClock, SamplingPlan, hot_graph, sample_adaptively
 
 
 def draw(seed: int, centre_ms: float, rel_noise: float, n: int) -> list[float]:
@@ -250,7 +250,7 @@ def test_noisy_samples_run_to_max_samples() -> None:
 def test_noisy_samples_stop_when_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each sample costs 10 ms of fake time; a 45 ms budget stops after the fifth."""
     clock = FakeClock()
-    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(sampling, "time", clock)
     noisy = iter(draw(4, 1.0, 0.2, 1000))
 
     def take_ms() -> float:
@@ -264,7 +264,7 @@ def test_noisy_samples_stop_when_the_budget_is_spent(monkeypatch: pytest.MonkeyP
 def test_budget_never_cuts_below_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget spent before the floor is reached still yields ``min_samples``."""
     clock = FakeClock()
-    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(sampling, "time", clock)
     noisy = iter(draw(5, 1.0, 0.2, 1000))
 
     def take_ms() -> float:
@@ -646,10 +646,10 @@ def test_recordings_of_unknown_machine_count_as_one_more_machine() -> None:
 def test_violation_note_names_the_policy_and_its_share_of_the_sampling() -> None:
     """0.25 s of power violation over 0.5 s of sampling: 50%; counters that did not grow, or no
     NVML on either side, give no note."""
-    note = timing.violation_note({"power": 10**9, "thermal": 0}, {"power": 10**9 + 250_000_000, "thermal": 0}, 0.5)
+    note = nvml.violation_note({"power": 10**9, "thermal": 0}, {"power": 10**9 + 250_000_000, "thermal": 0}, 0.5)
     assert note == "clocks held down while sampling (power 50% of 0.50 s, NVML violation counters)"
-    assert timing.violation_note({"power": 5, "thermal": 0}, {"power": 5, "thermal": 0}, 0.5) is None
-    assert timing.violation_note(None, {"power": 9}, 0.5) is None
+    assert nvml.violation_note({"power": 5, "thermal": 0}, {"power": 5, "thermal": 0}, 0.5) is None
+    assert nvml.violation_note(None, {"power": 9}, 0.5) is None
 
 
 def test_read_violation_ns_reads_both_policies_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -665,14 +665,14 @@ def test_read_violation_ns_reads_both_policies_through_nvml(monkeypatch: pytest.
         nvmlDeviceGetViolationStatus=lambda handle, policy: Status({0: 1200, 1: 34}[policy]),
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr(timing, "_nvml_handle", lambda pynvml, index: "handle")
-    timing._nvml_device.cache_clear()
-    assert timing.read_violation_ns(0) == {"power": 1200, "thermal": 34}
+    monkeypatch.setattr(nvml, "_nvml_handle", lambda pynvml, index: "handle")
+    nvml._nvml_device.cache_clear()
+    assert nvml.read_violation_ns(0) == {"power": 1200, "thermal": 34}
     fake.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found"))
-    assert timing.read_violation_ns(0) == {"power": 1200, "thermal": 34}  # initialised once per process
-    timing._nvml_device.cache_clear()
-    assert timing.read_violation_ns(0) is None  # a process without NVML
-    timing._nvml_device.cache_clear()
+    assert nvml.read_violation_ns(0) == {"power": 1200, "thermal": 34}  # initialised once per process
+    nvml._nvml_device.cache_clear()
+    assert nvml.read_violation_ns(0) is None  # a process without NVML
+    nvml._nvml_device.cache_clear()
 
 
 def test_a_fixed_time_between_machines_counts_over_the_centre() -> None:

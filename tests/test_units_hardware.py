@@ -1,4 +1,4 @@
-"""Unit tests for ``pytest_attnperf.hardware``: name normalising, table matching, ``--hw`` resolution.
+"""Unit tests for ``pytest_attnperf.hw.table``: name normalising, table matching, ``--hw`` resolution.
 
 Devices are faked with ``DetectedDevice``; nothing here asks torch about a GPU.
 """
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_attnperf.hardware import TABLE, DetectedDevice, HardwareMismatch, match, normalise, resolve
+from pytest_attnperf.hw.table import TABLE, DetectedDevice, HardwareMismatch, match, normalise, resolve
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def test_cpu_resolves_to_cpu() -> None:
 
 
 def test_machine_id_names_the_card_and_the_boot(tmp_path) -> None:
-    from pytest_attnperf.hardware import DetectedDevice, machine_id
+    from pytest_attnperf.hw.table import DetectedDevice, machine_id
 
     boot = tmp_path / "boot_id"
     boot.write_text("5e6f7a8b-1111-2222-3333-444455556666\n")

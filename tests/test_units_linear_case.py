@@ -1,4 +1,4 @@
-"""Running one linear-attention case (``pytest_attnperf.variants.linear.run_case``) on the CPU:
+"""Running one linear-attention case (``pytest_attnperf.families.linear.kernels.run_case``) on the CPU:
 the fp64 reference and the same-dtype yardstick are computed only once a kernel has answered,
 once per case, and they are what a kernel's output is held to."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_attnperf import reference_linear
-from pytest_attnperf.registry import Kernel
-from pytest_attnperf.variants import linear
+from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear import reference as reference_linear
+from pytest_attnperf.families.registry import Kernel
 
 CASE = linear.LinearCase("unit-b1-h2-t24-d8-fp32", 1, 2, 24, 8, 8, "fp32", gpu=False)
 CPU = torch.device("cpu")

@@ -1,9 +1,9 @@
-"""Unit tests for ``pytest_attnperf.report``: the summary table's notes."""
+"""Unit tests for ``pytest_attnperf.report.summary``: the summary table's notes."""
 
 from __future__ import annotations
 
-from pytest_attnperf.report import SHARED_NOTE, summary_lines
-from pytest_attnperf.session import Row
+from pytest_attnperf.outcome import Row
+from pytest_attnperf.report.summary import SHARED_NOTE, summary_lines
 
 
 def row(name: str, *notes: str) -> Row:

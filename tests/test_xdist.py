@@ -4,7 +4,6 @@ entries merged into one baseline file by the controller, one summary."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 
@@ -24,8 +23,8 @@ import time
 
 import pytest
 
-from pytest_attnperf.hardware import DetectedDevice
-from pytest_attnperf.timing import Measurement
+from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.timing import Measurement
 
 HERE = pathlib.Path(__file__).parent
 AT_IMPORT = os.environ.get("CUDA_VISIBLE_DEVICES")  # a conftest that touches CUDA while loading sees this
@@ -236,7 +235,7 @@ def test_pooled_processes_run_on_their_workers_gpu(project: pytest.Pytester) -> 
 def test_workers_of_each_host_take_its_gpus_in_turn() -> None:
     """--tx over hosts: the K-th worker on a host gets that host's K-th GPU; this host's come
     from its visible list, another host's by index (the controller cannot see them)."""
-    from pytest_attnperf.distributed import Fleet, _expanded
+    from pytest_attnperf.parallel.fleet import Fleet, _expanded
 
     specs = _expanded(["2*popen", "2*ssh=gpu-a//python=python3", "ssh=gpu-b"])
     fleet = Fleet(gpus=["3", "4"], workers=len(specs), specs=specs)

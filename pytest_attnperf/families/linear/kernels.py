@@ -1,0 +1,451 @@
+"""Linear attention families from flash-linear-attention: LA, GLA and Gated DeltaNet.
+
+Inputs in fla's layout ``[B, T, H, D]``. Signatures of the families' kernels::
+
+    linear_attn: fn(q, k, v, *, scale) -> o                 # S_t = S_{t-1} + k_t v_t^T
+    gla:         fn(q, k, v, g, *, scale) -> o              # g: [B, T, H, K] log decay, fp32
+    simple_gla:  fn(q, k, v, g, *, scale) -> o              # g: [B, T, H] log decay, fp32
+    gdn:         fn(q, k, v, g, beta, *, scale) -> o        # g, beta: [B, T, H]; q, k L2-normed
+
+``o = scale * S_t^T q_t`` in every family (``pytest_attnperf.families.linear.reference`` has the fp64
+recurrences). Built-in kernels: fla's Triton kernels (CUDA only) and fla's pure-PyTorch
+``naive`` references (CPU and CUDA), each checked against our fp64 recurrences.
+
+Correctness, for outputs and the gradients of every input, on every batch and head, against
+the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrence):
+
+* normwise: ``|out - ref| / |ref|`` (Frobenius norms). A chunked kernel in dtype ``d`` rounds its
+  inputs to the tensor-core format at every chunk product, and its intermediates and output to
+  ``d``; each rounding costs at most one unit roundoff ``u`` normwise, so outputs may be off by
+  ``2u`` and gradients, which go through twice as many products, by ``4u``. fp32 kernels are
+  held to TF32's ``u`` (2^-11), since Triton's fp32 dots default to TF32. For bf16 that is
+  7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
+  5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
+* elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
+  ``OUT_FACTOR`` (16, 12 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
+  RMS error, the yardstick being the same computation at the kernel's precision: the chunked
+  form for a chunk kernel, the token recurrence for a recurrent one (see
+  ``Prepared.reference``). A correct bf16 chunk kernel needed up to 5.2 (outputs) and 6.5
+  (GDN's dv) on the CPU and fla's GLA chunk forward 9.5 on the H200; docs/checks.md has the
+  figures and what a sparse error costs to detect.
+
+NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
+query's dtype and the inputs' device (fla's kernels return ``(o, state)``: the built-in wrappers
+take ``o``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_attnperf.families.registry import Kernel, KernelRegistry
+
+__all__ = ["FAMILIES", "LinearCase", "cost", "register", "run_case"]
+
+FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
+
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
+OUT_UNITS, GRAD_UNITS = 2.0, 4.0
+OUT_FACTOR, GRAD_FACTOR = 16.0, 32.0  # elementwise: see assert_checked and docs/checks.md
+# GDN's outputs: fla's chunk forward needed up to 6.35 against its yardstick on the H200, its fused
+# recurrent forward 5.73 (the suite's GPU shapes, bf16; docs/checks.md)
+FAMILY_OUT_FACTOR = {"gdn": 12.0}
+
+# fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
+FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    """One shape of a linear-attention family; ``beta_max`` 2 allows negative eigenvalues."""
+
+    id: str
+    batch: int
+    heads: int
+    seq: int
+    key_dim: int
+    value_dim: int
+    dtype: str
+    beta_max: float = 1.0
+    gpu: bool = True
+
+    @property
+    def scale(self) -> float:
+        return self.key_dim**-0.5
+
+
+def _first(result: Any) -> Any:
+    return result[0] if isinstance(result, tuple) else result
+
+
+def _fla(module: str, name: str) -> Callable[..., Any]:
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+# -- kernels ------------------------------------------------------------------------------
+
+
+def la_chunk(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla chunk_linear_attn (normalize=False: plain linear attention)."""
+    return _first(_fla("fla.ops.linear_attn", "chunk_linear_attn")(q, k, v, scale=scale, normalize=False))
+
+
+def la_fused_chunk(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla fused_chunk_linear_attn (normalize=False)."""
+    return _first(_fla("fla.ops.linear_attn", "fused_chunk_linear_attn")(q, k, v, scale=scale, normalize=False))
+
+
+def la_fused_recurrent(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla fused_recurrent_linear_attn."""
+    return _first(_fla("fla.ops.linear_attn", "fused_recurrent_linear_attn")(q, k, v, scale=scale, normalize=False))
+
+
+def la_naive(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_linear_attn (fp32 inside)."""
+    fn = _fla("fla.ops.linear_attn.naive", "naive_recurrent_linear_attn")
+    return _first(fn(q, k, v, scale=scale, normalize=False))
+
+
+def gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla chunk_gla."""
+    return _first(_fla("fla.ops.gla", "chunk_gla")(q, k, v, g, scale=scale))
+
+
+def gla_fused_recurrent(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla fused_recurrent_gla (per-key gates as gk)."""
+    return _first(_fla("fla.ops.gla", "fused_recurrent_gla")(q, k, v, gk=g, scale=scale))
+
+
+def gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_gla (fp32 inside; its scale is fixed at K^-0.5)."""
+    if abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise NotImplementedError("naive_recurrent_gla has no scale argument (always K^-0.5)")
+    return _first(_fla("fla.ops.gla.naive", "naive_recurrent_gla")(q, k, v, g)).to(q.dtype)
+
+
+def simple_gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla chunk_simple_gla (one gate per head and token)."""
+    return _first(_fla("fla.ops.simple_gla", "chunk_simple_gla")(q, k, v, g=g, scale=scale))
+
+
+def simple_gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_simple_gla (fp32 inside)."""
+    fn = _fla("fla.ops.simple_gla.naive", "naive_recurrent_simple_gla")
+    return _first(fn(q, k, v, g, scale=scale)).to(q.dtype)
+
+
+def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+    """fla chunk_gated_delta_rule."""
+    return _first(_fla("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(q, k, v, g, beta, scale=scale))
+
+
+def gdn_fused_recurrent(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+    """fla fused_recurrent_gated_delta_rule."""
+    fn = _fla("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule")
+    return _first(fn(q, k, v, g=g, beta=beta, scale=scale))
+
+
+def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+    """fla's pure-PyTorch naive_recurrent_gated_delta_rule (fp32 inside; note its q, k, v,
+    beta, g argument order), called with the inputs' device as torch's default device: it makes
+    its output and state with ``torch.zeros(...).to(v)``, on the host and then copied over, and
+    a copy from pageable host memory cannot be captured in a CUDA graph, so it was timed with
+    events around eager launches, its ~10 launches per token paced by the host (the standard
+    deviation of its median over three processes was 5-23% on the H200, 2026-11-29). Made on the device,
+    the zeros are one fill kernel each and the whole recurrence is graph-timed like fla's
+    other naive references."""
+    import torch
+
+    fn = _fla("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
+    with torch.device(q.device):
+        return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
+
+
+NAIVE_MAX_TOKENS = 4 * 16 * 1024  # batch x heads x sequence: B=4 H=16 T=1024
+
+
+def _beta_is_gdns(case: LinearCase) -> str | None:
+    return None if case.beta_max == 1.0 else "beta_max is a GDN input; this family has no beta"
+
+
+def _supports(family: str, name: str) -> Callable[[LinearCase], str | None]:
+    """GDN takes every case, the other families none with a beta. fla's naive recurrences loop
+    over T in Python, several launches and a saved state per token: on the H200 the GDN one
+    took 1.3 s per forward+backward call at B=4 H=16 T=1024, so they take cases up to
+    ``NAIVE_MAX_TOKENS`` (batch x heads x sequence) only."""
+
+    def supports(case: LinearCase) -> str | None:
+        if family != "gdn" and (why := _beta_is_gdns(case)):
+            return why
+        if name == "fla-naive" and case.batch * case.heads * case.seq > NAIVE_MAX_TOKENS:
+            return ("fla's naive recurrence loops over T in Python: run at batch x heads x seq "
+                    f"<= {NAIVE_MAX_TOKENS} only")
+        return None
+
+    return supports
+
+
+def register(registry: KernelRegistry) -> None:
+    gpu = ("cuda",)
+    for family, name, fn, form, kinds in (
+        ("linear_attn", "fla-chunk", la_chunk, "chunk", gpu),
+        ("linear_attn", "fla-fused-chunk", la_fused_chunk, "chunk", gpu),
+        ("linear_attn", "fla-fused-recurrent", la_fused_recurrent, "recurrent", gpu),
+        ("linear_attn", "fla-naive", la_naive, "recurrent", ("cuda", "cpu")),
+        ("gla", "fla-chunk", gla_chunk, "chunk", gpu),
+        ("gla", "fla-fused-recurrent", gla_fused_recurrent, "recurrent", gpu),
+        ("gla", "fla-naive", gla_naive, "recurrent", ("cuda", "cpu")),
+        ("simple_gla", "fla-chunk", simple_gla_chunk, "chunk", gpu),
+        ("simple_gla", "fla-naive", simple_gla_naive, "recurrent", ("cuda", "cpu")),
+        ("gdn", "fla-chunk", gdn_chunk, "chunk", gpu),
+        ("gdn", "fla-fused-recurrent", gdn_fused_recurrent, "recurrent", gpu),
+        ("gdn", "fla-naive", gdn_naive, "recurrent", ("cuda", "cpu")),
+    ):
+        registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
+                            supports=_supports(family, name),
+                            description=(fn.__doc__ or "").strip()))
+
+
+# -- running a case -----------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """A case's inputs, and its fp64 reference and same-dtype yardstick once a kernel has
+    returned something to check."""
+
+    inputs: tuple[Any, ...]  # q, k, v[, g[, beta]] as the kernel takes them
+    grad_out: Any
+    names: tuple[str, ...]
+    family: str
+    scale: float
+    dtype: str
+    backward: bool  # fwdbwd: the reference carries the gradient of each input
+    _computed: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def reference(self, form: str | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """``(reference, yardstick)``: out, then the gradient of every input (fwdbwd), of every
+        batch and head.
+
+        The reference is the chunked form in float64 on the case's device (algebraically the
+        token recurrence; tests hold them together to 1e-10). The yardstick is the same
+        computation done plainly at the kernel's precision, in float32 with its output not
+        rounded, and for a chunk kernel (``form`` "chunk", or None: a user's kernel) with every
+        intermediate that a chunk kernel stores rounded to the case's dtype (the scores of each
+        chunk, each chunk's state, the decayed queries and keys of its products, and for GDN the
+        points ``reference_linear.chunk_gated_delta_rule`` names). A recurrent kernel (``form`` "recurrent") keeps its state
+        in float32 and updates it token by token, so its output's yardstick is the token
+        recurrence in float32: its state's rounding error grows with the sequence as the
+        kernel's does (the chunked form updates the state once per 64 tokens; at T=16384, fla's
+        fused recurrent kernel erred by 20 times that form's RMS error at its worst element), and
+        its gradients are a recurrent backward's in float32, the gate's from the reverse
+        cumulative sum that fla's ``fused_recurrent`` backward uses (GDN's from the chunked form).
+        fla's ``naive`` kernels take their gradients by autograd through their recurrence, more
+        accurately than that sum, so the bound holds them more loosely. A chunk kernel's
+        gradients come through autograd, which rounds them at the same points.
+
+        Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
+        backward, say) is skipped without paying for it.
+        """
+        import torch
+
+        if "fp64" not in self._computed:
+            self._computed["fp64"] = self._run(torch.float64, None)
+        rounded = self.dtype != "fp32"
+        key = "recurrent" if form == "recurrent" else "chunk" if rounded else "fp32"
+        if key not in self._computed:
+            self._computed[key] = (self._recurrent() if key == "recurrent"
+                                   else self._run(torch.float32, torch_dtype(self.dtype) if rounded else None))
+        return self._computed["fp64"], self._computed[key]
+
+    def _recurrent(self) -> tuple[Any, ...]:
+        """A recurrent kernel's yardstick: the token recurrence in float32, output and (but for
+        GDN, whose gradients come from the chunked form) gradients as a recurrent backward
+        computes them (``reference_linear.recurrent_gradients``)."""
+        import torch
+
+        from pytest_attnperf.families.linear import reference as ref
+
+        with torch.no_grad():
+            out = _recurrence_fn(self.family)(*self.inputs, scale=self.scale, compute=torch.float32)
+            if not self.backward:
+                return (out,)
+        if self.family == "gdn":
+            if "fp32" not in self._computed:
+                self._computed["fp32"] = self._run(torch.float32, None)
+            return (out,) + self._computed["fp32"][1:]
+        with torch.no_grad():
+            q, k, v = self.inputs[:3]
+            gate = self.inputs[3] if self.family in ("gla", "simple_gla") else None
+            grads = ref.recurrent_gradients(q, k, v, gate, self.grad_out, scale=self.scale, compute=torch.float32)
+        return (out,) + tuple(grads)
+
+    def _run(self, compute: Any, store: Any) -> tuple[Any, ...]:
+        import torch
+
+        fn = _chunked_fn(self.family)
+        leaves = [x.detach().to(compute).requires_grad_(self.backward) for x in self.inputs]
+        with torch.enable_grad() if self.backward else torch.no_grad():
+            out = fn(*leaves, scale=self.scale, compute=compute, store=store)
+            if not self.backward:
+                return (out,)
+            grads = torch.autograd.grad(out, leaves, self.grad_out.to(compute))
+        return (out.detach(),) + tuple(g.detach() for g in grads)
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple[Any, ...]:
+    import zlib
+
+    import torch
+    import torch.nn.functional as F
+
+    dtype = torch_dtype(case.dtype)
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{family}:{case.id}".encode()))
+    b, t, h, kd, vd = case.batch, case.seq, case.heads, case.key_dim, case.value_dim
+
+    def draw(*shape: int) -> Any:
+        return torch.randn(shape, generator=gen, device=device)
+
+    q, k, v = draw(b, t, h, kd), draw(b, t, h, kd), draw(b, t, h, vd)
+    if family == "gdn":  # GDN's keys and queries are L2-normalised, as in the layer
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    tensors = [q.to(dtype), k.to(dtype), v.to(dtype)]
+    if family == "gla":
+        tensors.append(F.logsigmoid(draw(b, t, h, kd)))  # fp32 log decay, as fla recommends
+    if family == "simple_gla":
+        tensors.append(F.logsigmoid(draw(b, t, h)))
+    if family == "gdn":
+        tensors.append(F.logsigmoid(draw(b, t, h)))
+        tensors.append((torch.sigmoid(draw(b, t, h)) * case.beta_max).to(dtype))
+    return tuple(x.requires_grad_(backward) for x in tensors)
+
+
+def _references(family: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The family's chunked form and its token recurrence (``reference_linear``)."""
+    from pytest_attnperf.families.linear import reference as ref
+
+    forms: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+        "linear_attn": (ref.chunk_linear_attention, ref.linear_attention), "gla": (ref.chunk_gla, ref.gla),
+        "simple_gla": (ref.chunk_simple_gla, ref.simple_gla), "gdn": (ref.chunk_gated_delta_rule, ref.gated_delta_rule),
+    }
+    return forms[family]
+
+
+def _chunked_fn(family: str) -> Callable[..., Any]:
+    return _references(family)[0]
+
+
+def _recurrence_fn(family: str) -> Callable[..., Any]:
+    return _references(family)[1]
+
+
+_cache: dict[tuple[str, LinearCase, str, str], Prepared] = {}
+
+
+def prepare(family: str, case: LinearCase, direction: str, device: Any) -> Prepared:
+    """The case's inputs (cached for the case, which every kernel shares, with its reference
+    once computed: see ``Prepared.reference``)."""
+    import torch
+
+    key = (family, case, direction, str(device))
+    if key in _cache:
+        return _cache[key]
+    while len(_cache) >= 2:  # both directions of the case in hand; older cases dropped
+        _cache.pop(next(iter(_cache)))
+    inputs = _inputs(family, case, device, direction == "fwdbwd")
+    gen = torch.Generator(device=device).manual_seed(7)
+    grad_out = torch.randn(inputs[2].shape, generator=gen, device=device).to(inputs[0].dtype)
+    names = ("q", "k", "v", "g", "beta")[: len(inputs)]
+    prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd")
+    _cache[key] = prepared
+    return prepared
+
+
+def assert_finite(name: str, value: Any) -> None:
+    import torch
+
+    bad = ~torch.isfinite(value)
+    if bad.any():
+        raise AssertionError(f"{name}: {int(bad.sum())} non-finite elements (first at {bad.nonzero()[0].tolist()})")
+
+
+def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: float) -> float:
+    """Fail unless finite and ``|value - ref| / |ref| <= units * u(dtype)``; returns the error."""
+    assert_finite(name, value)
+    if tuple(value.shape) != tuple(reference.shape):
+        raise AssertionError(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
+    ref = reference.double()
+    error = float((value.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+    allowed = units * UNIT_ROUNDOFF[dtype]
+    if not error <= allowed:
+        raise AssertionError(
+            f"{name}: normwise relative error {error:.3g} against fp64 exceeds {allowed:.3g} "
+            f"(= {units:g} x the {dtype} unit roundoff {UNIT_ROUNDOFF[dtype]:.3g})"
+        )
+    return error
+
+
+def assert_checked(name: str, value: Any, reference: Any, yardstick: Any, dtype: str, units: float,
+                   factor: float) -> float:
+    """Finite, then the normwise bound (``units`` unit roundoffs), then every element within
+    ``factor`` times the yardstick's error there and its RMS error, plus the rounding of the
+    element itself (``checks.assert_elementwise``); returns the normwise error."""
+    from pytest_attnperf.families.checks import assert_elementwise
+
+    error = assert_normwise(name, value, reference, dtype, units)
+    assert_elementwise(name, value, reference, yardstick, unit=UNIT_ROUNDOFF[dtype], factor=factor,
+                       yardstick_name="the yardstick's")
+    return error
+
+
+def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any) -> Callable[[], Any]:
+    """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
+    ``fwdbwd``; every batch and head) and return the zero-argument callable to time."""
+    import torch
+
+    from pytest_attnperf.families.checks import call_checked, expect_tensor
+
+    p = prepare(family, case, direction, device)
+    backward = direction == "fwdbwd"
+    q, v = p.inputs[0], p.inputs[2]
+    expected = tuple(v.shape)
+
+    def run(check: bool) -> Any:
+        out = kernel.fn(*p.inputs, scale=case.scale)
+        if check:
+            expect_tensor(kernel.name, out, expected, q.dtype, q.device)
+        if not backward:
+            return (out,)
+        return (out,) + tuple(torch.autograd.grad(out, p.inputs, p.grad_out))
+
+    def call() -> Any:
+        return run(False)
+
+    got = call_checked(kernel, lambda: run(True), ", ".join(p.names), p.inputs, device)  # a refusal skips here
+    reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
+    assert_checked(f"{kernel.name} out", got[0].detach(), reference[0], yardstick[0], case.dtype, OUT_UNITS,
+                   FAMILY_OUT_FACTOR.get(family, OUT_FACTOR))
+    for name, grad, ref, yard in zip(p.names[: len(got) - 1], got[1:], reference[1:], yardstick[1:], strict=True):
+        assert_checked(f"{kernel.name} d{name}", grad.detach(), ref, yard, case.dtype, GRAD_UNITS, GRAD_FACTOR)
+    return call
+
+
+def cost(family: str, kernel: Kernel, case: LinearCase, direction: str) -> Any:
+    """The analytic cost of the kernel's form (chunk or recurrent) on the case."""
+    from pytest_attnperf.families.linear import costs as costs_linear
+
+    model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
+             "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[family]
+    return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim,
+                 value_dim=case.value_dim, dtype=case.dtype, form=kernel.form or "chunk",
+                 backward=direction == "fwdbwd")

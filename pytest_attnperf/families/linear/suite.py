@@ -1,0 +1,70 @@
+"""Linear attention from flash-linear-attention: LA, GLA, simple GLA and Gated DeltaNet,
+forward and forward+backward, each kernel against our fp64 recurrence.
+
+The GPU table times linear attention at B=4 H=16 D=128 against T from 1K to 16K and D=64 at
+T=4096, and GDN at a model-ladder head (hidden 512 = 8 heads x 64, B=32 T=1024). The built-in
+kernels come from flash-linear-attention (``pip install pytest-attnperf[linear]``); without it
+each of their cases is skipped with that hint, and a project's own kernels still run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.registry import Kernel
+
+__all__ = ["ATTNPERF_CASES", "ATTNPERF_FAMILY", "CASES", "FAMILY", "fla_missing", "test_linear"]
+
+FAMILY = linear.FAMILIES
+
+# fla autotunes each Triton kernel once per (heads, key dim, value dim, chunk): every new head
+# shape costs minutes of compiling on a fresh machine, while a longer sequence costs nothing
+# extra. Rows in priority order; a D=256 point and a hidden-1024 head (H=8, D=128) are left to
+# users who need them (add a LinearCase row).
+GPU = (
+    # sequence scaling, B=4 H=16 D=128
+    LinearCase("b4-h16-t1024-d128-bf16", 4, 16, 1024, 128, 128, "bf16"),
+    LinearCase("b4-h16-t4096-d128-bf16", 4, 16, 4096, 128, 128, "bf16"),
+    # model-ladder head, hidden 512 = 8 heads x 64, B=32 T=1024
+    LinearCase("ladder-h512-b32-h8-t1024-d64-bf16", 32, 8, 1024, 64, 64, "bf16"),
+    # a length that is not a multiple of the chunk size: the tail-chunk path
+    LinearCase("b2-h16-t1000-d128-bf16", 2, 16, 1000, 128, 128, "bf16"),
+    # GDN with negative eigenvalues allowed: beta in (0, 2)
+    LinearCase("b4-h16-t1024-d128-beta2-bf16", 4, 16, 1024, 128, 128, "bf16", beta_max=2.0),
+    # the long end of sequence scaling, and head dim 64 at T=4096
+    LinearCase("b4-h16-t16384-d128-bf16", 4, 16, 16384, 128, 128, "bf16"),
+    LinearCase("b4-h16-t4096-d64-bf16", 4, 16, 4096, 64, 64, "bf16"),
+)
+
+CPU = (
+    LinearCase("cpu-b2-h2-t33-d16-fp32", 2, 2, 33, 16, 32, "fp32", gpu=False),
+    LinearCase("cpu-b1-h4-t64-d32-beta2-fp32", 1, 4, 64, 32, 32, "fp32", beta_max=2.0, gpu=False),
+)
+
+CASES = GPU + CPU
+
+ATTNPERF_FAMILY, ATTNPERF_CASES = FAMILY, CASES  # what the plugin parametrizes
+
+INSTALL_HINT = "pip install pytest-attnperf[linear]"
+
+
+def fla_missing() -> str | None:
+    """Why flash-linear-attention cannot be imported (None when it can)."""
+    try:
+        import fla  # noqa: F401
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_linear(case: LinearCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf: Any) -> None:
+    """Output and gradients against our fp64 recurrence, then device time against the baseline."""
+    if kernel.fn.__module__ == linear.__name__ and (why := fla_missing()):  # a built-in, from fla
+        pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")
+    timed = linear.run_case(kernel.family, kernel, case, direction, attnperf_device)
+    cost = linear.cost(kernel.family, kernel, case, direction)
+    attnperf.measure(timed, cost=cost, dtype=case.dtype)  # gates the time; fails on a regression

@@ -1,0 +1,185 @@
+"""Parametrizing a family's suite: kernels, cases and directions as separate axes.
+
+A test module that declares ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES`` (and optionally
+``ATTNPERF_DIRECTIONS``) is parametrized by the plugin (``generate``), no conftest.py needed;
+a conftest.py can also call ``parametrize(metafunc, family, cases)`` itself. Cases carry
+``gpu`` (GPU shape table) and are skipped, with the reason, on a machine without one;
+combinations a kernel cannot handle (``Kernel.supports``) or a forward-only kernel in the
+backward direction are removed at collection, and the attnperf summary lists why.
+
+``--attnperf-suites`` adds the built-in suite modules (``pytest_attnperf.families.<name>.suite``) to a run's
+collection (``suite_modules``), wherever the package is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.hw.table import DetectedDevice
+
+__all__ = ["DIRECTIONS", "generate", "parametrize", "plain_params", "remove_invalid", "suite_modules"]
+
+DIRECTIONS = ("fwd", "fwdbwd")
+REMOVED_KEY = pytest.StashKey[list[str]]()
+
+
+class RunKernels(Protocol):
+    """What parametrizing needs of the run (the plugin's session): its device and its kernels."""
+
+    @property
+    def device(self) -> DetectedDevice: ...
+
+    @property
+    def registry(self) -> KernelRegistry: ...
+
+
+RUN_KEY = pytest.StashKey[RunKernels]()  # set by the plugin at configure time
+
+
+def _case_param(case: Any) -> Any:
+    marks = [pytest.mark.attnperf_requires_hw(gpu=True)] if case.gpu else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def _kernel_param(kernel: Kernel, device_kind: str, with_family: bool) -> Any:
+    marks: list[Any] = []
+    if kernel.sdpa_backend:
+        marks.append(pytest.mark.attnperf_sdpa_backend(kernel.sdpa_backend))
+    if device_kind not in kernel.device_kinds:
+        marks.append(pytest.mark.skip(reason=f"{kernel.name} runs on {', '.join(kernel.device_kinds)} only"))
+    name = f"{kernel.family}-{kernel.name}" if with_family else kernel.name
+    return pytest.param(kernel, id=name, marks=marks)
+
+
+def parametrize(
+    metafunc: pytest.Metafunc,
+    family: str | Sequence[str],
+    cases: Sequence[Any],
+    directions: Sequence[str] = DIRECTIONS,
+    kernels: Sequence[str | Kernel] | None = None,
+) -> None:
+    """Parametrize ``case``, ``kernel`` and ``direction`` (those the test asks for).
+
+    ``family`` may name several families sharing one case type; kernel ids then carry the
+    family (``gdn-fla-chunk``). ``kernels`` limits the run to these kernels instead of every
+    registered one: a name picks the kernel of that name in each family, a ``Kernel`` is taken
+    as given.
+
+    On a GPU the CPU table is left out (it exists so CPU-only machines run something real);
+    on the CPU the GPU table stays in and is skipped with its reason.
+    """
+    session = metafunc.config.stash[RUN_KEY]
+    device = session.device
+    if "case" in metafunc.fixturenames:
+        chosen = [c for c in cases if c.gpu or not device.is_gpu]
+        metafunc.parametrize("case", [_case_param(c) for c in chosen])
+    if "kernel" in metafunc.fixturenames:
+        families = [family] if isinstance(family, str) else list(family)
+        picked = _picked(session.registry, families, kernels)
+        params = [_kernel_param(k, device.kind, len(families) > 1) for k in picked]
+        metafunc.parametrize("kernel", params)
+    if "direction" in metafunc.fixturenames:
+        metafunc.parametrize("direction", list(directions))
+
+
+def _picked(registry: Any, families: list[str], kernels: Sequence[str | Kernel] | None) -> list[Kernel]:
+    registered = [k for fam in families for k in registry.family(fam)]
+    if not registered:
+        raise pytest.UsageError(f"attnperf: no kernels registered in family {' or '.join(map(repr, families))}")
+    if kernels is None:
+        return registered
+    names = {k.name for k in registered}
+    wanted = {k for k in kernels if isinstance(k, str)}
+    if wanted - names:
+        raise pytest.UsageError(f"attnperf: no kernel {', '.join(sorted(wanted - names))} in {families!r}; "
+                                f"registered: {', '.join(sorted(names))}")
+    return [k for k in registered if k.name in wanted] + [k for k in kernels if isinstance(k, Kernel)]
+
+
+def generate(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a test of a module that declares ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES``."""
+    module = metafunc.module
+    family, cases = getattr(module, "ATTNPERF_FAMILY", None), getattr(module, "ATTNPERF_CASES", None)
+    if family is None and cases is None:
+        return
+    if family is None or cases is None:
+        raise pytest.UsageError(f"attnperf: {module.__name__} declares only one of ATTNPERF_FAMILY and "
+                                "ATTNPERF_CASES; a suite needs both")
+    parametrize(metafunc, family, cases, getattr(module, "ATTNPERF_DIRECTIONS", DIRECTIONS))
+
+
+def suite_modules(session: pytest.Session, names: Sequence[str]) -> list[pytest.Module]:
+    """The built-in suite modules ``names`` as collectors of ``session``, found where the package
+    is installed. Their node ids are the files' paths inside the package
+    (``pytest_attnperf/families/softmax/suite.py::test_softmax[...]``), the same on every install, so
+    baseline entries recorded with them hold wherever the package lives. A file the run already
+    collects (given on the command line) is not added twice."""
+    modules = []
+    for name in names:
+        path = Path(importlib.import_module(f"pytest_attnperf.families.{name}.suite").__file__ or "")
+        if session.isinitpath(path):
+            continue
+        nodeid = f"pytest_attnperf/families/{name}/{path.name}"
+        modules.append(pytest.Module.from_parent(session, path=path, name=nodeid, nodeid=nodeid))
+    return modules
+
+
+def _plain(value: Any) -> Any:
+    """A parameter as JSON data: a case as its fields, a kernel as its name, plain values as
+    they are, anything else as its text."""
+    if isinstance(value, Kernel):
+        return value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def plain_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A test's parameters (``callspec.params``) as plain data, for pytest-benchmark's JSON."""
+    return {name: _plain(value) for name, value in params.items()}
+
+
+def invalid_reason(params: dict[str, Any]) -> str | None:
+    kernel, case = params.get("kernel"), params.get("case")
+    if not isinstance(kernel, Kernel):
+        return None
+    if params.get("direction") == "fwdbwd" and not kernel.backward:
+        return f"{kernel.name} has no backward"
+    return kernel.supports(case) if case is not None else None
+
+
+def remove_invalid(config: pytest.Config, items: list[Any]) -> list[Any]:
+    """``items`` without the kernel x case combinations the kernel cannot take; the reasons are
+    kept for the attnperf summary, which reports them as removed (not as pytest's deselected:
+    nobody chose to leave them out, and pytest never counts them as collected)."""
+    keep, reasons = [], config.stash.setdefault(REMOVED_KEY, [])
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        why = invalid_reason(callspec.params) if callspec else None
+        if callspec is not None and why:
+            reasons.append(f"{callspec.params['kernel'].name}: {why}")
+        else:
+            keep.append(item)
+    return keep
+
+
+def removed(config: pytest.Config) -> list[str]:
+    return config.stash.get(REMOVED_KEY, [])
+
+
+def count_reasons(reasons: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts

@@ -1,0 +1,142 @@
+"""The kernel registry: which implementations each attention family's suite runs.
+
+A kernel is a plain callable plus a few facts about it. Built-in kernels live in
+``pytest_attnperf.families.builtin``; users add theirs from a ``conftest.py``::
+
+    def pytest_attnperf_register_kernels(registry):
+        @registry.kernel(family="softmax", name="my-flash")
+        def my_flash(q, k, v, *, causal, scale, window=None):
+            return my_extension.attention(q, k, v, causal, scale)
+
+The family fixes the call signature (see each family's ``SIGNATURE`` in
+``pytest_attnperf.families.builtin``); the suite checks the output and gradients against an fp64
+reference, times it and gates it against the baselines like any built-in kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_attnperf.gate.roofline import Floors
+
+__all__ = ["Kernel", "KernelRegistry"]
+
+Supports = Callable[[Any], "str | None"]
+
+
+def _always(case: Any) -> str | None:
+    return None
+
+
+def refusal_reason(exc: BaseException, patterns: Sequence[str]) -> str | None:
+    """The first line of ``exc`` when it is a refusal (``NotImplementedError``, or a message
+    matching one of ``patterns``, regular expressions), else None."""
+    import re
+
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if isinstance(exc, NotImplementedError) or any(re.search(p, text) for p in patterns):
+        return text.splitlines()[0][:300]
+    return None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of an attention family.
+
+    ``supports(case)`` returns None when the kernel handles the case, or the reason it does
+    not (the case is then skipped at collection with that reason). ``attnperf_sdpa_backend`` pins
+    torch's SDPA dispatch for the test and is proven from profiler records. ``backward``
+    says whether gradients are checked and timed. ``device_kinds`` lists where it can run
+    at all ('cuda', 'cpu'). ``unsupported`` lists regular expressions of exception messages
+    that mean "this kernel refuses this case" (see ``unsupported_reason``). ``form`` tells a
+    linear family's cost model which algorithm to count ('chunk' or 'recurrent'). ``floors``
+    are its least roofline, MFU or bandwidth fractions, per card or for every card (see
+    ``roofline.Floors.parse`` and ``floors.py``).
+    """
+
+    family: str
+    name: str
+    fn: Callable[..., Any]
+    sdpa_backend: str | None = None
+    supports: Supports = _always
+    backward: bool = True
+    device_kinds: tuple[str, ...] = ("cuda", "cpu")
+    description: str = ""
+    unsupported: tuple[str, ...] = ()
+    form: str | None = None  # linear families: "chunk" or "recurrent", the cost model's form
+    floors: Any = None  # roofline/MFU/bandwidth floors (roofline.Floors.parse's shape); see floors.py
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "floors", Floors.parse(self.floors))
+        except ValueError as exc:
+            raise ValueError(f"kernel '{self.name}' in family '{self.family}': {exc}") from None
+
+    def unsupported_reason(self, exc: BaseException) -> str | None:
+        """The kernel's own refusal of a case, or None for a real failure.
+
+        ``NotImplementedError`` is always a refusal; other exceptions count only when their
+        message matches one of ``unsupported`` (regular expressions), such as fla's refusal of
+        a backward on a given triton version. A refusal skips the case quoting the message;
+        anything else, and any wrong number, fails it.
+        """
+        return refusal_reason(exc, self.unsupported)
+
+    def call_or_skip(self, call: Callable[[], Any]) -> Any:
+        """``call()``, with the kernel's own refusal of the case turned into a skip that quotes it."""
+        import pytest
+
+        try:
+            return call()
+        except Exception as exc:
+            reason = self.unsupported_reason(exc)
+            if reason is None:
+                raise
+        pytest.skip(f"{self.name} does not support this case: {reason}")
+
+
+class KernelRegistry:
+    """Kernels by family, in registration order; names are unique within a family."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[str, str], Kernel] = {}
+
+    def add(self, kernel: Kernel) -> Kernel:
+        key = (kernel.family, kernel.name)
+        if key in self._kernels:
+            raise ValueError(f"kernel '{kernel.name}' is already registered in family '{kernel.family}'")
+        self._kernels[key] = kernel
+        return kernel
+
+    def kernel(
+        self,
+        *,
+        family: str,
+        name: str,
+        sdpa_backend: str | None = None,
+        supports: Supports = _always,
+        backward: bool = True,
+        device_kinds: tuple[str, ...] = ("cuda", "cpu"),
+        unsupported: tuple[str, ...] = (),
+        form: str | None = None,
+        floors: Any = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of ``add``; returns the function unchanged."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
+                            (fn.__doc__ or "").strip(), unsupported, form, floors))
+            return fn
+
+        return register
+
+    def family(self, family: str) -> list[Kernel]:
+        return [k for (fam, _), k in self._kernels.items() if fam == family]
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(self._kernels.values())
+
+    def __len__(self) -> int:
+        return len(self._kernels)

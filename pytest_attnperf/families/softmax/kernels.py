@@ -1,0 +1,249 @@
+"""Softmax attention: the case type, the call signature, and the built-in kernels.
+
+Signature of every kernel in the family (torch SDPA layout, K/V may have fewer heads)::
+
+    fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out  # [B, H, T, d]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_attnperf.families.registry import Kernel, KernelRegistry
+
+__all__ = ["FAMILY", "SIGNATURE", "SoftmaxCase", "register"]
+
+FAMILY = "softmax"
+SIGNATURE = "fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out"
+
+
+@dataclass(frozen=True)
+class SoftmaxCase:
+    """One shape of softmax attention; ``id`` names it in test ids and baselines."""
+
+    id: str
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    kv_heads: int | None = None
+    window: int | None = None
+    gpu: bool = True  # True: the GPU shape table; False: the CPU table
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """Explicit softmax over materialised scores, in the inputs' dtype."""
+    import torch
+
+    from pytest_attnperf.families.softmax.reference import attention_mask
+
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    mask = attention_mask(q.shape[2], causal, window, q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """torch.nn.functional.scaled_dot_product_attention with ``is_causal`` (GQA native)."""
+    import torch.nn.functional as F
+
+    if window is not None:
+        raise ValueError("plain SDPA has no sliding window")
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+
+def sdpa_repeat_kv(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """GQA the old way: K/V heads expanded with ``repeat_interleave``, then plain SDPA."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return sdpa(q, k, v, causal=causal, scale=scale, window=window)
+
+
+def sdpa_dense_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """Sliding window as simple profilers do it: a dense T x T boolean mask through SDPA."""
+    import torch.nn.functional as F
+
+    from pytest_attnperf.families.softmax.reference import attention_mask
+
+    mask = attention_mask(q.shape[2], causal, window, q.device)
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+_flex: dict[tuple[int, int, str], Any] = {}
+
+
+def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+    """True sliding window: compiled flex_attention with a block mask, so only the blocks
+    inside the window are computed (the block mask is built once per shape)."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    seq = q.shape[2]
+    key = (seq, int(window or seq), str(q.device))
+    if key not in _flex:
+        width = key[1]
+
+        def in_window(b: Any, h: Any, qi: Any, ki: Any) -> Any:
+            return (ki <= qi) & (qi - ki < width)
+
+        block_mask = create_block_mask(in_window, None, None, seq, seq, device=q.device)
+        _flex[key] = (torch.compile(flex_attention, dynamic=False), block_mask)
+    compiled, block_mask = _flex[key]
+    gqa = q.shape[1] != k.shape[1]
+    return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+def _plain(case: SoftmaxCase) -> str | None:
+    return "plain SDPA takes no window (the windowed kernels cover it)" if case.window else None
+
+
+def _gqa_only(case: SoftmaxCase) -> str | None:
+    if case.window:
+        return "plain SDPA takes no window"
+    return None if case.n_kv_heads != case.heads else "the K/V expansion is a GQA variant; this case has no groups"
+
+
+def _window_only(case: SoftmaxCase) -> str | None:
+    return None if case.window else "a windowed kernel; this case has no window"
+
+
+def register(registry: KernelRegistry) -> None:
+    registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or ""))
+    registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain,
+                        description="SDPA with torch's default dispatch (backend reported); native GQA"))
+    for backend in ("flash", "efficient", "cudnn", "math"):
+        registry.add(Kernel(FAMILY, f"sdpa-{backend}", sdpa, sdpa_backend=backend, supports=_plain,
+                            description=f"SDPA pinned to the {backend} backend"))
+    registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only,
+                        description=sdpa_repeat_kv.__doc__ or ""))
+    registry.add(Kernel(FAMILY, "sdpa-dense-window", sdpa_dense_window, supports=_window_only,
+                        description=sdpa_dense_window.__doc__ or ""))
+    registry.add(Kernel(FAMILY, "flex-window", flex_window, supports=_window_only,
+                        description=flex_window.__doc__ or ""))
+
+
+# -- running a case -------------------------------------------------------------------------
+
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Inputs of a case with the fp64 reference and PyTorch's own same-dtype answer."""
+
+    q: Any
+    k: Any
+    v: Any
+    grad_out: Any
+    reference: tuple[Any, ...]  # out[, dq, dk, dv] in fp64
+    torch_value: tuple[Any, ...]  # the same from ``naive`` in the case's dtype
+
+
+def _seed(text: str) -> int:
+    import zlib
+
+    return zlib.crc32(text.encode())
+
+
+_cache: dict[tuple[SoftmaxCase, str, str], Prepared] = {}
+
+
+def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
+    """Fresh random inputs for the case (seeded by its id) and both yardsticks; the last two
+    (the case's two directions) are cached, since every kernel runs on the same case in turn.
+    The ``naive`` kernel is itself the same-dtype yardstick: for it only shape and finiteness
+    are really checked."""
+    import torch
+
+    from pytest_attnperf.families.softmax.reference import softmax_attention as reference
+
+    key = (case, direction, str(device))
+    if key in _cache:
+        return _cache[key]
+    while len(_cache) >= 2:  # both directions of the case in hand; older cases dropped
+        _cache.pop(next(iter(_cache)))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
+    gen = torch.Generator(device=device).manual_seed(_seed(case.id))
+    shape_q = (case.batch, case.heads, case.seq, case.head_dim)
+    shape_kv = (case.batch, case.n_kv_heads, case.seq, case.head_dim)
+    backward = direction == "fwdbwd"
+
+    def draw(shape: tuple[int, ...]) -> Any:
+        return torch.randn(shape, generator=gen, device=device).to(dtype).requires_grad_(backward)
+
+    q, k, v = draw(shape_q), draw(shape_kv), draw(shape_kv)
+    grad_out = torch.randn(shape_q, generator=gen, device=device).to(dtype)
+    opts = dict(causal=case.causal, scale=case.scale, window=case.window)
+
+    def both(fn: Any, *xs: Any) -> tuple[Any, ...]:
+        out = fn(*xs, **opts)
+        if not backward:
+            return (out.detach(),)
+        grads = torch.autograd.grad(out, xs, grad_out.to(out.dtype))
+        return (out.detach(),) + tuple(g.detach() for g in grads)
+
+    leaves64 = [x.detach().double().requires_grad_(backward) for x in (q, k, v)]
+    prepared = Prepared(q, k, v, grad_out, both(reference, *leaves64), both(naive, q, k, v))
+    _cache[key] = prepared
+    return prepared
+
+
+def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> Any:
+    """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
+    ``fwdbwd``): its return value first (a tensor of the query's shape, dtype and device),
+    then the largest error (``checks.assert_close``) and every element
+    (``checks.assert_elementwise``); return the zero-argument callable to time."""
+    import torch
+
+    from pytest_attnperf.families.checks import (
+        _EPS,
+        ELEMENT_FACTOR,
+        ELEMENT_GRAD_FACTOR,
+        FACTOR,
+        GRAD_FACTOR,
+        assert_close,
+        assert_elementwise,
+        call_checked,
+        expect_tensor,
+    )
+
+    p = prepare(case, direction, device)
+    opts = dict(causal=case.causal, scale=case.scale, window=case.window)
+    backward = direction == "fwdbwd"
+
+    def run(check: bool) -> Any:
+        out = kernel.fn(p.q, p.k, p.v, **opts)
+        if check:
+            expect_tensor(kernel.name, out, tuple(p.q.shape), p.q.dtype, p.q.device)
+        if not backward:
+            return (out,)
+        return (out,) + tuple(torch.autograd.grad(out, (p.q, p.k, p.v), p.grad_out))
+
+    def call() -> Any:
+        return run(False)
+
+    got = call_checked(kernel, lambda: run(True), "q, k, v", (p.q, p.k, p.v), device)
+    for name, value, ref, mine in zip(("out", "dq", "dk", "dv"), got, p.reference, p.torch_value, strict=False):
+        factor = FACTOR if name == "out" else GRAD_FACTOR
+        assert_close(f"{kernel.name} {name}", value.detach(), ref, mine, case.dtype, factor)
+        assert_elementwise(f"{kernel.name} {name}", value.detach(), ref, mine, unit=_EPS[case.dtype],
+                           factor=ELEMENT_FACTOR[case.dtype] if name == "out" else ELEMENT_GRAD_FACTOR,
+                           yardstick_name=f"PyTorch's {case.dtype}")
+    return call

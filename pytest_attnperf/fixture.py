@@ -1,0 +1,308 @@
+"""``attnperf``: the fixture object that times a callable, gates it and reports it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from pytest_attnperf.costs import Cost, metrics
+from pytest_attnperf.gate import floors, policy
+from pytest_attnperf.gate.verdict import Verdict
+from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
+from pytest_attnperf.measure.processes import pool, write_taken
+from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
+from pytest_attnperf.outcome import PerfResult, Row
+from pytest_attnperf.parallel.fleet import case_key
+from pytest_attnperf.parallel.xdist import timing_turn
+from pytest_attnperf.session import AttnPerfSession
+from pytest_attnperf.store.baselines import BaselineError
+
+__all__ = ["PENDING_KEY", "Perf"]
+
+PENDING_KEY = pytest.StashKey[dict[str, Any]]()
+class Perf:
+    """Times one callable per test on the run's device and checks it against the baseline.
+
+    ``measure(fn, cost=..., dtype=...)`` warms ``fn`` up, proves the pinned SDPA backend
+    when the test carries ``attnperf_sdpa_backend``, samples device time, computes TFLOP/s, MFU, GB/s
+    and bandwidth from ``cost``, and fails the test when it regressed against
+    ``baselines/<hw>.yaml``. With ``--update-baselines`` it records instead (the entry is
+    written at the end of the session, and only if the test passed).
+    """
+
+    def __init__(self, request: pytest.FixtureRequest, session: AttnPerfSession) -> None:
+        self._request = request
+        self._session = session
+        self._used = False
+        self._key = case_key(request.node)  # the node id, less pytest-xdist's group suffix
+
+    def measure(
+        self,
+        fn: Callable[[], Any],
+        *,
+        cost: Cost,
+        dtype: str,
+        detect_backend: bool = False,
+        mode: str | None = None,
+    ) -> PerfResult | None:
+        """Measure ``fn`` (a zero-argument callable doing one call of the kernel); None under
+        ``--attnperf-check-only``, which times nothing (the test's own checks have run)."""
+        if self._used:
+            raise RuntimeError("attnperf.measure can be called once per test (one baseline entry per test id)")
+        self._used = True
+        session, node = self._session, self._request.node
+        if session.settings.check_only:
+            session.checked_only += 1
+            node.user_properties.append(("attnperf_verdict", "checked only"))
+            return None
+        session.hardware  # noqa: B018 - the card is resolved (a --hw mismatch raised) before anything is timed
+        marker = node.get_closest_marker("attnperf_sdpa_backend")
+        pinned = marker.args[0] if marker else None
+        with timing_turn(session):  # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
+            result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
+        self._record(result)
+        verdict, measurement = result.verdict, result.measurement
+        node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
+        self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
+        self._feed_benchmark(result)
+        if verdict.failed:
+            drift = session.drift()
+            extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
+            unquoted = [n for n in measurement.notes if n not in verdict.message]  # "clock changed" quotes its own
+            if unquoted:
+                extra += "\n  notes: " + "; ".join(unquoted)
+            earlier = (self._baseline_entry() or {}).get("notes")
+            if isinstance(earlier, list) and earlier:
+                extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
+            below = floors.failure_message(result, floors.for_session(session))
+            pytest.fail(f"{self._key}: {verdict.message}{extra}" + (f"\n{below}" if below else ""), pytrace=False)
+        below = floors.failure_message(result, floors.for_session(session))
+        if below:
+            pytest.fail(f"{self._key}: {below}", pytrace=False)
+        return result
+
+    def _timed(self, fn: Callable[[], Any], cost: Cost, dtype: str, pinned: str | None, detect_backend: bool,
+               mode: str | None) -> PerfResult:
+        """Prove the backend, time, gate, and place the case on the roofline."""
+        session, node = self._session, self._request.node
+        device = session.device
+        with pin_backend(pinned) if pinned else nullcontext():
+            if pinned:
+                backend = pinned
+                prove_backend(fn, pinned, device)
+            elif detect_backend:
+                seen = backends_seen(*profile_names(fn, device))
+                backend = "+".join(sorted(seen)) or "-"
+            else:
+                backend = "-"
+            plan = session.plan(mode)
+            measurement = self._pooled(session.timer.measure(fn, plan))
+            if not measurement.median_ms > 0:
+                pytest.fail(f"{self._key}: the {measurement.clock} clock measured a median of "
+                            f"{measurement.median_ms} ms; a time must be positive (did the callable "
+                            "do any work?). Nothing is gated or recorded.", pytrace=False)
+            verdict, measurement = self._gate(fn, measurement, plan)
+        attached = cupti_attached_note() if device.is_gpu else None  # about every measurement taken
+        if attached:
+            measurement = replace(measurement, notes=measurement.notes + (attached,))
+
+        result = PerfResult(
+            measurement=measurement,
+            metrics=metrics(cost, measurement.median_ms / 1e3, *floors.rate_peaks(session, dtype)),
+            verdict=verdict,
+            cost=cost,
+            backend=backend,
+        )
+        result = floors.check(node, session, result, dtype)  # roofline position and floors, JUnit properties
+        return result
+
+    def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
+        """The verdict on ``measurement`` (``policy.decide``), after timing once more where it
+        suspects a regression; a baseline file or entry that cannot be read fails the case."""
+        session = self._session
+        try:
+            baseline = session.baseline
+        except BaselineError as exc:
+            pytest.fail(f"{exc}\nNothing was written; fix or remove the file.", pytrace=False)
+        if session.settings.worker_out is not None:
+            return Verdict("worker", None, "measured for the main run's --attnperf-processes; not gated"), measurement
+        if session.settings.update_baselines:
+            return Verdict("recorded", None, "recorded for --update-baselines"), measurement
+        if baseline and self._key in baseline.unusable:  # costs this case only
+            pytest.fail(f"{baseline.unusable[self._key].problem}\nRecord the case again with "
+                        "--update-baselines, or fix the entry.", pytrace=False)
+        entry = baseline.entries.get(self._key) if baseline else None
+        summary = baseline.summary(self._key) if baseline else None
+        terms, here = session.gate_terms, session.here
+        decision = policy.decide(measurement, entry, summary, terms, here)
+        self._refused(decision.refusal)
+        if decision.missing:
+            pytest.fail(f"{self._key}: no entry in {session.baseline_path} and --attnperf-require-baseline is set; "
+                        "record it with --update-baselines", pytrace=False)
+        if not decision.remeasure:
+            return decision.verdict, measurement
+        again = self._pooled(session.timer.measure(fn, plan))  # a suspected regression is measured once more
+        verdict, kept, refused = policy.decide_again(decision.verdict, measurement, again, summary, terms, here)
+        self._refused(refused)
+        return verdict, kept
+
+    def _refused(self, refusal: str | None) -> None:
+        """Note, for the run's summary, why the sample floors' difference was not used."""
+        if refusal:
+            self._session.floor_refusals.add(refusal)
+
+    def _pooled(self, measurement: Measurement) -> Measurement:
+        """In a worker, the measurement as taken, also written to the worker's file; in a run
+        with worker processes, pooled with their samples of this case (``processes.pool``)."""
+        session, nodeid = self._session, self._key
+        if session.settings.worker_out is not None:
+            write_taken(session.settings.worker_out, nodeid, measurement)
+            return measurement
+        taken = session.pool_for(nodeid)
+        return pool(measurement, taken) if taken else measurement
+
+    def _record(self, result: PerfResult) -> None:
+        m, s = result.measurement, result.measurement.summary
+        before = self._baseline_entry()
+        if self._session.settings.update_baselines:  # the entry is written only then
+            self._request.node.stash[PENDING_KEY] = self._entry(result, before)
+        eager_change = None
+        if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)) \
+                and before["eager_ms"] > 0:  # never divide by a bad entry's time
+            eager_change = 100.0 * (m.eager_ms / before["eager_ms"] - 1.0)
+        self._session.rows.append(
+            Row(
+                nodeid=self._key,
+                backend=result.backend,
+                median_ms=s.median_ms,
+                stdrel=s.stdrel,
+                tflops=result.tflops,
+                mfu=result.mfu,
+                gb_per_s=result.metrics.gb_per_s,
+                bandwidth_frac=result.bandwidth_frac,
+                peak_mib=m.peak_mib,
+                eager_ms=m.eager_ms,
+                intensity=result.metrics.intensity_flop_per_byte,
+                bound=result.roofline.bound if result.roofline else result.metrics.bound,
+                status=result.verdict.status,
+                change_pct=result.verdict.change_pct,
+                eager_change_pct=eager_change,
+                notes=m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result),
+                roofline_frac=result.roofline.fraction if result.roofline else None,
+                ceilings=floors.for_session(self._session),
+                params=_case_params(self._request.node, result.cost),
+            )
+        )
+
+    def _entry(self, result: PerfResult, before: dict[str, Any] | None) -> dict[str, Any]:
+        """The baseline entry ``--update-baselines`` writes for this case."""
+        m, s = result.measurement, result.measurement.summary
+        entry: dict[str, Any] = {
+            "median_ms": s.median_ms,
+            "ci_low_ms": s.ci_low_ms,
+            "ci_high_ms": s.ci_high_ms,
+            "stdrel": s.stdrel,
+            "n_samples": s.n_samples,
+            "tflops": result.tflops,
+            "gb_per_s": result.metrics.gb_per_s,
+            "clock": m.clock,
+            "mode": m.mode,
+            "backend": result.backend,
+        }
+        if m.mode == "hot":  # a hot figure is comparable only at the same sample length (see policy.decide)
+            entry["hot_sample_ms"] = self._session.settings.hot_sample_ms
+        if m.peak_mib is not None:
+            entry["peak_mib"] = m.peak_mib
+        if m.eager_ms is not None:
+            entry["eager_ms"] = m.eager_ms
+        if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
+            entry["notes"] = list(m.notes)
+        past = policy.history(before, m, self._session.gate_terms, self._session.here)
+        self._refused(past.refusal)
+        entry["run_medians_ms"], entry["run_machines"], entry["run_floors_ms"] = past.medians_ms, past.machines, past.floors_ms
+        return entry
+
+    def _baseline_entry(self) -> dict[str, Any] | None:
+        try:
+            baseline = self._session.baseline
+        except BaselineError:
+            return None
+        return baseline.entries.get(self._key) if baseline else None
+
+    def _feed_benchmark(self, result: PerfResult) -> None:
+        """Hand the device samples to pytest-benchmark (its timer is ``REPLAY_CLOCK``)."""
+        config = self._request.config
+        if not config.pluginmanager.hasplugin("benchmark"):
+            return
+        bench = self._request.getfixturevalue("benchmark")
+        bench.extra_info.update(
+            {
+                "attnperf_clock": result.measurement.clock,
+                "attnperf_mode": result.measurement.mode,
+                "attnperf_graphs": result.measurement.graphs,  # cold graphs sampled in turn
+                "attnperf_processes": result.measurement.processes,  # processes pooled (--attnperf-processes)
+                "attnperf_process_medians_ms": list(result.measurement.process_medians_ms),  # this one first
+                "backend": result.backend,
+                "tflops": result.tflops,
+                "mfu": result.mfu,
+                "gb_per_s": result.metrics.gb_per_s,
+                "bandwidth_frac": result.bandwidth_frac,
+                "intensity_flop_per_byte": result.metrics.intensity_flop_per_byte,
+                "ridge_flop_per_byte": result.metrics.ridge_flop_per_byte,
+                "peak_mib": result.peak_mib,
+                "eager_ms": result.measurement.eager_ms,
+                "verdict": result.verdict.status,
+                "attnperf_machine": self._session.machine,
+                "attnperf_floor_ms": self._session.measure_floor()[0],  # cold, one call a sample
+                "attnperf_gate_floor_ms": self._session.gate_floor_ms(),  # the same, if the gate may use it
+                "family": _family(self._request.node),
+                "flops": result.cost.flops,
+                "bytes": result.cost.bytes,
+                "baseline_ms": _baseline_ms(result),  # the centre the verdict compared against
+                "change_pct": result.verdict.change_pct,
+            }
+        )
+        bench.extra_info.update(floors.extra_info(result))  # roofline position, ceilings and floors
+        rounds = REPLAY_CLOCK.load(result.measurement.samples_ms)
+        try:
+            bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
+        finally:
+            REPLAY_CLOCK.finish()
+
+
+def _case_params(node: Any, cost: Cost) -> dict[str, Any]:
+    """The test's parameters and sweep marker as plain data, for the report."""
+    from pytest_attnperf.report.params import case_params
+
+    callspec = getattr(node, "callspec", None)
+    mark = node.get_closest_marker("attnperf_sweep")
+    sweep = (str(mark.args[0]), str(mark.kwargs.get("axis", "seq"))) if mark and mark.args else None
+    return case_params(callspec.params if callspec else {}, sweep, cost)
+
+
+def _family(node: Any) -> str | None:
+    """The family of the test's ``kernel`` parameter, if it has one."""
+    callspec = getattr(node, "callspec", None)
+    return getattr(callspec.params.get("kernel"), "family", None) if callspec else None
+
+
+def _baseline_ms(result: PerfResult) -> float | None:
+    """The baseline time the verdict compared the median against (None when it compared none)."""
+    ratio = result.verdict.ratio
+    return result.median_ms / ratio if ratio else None
+
+
+def _junit_properties(result: PerfResult) -> list[tuple[str, str]]:
+    """The case's figures as JUnit XML properties (``attnperf_*``); those not known are left out."""
+    figures = {
+        "median_ms": result.median_ms, "baseline_ms": _baseline_ms(result),
+        "change_pct": result.verdict.change_pct, "tflops": result.tflops, "mfu": result.mfu,
+    }
+    found = [(f"attnperf_{name}", f"{value:.6g}") for name, value in figures.items() if value is not None]
+    return [*found, ("attnperf_verdict", result.verdict.status)]
+
+

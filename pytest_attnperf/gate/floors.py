@@ -1,0 +1,184 @@
+"""Floors on a case's roofline, MFU or bandwidth fraction, and where a test gets them.
+
+A test's floor comes from the first of these that has one for the run's card (a floor for
+another card is not applied; a floor without a card applies on every card):
+
+1. the ``attnperf_floor`` marker on the test (``@pytest.mark.attnperf_floor(roofline=0.5)``);
+2. ``BUILTIN``, keyed by the suite's (family, kernel, case id, direction);
+3. the kernel's registration (``registry.kernel(..., floors={"h200": {"roofline": 0.5}})``).
+
+It is judged on the median after timing (``roofline.judge_floor``), with ``--update-baselines``
+too (a recording below its floor fails and is not written), and fails the test, not the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_attnperf.costs import Cost
+from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.gate.roofline import FloorOutcome, Floors, Position, judge_floor, median_sigma
+from pytest_attnperf.hw.ceilings import Ceilings, for_session
+
+if TYPE_CHECKING:
+    from pytest_attnperf.outcome import PerfResult
+
+__all__ = ["BUILTIN", "FloorOutcome", "applicable", "check", "extra_info", "failure_message", "notes", "position",
+           "rate_peaks"]
+
+MARKER = "attnperf_floor"
+
+# Built-in floors of the suites' cases: (family, kernel, case id, direction) -> the floors, in
+# the shape Floors.parse reads, e.g.
+#   ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.5}},
+# set at about 70% of a measured roofline fraction (docs/roofline.md, "Setting floors").
+# H200 figures: roofline fractions measured 2026-12-01 (torch 2.11, triton 3.6, fla 0.6.0) against
+# measured ceilings of 779 TFLOP/s bf16 and 4236 GB/s (docs/roofline.md, "Built-in floors").
+BUILTIN: dict[tuple[str, str, str, str | None], Mapping[str, Any]] = {
+    ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.30}},  # 43.1%
+    ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwdbwd"): {"h200": {"roofline": 0.24}},  # 34.8%
+    ("softmax", "sdpa-flash", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.19}},  # 27.7%
+    ("softmax", "sdpa-flash", "b32-h16-t1024-d64-causal-bf16", "fwdbwd"): {"h200": {"roofline": 0.15}},  # 21.8%
+    ("linear_attn", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.23}},  # 33.3%
+    ("gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.09}},  # 13.3%
+    ("simple_gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.21}},  # 30.5%
+    ("gdn", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.10}},  # 14.9%
+}
+
+
+def _marker_floors(item: pytest.Item) -> Floors | None:
+    mark = item.get_closest_marker(MARKER)
+    if mark is None:
+        return None
+    if mark.args:
+        raise ValueError(f"{item.nodeid}: {MARKER} takes keywords only (roofline=, mfu=, bandwidth=, hw=, or a "
+                         f"card name with a dict), got {mark.args!r}")
+    return Floors.parse(dict(mark.kwargs), f"{item.nodeid}: {MARKER}: ")
+
+
+def applicable(item: pytest.Item, hw_name: str) -> tuple[Any, str | None, str] | None:
+    """``(floor, card it names or None, where from)`` for this test on ``hw_name``, or None."""
+    sources: list[tuple[str, Floors | None]] = [(f"@pytest.mark.{MARKER}", _marker_floors(item))]
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    kernel = params.get("kernel")
+    if isinstance(kernel, Kernel):
+        case = params.get("case")
+        key = (kernel.family, kernel.name, getattr(case, "id", None), params.get("direction"))
+        table = BUILTIN.get(key)  # type: ignore[arg-type]
+        where = f"the built-in floors of {'/'.join(str(k) for k in key if k is not None)}"
+        sources.append((where, None if table is None else Floors.parse(table, f"{where}: ")))
+        sources.append((f"the registration of kernel '{kernel.name}'", Floors.parse(kernel.floors)))
+    for where, floors in sources:
+        found = floors.for_hw(hw_name) if floors is not None else None
+        if found is not None:
+            return found[0], found[1], where
+    return None
+
+
+def rate_peaks(session: Any, dtype: str) -> tuple[float | None, float | None]:
+    """Peak FLOP/s for ``dtype`` and bandwidth for MFU and bandwidth %: user > spec > measured."""
+    ceilings = for_session(session)
+    peak, band = ceilings.rate_peak(dtype), ceilings.rate_bandwidth()
+    return (peak.value if peak else None), (band.value if band else None)
+
+
+def position(ceilings: Ceilings, cost: Cost, dtype: str, seconds: float) -> Position | None:
+    """The case on the roofline (user > measured > spec ceilings), or None without both."""
+    peak, band = ceilings.roofline_peak(dtype), ceilings.roofline_bandwidth()
+    if peak is None or band is None:
+        return None
+    return Position(cost.flops, cost.bytes, seconds, peak, band)
+
+
+def check(item: pytest.Item, session: Any, result: PerfResult, dtype: str) -> PerfResult:
+    """``result`` with its roofline position and its floors judged; JUnit properties set."""
+    ceilings = for_session(session)
+    where = position(ceilings, result.cost, dtype, result.median_ms / 1e3)
+    outcome = None
+    found = applicable(item, session.hardware.name) if session.settings.worker_out is None else None
+    if found is not None:
+        floor, hw, source = found
+        s, settings = result.measurement.summary, session.settings
+        sigma = median_sigma(s.median_ms, s.ci_low_ms, s.ci_high_ms, settings.run_noise, settings.run_noise_time_ms)
+        achieved = {"roofline": where.fraction if where else None, "mfu": result.mfu,
+                    "bandwidth": result.bandwidth_frac}
+        checks = tuple(judge_floor(metric, achieved[metric], value, sigma) for metric, value in floor.items())
+        outcome = FloorOutcome(checks, source, hw)
+    item.user_properties.extend([
+        ("attnperf_roofline_pct", "" if where is None else f"{100 * where.fraction:.2f}"),
+        ("attnperf_bound", "" if where is None else where.bound),
+        ("attnperf_ceilings", "none" if where is None else where.sources),
+    ])
+    if outcome is not None:
+        item.user_properties.append(("attnperf_floor", outcome.status))
+    return replace(result, roofline=where, floors=outcome, dtype=dtype)
+
+
+def _ceiling_text(metric: str, result: PerfResult, ceilings: Ceilings) -> str:
+    dtype = result.dtype or "?"
+    if metric == "roofline":
+        if result.roofline is None:
+            return f"no roofline: {ceilings.why or 'no peak or bandwidth known'}"
+        return result.roofline.describe(dtype)
+    if metric == "mfu":
+        peak = ceilings.rate_peak(dtype)
+        return f"{dtype} peak {peak.value / 1e12:.1f} TFLOP/s ({peak.source})" if peak else f"no {dtype} peak known"
+    band = ceilings.rate_bandwidth()
+    return f"bandwidth {band.value / 1e9:.0f} GB/s ({band.source})" if band else "no bandwidth known"
+
+
+def failure_message(result: PerfResult, ceilings: Ceilings) -> str | None:
+    """Why the case is below a floor, or None."""
+    outcome = result.floors
+    if outcome is None or not outcome.failed:
+        return None
+    card = f"the {outcome.hw} floor" if outcome.hw else "the floor for every card"
+    lines = [f"BELOW FLOOR ({card}, from {outcome.source}):"]
+    for c in outcome.checks:
+        ceiling = _ceiling_text(c.metric, result, ceilings)
+        if c.achieved is None:
+            lines.append(f"  {c.metric}: floor {100 * c.floor:.1f}% cannot be judged: {ceiling}; give "
+                         "--attnperf-peaks or let the ceilings be measured (--attnperf-ceilings)")
+            continue
+        verdict = ("below it by more than the noise" if c.status == "failed"
+                   else "within noise" if c.status == "within noise" else "met")
+        lines.append(f"  {c.metric}: achieved {100 * c.achieved:.1f}% against floor {100 * c.floor:.1f}%, {verdict} "
+                     f"(x (1 + {c.margin:.4f}) = {100 * c.achieved * (1 + c.margin):.1f}%); {ceiling}")
+    bound = result.roofline.bound if result.roofline else "unknown"
+    lines.append(f"  bound: {bound}; this run: {result.measurement.summary.describe()}")
+    return "\n".join(lines)
+
+
+def notes(result: PerfResult) -> tuple[str, ...]:
+    """For the summary: a floor met only within noise."""
+    outcome = result.floors
+    if outcome is None:
+        return ()
+    return tuple(f"{c.metric} {100 * c.achieved:.1f}% is below its floor {100 * c.floor:.1f}% within noise "
+                 f"(margin {100 * c.margin:.2f}%): passed" for c in outcome.checks
+                 if c.status == "within noise" and c.achieved is not None)
+
+
+def extra_info(result: PerfResult) -> dict[str, Any]:
+    """The roofline's keys in the benchmark JSON's ``extra_info``."""
+    where, outcome = result.roofline, result.floors
+    info: dict[str, Any] = {"roofline_frac": None, "roofline_bound": None, "roofline_ceilings": None}
+    if where is not None:
+        info.update({
+            "roofline_frac": where.fraction,
+            "roofline_bound": where.bound,
+            "roofline_attainable_tflops": where.attainable_flops / 1e12,
+            "roofline_peak_tflops": where.peak.value / 1e12,
+            "roofline_gb_per_s": where.bandwidth.value / 1e9,
+            "roofline_ridge_flop_per_byte": where.ridge,
+            "roofline_ceilings": where.sources,
+        })
+    info["floor_checks"] = None if outcome is None else [
+        {"metric": c.metric, "floor": c.floor, "achieved": c.achieved, "margin": c.margin, "status": c.status}
+        for c in outcome.checks]
+    return info

@@ -1,0 +1,1 @@
+"""What the machine can do: the hardware table, device matching and the measured ceilings."""

@@ -1,0 +1,168 @@
+"""Sampling a callable: the plan (mode, least samples, target spread, budget), warm-up, adaptive
+sampling until the spread is small enough or the budget is spent, the garbage collector held
+off during timed calls, and the host timer (``HostTimer``) for the CPU, whose work is
+synchronous. The CUDA timer is in ``measure.timing``."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pytest_attnperf.gate.verdict import Summary
+
+__all__ = ["REPLAY_CLOCK", "HostTimer", "Measurement", "ReplayClock", "SamplingPlan", "Timer", "gc_paused",
+           "sample_adaptively", "warm_up"]
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How to sample one case."""
+
+    mode: str = "cold"
+    min_samples: int = 10
+    max_samples: int = 2000
+    target_stdrel: float = 0.005
+    budget_s: float = 0.5
+    warmup_calls: int = 3  # at most; fewer once budget_s is spent (see warm_up)
+    cold_graphs: int = 8  # cold mode: captures of the case, sampled in turn (see _capture_cold)
+    hot_sample_ms: float = 20.0  # hot mode: calls per graph chosen so a sample lasts about this
+    floor: bool = False  # the run's sample floor (AttnPerfSession.measure_floor), not a case: a timer
+    # that wraps another to change the cases (the noise benchmark's inject.py) leaves it alone
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Per-call times of one case and how they were taken."""
+
+    samples_ms: tuple[float, ...]
+    clock: str  # "cuda-graph", "cuda-events" or "host"
+    mode: str  # "cold", "hot" or "host"
+    calls_per_sample: int = 1
+    eager_ms: float | None = None
+    peak_mib: float | None = None
+    notes: tuple[str, ...] = ()
+    sm_clock_mhz: float | None = None
+    graphs: int = 1  # cold graphs sampled in turn (see _capture_cold)
+    processes: int = 1  # processes whose samples are pooled (see processes.pool)
+    process_medians_ms: tuple[float, ...] = ()  # each pooled process's own median, this one first
+    summary: Summary = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "summary", Summary.from_samples(self.samples_ms))
+
+    @property
+    def median_ms(self) -> float:
+        return self.summary.median_ms
+
+
+class Timer(Protocol):
+    """Anything that turns a zero-argument callable into a ``Measurement``."""
+
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement: ...
+
+
+def warm_up(fn: Callable[[], Any], plan: SamplingPlan) -> int:
+    """The untimed calls before sampling (autotuning and lazy initialisation happen here):
+    ``plan.warmup_calls`` of them, or fewer, at least one, once the host has spent
+    ``plan.budget_s`` making them. A host-bound callable, such as fla's naive recurrences (a
+    Python loop over tokens: up to 1.5 s a call on the H200), need not run three times before
+    it is timed. Returns the calls made."""
+    deadline = time.monotonic() + plan.budget_s
+    made = 0
+    while made < plan.warmup_calls:
+        fn()
+        made += 1
+        if time.monotonic() >= deadline:
+            break
+    return made
+
+
+def sample_adaptively(take_ms: Callable[[], float], plan: SamplingPlan, rounds_of: int = 1) -> list[float]:
+    """Call ``take_ms`` until the floor is met and the spread is small or the budget is spent.
+    With ``rounds_of`` > 1 (a sampler that goes round that many graphs in turn) it stops only
+    after a whole round, so each graph gives as many samples as the next."""
+    samples: list[float] = []
+    deadline = time.monotonic() + plan.budget_s
+    rounds_of = max(1, rounds_of)
+    most = max(plan.max_samples, rounds_of) // rounds_of * rounds_of
+    while len(samples) < most:
+        samples.append(take_ms())
+        if len(samples) < max(plan.min_samples, 2) or len(samples) % rounds_of:  # a spread needs two samples
+            continue
+        mean = statistics.fmean(samples)
+        stdrel = statistics.stdev(samples) / mean if mean > 0 else 0.0
+        if stdrel <= plan.target_stdrel or time.monotonic() >= deadline:
+            break
+    return samples
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Collect garbage, then keep the collector off inside the block (the timed calls), back on
+    after it however it ends: a collection pausing one timed call read as a slowdown of the
+    kernel. Left off if it was off already."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class ReplayClock:
+    """A clock for pytest-benchmark that advances only by measured per-call times.
+
+    pytest-benchmark reads its timer before and after the target; here the target is
+    ``step``, which advances the clock by the next sample our timer measured on the device.
+    Its statistics and JSON therefore carry device time, not host time.
+    """
+
+    def __init__(self) -> None:
+        self._now_s = 0.0
+        self._pending: list[float] = []
+        self._loaded = False
+
+    def __call__(self) -> float:
+        if not self._loaded:  # e.g. benchmark(fn) calibrating this clock: it would never advance
+            raise RuntimeError(
+                "a test using the attnperf fixture has pytest-benchmark's timer set to attnperf's "
+                "device clock; call benchmark(...) in a test of its own"
+            )
+        return self._now_s
+
+    def load(self, samples_ms: tuple[float, ...]) -> int:
+        self._pending = [s / 1e3 for s in reversed(samples_ms)]
+        self._loaded = True
+        return len(samples_ms)
+
+    def step(self) -> None:
+        self._now_s += self._pending.pop()
+
+    def finish(self) -> None:
+        self._pending, self._loaded = [], False
+
+
+REPLAY_CLOCK = ReplayClock()
+
+
+class HostTimer:
+    """Host clock around synchronous CPU work."""
+
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        warm_up(fn, plan)
+
+        def take_ms() -> float:
+            start = time.perf_counter_ns()
+            fn()
+            return (time.perf_counter_ns() - start) / 1e6
+
+        with gc_paused():
+            samples = sample_adaptively(take_ms, plan)
+        return Measurement(tuple(samples), clock="host", mode="host")

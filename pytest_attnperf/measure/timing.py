@@ -1,0 +1,479 @@
+"""Timing on the device.
+
+GPU (``CudaTimer``): warm-up (autotuning included) runs first, untimed, on a side stream;
+the callable is then captured in a CUDA graph. In cold mode (the default) that graph holds an
+L2 flush (a write of twice the L2's size), then a timing event, the call, and a second event
+(``torch.cuda.Event(external=True)``: event nodes inside the graph, clock ``cuda-graph-nodes``),
+and a sample is the device time between the two events of one replay: one call, its inputs out
+of the L2, and nothing of the graph's launch, which happens before the flush. In hot mode a
+graph holds several back-to-back calls and a sample is their mean, between events around one
+replay. A callable that cannot be captured is timed with events around eager launches, and the
+measurement says so. Beside the kernel figure, the eager per-call time (events around ordinary
+launches, what a user running eagerly sees) is reported as ``eager_ms``.
+
+Where the graph cannot hold the events (a torch without external CUDA events), cold
+samples are events around the replay of a one-call graph (clock ``cuda-graph``, the harness's
+first cold clock): the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) are
+enqueued first, so the host enqueues the replay while the GPU is busy and the replay starts the
+moment the start event is recorded, but the graph's launch is inside every sample. On a
+single-GPU H200 lease that was little: a one-element add read 3.58 us so, 3.26 us with the
+events in the graph, 1.05 us hot (2026-11-29; see docs/evidence.md). Without the spin, the
+first H200 runs of this harness measured flash SDPA at B=1 H=12 T=256 as 9.6 us in one run and
+38 us in the next (the same kernel; the host had been slower than the L2 flush).
+
+CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
+around each call is the measurement.
+
+Both stop sampling adaptively (``sample_adaptively``): at least ``min_samples``, then until
+the relative standard deviation is under the target or the per-case budget is spent, with
+Python's garbage collector run before and held off during the timed calls (``gc_paused``).
+Every graph a measurement captured is reset when it returns or fails, so its memory pool goes
+back to the allocator with the case (``_release_graphs``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from pytest_attnperf.measure.nvml import cool_down, read_sm_clock, read_violation_ns, violation_note
+from pytest_attnperf.measure.sampling import (
+    REPLAY_CLOCK,
+    HostTimer,
+    Measurement,
+    ReplayClock,
+    SamplingPlan,
+    Timer,
+    gc_paused,
+    sample_adaptively,
+    warm_up,
+)
+
+if TYPE_CHECKING:
+    from pytest_attnperf.hw.table import DetectedDevice
+
+__all__ = [
+    "REPLAY_CLOCK",
+    "CudaTimer",
+    "HostTimer",
+    "Measurement",
+    "ReplayClock",
+    "SamplingPlan",
+    "Timer",
+    "gc_paused",
+    "interrupt_held",
+    "one_element_add",
+    "sample_adaptively",
+]
+
+
+SPIN_CYCLES = 200_000  # about 100 us at the H200's 1980 MHz boost clock
+
+def one_element_add() -> Callable[[], Any]:
+    """The least work a CUDA case can be: adding 1 to a one-element tensor on the current device
+    (the run's sample floor, and what the noise benchmark's injected work is set after to time
+    its own least cost)."""
+    import torch
+
+    one = torch.zeros(1, device="cuda")
+    return lambda: one.add_(1)
+
+
+class CudaTimer:
+    """Device events around CUDA-graph replays, L2 flushed per sample in cold mode."""
+
+    def __init__(self, device: DetectedDevice) -> None:
+        self.device = device
+        self._flush: Any = None
+
+    def _flush_buffer(self) -> Any:
+        import torch
+
+        if self._flush is None:
+            l2 = self.device.l2_bytes or 64 * 1024 * 1024
+            self._flush = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
+        return self._flush
+
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        global _captured
+        outer, _captured = _captured, []
+        try:
+            return self._measure(fn, plan)
+        finally:
+            made, _captured = _captured, outer
+            _release_graphs(made)
+
+    def _measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        import torch
+
+        notes: list[str] = []
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture wants
+            warm_up(fn, plan)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+        eager_ms = self._eager_ms(fn, budget_s=plan.budget_s)
+        peak_mib = self._peak_mib(fn)
+        take_ms, clock, calls = self._sampler(fn, plan, notes)
+        rounds_of = getattr(take_ms, "graphs", 1)
+        index = torch.cuda.current_device()
+
+        def watched() -> tuple[list[float], str | None]:
+            """Samples, and a note when NVML's violation counters grew while they were taken
+            (this also catches a throttle that has lifted by the time the clock is read)."""
+            before, started = read_violation_ns(index), time.monotonic()
+            with gc_paused():
+                taken = sample_adaptively(take_ms, plan, rounds_of)
+            elapsed = time.monotonic() - started  # before the second NVML read
+            return taken, violation_note(before, read_violation_ns(index), elapsed)
+
+        samples, held = watched()
+        mhz, throttled = read_sm_clock(index)
+        if mhz is None:
+            notes.append("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked")
+        if throttled:
+            idled = cool_down(index)
+            notes.append(f"clock throttled ({', '.join(throttled)}) at {mhz} MHz; re-measured after {idled}")
+            samples, held = watched()
+            mhz, throttled = read_sm_clock(index)
+            if throttled:
+                notes.append(f"still throttled ({', '.join(throttled)}) after re-measuring")
+        notes.extend([held] if held else [])
+
+        return Measurement(
+            tuple(samples),
+            clock=clock,
+            mode=plan.mode,
+            calls_per_sample=calls,
+            eager_ms=eager_ms,
+            peak_mib=peak_mib,
+            notes=tuple(notes),
+            sm_clock_mhz=mhz,
+            graphs=rounds_of,
+        )
+
+    def _sampler(
+        self, fn: Callable[[], Any], plan: SamplingPlan, notes: list[str],
+    ) -> tuple[Callable[[], float], str, int]:
+        """``(take one sample in ms per call, clock name, calls per sample)`` for ``plan``'s
+        mode, the graph captured here; why a better clock could not be used goes to ``notes``.
+
+        The clocks are never compared with one another by the gate ("clock changed"): events
+        inside a graph leave out its launch (``cuda-graph-nodes``); events around the replay of
+        a one-call graph hold it (``cuda-graph``); replays of a one-call graph leave launch gaps
+        that a graph of many calls does not (``cuda-graph-replays``); eager launches hold the
+        host's overhead too (``cuda-events``)."""
+        import torch
+
+        flush = self._flush_buffer() if plan.mode == "cold" else None
+        if flush is not None:
+            nodes, failure = _capture_cold(fn, flush, plan.cold_graphs, capture_s=plan.budget_s / 2)
+            if nodes is not None:
+                if nodes.failure is not None:
+                    notes.append(f"{nodes.graphs} of {plan.cold_graphs} cold graphs usable ({nodes.failure}); "
+                                 "samples from those")
+                return nodes, "cuda-graph-nodes", 1
+        # a callable that cannot be captured has failed one capture already (the cold one):
+        # this second attempt tells "the events cannot be in a graph" from "the call cannot"
+        graph, capture_failure = _capture(fn, 1)
+        if flush is not None and graph is not None:  # the call captures; the events did not
+            notes.append(f"no timing events inside the graph ({failure}); events around the replay "
+                         "instead, the graph's launch included")
+        calls, replays = 1, 1  # calls per sample; replays of the graph per sample
+        if graph is not None and plan.mode == "hot":
+            # calls per graph from the device time of one replay, not the eager (host) time
+            graph, calls, replays, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms)
+            notes.extend([note] if note else [])
+        if capture_failure:
+            notes.append(f"not graph-capturable ({capture_failure}); timed with events around eager "
+                         "launches, launch overhead included")
+
+        if graph is None:
+            run = lambda: [fn() for _ in range(calls)]  # noqa: E731
+        else:
+            run = graph.replay if replays == 1 else (lambda: [graph.replay() for _ in range(replays)])
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        spin = getattr(torch.cuda, "_sleep", None)
+
+        def take_ms() -> float:
+            if flush is not None:
+                flush.zero_()
+            if spin is not None:
+                spin(SPIN_CYCLES)  # keeps the GPU busy while the host enqueues the replay
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / calls
+
+        clock = "cuda-events" if graph is None else "cuda-graph" if replays == 1 else "cuda-graph-replays"
+        return take_ms, clock, calls
+
+    @staticmethod
+    def _eager_ms(fn: Callable[[], Any], calls: int = 10, budget_s: float = 0.5) -> float:
+        """Median of events around single eager calls, launched back to back: ``calls`` of
+        them, or at least 3 once the host has spent ``budget_s`` launching (a slow, host-bound
+        callable, such as a Python loop over tokens, need not run ten times)."""
+        import torch
+
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
+        torch.cuda.synchronize()
+        with gc_paused():
+            deadline = time.monotonic() + budget_s
+            events[0].record()
+            made = 0
+            while made < calls:
+                fn()
+                made += 1
+                events[made].record()
+                if made >= 3 and time.monotonic() >= deadline:
+                    break
+            torch.cuda.synchronize()
+        return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(made))
+
+    @staticmethod
+    def _peak_mib(fn: Callable[[], Any]) -> float:
+        """Memory one call allocates at its peak, above what was allocated before it."""
+        import torch
+
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        del result
+        return peak / 2**20
+
+
+HOT_CALLS_PER_MS = 128  # hot mode's cap on a graph's calls, per ms of sample: 2560 at the default 20 ms,
+# where a sub-8-us call reaches it (the graph's capture and outputs grow with its calls)
+
+
+def hot_graph(
+    fn: Callable[[], Any], one_call: Any, one_ms: float, sample_ms: float,
+    capture: Callable[[Callable[[], Any], int], tuple[Any, str | None]] | None = None,
+) -> tuple[Any, int, int, str | None]:
+    """Hot mode's graph: ``(graph, calls per sample, replays per sample, note)``.
+
+    Enough back-to-back calls in one graph for a sample of about ``sample_ms`` (at most 64,
+    or ``HOT_CALLS_PER_MS`` per ms of a sample longer than 0.5 ms),
+    from ``one_ms``, the device time of one replay of ``one_call``. When that longer capture
+    fails (the graph pool holds every call's outputs, so memory can run out), the one-call
+    graph, which did capture, is replayed that many times per sample instead, and the note
+    says so: the case stays graph-timed rather than falling back to eager launches, under its
+    own clock name (``cuda-graph-replays``), since host-launched replays leave gaps between
+    short calls that one long graph does not."""
+    most = max(64, math.ceil(HOT_CALLS_PER_MS * sample_ms))
+    calls = max(1, min(most, math.ceil(sample_ms / max(one_ms, 1e-3))))
+    if calls == 1:
+        return one_call, 1, 1, None
+    longer, failure = (capture or _capture)(fn, calls)
+    if longer is not None:
+        return longer, calls, 1, None
+    return one_call, calls, calls, (f"a graph of {calls} calls failed ({failure}); each sample "
+                                    f"replays the one-call graph {calls} times")
+
+
+class _ColdGraphs:
+    """Cold samples from graphs sampled in turn: the call returns the next graph's sample."""
+
+    def __init__(self, takes: list[Callable[[], float]], failure: str | None) -> None:
+        self.takes, self.failure, self.next = takes, failure, 0
+
+    @property
+    def graphs(self) -> int:
+        return len(self.takes)
+
+    def __call__(self) -> float:
+        take = self.takes[self.next]
+        self.next = (self.next + 1) % len(self.takes)
+        return take()
+
+
+def _capture_cold(
+    fn: Callable[[], Any], flush: Any, graphs: int = 1, capture_s: float = math.inf,
+) -> tuple[_ColdGraphs | None, str | None]:
+    """Cold mode's sampler: a graph of an L2 flush, a timing event, one call and a second
+    event, the events recorded as nodes of the graph (``torch.cuda.Event(external=True)``), so
+    a sample is the call alone: the replay's launch and the flush come before the first event.
+    Returns ``(take one sample in ms, None)``, or ``(None, why)`` when this torch has no such
+    events, the capture fails, or the events of a first replay cannot be read.
+
+    ``graphs`` such graphs are captured (the later ones in the first one's memory pool: they
+    are replayed one at a time, never together) and the sampler goes round them, one sample
+    each in turn. Each capture of the same call has its own median: on the H200, short SDPA
+    forwards (12-14 us) read 0.3-1.6% apart (standard deviation) from one capture to the next in
+    one process, range up to 5%, while one graph replayed over the same time kept within
+    0.0-0.2% for two of them (on the H200, 2026-11-29, three processes on each of two GPUs). A run
+    of one graph draws one of those medians; the median over ``graphs`` captures averages that
+    part. What remains moves only from one process to the next (those cases' means over 28
+    captures, inputs and flush buffers renewed too, differed by 0.4-0.5% sd between three
+    processes), which a run averages only by timing the case in more processes
+    (``--attnperf-processes``, processes.py). No graph is begun
+    once ``capture_s`` seconds have gone on capturing: a host-bound call (fla's naive
+    recurrences, a Python loop of up to 1.5 s a call) is captured once, and its long kernels
+    did not move between processes anyway (0.02-0.29%, on the H200, 2026-11-29). When a later capture fails
+    (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
+    import torch
+
+    takes: list[Callable[[], float]] = []
+    pool: Any = None
+    deadline = time.monotonic() + capture_s
+    while len(takes) < max(1, graphs) and (not takes or time.monotonic() < deadline):
+        try:
+            start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+        except TypeError:
+            return None, f"torch {torch.__version__} has no external CUDA events (torch.cuda.Event(external=True))"
+        taken, pool, failure = _one_cold_graph(fn, flush, start, end, pool)
+        if taken is None:
+            if not takes:
+                return None, failure
+            return _ColdGraphs(takes, failure), None
+        takes.append(taken)
+    return _ColdGraphs(takes, None), None
+
+
+def _one_cold_graph(
+    fn: Callable[[], Any], flush: Any, start: Any, end: Any, pool: Any,
+) -> tuple[Callable[[], float] | None, Any, str | None]:
+    """One cold graph, in ``pool`` when given: ``(take one sample, its pool, None)`` or
+    ``(None, pool, why)``."""
+
+    def body() -> None:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+
+    graph, failure = _capture(body, 1, pool=pool)
+    if graph is None:
+        return None, pool, failure
+
+    def take_ms() -> float:
+        graph.replay()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    try:
+        take_ms()
+    except Exception as exc:  # noqa: BLE001 - events a graph recorded but torch cannot read: use another clock
+        return None, pool, f"{type(exc).__name__}: {str(exc)[:120]}"
+    return take_ms, graph.pool() if pool is None else pool, None
+
+
+_captured: list[Any] | None = None  # the graphs of the measurement under way (CudaTimer.measure)
+
+
+def _release_graphs(graphs: list[Any]) -> None:
+    """Reset each graph (``CUDAGraph.reset``): its memory pool is given back to the caching
+    allocator now, even where a reference to the graph outlives the measurement (after the
+    device has finished with them: a measurement stopped mid-replay leaves one in flight)."""
+    if graphs:
+        import torch
+
+        torch.cuda.synchronize()
+    for graph in graphs:
+        reset = getattr(graph, "reset", None)
+        if reset is not None:
+            reset()
+    graphs.clear()
+
+
+@contextmanager
+def interrupt_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT, also ``timeout -s INT``) held while the block runs and delivered to its
+    handler when the block ends. A graph capture must end before an interrupt raises: raised
+    inside the capture, it leaves the stream capturing, and the run can die there without its
+    failures, its JUnit file or its baseline write. A second SIGINT while one is held is
+    delivered at once (a capture stuck in Python code can still be stopped), unless it came
+    within ``child_run.ECHO_S`` of the first: ``timeout`` signals the command and then its
+    group, so one interrupt can arrive twice. Only the main thread handles signals; elsewhere,
+    or with SIGINT ignored or not Python's, nothing is held. The case's time limit (SIGALRM) is
+    not held: its watchdog must still see a stuck capture."""
+    import signal
+    import threading
+
+    from pytest_attnperf.measure import child as child_run
+
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or handler in (signal.SIG_IGN, signal.SIG_DFL, None):
+        yield
+        return
+    held: list[float] = []  # when the first one came
+
+    def hold(signum: int, frame: Any) -> None:
+        if not held:
+            held.append(time.monotonic())
+        elif time.monotonic() - held[0] >= child_run.ECHO_S:  # pressed again: let it through now
+            signal.signal(signal.SIGINT, handler)
+            signal.raise_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        restored = signal.getsignal(signal.SIGINT) is handler
+        signal.signal(signal.SIGINT, handler)
+        if held and not restored:
+            signal.raise_signal(signal.SIGINT)
+
+
+def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, str | None]:
+    """A CUDA graph of ``calls`` back-to-back calls, or (None, why) when capture fails;
+    in memory pool ``pool`` when given (another graph's ``.pool()``). Inside
+    ``CudaTimer.measure``, the graph is reset when the measurement ends.
+
+    An interrupt arriving during the capture is held until the capture has ended and the
+    graph is registered for release (``interrupt_held``). A failed capture can leave the
+    capture stream current (torch leaves its stream context only after ending the capture,
+    which is what raised): the previous stream is restored, also when the case is stopped
+    mid-capture (its time limit, or a second interrupt)."""
+    import torch
+
+    previous = torch.cuda.current_stream()
+    graph = torch.cuda.CUDAGraph()
+    with interrupt_held():
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                for _ in range(calls):
+                    fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: time eagerly
+            torch.cuda.set_stream(previous)
+            torch.cuda.synchronize()
+            return None, f"{type(exc).__name__}: {str(exc)[:120]}"
+        except BaseException:
+            torch.cuda.set_stream(previous)
+            raise
+        if _captured is not None:
+            _captured.append(graph)
+    return graph, None
+
+
+def _time_replay(replay: Callable[[], Any]) -> float:
+    """Device ms of one replay (median of 5), launch latency kept out by a spin kernel."""
+    import torch
+
+    spin = getattr(torch.cuda, "_sleep", None)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        if spin is not None:
+            spin(SPIN_CYCLES)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def default_timer(device: DetectedDevice) -> Timer:
+    return CudaTimer(device) if device.is_gpu else HostTimer()

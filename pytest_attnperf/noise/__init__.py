@@ -1,0 +1,1 @@
+"""The noise benchmark (a console script): repeated runs, injected slowdowns and what the gate caught."""

@@ -1,0 +1,1 @@
+"""Runs spread over pytest-xdist workers (one per GPU) and their shared state."""

@@ -1,0 +1,431 @@
+"""Runs spread over pytest-xdist workers: one worker per GPU, one set of results.
+
+The controller (the process ``pytest -n N`` starts) counts the GPUs this host shows
+(``pytest_attnperf_visible_gpus``), gives worker ``gwK`` the K-th in its worker input, and runs
+``--dist load`` as ``loadgroup``, with the cases of one shape in one group, so a shape's
+compilation and autotuning happen on one worker. ``-n auto`` starts one worker per GPU.
+
+A worker sets ``CUDA_VISIBLE_DEVICES`` to its GPU in ``pytest_configure``, before anything
+initialises CUDA, so ``cuda:0`` is its own card; its ``--attnperf-processes`` runs inherit the
+pin and take turns with it on that card. Each measured case's summary row and baseline entry
+travel to the controller on the case's teardown report as it finishes (a worker that dies later
+keeps what it sent); the worker's hardware, environment, floors and autotune results follow in
+its worker output at its end. The controller alone writes the baseline file (once, under its
+lock), the autotune choices, the summary and the report.
+
+More timing workers than GPUs would time two cases at once on one card: with an explicit
+attnperf run (``--hw``, ``--update-baselines``, ``--attnperf-suites``) that is refused at start-up,
+otherwise every timed case on a worker that shares its GPU fails with the reason. Without a GPU,
+timing is serialised across the workers on a lock (the other workers' checks still share the
+CPU, which the summary says).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the CPU's turns are not taken there
+    fcntl = None  # type: ignore[assignment]
+
+from pytest_attnperf.parallel.fleet import (
+    INPUT_KEY,
+    OUTPUT_KEY,
+    REPORT_ATTR,
+    Fleet,
+    Seat,
+    WorkerShare,
+    _expanded,
+    _local,
+    decode,
+    encode,
+    group_of,
+    is_controller,
+    is_worker,
+)
+
+if TYPE_CHECKING:
+    from pytest_attnperf.outcome import Row
+    from pytest_attnperf.session import AttnPerfSession
+
+__all__ = ["add_groups", "attach_case", "configure", "configure_node", "make_scheduler", "node_down", "planned",
+           "summary_lines", "timing_turn", "worker_output"]
+
+
+def _explicit(session: AttnPerfSession) -> bool:
+    """Whether the run asks for attnperf's timing in so many words (``--hw``, ``--update-baselines``,
+    ``--attnperf-suites``, from the command line, the environment or the ini file)."""
+    s = session.settings
+    return s.hw is not None or s.update_baselines or bool(s.suites)
+
+
+
+def configure(config: pytest.Config, session: AttnPerfSession) -> None:
+    """Called by ``pytest_configure``: a worker pins its GPU, a controller plans the fleet."""
+    if is_worker(config):
+        session.seat = _take_seat(config)
+    elif is_controller(config):
+        session.fleet = _plan(config, session)
+        config.pluginmanager.register(_Receiver(session), "attnperf-xdist-receiver")
+
+
+
+class _Receiver:
+    """The controller's listener for the cases' reports."""
+
+    def __init__(self, session: AttnPerfSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            receive_case(self.session, report)
+
+
+
+def planned(config: pytest.Config) -> bool:
+    """Whether this pytest-xdist run gets one GPU per worker: a project or run that configures
+    attnperf (any attnperf option given, on the command line, in the environment or as an ini
+    key). Other projects that merely have the plugin installed keep pytest-xdist as it is."""
+    from pytest_attnperf.options import configured
+
+    return configured(config)
+
+
+
+def _plan(config: pytest.Config, session: AttnPerfSession) -> Fleet:
+    option = config.option
+    workers = len(getattr(option, "tx", None) or []) or int(getattr(option, "numprocesses", 0) or 0)
+    specs = _expanded([str(spec) for spec in getattr(option, "tx", None) or []])
+    if not planned(config):
+        return Fleet(gpus=[], workers=len(specs) or workers, specs=specs, planned=False)
+    gpus = config.hook.pytest_attnperf_visible_gpus(config=config)
+    fleet = Fleet(gpus=list(gpus or []), workers=len(specs) or workers, specs=specs)
+    if getattr(option, "dist", None) == "each":
+        raise pytest.UsageError("attnperf: --dist each runs every case on every worker, and one baseline entry "
+                                "cannot hold several GPUs' figures; use --dist load (the default of -n)")
+    if fleet.shared_gpu and _explicit(session) and not option.collectonly:
+        raise pytest.UsageError(
+            f"attnperf: {fleet.workers} pytest-xdist workers for {len(fleet.gpus)} GPU(s): two workers would time "
+            f"on one card at once and each would slow the other; run with -n {len(fleet.gpus)} (or -n auto)")
+    if getattr(option, "dist", None) == "load":
+        option.dist = "loadgroup"  # a shape's cases on one worker: warm-up and autotuning once (see group_of)
+    if getattr(option, "maxworkerrestart", "") is None:
+        # pytest-xdist's group scheduling does not recover from a crashed worker (a replacement
+        # re-ran the crashing case, or the run hung): the run goes on without it, and the cases it
+        # finished are kept; --max-worker-restart=N asks for replacements all the same
+        option.maxworkerrestart = "0"
+    if fleet.gpus and specs:  # the pin in each worker's environment from its start, before any conftest runs
+        option.tx = [f"{spec}//env:CUDA_VISIBLE_DEVICES={fleet.gpu_for(f'gw{i}')}" if _local(spec) else spec
+                     for i, spec in enumerate(specs)]
+    return fleet
+
+
+
+def _take_seat(config: pytest.Config) -> Seat:
+    given = config.workerinput.get(INPUT_KEY) or {}  # type: ignore[attr-defined]
+    seat = Seat(worker=str(config.workerinput.get("workerid", "gw?")),  # type: ignore[attr-defined]
+                gpu=given.get("gpu"), gpus=int(given.get("gpus", 0)), workers=int(given.get("workers", 1)),
+                testrunuid=str(config.workerinput.get("testrunuid", "")),  # type: ignore[attr-defined]
+                unplanned=bool(given.get("unplanned", False)))
+    if given.get("loadgroup"):  # the controller's --dist (loadgroup for load), which a worker does not parse
+        config.option.loadgroup = True
+    if seat.gpu is None:
+        return seat
+    if given.get("shared"):
+        seat.refusal = (f"{seat.workers} pytest-xdist workers share {seat.gpus} GPU(s), so {seat.worker} would time on "
+                        f"GPU {seat.gpu} while another worker does: run with -n {seat.gpus} (or -n auto)")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        seat.refusal = (f"CUDA was initialised before pytest-attnperf could pin {seat.worker} to GPU {seat.gpu} "
+                        "(a conftest.py or plugin used CUDA while loading), so this worker's cuda:0 may be another "
+                        "worker's card; keep CUDA calls out of module level")
+    os.environ["CUDA_VISIBLE_DEVICES"] = seat.gpu
+    return seat
+
+
+
+def configure_node(config: pytest.Config, session: AttnPerfSession, node: Any) -> None:
+    """Controller: the worker's GPU and the fleet's size, in the worker's input."""
+    fleet = session.fleet
+    if fleet is None:
+        return
+    worker = str(node.gateway.id)
+    fleet.testrunuid = str(node.workerinput.get("testrunuid", ""))
+    if not fleet.planned:
+        node.workerinput[INPUT_KEY] = {"gpu": None, "gpus": 0, "workers": fleet.workers, "unplanned": True}
+        return
+    pinned = (getattr(getattr(node.gateway, "spec", None), "env", None) or {}).get("CUDA_VISIBLE_DEVICES")
+    gpu = pinned or fleet.gpu_for(worker)  # a restarted worker keeps its spec, and so its GPU
+    fleet.shares[worker] = WorkerShare(gpu=gpu)
+    node.workerinput[INPUT_KEY] = {"gpu": gpu, "gpus": len(fleet.gpus), "workers": fleet.workers,
+                                   "shared": fleet.shares_gpu(worker),
+                                   "loadgroup": getattr(config.option, "dist", None) == "loadgroup"}
+
+
+
+def _groups_path(testrunuid: str, worker: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"attnperf-groups-{testrunuid}-{worker}.json"
+
+
+
+def add_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a worker under ``loadgroup``: mark each measured case with its group (``group_of``)
+    and write the node id -> group map for the controller's scheduler (``make_scheduler``):
+    pytest-xdist's own way, a ``@group`` suffix on the node id, does not take with pytest 9,
+    whose node ids cannot be changed after collection."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    groups = {}
+    for item in items:
+        name = group_of(item)
+        if name is not None:
+            groups[item.nodeid] = name
+            item.add_marker(pytest.mark.xdist_group(name))
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or not groups:
+        return
+    from pytest_attnperf.store.baselines import write_atomic
+
+    try:
+        write_atomic(_groups_path(str(workerinput.get("testrunuid", "")), str(workerinput.get("workerid", ""))),
+                     json.dumps(groups))
+    except OSError:  # no map: each case is its own group, as without grouping
+        pass
+
+
+
+def make_scheduler(config: pytest.Config, log: Any, session: AttnPerfSession) -> Any:
+    """Controller, under ``loadgroup``: pytest-xdist's group scheduling, with each case's group
+    read from the map its workers wrote (same host), else from the node id's ``@group``."""
+    fleet = session.fleet
+    if fleet is None or config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    groups = fleet.groups
+
+    class ShapeScheduling(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return groups().get(nodeid) or str(super()._split_scope(nodeid))
+
+    return ShapeScheduling(config, log)
+
+
+
+@contextmanager
+def timing_turn(session: AttnPerfSession) -> Iterator[None]:
+    """Around a case's timing in a worker: fails the case when the worker may not time (its
+    GPU is shared); without a GPU, waits for the other workers' timing to end (a lock file per
+    test run). Elsewhere it does nothing."""
+    seat = session.seat
+    if seat is None:
+        yield
+        return
+    if seat.unplanned and session.device.is_gpu:
+        pytest.fail("attnperf: not timed: this pytest-xdist run gave its workers no GPU each, so they would time "
+                    "on one card at once; name the run (--hw=..., or any attnperf option or ini key) and pytest-"
+                    "attnperf gives each worker its own GPU", pytrace=False)
+    if seat.refusal is not None:
+        pytest.fail(f"attnperf: not timed: {seat.refusal}", pytrace=False)
+    if not seat.cpu_turns or fcntl is None:
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / f"attnperf-timing-{seat.testrunuid or os.getppid()}.lock"
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+
+def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, entry: dict[str, Any] | None,
+                autotune_files: dict[str, str] | None = None) -> None:
+    """Worker, on a teardown report: the rows this test added and its baseline entry (when it
+    passed and the run records), for the controller."""
+    seat = session.seat
+    if seat is None:
+        return
+    rows = session.rows[seat.rows_sent:]
+    seat.rows_sent = len(session.rows)
+    if not rows and entry is None:
+        return
+    case: dict[str, Any] = {"key": key, "rows": rows, "entry": entry, "worker": seat.worker,
+                            "autotune": autotune_files or {}}
+    if not seat.facts_sent:  # with the first case: the controller can write even if this worker dies later
+        case["facts"] = _facts(session)
+        seat.facts_sent = True
+    try:
+        setattr(report, REPORT_ATTR, encode(case))
+    except Exception as exc:  # noqa: BLE001 - named on the controller, never an internal error here
+        setattr(report, REPORT_ATTR, encode({"key": key, "rows": [], "entry": None, "worker": seat.worker,
+                                             "error": f"{type(exc).__name__}: {exc}"}))
+
+
+
+def _facts(session: AttnPerfSession) -> dict[str, Any]:
+    """The worker's device, hardware spec and software environment (all known once a case was measured)."""
+    facts = {}
+    for name in ("device", "hardware", "environment"):
+        try:
+            facts[name] = getattr(session, name)
+        except Exception:  # noqa: BLE001 - what cannot be had is left out
+            pass
+    return facts
+
+
+
+def _adopt_facts(session: AttnPerfSession, facts: dict[str, Any], worker: str) -> None:
+    """Controller: the first worker's facts become the session's (the controller never opens a
+    device); a worker on other hardware stops the run from writing any baseline."""
+    fleet = session.fleet
+    assert fleet is not None
+    share = fleet.shares.setdefault(worker, WorkerShare(gpu=None))
+    device = facts.get("device")
+    if device is not None and share.device is None:
+        uuid = (device.extra or {}).get("uuid")
+        share.device = device.name + (f", {uuid}" if uuid else "")
+    hardware = facts.get("hardware")
+    if hardware is None:
+        return
+    known = session.__dict__.get("hardware")
+    if known is None:
+        for name in ("device", "hardware", "environment"):
+            if name in facts:
+                session.__dict__[name] = facts[name]  # the session's cached properties, as a worker found them
+    elif known.name != hardware.name and fleet.mixed is None:
+        fleet.mixed = (f"the workers measured on different hardware ({known.name}, and {hardware.name} on {worker}), "
+                       "which one baseline file cannot hold; run each kind of card apart")
+        fleet.problems.append(fleet.mixed)
+
+
+
+def receive_case(session: AttnPerfSession, report: pytest.TestReport) -> None:
+    """Controller: a case's rows and entry, as its teardown report arrives."""
+    text = getattr(report, REPORT_ATTR, None)
+    if session.fleet is None or not isinstance(text, str):
+        return
+    try:
+        case = decode(text)
+    except Exception as exc:  # noqa: BLE001 - a payload that cannot be read is named, never dropped silently
+        session.fleet.problems.append(f"{report.nodeid}: its results could not be read ({type(exc).__name__}: {exc})")
+        return
+    if case.get("error"):
+        session.fleet.problems.append(f"{case['key']}: its results could not be sent ({case['error']}); not recorded")
+        return
+    if case.get("facts"):
+        _adopt_facts(session, case["facts"], case["worker"])
+    if any(row.nodeid == case["key"] for row in session.rows):  # a rerun's or --dist each's second: first kept
+        session.fleet.problems.append(f"{case['key']}: measured more than once; the first result is kept")
+        return
+    session.rows.extend(case["rows"])
+    if case["entry"] is not None:
+        session.commit(case["key"], case["entry"])
+    for rel, text in case.get("autotune", {}).items():
+        session.fleet.autotune_files[rel] = text
+        session.fleet.autotune_keep[rel] = case["key"]
+    share = session.fleet.shares.setdefault(case["worker"], WorkerShare(gpu=None))
+    share.cases += len(case["rows"])
+
+
+
+def worker_output(config: pytest.Config, session: AttnPerfSession, autotune_payload: Any) -> None:
+    """Worker, at session end: what the controller needs besides the cases."""
+    if session.seat is None or not hasattr(config, "workeroutput"):
+        return
+    from pytest_attnperf.families.parametrize import removed
+
+    payload: dict[str, Any] = {"worker": session.seat.worker, "checked_only": session.checked_only,
+                               "autotune": autotune_payload, "removed": removed(config)}
+    if session.rows or session.pending:  # the device was looked up for them: its facts are known and cheap
+        payload["facts"] = _facts(session)
+        payload["drift"] = session.drift()
+        payload["floor"] = session.floor
+        payload["floor_refusals"] = sorted(session.floor_refusals)
+    if session.workers is not None:
+        payload["processes"] = session.workers.summary(session.settings.processes_below_ms)
+    config.workeroutput[OUTPUT_KEY] = encode(payload)  # type: ignore[attr-defined]
+
+
+
+def node_down(session: AttnPerfSession, node: Any, error: object | None) -> None:
+    """Controller: a worker ended; take its end-of-run payload, and its device's facts for the
+    baseline file and the report (the controller never opens a device)."""
+    fleet = session.fleet
+    if fleet is None:
+        return
+    worker = str(node.gateway.id)
+    share = fleet.shares.setdefault(worker, WorkerShare(gpu=None))
+    text = getattr(node, "workeroutput", {}).get(OUTPUT_KEY)
+    if not isinstance(text, str):
+        if error is not None:
+            fleet.problems.append(f"{worker} ended early ({error}); the cases it finished are kept")
+        return
+    try:
+        payload = decode(text)
+    except Exception as exc:  # noqa: BLE001
+        fleet.problems.append(f"{worker}: its end-of-run results could not be read ({type(exc).__name__}: {exc})")
+        return
+    share.finished = payload
+    session.checked_only += int(payload.get("checked_only", 0))
+    from pytest_attnperf.families.parametrize import REMOVED_KEY
+
+    if payload.get("removed") and REMOVED_KEY not in session.config.stash:  # every worker collects them all
+        session.config.stash[REMOVED_KEY] = list(payload["removed"])
+    if payload.get("facts"):
+        _adopt_facts(session, payload["facts"], worker)
+
+
+
+def summary_lines(session: AttnPerfSession) -> list[str]:
+    """The controller's lines on the fleet: each worker's GPU and device, its cases, its floor."""
+    fleet = session.fleet
+    if fleet is None or not (session.rows or fleet.problems):  # a run that measured nothing: no word of it
+        return []
+    lines = []
+    if fleet.gpus:
+        each = "one GPU each" if not fleet.shared_gpu else "MORE workers than GPUs"
+        lines.append(f"pytest-xdist: {fleet.workers} workers, {each} (CUDA_VISIBLE_DEVICES={','.join(fleet.gpus)})")
+    elif fleet.workers > 1:
+        lines.append(f"pytest-xdist: {fleet.workers} workers, no GPU: timing took turns on a lock, but the other "
+                     "workers' checks shared the CPU meanwhile; record CPU baselines without -n")
+    for worker in sorted(fleet.shares, key=lambda w: (len(w), w)):
+        share = fleet.shares[worker]
+        where = f"GPU {share.gpu}" if share.gpu is not None else "CPU"
+        device = f" ({share.device})" if share.device else ""
+        lines.append(f"  {worker}: {where}{device}: {share.cases} measured cases")
+        payload = share.finished or {}
+        floor = payload.get("floor")
+        if floor and floor[0] is not None:
+            lines.append(f"    sample floor ({floor[1]}): {1e3 * floor[0]:.2f} us")
+        lines.extend(f"    {line}" for line in payload.get("processes", ()))
+        lines.extend(f"    floors not used: {refused}" for refused in payload.get("floor_refusals", ()))
+    lines.extend(f"pytest-xdist: {problem}" for problem in fleet.problems)
+    return lines
+
+
+
+def merged_drift(session: AttnPerfSession) -> list[str]:
+    """The environment drift the workers found, each line once."""
+    seen: list[str] = []
+    for share in (session.fleet.shares.values() if session.fleet else ()):
+        for line in (share.finished or {}).get("drift", ()):
+            if line not in seen:
+                seen.append(line)
+    return seen
+
+
+
+def rows_in_order(rows: list[Row]) -> list[Row]:
+    """The controller's rows in node-id order (workers finish cases in no fixed order)."""
+    return sorted(rows, key=lambda row: row.nodeid)

@@ -1,0 +1,1 @@
+"""What a run tells: the terminal summary, the wall-time line and the studies report."""

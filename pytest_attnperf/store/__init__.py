@@ -1,0 +1,1 @@
+"""Where numbers are kept: baseline files and their entries, the recording journal, Triton autotune choices, the environment header."""

@@ -1,0 +1,391 @@
+"""Per-hardware baseline files: ``<folder>/<hw>.yaml``.
+
+Layout (sorted keys, rounded floats, so a diff reads well)::
+
+    format: 1
+    meta: {hardware: h200, device: NVIDIA H200, torch: ..., triton: ..., fla: ..., cuda: ...,
+           driver: ..., date: ...}
+    entries:
+      suites/test_softmax.py::test_softmax[...]: {median_ms: ..., ci_low_ms: ..., ...}
+
+A file that cannot be read is never overwritten: ``load`` raises ``BaselineError`` naming the
+file and the cause, and an update then writes nothing. An entry that fails validation
+(``Summary.from_mapping``) is, with ``keep_unusable``, set aside in ``unusable`` with its cause:
+its case fails, the others are gated, and the entry is written back as it was until a
+measurement replaces it.
+
+``save`` writes a temporary file in the same folder, flushes it to disk and renames it over the
+old one, so a reader sees the old file or the new one, never half of one. ``update`` reloads,
+merges and saves under an exclusive lock (``locked``), so two runs finishing together each keep
+the other's entries; ``merge`` replaces only the entries that were measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_attnperf.gate.verdict import Summary
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: updates are not locked (see ``locked``)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "FORMAT", "LOCK_TIMEOUT_S", "BaselineError", "BaselineFile", "LockTimeout", "Unusable", "load", "lock_path",
+    "locked", "merge", "remove_stale_temporaries", "rounded", "save", "save_unsaved", "temporaries", "update",
+    "write_atomic",
+]
+
+FORMAT = 1
+LOCK_TIMEOUT_S = 120.0  # an update waits this long for another run's update of the same file
+
+# libyaml's loader and dumper when PyYAML was built with it (about twice as fast on a large file)
+_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be used; the message names the file and the cause."""
+
+
+class LockTimeout(BaselineError):
+    """Another process held the baseline file's lock for longer than the timeout."""
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """An entry that failed validation: written back as it was (``raw``), its case failing with
+    ``problem`` (the file, the entry and ``cause``) until ``--update-baselines`` measures it again."""
+
+    raw: Any
+    cause: str
+    problem: str
+
+
+@dataclass
+class BaselineFile:
+    meta: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unusable: dict[str, Unusable] = field(default_factory=dict)
+    digest: str | None = field(default=None, compare=False)  # sha256 of the bytes it was loaded from
+    _summaries: dict[str, Summary] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def summary(self, key: str) -> Summary | None:
+        """The entry read as a Summary (once; kept for later calls), None for an unknown key."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        summary = self._summaries.get(key)
+        if summary is None:
+            summary = self._summaries[key] = Summary.from_mapping(entry)
+        return summary
+
+
+def rounded(value: Any, digits: int = 5) -> Any:
+    """Floats (also in a list) to ``digits`` significant digits; other values unchanged."""
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    if isinstance(value, float) and math.isfinite(value) and value != 0.0:
+        return round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
+    return value
+
+
+def entry_problem(entry: Any) -> str | None:
+    """Why ``entry`` cannot be gated against, None when it can."""
+    if not isinstance(entry, dict):
+        return f"not a mapping but {type(entry).__name__} {entry!r:.60}"
+    try:
+        Summary.from_mapping(entry)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    """The cyclic garbage collector off for the block: reading or writing a 50 MB file makes
+    millions of objects, none of them garbage, and each collection would walk all made so far
+    (half the time of a load)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _parse(text: str) -> Any:
+    """The YAML document in ``text``."""
+    with _collector_off():
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
+
+
+def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
+    """The file's contents, None when it does not exist; ``BaselineError`` when unusable.
+
+    An entry that fails validation raises too, naming it, unless ``keep_unusable``: then it is
+    set aside in ``unusable`` with its cause, and the others load."""
+    if not path.exists():
+        return None
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BaselineError(f"baseline file {path} cannot be read: {exc}") from None
+    if not text.strip():
+        raise BaselineError(f"baseline file {path} is empty; remove it or restore it from version control")
+    try:
+        data = _parse(text)
+    except yaml.YAMLError as exc:
+        raise BaselineError(f"baseline file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BaselineError(
+            f"baseline file {path} is not an attnperf baseline (expected a mapping with "
+            f"'format: {FORMAT}', 'meta' and 'entries')"
+        )
+    meta, entries = data.get("meta") or {}, data.get("entries") or {}
+    if not isinstance(meta, dict) or not isinstance(entries, dict):
+        raise BaselineError(f"baseline file {path}: 'meta' and 'entries' must be mappings")
+    loaded = BaselineFile(meta=meta, digest=hashlib.sha256(raw).hexdigest())
+    for key, entry in entries.items():
+        problem = entry_problem(entry)
+        if problem is None:
+            loaded.entries[str(key)] = entry
+        elif keep_unusable:
+            loaded.unusable[str(key)] = Unusable(entry, problem, f"baseline file {path}, entry '{key}': {problem}")
+        else:
+            raise BaselineError(f"baseline file {path}, entry '{key}': {problem}")
+    return loaded
+
+
+def merge(
+    existing: BaselineFile | None, measured: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]
+) -> BaselineFile:
+    """Existing entries, with those in ``measured`` replaced or added; ``meta`` updated.
+
+    Unusable entries are kept as they were, except those measured now. ``existing`` is not
+    changed; its entries are shared, not copied (no one changes an entry in place)."""
+    merged = BaselineFile(
+        meta={**(existing.meta if existing else {}), **meta},
+        entries=dict(existing.entries) if existing else {},
+        unusable={k: v for k, v in existing.unusable.items() if k not in measured} if existing else {},
+    )
+    for key, entry in measured.items():
+        merged.entries[key] = {k: rounded(v) for k, v in entry.items()}
+    return merged
+
+
+def _file_mode(path: Path) -> int:
+    """The old file's permissions, or what the umask gives a new file (mkstemp makes 0600)."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def save(path: Path, baseline: BaselineFile) -> None:
+    """Write atomically: temporary file in the same folder, fsync, rename. Unusable entries are
+    written back as they were. Not locked: ``update`` is the read-merge-write that is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = {**{k: u.raw for k, u in baseline.unusable.items()}, **baseline.entries}
+    with _collector_off():
+        text = yaml.dump(
+            {"format": FORMAT, "meta": baseline.meta, "entries": entries},
+            Dumper=_DUMPER,
+            sort_keys=True,
+            default_flow_style=False,
+            width=120,
+        )
+    write_atomic(path, text)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file in the same folder, fsync and rename, so a
+    reader sees the old file or the new one, never half of one; the old file's permissions kept."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, _file_mode(path))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# -- updates: the lock, left-over temporaries, the fallback file ----------------------------
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file beside ``path``: ``<folder>/.<hw>.yaml.lock`` (left in place: removing it
+    would let a waiting process lock a file that a newcomer no longer sees)."""
+    return path.with_name(f".{path.name}.lock")
+
+
+def temporaries(path: Path) -> list[Path]:
+    """``save``'s temporary files of ``path`` in its folder (``.<hw>.yaml.<random>.tmp``)."""
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    return sorted(path.parent / n for n in names if n.startswith(prefix) and n.endswith(".tmp"))
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporaries of ``path`` that a killed writer left; call under ``locked``,
+    where no other writer can be half-way (every writer holds the lock while it writes one)."""
+    removed = []
+    for tmp in temporaries(path):
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(tmp)
+    return removed
+
+
+def _holder(lock: Path) -> str:
+    try:
+        pid = lock.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (process {pid})" if pid.isdigit() else ""
+
+
+@contextmanager
+def locked(path: Path, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path(path)`` for the block.
+
+    Two runs ending together each read the file, merge their entries and rename a new file over
+    it; without the lock the later rename drops the entries of the earlier one. The lock is on a
+    sibling file, not the baseline itself, because ``save`` replaces the baseline's inode: a lock
+    on the old one would not be seen by a process opening the new one. The kernel releases it
+    when the holder dies, so a killed run never blocks the next. Waits up to ``timeout_s``
+    (``LOCK_TIMEOUT_S`` by default), then raises ``LockTimeout``; an ``OSError`` (unwritable
+    folder) passes through. Without ``fcntl`` (not POSIX) nothing is locked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    lock, timeout_s = lock_path(path), LOCK_TIMEOUT_S if timeout_s is None else timeout_s
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(
+                        f"baseline file {path}: another update held {lock}{_holder(lock)} for more than "
+                        f"{timeout_s:g} s"
+                    ) from None
+                time.sleep(0.02)
+        try:  # who holds it, for the message of a process that times out waiting
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def update(
+    path: Path, measured: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
+    timeout_s: float | None = None, known: BaselineFile | None = None,
+) -> tuple[BaselineFile, list[Path]]:
+    """Merge ``measured`` into the file at ``path`` under its lock: remove stale temporaries,
+    reload (another run may have written since this one read it; ``known``, the file as this run
+    read it, is used instead when the bytes are still the same), merge, save. Returns the merged
+    file and the temporaries removed. ``BaselineError`` (unreadable file: nothing is written;
+    ``LockTimeout``) and ``OSError`` (cannot write) pass through."""
+    with locked(path, timeout_s):
+        removed = remove_stale_temporaries(path)
+        if known is None or known.digest is None or known.digest != _digest(path):
+            known = load(path, keep_unusable=True)
+        merged = merge(known, measured, meta)
+        save(path, merged)
+    return merged, removed
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of the file's bytes, None when it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def save_unsaved(hw: str, measured: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
+                 folder: Path | None = None) -> Path:
+    """Write ``measured`` as a baseline file of its own, ``attnperf-<hw>-unsaved-<time>-<pid>.yaml``
+    in ``folder`` (the system's temporary folder by default), for an update that could not write
+    the real one; ``attnperf-baselines merge`` merges it in later."""
+    folder = Path(tempfile.gettempdir()) if folder is None else folder
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = folder / f"attnperf-{hw}-unsaved-{stamp}-{os.getpid()}.yaml"
+    save(path, merge(None, measured, meta))
+    return path
+
+
+# -- command line: merge a saved-aside file -------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``attnperf-baselines merge FROM INTO``: merge the entries of FROM (a file
+    an update could not write, saved aside) into INTO, under INTO's lock."""
+    parser = argparse.ArgumentParser(prog="attnperf-baselines")
+    commands = parser.add_subparsers(dest="command", required=True)
+    merging = commands.add_parser("merge", help="merge FROM's entries into INTO (FROM's replace INTO's)")
+    merging.add_argument("source", type=Path, metavar="FROM")
+    merging.add_argument("target", type=Path, metavar="INTO")
+    merging.add_argument("--since", type=Path, metavar="BASE",
+                         help="merge only FROM's entries that differ from BASE's (FROM: a copy of BASE that a run "
+                              "on another host updated)")
+    args = parser.parse_args(argv)
+    try:
+        source = load(args.source)
+        if source is None:
+            raise BaselineError(f"baseline file {args.source} does not exist")
+        entries = source.entries
+        if args.since is not None:
+            base = load(args.since)
+            if base is None:
+                raise BaselineError(f"baseline file {args.since} (--since) does not exist")
+            before = base.entries
+            entries = {key: entry for key, entry in entries.items() if before.get(key) != entry}
+        merged, _ = update(args.target, entries, source.meta)
+    except (BaselineError, OSError) as exc:
+        print(f"not merged: {exc}", file=sys.stderr)
+        return 1
+    print(f"merged {len(entries)} entries from {args.source} into {args.target} "
+          f"({len(merged.entries) + len(merged.unusable)} in all)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
