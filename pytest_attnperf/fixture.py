@@ -124,10 +124,13 @@ class Perf:
         """The verdict on ``measurement`` (``policy.decide``), after timing once more where it
         suspects a regression; a baseline file or entry that cannot be read fails the case."""
         session = self._session
+        problem = None
         try:
             baseline = session.baseline
         except BaselineError as exc:
-            pytest.fail(f"{exc}\nNothing was written; fix or remove the file.", pytrace=False)
+            problem = f"{exc}\nNothing was written; fix or remove the file."
+        if problem is not None:  # failed outside the handler: the message alone, no chained traceback
+            pytest.fail(problem, pytrace=False)
         if session.settings.worker_out is not None:
             return Verdict("worker", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:

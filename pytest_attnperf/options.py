@@ -17,7 +17,8 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir", "read_settings"]
+__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir", "read_settings",
+           "seconds"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -72,7 +73,7 @@ OPTIONS = (
     # sampling; the evidence behind each default is in docs/measurement.md
     Option("mode", "--attnperf-mode", "ATTNPERF_MODE", "attnperf_mode", "cold",
            "cold: L2 flushed before every sample; hot: back-to-back calls (default cold)"),
-    Option("budget", "--attnperf-budget", "ATTNPERF_BUDGET", "attnperf_budget", "0.5",
+    Option("budget", "--attnperf-budget", "ATTNPERF_BUDGET", "attnperf_budget", "0.5s",
            "sampling time per case once --attnperf-min-samples are taken (default 0.5 s)"),
     Option("stdrel", "--attnperf-stdrel", "ATTNPERF_STDREL", "attnperf_stdrel", "0.5%",
            "stop sampling a case once its relative standard deviation is below this (default 0.5%)"),
@@ -97,7 +98,7 @@ OPTIONS = (
            "your own peaks, e.g. bf16=990,fp16=990,fp32=67 (TFLOP/s),bw=4800 (GB/s) (default: none)"),
     Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
            "folder for report.json, report.md and plots of the run's sweeps (default: none)"),
-    Option("case_timeout", "--attnperf-case-timeout", "ATTNPERF_CASE_TIMEOUT", "attnperf_case_timeout", "300",
+    Option("case_timeout", "--attnperf-case-timeout", "ATTNPERF_CASE_TIMEOUT", "attnperf_case_timeout", "300s",
            "time limit of one case (warm-up, checks, timing) before it fails; 0: none (default 300 s)"),
 )
 
@@ -136,11 +137,22 @@ class Settings:
 
 GROUP = ("attnperf: attention kernels' correctness and speed "
          "(each option also env ATTNPERF_<NAME>, ini attnperf_<name>)")
+TUNING_GROUP = ("attnperf tuning: the gate's noise model, sampling, ceilings and caches "
+                "(defaults measured: docs/gate.md, docs/measurement.md)")
+# the options a user seldom sets: shown apart in --help and in the README
+TUNING = frozenset({
+    "run_noise", "run_noise_time", "machine_noise", "machine_offset", "machine_residual", "machine",
+    "budget", "stdrel", "min_samples", "cold_graphs", "hot_sample", "processes", "processes_below",
+    "triton_cache", "ceilings", "peaks",
+})
 
 
 def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("attnperf", GROUP)
+    """Register every option, the everyday ones and the tuning ones in two ``--help`` groups."""
+    everyday = parser.getgroup("attnperf", GROUP)
+    tuning = parser.getgroup("attnperf-tuning", TUNING_GROUP)
     for opt in OPTIONS:
+        group = tuning if opt.dest in TUNING else everyday
         shown = opt.help.replace("%", "%%")  # argparse %-formats help strings
         if opt.is_flag:
             group.addoption(opt.flag, action="store_true", default=None, dest=f"attnperf_{opt.dest}", help=shown)
@@ -149,7 +161,7 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(opt.flag, action="store", default=None, dest=f"attnperf_{opt.dest}",
                             metavar=opt.dest.upper(), help=shown)
             parser.addini(opt.ini, help=opt.help, default="")
-    group.addoption("--attnperf-worker-out", action="store", default=None, dest="attnperf_worker_out",
+    everyday.addoption("--attnperf-worker-out", action="store", default=None, dest="attnperf_worker_out",
                     help=argparse.SUPPRESS)  # internal: a worker run of --attnperf-processes
 
 
@@ -198,16 +210,28 @@ def fraction(text: str) -> float:
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def duration_ms(text: str) -> float:
-    """'1us', '0.5 us', '0.002ms' or '1' (microseconds) as milliseconds; ``ValueError`` when
-    negative or not a time."""
+def duration_ms(text: str, *, bare_seconds: bool = False) -> float:
+    """A time with its unit, ``us``, ``ms`` or ``s`` ('1us', '0.5 ms', '2s'), as milliseconds.
+
+    The one rule for every duration: a unit is always accepted; a bare number means seconds,
+    and is accepted only where ``bare_seconds`` (options whose default is a bare number of
+    seconds); elsewhere a bare number other than 0 is refused, since a bare '2' could mean
+    2 us or 2 s. ``ValueError`` when negative or not a time."""
     text = text.strip().lower()
     unit = next((u for u in ("us", "ms", "s") if text.endswith(u)), None)
     number = text[: -len(unit)] if unit else text
-    value = _finite(number) * _UNITS_MS[unit or "us"]
-    if not 0.0 <= value < 1e6:
-        raise ValueError("must be a time of at least 0, such as 1us or 0.002ms")
+    value = _finite(number)
+    if unit is None and value != 0 and not bare_seconds:
+        raise ValueError(f"a time needs its unit: {number}us, {number}ms or {number}s")
+    value *= _UNITS_MS[unit or "s"]
+    if not 0.0 <= value < 1e9:
+        raise ValueError("must be a time of at least 0, such as 1us, 0.5ms or 2s")
     return value
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds; a bare number is seconds ('300', '300s', '0.5 s', '500ms')."""
+    return duration_ms(text, bare_seconds=True) / 1e3
 
 
 def _hot_sample_ms(text: str) -> float:
@@ -217,19 +241,10 @@ def _hot_sample_ms(text: str) -> float:
     return value
 
 
-def _positive_float(text: str) -> float:
-    value = _finite(text)
+def _positive_seconds(text: str) -> float:
+    value = seconds(text)
     if value <= 0:
-        raise ValueError("must be positive")
-    return value
-
-
-def _time_limit_s(text: str) -> float:
-    """'300', '300s' or '1.5 s' as seconds; 0 is no limit."""
-    text = text.strip().lower()
-    value = float(text[:-1] if text.endswith("s") else text)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError("must be a finite number of seconds, at least 0 (0: no limit), such as 300 or 300s")
+        raise ValueError("must be a time above 0, such as 0.5s or 500ms")
     return value
 
 
@@ -345,14 +360,14 @@ def read_settings(config: pytest.Config) -> Settings:
         machine_residual_ms=_get(config, "machine_residual", duration_ms),
         machine=_get(config, "machine", str).strip() or None,
         mode=_get(config, "mode", _mode),
-        budget_s=_get(config, "budget", _positive_float),
+        budget_s=_get(config, "budget", _positive_seconds),
         target_stdrel=_get(config, "stdrel", fraction),
         min_samples=_get(config, "min_samples", _positive_int),
         cold_graphs=_get(config, "cold_graphs", _positive_int),
         processes=1 if worker else _get(config, "processes", _positive_int),
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
-        case_timeout_s=_get(config, "case_timeout", _time_limit_s),
+        case_timeout_s=_get(config, "case_timeout", seconds),
         worker_out=Path(out) if worker else None,
         ceilings=_get(config, "ceilings", _ceilings),
         peaks=_get(config, "peaks", peaks),

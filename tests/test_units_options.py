@@ -81,10 +81,10 @@ def test_ini_is_used_and_environment_beats_it(pytester: pytest.Pytester, monkeyp
 
 
 @pytest.mark.parametrize(("given", "expected_ms"),
-                         [("2us", 0.002), ("0.5 us", 0.0005), ("0.003ms", 0.003), ("1.5", 0.0015), ("0", 0.0)])
-def test_machine_offset_takes_a_time_in_us_by_default(
+                         [("2us", 0.002), ("0.5 us", 0.0005), ("0.003ms", 0.003), ("0.000002s", 0.002), ("0", 0.0)])
+def test_machine_offset_takes_a_time_with_its_unit(
         pytester: pytest.Pytester, given: str, expected_ms: float) -> None:
-    """'2us', '0.003ms', or a bare number of microseconds."""
+    """'2us', '0.003ms', '0.000002s', or a bare 0."""
     assert settings(pytester, f"--attnperf-machine-offset={given}").machine_offset_ms == pytest.approx(expected_ms)
 
 
@@ -163,7 +163,34 @@ def test_absolute_baselines_dir_is_kept(pytester: pytest.Pytester, tmp_path: Pat
     assert settings(pytester, f"--attnperf-baselines={target}").baselines_dir == target
 
 
-@pytest.mark.parametrize(("given", "expected"), [("20ms", 20.0), ("250us", 0.25), ("100", 0.1)])
+@pytest.mark.parametrize(("given", "expected"), [("20ms", 20.0), ("250us", 0.25), ("0.1s", 100.0)])
 def test_hot_sample_is_a_time(pytester: pytest.Pytester, given: str, expected: float) -> None:
-    """'20ms', '250us' or a bare number of microseconds."""
+    """'20ms', '250us' or '0.1s'."""
     assert settings(pytester, f"--attnperf-hot-sample={given}").hot_sample_ms == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("flag", ["--attnperf-machine-offset", "--attnperf-machine-residual",
+                                  "--attnperf-run-noise-time", "--attnperf-processes-below", "--attnperf-hot-sample"])
+def test_a_bare_number_is_refused_where_a_unit_is_needed(pytester: pytest.Pytester, flag: str) -> None:
+    """A bare '2' could be 2 us or 2 s: refused, with the units to choose from."""
+    message = usage_error(pytester, f"{flag}=2")
+    assert flag in message
+    assert "a time needs its unit: 2us, 2ms or 2s" in message
+
+
+@pytest.mark.parametrize(("given", "expected_s"), [("0.5", 0.5), ("0.5s", 0.5), ("500ms", 0.5), ("250000us", 0.25)])
+def test_a_bare_number_is_seconds_where_the_option_counts_seconds(
+        pytester: pytest.Pytester, given: str, expected_s: float) -> None:
+    """--attnperf-budget and --attnperf-case-timeout take seconds bare, and any unit."""
+    assert settings(pytester, f"--attnperf-budget={given}").budget_s == pytest.approx(expected_s)
+    assert settings(pytester, f"--attnperf-case-timeout={given}").case_timeout_s == pytest.approx(expected_s)
+
+
+def test_help_shows_the_tuning_options_apart(pytester: pytest.Pytester) -> None:
+    """--help lists the everyday options in one group and the noise model and sampling in another."""
+    result = pytester.runpytest("-p", "pytest_attnperf.plugin", "--help")
+    text = result.stdout.str()
+    everyday, tuning = text.index("attnperf: attention kernels"), text.index("attnperf tuning:")
+    assert everyday < text.index("--attnperf-tolerance") < tuning
+    assert text.index("--attnperf-machine-offset") > tuning
+    assert text.index("--attnperf-budget") > tuning
