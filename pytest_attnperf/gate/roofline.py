@@ -212,7 +212,7 @@ class Floors:
         floor = Floor.parse(top, where)
         hw = spec.get("hw")
         if hw is not None:
-            names = [hw] if isinstance(hw, str) else list(hw)  # type: ignore[call-overload]
+            names = [hw] if isinstance(hw, str) else list(hw)
             if not names or not all(isinstance(n, str) and n for n in names):
                 raise ValueError(f"{where}hw={hw!r} must be a hardware name or a list of them")
             if not floor:
