@@ -52,7 +52,7 @@ class AttnPerfSession:
     # -- device and hardware -------------------------------------------------------------
     @cached_property
     def device(self) -> DetectedDevice:
-        detected = self.config.hook.pytest_attnperf_detect_device(config=self.config)
+        detected: DetectedDevice | None = self.config.hook.pytest_attnperf_detect_device(config=self.config)
         if detected is None:
             raise pytest.UsageError("attnperf: no pytest_attnperf_detect_device implementation returned a device")
         return detected

@@ -344,7 +344,7 @@ CEILINGS_KEY = pytest.StashKey[Ceilings]()
 
 def for_session(session: Any) -> Ceilings:
     """The run's ceilings (an ``AttnPerfSession``), obtained on first need and kept for the run."""
-    stash = session.config.stash
+    stash: pytest.Stash = session.config.stash
     if CEILINGS_KEY not in stash:
         stash[CEILINGS_KEY] = obtain(session)
     return stash[CEILINGS_KEY]

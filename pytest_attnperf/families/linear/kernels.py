@@ -73,7 +73,8 @@ class LinearCase:
 
     @property
     def scale(self) -> float:
-        return self.key_dim**-0.5
+        scale: float = self.key_dim**-0.5  # int ** negative int: typeshed says Any
+        return scale
 
 
 def _first(result: Any) -> Any:
@@ -83,7 +84,8 @@ def _first(result: Any) -> Any:
 def _fla(module: str, name: str) -> Callable[..., Any]:
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
 
 
 # -- kernels ------------------------------------------------------------------------------
