@@ -141,7 +141,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     clock = session.config.stash.get(timeline.KEY, None)
     if clock is not None:
         clock.collected = time.perf_counter()
-    autotune.start(session.config, session.items, get_session(session.config))  # Triton's cache and recorded choices, before any worker or test
+    # Triton's cache and recorded choices, before any worker or test
+    autotune.start(session.config, session.items, get_session(session.config))
     state = get_session(session.config)
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then

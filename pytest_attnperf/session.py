@@ -45,7 +45,8 @@ class AttnPerfSession:
     floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
     workers: Workers | None = None  # the --attnperf-processes worker runs, once made (see start_workers)
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
-    pool_plan: dict[str, list[str]] = field(default_factory=dict)  # a pytest-xdist worker: case -> its group's short cases
+    # a pytest-xdist worker: case -> its group's short cases
+    pool_plan: dict[str, list[str]] = field(default_factory=dict)
     fleet: Fleet | None = None  # a pytest-xdist controller's workers (parallel/xdist.py)
     seat: Seat | None = None  # a pytest-xdist worker's GPU and place in the fleet
 
@@ -66,7 +67,7 @@ class AttnPerfSession:
 
     @cached_property
     def machine(self) -> str:
-        """This machine's name in the recording histories (``--attnperf-machine`` or detected)."""
+        """The name of this machine in the recording histories (``--attnperf-machine`` or detected)."""
         return self.settings.machine or machine_id(self.device)
 
     @cached_property
@@ -198,9 +199,9 @@ class AttnPerfSession:
     # -- baselines ------------------------------------------------------------------------
     @cached_property
     def journal(self) -> journals.Journal | None:
-        """This recording's journal (``pytest_attnperf.store.journal``); None unless recording, and under
-        pytest-xdist (its workers send each entry to the controller as their case ends, and one
-        journal cannot hold the entries of workers on different cards)."""
+        """The journal of this recording (``pytest_attnperf.store.journal``); None unless recording,
+        and under pytest-xdist (its workers send each entry to the controller as their case ends,
+        and one journal cannot hold the entries of workers on different cards)."""
         if not self.settings.update_baselines or self.seat is not None or self.fleet is not None:
             return None
         try:

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "FACTOR", "GRAD_FACTOR", "Closeness", "Elementwise",
-    "assert_close", "assert_elementwise", "assert_unchanged", "call_checked", "describe", "expect_tensor", "max_error", "poison_allocator",
+    "assert_close", "assert_elementwise", "assert_unchanged", "call_checked", "describe", "expect_tensor", "max_error",
+    "poison_allocator",
 ]
 
 FACTOR = 2.0

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 from pytest_attnperf.gate.verdict import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_ms, floor_shift_ms, judge
 from pytest_attnperf.measure.sampling import Measurement
 
-__all__ = ["HISTORY_KEEP", "Decision", "GateTerms", "Here", "History", "decide", "decide_again", "history", "verdict_notes"]
+__all__ = ["HISTORY_KEEP", "Decision", "GateTerms", "Here", "History", "decide", "decide_again", "history",
+           "verdict_notes"]
 
 HISTORY_KEEP = HISTORY_ROBUST  # recordings of a case kept: enough for the robust spread
 

@@ -206,9 +206,10 @@ def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratc
 
 
 def _worker_env() -> dict[str, str]:
-    """This process's environment, with this copy of pytest_attnperf first on the path (it may
-    be imported from a checkout that the worker's directory does not hold)."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}  # not a worker of theirs
+    """The environment of this process, with this copy of pytest_attnperf first on the path (it
+    may be imported from a checkout that the worker's directory does not hold)."""
+    # not a worker of theirs: pytest-xdist's variables left out
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
     here = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
     return env

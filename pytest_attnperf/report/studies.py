@@ -236,9 +236,14 @@ def ladder(cases: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any]) -> l
             backward = p.get("direction") == "fwdbwd"
             shape = dict(batch=p["batch"], hidden=p["hidden"], heads=p["heads"], head_dim=p["head_dim"],
                          dtype=p["dtype"], backward=backward)
-            entry["layer_model_t"] = fits.analytic_crossover(
-                lambda t: gdn_layer(seq=t, expand_v=p.get("expand_v", 2.0), **shape).flops,
-                lambda t: attention_layer(seq=t, **shape).flops, hi=ANALYTIC_MAX_SEQ)
+
+            def gdn_flops(t: int, expand_v: float = p.get("expand_v", 2.0), shape: dict[str, Any] = shape) -> float:
+                return gdn_layer(seq=t, expand_v=expand_v, **shape).flops
+
+            def attention_flops(t: int, shape: dict[str, Any] = shape) -> float:
+                return attention_layer(seq=t, **shape).flops
+
+            entry["layer_model_t"] = fits.analytic_crossover(gdn_flops, attention_flops, hi=ANALYTIC_MAX_SEQ)
         out.append(entry)
     return cast("list[dict[str, Any]]", _plain(out))
 

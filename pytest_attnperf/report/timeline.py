@@ -54,8 +54,10 @@ class Timeline:
     def line(self, distributed: bool) -> str | None:
         if None in (self.collected, self.prepared, self.finishing, self.finished) or not self.tests:
             return None
-        assert self.collected is not None and self.prepared is not None  # for mypy
-        assert self.finishing is not None and self.finished is not None
+        assert self.collected is not None  # for mypy
+        assert self.prepared is not None
+        assert self.finishing is not None
+        assert self.finished is not None
         start = "the process started" if self.since_process_start else "pytest_configure"
         total = time.perf_counter() - self.started
         parts = [f"{self.collected - self.started:.1f} s start-up and collection",

@@ -28,7 +28,7 @@ def _plain(value: Any) -> Any:
 
 
 class Journal:
-    """This run's journal for one hardware's baseline file."""
+    """The run's journal for one hardware's baseline file."""
 
     def __init__(self, folder: Path, hw: str) -> None:
         self.path = folder / f".{hw}.recording-{_host()}-{os.getpid()}.jsonl"
