@@ -139,6 +139,7 @@ GROUP = ("attnperf: attention kernels' correctness and speed "
 
 
 def add_options(parser: pytest.Parser) -> None:
+    """Add each option's flag and ini key to pytest's parser, and the internal worker-output flag."""
     group = parser.getgroup("attnperf", GROUP)
     for opt in OPTIONS:
         shown = opt.help.replace("%", "%%")  # argparse %-formats help strings

@@ -35,6 +35,9 @@ STARTUP_LISTED = 20  # unusable entries named at start-up, the rest counted
 
 @dataclass
 class AttnPerfSession:
+    """The run's state: its settings, the device and its figures found on first need, the pending
+    entries and rows, and its place under pytest-xdist."""
+
     config: pytest.Config
     settings: Settings
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -53,6 +56,8 @@ class AttnPerfSession:
     # -- device and hardware -------------------------------------------------------------
     @cached_property
     def device(self) -> DetectedDevice:
+        """The device a ``pytest_attnperf_detect_device`` implementation found; a UsageError if
+        none did."""
         detected: DetectedDevice | None = self.config.hook.pytest_attnperf_detect_device(config=self.config)
         if detected is None:
             raise pytest.UsageError("attnperf: no pytest_attnperf_detect_device implementation returned a device")
@@ -60,6 +65,8 @@ class AttnPerfSession:
 
     @cached_property
     def hardware(self) -> HardwareSpec:
+        """The hardware spec for ``--hw``, or for the device detected; a UsageError when the two
+        do not match."""
         try:
             return resolve(self.settings.hw, self.device)
         except HardwareMismatch as exc:
@@ -72,11 +79,13 @@ class AttnPerfSession:
 
     @cached_property
     def timer(self) -> Timer:
+        """The timer a ``pytest_attnperf_make_timer`` implementation made, else the device's default."""
         made = self.config.hook.pytest_attnperf_make_timer(config=self.config, device=self.device)
         return made if made is not None else default_timer(self.device)
 
     @cached_property
     def registry(self) -> KernelRegistry:
+        """The built-in kernels and those the ``pytest_attnperf_register_kernels`` hooks add."""
         from pytest_attnperf.families.builtin import register_builtin
 
         registry = KernelRegistry()
@@ -95,6 +104,7 @@ class AttnPerfSession:
         return Here(self.machine, self.gate_floor_ms)
 
     def plan(self, mode: str | None = None) -> SamplingPlan:
+        """The sampling plan from the settings, in ``mode`` when given."""
         s = self.settings
         return SamplingPlan(
             mode=mode or s.mode,
@@ -230,6 +240,7 @@ class AttnPerfSession:
 
     @property
     def baseline_path(self) -> Path:
+        """The baseline file of this hardware: ``<baselines dir>/<hw>.yaml``."""
         return self.settings.baselines_dir / f"{self.hardware.name}.yaml"
 
     @cached_property
@@ -281,11 +292,14 @@ class AttnPerfSession:
 
     @cached_property
     def environment(self) -> dict[str, str | None]:
+        """The header of a baseline file measured now (versions, device, driver, date), found once."""
         from pytest_attnperf.store.envinfo import environment
 
         return environment(self.device, self.hardware.name)
 
     def drift(self) -> list[str]:
+        """``'<name> <baseline's> -> <now>'`` for each compared version that moved since the baseline;
+        empty without a usable baseline."""
         from pytest_attnperf.store.envinfo import drift
 
         try:

@@ -81,6 +81,7 @@ class Taken:
 
     @property
     def median_ms(self) -> float:
+        """The median of this process's samples, in ms."""
         return statistics.median(self.samples_ms)
 
 
@@ -228,6 +229,7 @@ class Workers:
     when: str = "before the tests"
 
     def for_case(self, nodeid: str) -> list[Taken]:
+        """What each worker measured for ``nodeid``; empty when none did."""
         return self.taken.get(nodeid, [])
 
     def add(self, other: Workers) -> None:

@@ -99,6 +99,7 @@ class CudaTimer:
         return self._flush
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        """Time ``fn`` on the device as ``plan`` says; the graphs captured for it are released after."""
         global _captured
         outer, _captured = _captured, []
         try:

@@ -422,6 +422,8 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``attnperf-noise`` command: run the chosen stages in the work folder and write their report;
+    the exit status."""
     parser = argparse.ArgumentParser(prog="attnperf-noise", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=_count(0), default=5)

@@ -112,6 +112,9 @@ class InjectingTimer:
         self._least_by_mode: dict[str, tuple[float, str]] = {}  # see _least
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        """The inner timer's measurement of ``fn``: in a picked case with the extra work added
+        (noted, and logged), and with do_bench's figures on the same callable written to the
+        compare file when comparing."""
         if plan.floor:  # the run's sample floor, timed inside its first case: no case's extra work, and
             return self.inner.measure(fn, plan)  # cold whatever the mode, so no do_bench row either
         nodeid = _current_nodeid()

@@ -117,6 +117,8 @@ def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``attnperf-rejudge`` command: judge the work folder's saved runs again and print the counts;
+    the exit status."""
     parser = argparse.ArgumentParser(prog="attnperf-rejudge", description=__doc__.splitlines()[0])
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--hw", help="the baseline's name in the work folder (default: its only .yaml)")

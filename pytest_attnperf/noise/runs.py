@@ -42,6 +42,8 @@ def _first_extra(benchmarks: list[dict[str, Any]], key: str) -> tuple[bool, floa
 
 
 def read_run(path: Path) -> Run:
+    """One saved run (pytest-benchmark's JSON at ``path``): each case's median in ms and what the
+    plugin wrote beside it."""
     data = json.loads(path.read_text())
     benchmarks = data["benchmarks"]
     floor = _first_extra(benchmarks, "attnperf_floor_ms")[1]

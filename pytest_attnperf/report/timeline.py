@@ -43,6 +43,7 @@ class Timeline:
 
     @classmethod
     def begin(cls) -> Timeline:
+        """A timeline begun now, its start the process's own where that is known."""
         now, age = time.perf_counter(), process_age_s()
         return cls(now - (age or 0.0), age is not None)
 
@@ -52,6 +53,8 @@ class Timeline:
         self.tests += report.when == "call"
 
     def line(self, distributed: bool) -> str | None:
+        """The summary's line of where the run's time went; None before the run has finished, or
+        without tests."""
         if None in (self.collected, self.prepared, self.finishing, self.finished) or not self.tests:
             return None
         assert self.collected is not None  # for mypy

@@ -73,6 +73,7 @@ class LinearCase:
 
     @property
     def scale(self) -> float:
+        """The attention scale, ``key_dim ** -0.5``."""
         scale: float = self.key_dim**-0.5  # int ** negative int: typeshed says Any
         return scale
 
@@ -192,6 +193,7 @@ def _supports(family: str, name: str) -> Callable[[LinearCase], str | None]:
 
 
 def register(registry: KernelRegistry) -> None:
+    """Add fla's linear-attention kernels, one per family and form, to ``registry``."""
     gpu = ("cuda",)
     for family, name, fn, form, kinds in (
         ("linear_attn", "fla-chunk", la_chunk, "chunk", gpu),
