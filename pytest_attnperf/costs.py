@@ -33,6 +33,7 @@ class Cost:
 
     @property
     def intensity_flop_per_byte(self) -> float:
+        """Arithmetic intensity in FLOP/byte; infinite for a cost that moves no bytes."""
         return self.flops / self.bytes if self.bytes else float("inf")
 
 

@@ -226,7 +226,8 @@ class Perf:
             entry["notes"] = list(m.notes)
         past = policy.history(before, m, self._session.gate_terms, self._session.here)
         self._refused(past.refusal)
-        entry["run_medians_ms"], entry["run_machines"], entry["run_floors_ms"] = past.medians_ms, past.machines, past.floors_ms
+        entry["run_medians_ms"], entry["run_machines"], entry["run_floors_ms"] = (
+            past.medians_ms, past.machines, past.floors_ms)
         return entry
 
     def _baseline_entry(self) -> dict[str, Any] | None:

@@ -30,10 +30,12 @@ class PerfResult:
 
     @property
     def median_ms(self) -> float:
+        """The measured median per call, in ms."""
         return self.measurement.median_ms
 
     @property
     def tflops(self) -> float:
+        """The achieved TFLOP/s."""
         return self.metrics.tflops
 
     @property
@@ -48,6 +50,7 @@ class PerfResult:
 
     @property
     def peak_mib(self) -> float | None:
+        """The peak memory the case allocated, in MiB; None where not measured."""
         return self.measurement.peak_mib
 
 

@@ -35,14 +35,18 @@ REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for th
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Add attnperf's hook specifications."""
     pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add attnperf's command-line options and ini keys."""
     add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers, the timeline, the run's session and the case guard; an explicit
+    ``--hw`` is checked here."""
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
     config.stash[timeline.KEY] = clock = timeline.Timeline.begin()
@@ -79,11 +83,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
+    """Controller: give a starting pytest-xdist worker its GPU and the fleet's size."""
     xdist.configure_node(node.config, get_session(node.config), node)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """Controller: take a finished pytest-xdist worker's end-of-run payload."""
     xdist.node_down(get_session(node.config), node, error)
 
 
@@ -121,6 +127,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's, which reads the fixture names
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Before pytest-benchmark: group a shape's cases for pytest-xdist, check the markers, and make each
+    attnperf test a benchmark timed on the device clock."""
     xdist.add_groups(config, items)  # a pytest-xdist worker under --dist loadgroup: a shape's cases together
     benchmarking = config.pluginmanager.hasplugin("benchmark") and not get_session(config).settings.check_only
     for item in items:
@@ -138,10 +146,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """After collection: Triton's cache and recorded choices, the baseline file's problems and the
+    ``--attnperf-processes`` workers, before any test."""
     clock = session.config.stash.get(timeline.KEY, None)
     if clock is not None:
         clock.collected = time.perf_counter()
-    autotune.start(session.config, session.items, get_session(session.config))  # Triton's cache and recorded choices, before any worker or test
+    # Triton's cache and recorded choices, before any worker or test
+    autotune.start(session.config, session.items, get_session(session.config))
     state = get_session(session.config)
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
@@ -151,6 +162,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test whose ``attnperf_requires_hw`` marker this device does not meet."""
     mark = item.get_closest_marker("attnperf_requires_hw")
     if mark is not None:
         session = get_session(item.config)
@@ -161,6 +173,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    """Around each test: note the kernels that autotuned in it, on its row."""
     autotune.case_started(item)
     try:
         return (yield)
@@ -170,6 +183,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    """Under ``attnperf_sdpa_backend``: the call with SDPA pinned to that backend, skipped when the
+    backend is not available for the case."""
     mark = item.get_closest_marker("attnperf_sdpa_backend")
     if mark is None:
         return (yield)
@@ -196,6 +211,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """Commit a test's baseline entry once its call and teardown have passed, and account its
+    autotuning; a pytest-xdist worker sends the case to the controller."""
     report = yield
     passed = report.passed and not hasattr(report, "wasxfail")  # an unexpected pass is no baseline
     if report.when == "call":  # set on every call, so a rerun's earlier attempt never counts
@@ -216,6 +233,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    """At the run's end: the workers' results merged, the baselines and the report written (a
+    pytest-xdist worker sends its share instead), the timeline's last stages read."""
     if SESSION_KEY not in session.config.stash:
         return
     clock = session.config.stash.get(timeline.KEY, None)
@@ -261,6 +280,8 @@ def _write_report(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The attnperf section of the terminal summary: removed combinations, rows, floors, workers,
+    baselines, autotune and the timeline."""
     state = get_session(config)
     gone = suite.removed(config)
     checked = state.checked_only

@@ -35,6 +35,9 @@ STARTUP_LISTED = 20  # unusable entries named at start-up, the rest counted
 
 @dataclass
 class AttnPerfSession:
+    """The run's state: its settings, the device and its figures found on first need, the pending
+    entries and rows, and its place under pytest-xdist."""
+
     config: pytest.Config
     settings: Settings
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -45,20 +48,25 @@ class AttnPerfSession:
     floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
     workers: Workers | None = None  # the --attnperf-processes worker runs, once made (see start_workers)
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
-    pool_plan: dict[str, list[str]] = field(default_factory=dict)  # a pytest-xdist worker: case -> its group's short cases
+    # a pytest-xdist worker: case -> its group's short cases
+    pool_plan: dict[str, list[str]] = field(default_factory=dict)
     fleet: Fleet | None = None  # a pytest-xdist controller's workers (parallel/xdist.py)
     seat: Seat | None = None  # a pytest-xdist worker's GPU and place in the fleet
 
     # -- device and hardware -------------------------------------------------------------
     @cached_property
     def device(self) -> DetectedDevice:
-        detected = self.config.hook.pytest_attnperf_detect_device(config=self.config)
+        """The device a ``pytest_attnperf_detect_device`` implementation found; a UsageError if
+        none did."""
+        detected: DetectedDevice | None = self.config.hook.pytest_attnperf_detect_device(config=self.config)
         if detected is None:
             raise pytest.UsageError("attnperf: no pytest_attnperf_detect_device implementation returned a device")
         return detected
 
     @cached_property
     def hardware(self) -> HardwareSpec:
+        """The hardware spec for ``--hw``, or for the device detected; a UsageError when the two
+        do not match."""
         try:
             return resolve(self.settings.hw, self.device)
         except HardwareMismatch as exc:
@@ -66,16 +74,18 @@ class AttnPerfSession:
 
     @cached_property
     def machine(self) -> str:
-        """This machine's name in the recording histories (``--attnperf-machine`` or detected)."""
+        """The name of this machine in the recording histories (``--attnperf-machine`` or detected)."""
         return self.settings.machine or machine_id(self.device)
 
     @cached_property
     def timer(self) -> Timer:
+        """The timer a ``pytest_attnperf_make_timer`` implementation made, else the device's default."""
         made = self.config.hook.pytest_attnperf_make_timer(config=self.config, device=self.device)
         return made if made is not None else default_timer(self.device)
 
     @cached_property
     def registry(self) -> KernelRegistry:
+        """The built-in kernels and those the ``pytest_attnperf_register_kernels`` hooks add."""
         from pytest_attnperf.families.builtin import register_builtin
 
         registry = KernelRegistry()
@@ -94,6 +104,7 @@ class AttnPerfSession:
         return Here(self.machine, self.gate_floor_ms)
 
     def plan(self, mode: str | None = None) -> SamplingPlan:
+        """The sampling plan from the settings, in ``mode`` when given."""
         s = self.settings
         return SamplingPlan(
             mode=mode or s.mode,
@@ -198,9 +209,9 @@ class AttnPerfSession:
     # -- baselines ------------------------------------------------------------------------
     @cached_property
     def journal(self) -> journals.Journal | None:
-        """This recording's journal (``pytest_attnperf.store.journal``); None unless recording, and under
-        pytest-xdist (its workers send each entry to the controller as their case ends, and one
-        journal cannot hold the entries of workers on different cards)."""
+        """The journal of this recording (``pytest_attnperf.store.journal``); None unless recording,
+        and under pytest-xdist (its workers send each entry to the controller as their case ends,
+        and one journal cannot hold the entries of workers on different cards)."""
         if not self.settings.update_baselines or self.seat is not None or self.fleet is not None:
             return None
         try:
@@ -229,6 +240,7 @@ class AttnPerfSession:
 
     @property
     def baseline_path(self) -> Path:
+        """The baseline file of this hardware: ``<baselines dir>/<hw>.yaml``."""
         return self.settings.baselines_dir / f"{self.hardware.name}.yaml"
 
     @cached_property
@@ -280,11 +292,14 @@ class AttnPerfSession:
 
     @cached_property
     def environment(self) -> dict[str, str | None]:
+        """The header of a baseline file measured now (versions, device, driver, date), found once."""
         from pytest_attnperf.store.envinfo import environment
 
         return environment(self.device, self.hardware.name)
 
     def drift(self) -> list[str]:
+        """``'<name> <baseline's> -> <now>'`` for each compared version that moved since the baseline;
+        empty without a usable baseline."""
         from pytest_attnperf.store.envinfo import drift
 
         try:

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "FACTOR", "GRAD_FACTOR", "Closeness", "Elementwise",
-    "assert_close", "assert_elementwise", "assert_unchanged", "call_checked", "describe", "expect_tensor", "max_error", "poison_allocator",
+    "assert_close", "assert_elementwise", "assert_unchanged", "call_checked", "describe", "expect_tensor", "max_error",
+    "poison_allocator",
 ]
 
 FACTOR = 2.0
@@ -42,6 +43,8 @@ _EPS = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "fp64": 2.0**-53}
 
 @dataclass(frozen=True)
 class Closeness:
+    """One output or gradient held to fp64: its max error, the allowance and PyTorch's own error."""
+
     name: str
     error: float
     allowed: float
@@ -49,6 +52,7 @@ class Closeness:
 
 
 def max_error(value: Any, reference: Any) -> float:
+    """The largest absolute difference of two tensors, computed in float64."""
     return float((value.double() - reference.double()).abs().max().item())
 
 

@@ -104,6 +104,8 @@ class KernelRegistry:
         self._kernels: dict[tuple[str, str], Kernel] = {}
 
     def add(self, kernel: Kernel) -> Kernel:
+        """Register ``kernel`` and return it; a second kernel of that name in its family is a
+        ValueError."""
         key = (kernel.family, kernel.name)
         if key in self._kernels:
             raise ValueError(f"kernel '{kernel.name}' is already registered in family '{kernel.family}'")
@@ -133,6 +135,7 @@ class KernelRegistry:
         return register
 
     def family(self, family: str) -> list[Kernel]:
+        """The kernels of ``family``, in registration order."""
         return [k for (fam, _), k in self._kernels.items() if fam == family]
 
     def __iter__(self) -> Iterator[Kernel]:

@@ -27,8 +27,8 @@ from pytest_attnperf.hw.ceilings import Ceilings, for_session
 if TYPE_CHECKING:
     from pytest_attnperf.outcome import PerfResult
 
-__all__ = ["BUILTIN", "FloorOutcome", "applicable", "check", "extra_info", "failure_message", "notes", "position",
-           "rate_peaks"]
+__all__ = ["BUILTIN", "FloorOutcome", "applicable", "check", "extra_info", "failure_message", "for_session", "notes",
+           "position", "rate_peaks"]
 
 MARKER = "attnperf_floor"
 

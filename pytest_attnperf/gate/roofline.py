@@ -97,18 +97,22 @@ class Position:
 
     @property
     def intensity(self) -> float:
+        """The case's arithmetic intensity in FLOP/byte."""
         return intensity(self.flops, self.bytes)
 
     @property
     def ridge(self) -> float:
+        """The ridge point of the two ceilings, in FLOP/byte."""
         return ridge(self.peak.value, self.bandwidth.value)
 
     @property
     def bound(self) -> str:
+        """'compute' or 'memory': the side of the ridge the case's intensity is on."""
         return bound(self.intensity, self.ridge)
 
     @property
     def attainable_flops(self) -> float:
+        """The roofline's FLOP/s at the case's intensity."""
         return attainable_flops(self.intensity, self.peak.value, self.bandwidth.value)
 
     @property
@@ -164,6 +168,7 @@ class Floor:
 
     @classmethod
     def parse(cls, values: Mapping[str, object], where: str = "") -> Floor:
+        """A floor from ``{metric: fraction}``; an unknown metric or a bad fraction is a ValueError."""
         unknown = sorted(set(values) - set(METRICS))
         if unknown:
             raise ValueError(f"{where}unknown floor metric {', '.join(unknown)}: the metrics are "
@@ -171,6 +176,7 @@ class Floor:
         return cls(**{m: None if values.get(m) is None else _fraction(m, values[m]) for m in METRICS})
 
     def items(self) -> list[tuple[str, float]]:
+        """``(metric, fraction)`` of each metric that has a floor."""
         return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
 
     def __bool__(self) -> bool:
@@ -212,7 +218,7 @@ class Floors:
         floor = Floor.parse(top, where)
         hw = spec.get("hw")
         if hw is not None:
-            names = [hw] if isinstance(hw, str) else list(hw)  # type: ignore[call-overload]
+            names = [hw] if isinstance(hw, str) else list(hw)
             if not names or not all(isinstance(n, str) and n for n in names):
                 raise ValueError(f"{where}hw={hw!r} must be a hardware name or a list of them")
             if not floor:
@@ -243,6 +249,7 @@ class FloorCheck:
 
     @property
     def failed(self) -> bool:
+        """Whether this floor fails the test (below it beyond the noise, or no ceiling)."""
         return self.status in ("failed", "no ceiling")
 
 
@@ -281,9 +288,11 @@ class FloorOutcome:
 
     @property
     def failed(self) -> bool:
+        """Whether any floor fails the test."""
         return any(c.failed for c in self.checks)
 
     @property
     def status(self) -> str:
+        """The worst status among the checks."""
         order = ("no ceiling", "failed", "within noise", "passed")
         return min((c.status for c in self.checks), key=order.index)

@@ -79,6 +79,7 @@ class Summary:
 
     @classmethod
     def from_samples(cls, samples_ms: Sequence[float]) -> Summary:
+        """The summary of per-call times in ms; an empty sequence is a ValueError."""
         if not samples_ms:
             raise ValueError("no samples")
         ordered = sorted(samples_ms)
@@ -151,6 +152,7 @@ class Summary:
         )
 
     def describe(self) -> str:
+        """The median, its 95% interval, spread and sample count, as one phrase for messages."""
         return (
             f"median {self.median_ms:.4g} ms (95% CI {self.ci_low_ms:.4g}..{self.ci_high_ms:.4g}, "
             f"spread {100 * self.stdrel:.2f}%, n={self.n_samples})"
@@ -170,10 +172,12 @@ class Verdict:
 
     @property
     def failed(self) -> bool:
+        """Whether the verdict fails the test (regressed, or the clock changed)."""
         return self.status in ("regressed", "clock changed")
 
     @property
     def change_pct(self) -> float | None:
+        """The change against the baseline in percent; None without a ratio."""
         return None if self.ratio is None else 100.0 * (self.ratio - 1.0)
 
 

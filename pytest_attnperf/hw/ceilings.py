@@ -61,6 +61,7 @@ class Workload:
 
     @property
     def flops(self) -> float:
+        """A matmul's FLOP per call (``2 n^3``); 0 for the copy."""
         return 0.0 if self.dtype is None else 2.0 * self.n**3
 
     @property
@@ -70,9 +71,12 @@ class Workload:
 
     @property
     def shape(self) -> str:
+        """How the summary names the workload: the matmul's side, or the copy's MiB."""
         return f"{self.n}^3" if self.dtype else f"{self.n / 2**20:g} MiB"
 
     def __call__(self) -> Any:
+        """One call: the matmul, or the copy (an elementwise kernel); the tensors are made on the
+        first."""
         import torch
 
         if not self._tensors:
@@ -92,6 +96,7 @@ class Workload:
         return torch.matmul(a, b, out=c)
 
     def release(self) -> None:
+        """Drop the tensors, so that their memory is free for the next workload."""
         self._tensors = ()
 
 
@@ -151,9 +156,12 @@ class Measured:
     cached: bool = False  # read from the cache file, not measured in this run
 
     def peak(self, dtype: str) -> float | None:
+        """The measured FLOP/s of ``dtype``; None when not measured."""
         return dict(self.flops).get(dtype)
 
     def to_json(self, stack: Mapping[str, str | None]) -> dict[str, Any]:
+        """The cache file's content: the format, ``stack`` (what the figures were measured under), the
+        date, TFLOP/s per dtype, GB/s, the shapes and the notes."""
         return {"format": FORMAT, **stack, "date": self.date, "tflops": {k: v and v / 1e12 for k, v in self.flops},
                 "gb_per_s": self.bytes_per_s and self.bytes_per_s / 1e9, "shapes": dict(self.shapes),
                 "notes": list(self.notes)}
@@ -302,15 +310,19 @@ class Ceilings:
         return next((Ceiling(figures[s], s) for s in order if figures[s]), None)  # type: ignore[arg-type]
 
     def roofline_peak(self, dtype: str) -> Ceiling | None:
+        """The roofline's FLOP/s ceiling for ``dtype``: user, else measured, else spec."""
         return self._pick(dtype, ("user", "measured", "spec"))
 
     def roofline_bandwidth(self) -> Ceiling | None:
+        """The roofline's bytes/s ceiling: user, else measured, else spec."""
         return self._pick("bw", ("user", "measured", "spec"))
 
     def rate_peak(self, dtype: str) -> Ceiling | None:
+        """The FLOP/s that MFU is taken against for ``dtype``: user, else spec, else measured."""
         return self._pick(dtype, ("user", "spec", "measured"))
 
     def rate_bandwidth(self) -> Ceiling | None:
+        """The bytes/s that bandwidth % is taken against: user, else spec, else measured."""
         return self._pick("bw", ("user", "spec", "measured"))
 
     def lines(self) -> list[str]:
@@ -344,7 +356,7 @@ CEILINGS_KEY = pytest.StashKey[Ceilings]()
 
 def for_session(session: Any) -> Ceilings:
     """The run's ceilings (an ``AttnPerfSession``), obtained on first need and kept for the run."""
-    stash = session.config.stash
+    stash: pytest.Stash = session.config.stash
     if CEILINGS_KEY not in stash:
         stash[CEILINGS_KEY] = obtain(session)
     return stash[CEILINGS_KEY]

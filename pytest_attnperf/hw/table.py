@@ -72,6 +72,7 @@ class DetectedDevice:
 
     @property
     def is_gpu(self) -> bool:
+        """Whether the device is a CUDA GPU."""
         return self.kind == "cuda"
 
 

@@ -36,14 +36,14 @@ def die_with_parent() -> None:
 
 
 def start(cmd: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None = None,
-          stdout: Any = None) -> subprocess.Popen:
+          stdout: Any = None) -> subprocess.Popen[bytes]:
     """``cmd`` in a session of its own (no terminal or group signal reaches it directly), in
     ``cwd``, its output (stderr too, when ``stdout`` is given) to ``stdout``."""
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
                             start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None)
 
 
-def wait_for(child: subprocess.Popen) -> int:
+def wait_for(child: subprocess.Popen[bytes]) -> int:
     """The child's exit status. Interrupted, this sends the child one SIGINT, waits up to
     INTERRUPT_GRACE_S for it, kills it (and its process group) past that or at a second
     interrupt (one within ECHO_S of the first is taken for the same), and re-raises."""

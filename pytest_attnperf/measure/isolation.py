@@ -188,6 +188,7 @@ def _read(switch: GlobalSwitch) -> Any:
 
 
 def snapshot_globals(switches: tuple[GlobalSwitch, ...]) -> dict[str, Any]:
+    """The current value of each switch, by name (an ``Unreadable`` where torch refuses to read it)."""
     return {s.name: _read(s) for s in switches}
 
 
@@ -426,6 +427,8 @@ class CaseGuard:
                 pass
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """At the run's end: the copy of stderr closed, the objects frozen after collection
+        unfrozen."""
         if self.stderr_fd is not None:
             os.close(self.stderr_fd)
             self.stderr_fd = None
@@ -454,6 +457,8 @@ class CaseGuard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: outside the attnperf_sdpa_backend pin
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        """Around an attention case's call: the case time limit, torch's global switches set back and
+        checked, an out-of-memory error reported with the memory state after release."""
         if not is_attention_case(item):
             return (yield)
         switches = torch_globals()
@@ -507,6 +512,8 @@ class CaseGuard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        """Note that the case reached its call (or failed before it), and keep an attention case's
+        failure tracebacks to clear at its end."""
         report = yield
         if call.when == "call" or (call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception)):
             item.stash[CALLED] = True  # it ran, or failed holding what it made
@@ -516,6 +523,8 @@ class CaseGuard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+        """After an attention case: its failures' frames cleared and, when it ran, its memory
+        released and what it left alive frozen once that is much."""
         attention = is_attention_case(item)  # read now: pytest drops the item's fixtures at its end
         result = yield
         if attention:
@@ -537,5 +546,6 @@ class CaseGuard:
             gc.freeze()
 
     def pytest_report_header(self, config: pytest.Config) -> str | None:
+        """A header line when ``--attnperf-case-timeout`` cannot be enforced, and why."""
         why = time_limit_unavailable() if self.limit_s > 0 else None
         return f"attnperf: --attnperf-case-timeout is not enforced ({why})" if why else None

@@ -39,7 +39,7 @@ def _nvml_device(index: int) -> tuple[Any, Any] | None:
     """``(pynvml, handle)`` for torch's device ``index``, NVML initialised once per process;
     None without NVML (not retried: its absence does not change during a run)."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         return pynvml, _nvml_handle(pynvml, index)

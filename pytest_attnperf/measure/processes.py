@@ -81,6 +81,7 @@ class Taken:
 
     @property
     def median_ms(self) -> float:
+        """The median of this process's samples, in ms."""
         return statistics.median(self.samples_ms)
 
 
@@ -206,9 +207,10 @@ def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratc
 
 
 def _worker_env() -> dict[str, str]:
-    """This process's environment, with this copy of pytest_attnperf first on the path (it may
-    be imported from a checkout that the worker's directory does not hold)."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}  # not a worker of theirs
+    """The environment of this process, with this copy of pytest_attnperf first on the path (it
+    may be imported from a checkout that the worker's directory does not hold)."""
+    # not a worker of theirs: pytest-xdist's variables left out
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
     here = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
     return env
@@ -227,6 +229,7 @@ class Workers:
     when: str = "before the tests"
 
     def for_case(self, nodeid: str) -> list[Taken]:
+        """What each worker measured for ``nodeid``; empty when none did."""
         return self.taken.get(nodeid, [])
 
     def add(self, other: Workers) -> None:

@@ -57,13 +57,15 @@ class Measurement:
 
     @property
     def median_ms(self) -> float:
+        """The median per-call time in ms."""
         return self.summary.median_ms
 
 
 class Timer(Protocol):
     """Anything that turns a zero-argument callable into a ``Measurement``."""
 
-    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement: ...
+    def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        """Time ``fn`` as ``plan`` says."""
 
 
 def warm_up(fn: Callable[[], Any], plan: SamplingPlan) -> int:
@@ -130,6 +132,8 @@ class ReplayClock:
         self._loaded = False
 
     def __call__(self) -> float:
+        """The clock's reading in seconds; a RuntimeError when no samples are loaded (pytest-benchmark
+        calibrating it, say)."""
         if not self._loaded:  # e.g. benchmark(fn) calibrating this clock: it would never advance
             raise RuntimeError(
                 "a test using the attnperf fixture has pytest-benchmark's timer set to attnperf's "
@@ -138,14 +142,18 @@ class ReplayClock:
         return self._now_s
 
     def load(self, samples_ms: tuple[float, ...]) -> int:
+        """Queue ``samples_ms`` for ``step`` to replay, in order; returns the rounds to run."""
         self._pending = [s / 1e3 for s in reversed(samples_ms)]
         self._loaded = True
         return len(samples_ms)
 
     def step(self) -> None:
+        """Advance the clock by the next queued sample."""
         self._now_s += self._pending.pop()
 
     def finish(self) -> None:
+        """Drop the samples not replayed; reading the clock is an error again until the next
+        ``load``."""
         self._pending, self._loaded = [], False
 
 
@@ -156,6 +164,7 @@ class HostTimer:
     """Host clock around synchronous CPU work."""
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        """Host-clock samples of ``fn`` after its warm-up, the garbage collector paused."""
         warm_up(fn, plan)
 
         def take_ms() -> float:

@@ -99,6 +99,7 @@ class CudaTimer:
         return self._flush
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        """Time ``fn`` on the device as ``plan`` says; the graphs captured for it are released after."""
         global _captured
         outer, _captured = _captured, []
         try:
@@ -109,20 +110,21 @@ class CudaTimer:
 
     def _measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         import torch
+        cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
         notes: list[str] = []
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture wants
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):  # warm-up off the default stream, as graph capture wants
             warm_up(fn, plan)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
+        cuda.current_stream().wait_stream(side)
+        cuda.synchronize()
 
         eager_ms = self._eager_ms(fn, budget_s=plan.budget_s)
         peak_mib = self._peak_mib(fn)
         take_ms, clock, calls = self._sampler(fn, plan, notes)
         rounds_of = getattr(take_ms, "graphs", 1)
-        index = torch.cuda.current_device()
+        index = cuda.current_device()
 
         def watched() -> tuple[list[float], str | None]:
             """Samples, and a note when NVML's violation counters grew while they were taken
@@ -170,6 +172,7 @@ class CudaTimer:
         that a graph of many calls does not (``cuda-graph-replays``); eager launches hold the
         host's overhead too (``cuda-events``)."""
         import torch
+        cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
         flush = self._flush_buffer() if plan.mode == "cold" else None
         if flush is not None:
@@ -194,12 +197,13 @@ class CudaTimer:
             notes.append(f"not graph-capturable ({capture_failure}); timed with events around eager "
                          "launches, launch overhead included")
 
+        run: Callable[[], Any]
         if graph is None:
             run = lambda: [fn() for _ in range(calls)]  # noqa: E731
         else:
             run = graph.replay if replays == 1 else (lambda: [graph.replay() for _ in range(replays)])
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        spin = getattr(torch.cuda, "_sleep", None)
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        spin = getattr(cuda, "_sleep", None)
 
         def take_ms() -> float:
             if flush is not None:
@@ -210,7 +214,8 @@ class CudaTimer:
             run()
             end.record()
             end.synchronize()
-            return start.elapsed_time(end) / calls
+            ms: float = start.elapsed_time(end) / calls
+            return ms
 
         clock = "cuda-events" if graph is None else "cuda-graph" if replays == 1 else "cuda-graph-replays"
         return take_ms, clock, calls
@@ -221,9 +226,10 @@ class CudaTimer:
         them, or at least 3 once the host has spent ``budget_s`` launching (a slow, host-bound
         callable, such as a Python loop over tokens, need not run ten times)."""
         import torch
+        cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
-        torch.cuda.synchronize()
+        events = [cuda.Event(enable_timing=True) for _ in range(calls + 1)]
+        cuda.synchronize()
         with gc_paused():
             deadline = time.monotonic() + budget_s
             events[0].record()
@@ -234,8 +240,9 @@ class CudaTimer:
                 events[made].record()
                 if made >= 3 and time.monotonic() >= deadline:
                     break
-            torch.cuda.synchronize()
-        return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(made))
+            cuda.synchronize()
+        ms: float = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(made))
+        return ms
 
     @staticmethod
     def _peak_mib(fn: Callable[[], Any]) -> float:
@@ -322,13 +329,14 @@ def _capture_cold(
     did not move between processes anyway (0.02-0.29%, on the H200, 2026-11-29). When a later capture fails
     (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
     import torch
+    cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
     takes: list[Callable[[], float]] = []
     pool: Any = None
     deadline = time.monotonic() + capture_s
     while len(takes) < max(1, graphs) and (not takes or time.monotonic() < deadline):
         try:
-            start, end = (torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+            start, end = (cuda.Event(enable_timing=True, external=True) for _ in range(2))
         except TypeError:
             return None, f"torch {torch.__version__} has no external CUDA events (torch.cuda.Event(external=True))"
         taken, pool, failure = _one_cold_graph(fn, flush, start, end, pool)
@@ -359,7 +367,8 @@ def _one_cold_graph(
     def take_ms() -> float:
         graph.replay()
         end.synchronize()
-        return start.elapsed_time(end)
+        ms: float = start.elapsed_time(end)
+        return ms
 
     try:
         take_ms()
@@ -460,10 +469,11 @@ def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, 
 def _time_replay(replay: Callable[[], Any]) -> float:
     """Device ms of one replay (median of 5), launch latency kept out by a spin kernel."""
     import torch
+    cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
-    spin = getattr(torch.cuda, "_sleep", None)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
+    spin = getattr(cuda, "_sleep", None)
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    times: list[float] = []
     for _ in range(5):
         if spin is not None:
             spin(SPIN_CYCLES)

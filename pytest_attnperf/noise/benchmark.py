@@ -422,7 +422,10 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="attnperf-noise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The ``attnperf-noise`` command: run the chosen stages in the work folder and write their report;
+    the exit status."""
+    parser = argparse.ArgumentParser(prog="attnperf-noise", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=_count(0), default=5)
     parser.add_argument("--records", type=_count(1), default=3,
                         help="recordings by the record stage: three give each case its own run-to-run noise")

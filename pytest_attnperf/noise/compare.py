@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 from pytest_attnperf.noise.inject import SAME_LENGTH_MAX_MS
 from pytest_attnperf.noise.runs import SIZES, _size_class
@@ -16,14 +17,15 @@ __all__ = ["WITHIN", "compare_lines"]
 WITHIN = 0.03  # the issue's bar for the harness against do_bench_cudagraph
 
 
-def _ratio(row: dict) -> float:
-    return row["ours_ms"] / row["do_bench_ms"]
+def _ratio(row: dict[str, Any]) -> float:
+    ratio: float = row["ours_ms"] / row["do_bench_ms"]
+    return ratio
 
 
 CLOCK_GAP = 0.01  # SM clocks further apart than this count as a gap (the H200 steps by 15 MHz, 0.76%)
 
 
-def _clock_gap(row: dict, suffix: str = "") -> tuple[float, float, tuple[str, ...]] | None:
+def _clock_gap(row: dict[str, Any], suffix: str = "") -> tuple[float, float, tuple[str, ...]] | None:
     """``(do_bench's SM clock, the harness's, NVML's throttle reasons after do_bench)`` where the
     clocks read right after each were more than ``CLOCK_GAP`` apart (20 ms of back-to-back calls
     of a large kernel can trip the power cap, on either side: it depends on when the cap bites),
@@ -35,13 +37,13 @@ def _clock_gap(row: dict, suffix: str = "") -> tuple[float, float, tuple[str, ..
     return None
 
 
-def _same(row: dict) -> float | None:
+def _same(row: dict[str, Any]) -> float | None:
     """The harness's median over do_bench's at about the harness's calls per graph, or None
     where that was not timed (a one-call graph, or do_bench failed)."""
     return row["ours_ms"] / row["do_bench_same_ms"] if row.get("do_bench_same_ms", 0) > 0 else None
 
 
-def _same_label(row: dict) -> str:
+def _same_label(row: dict[str, Any]) -> str:
     """How the report names do_bench's figure at the harness's graph length: by the harness's
     calls a graph, or by its rep where that was capped (``inject.SAME_LENGTH_MAX_MS``: do_bench's
     graph then held fewer calls than the harness's)."""
@@ -51,7 +53,7 @@ def _same_label(row: dict) -> str:
     return f"at the harness's {row.get('calls', '?')} calls a graph"
 
 
-def _same_outside_lines(timed: list[dict]) -> list[str]:
+def _same_outside_lines(timed: list[dict[str, Any]]) -> list[str]:
     """The cases outside ``WITHIN`` of do_bench at the harness's graph length, each with both
     SM clocks where they were apart, and the cases where that do_bench failed."""
     outside = [r for r in timed if (x := _same(r)) is not None and abs(x - 1) > WITHIN]
@@ -68,7 +70,7 @@ def _same_outside_lines(timed: list[dict]) -> list[str]:
     return lines
 
 
-def _outside_lines(timed: list[dict]) -> list[str]:
+def _outside_lines(timed: list[dict[str, Any]]) -> list[str]:
     """For the cases outside ``WITHIN``: in how many the SM clocks after the harness and after
     do_bench differed (``_clock_gap``), which side was lower, the clocks and do_bench's throttle
     reasons; then each case, the furthest from do_bench first, up to ``SHOWN`` of them."""
@@ -91,7 +93,7 @@ def _outside_lines(timed: list[dict]) -> list[str]:
 SHOWN = 20  # cases outside WITHIN named one a line in the compare report, the furthest first
 
 
-def _outside_line(row: dict) -> str:
+def _outside_line(row: dict[str, Any]) -> str:
     """One case outside ``WITHIN``: both medians, do_bench's at about the harness's calls per
     graph too (do_bench at 20 ms sizes its graph by the eager time of one call: a gap there only
     points at the graph's length), and both SM clocks where they differed."""
@@ -103,12 +105,12 @@ def _outside_line(row: dict) -> str:
     return line + _clock_note(row)
 
 
-def _case_name(row: dict) -> str:
+def _case_name(row: dict[str, Any]) -> str:
     """A compare row's case as the report names it: the test part of its node id."""
     return str(row.get("nodeid", "?")).split("::")[-1]
 
 
-def _clock_note(row: dict, suffix: str = "") -> str:
+def _clock_note(row: dict[str, Any], suffix: str = "") -> str:
     """``"; do_bench at <MHz> (<reasons>), harness <MHz>"`` where ``_clock_gap`` finds the two
     clocks apart, else empty."""
     gap = _clock_gap(row, suffix)

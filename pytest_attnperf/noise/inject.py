@@ -39,13 +39,13 @@ from typing import Any
 import pytest
 
 from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure.nvml import read_sm_clock
 from pytest_attnperf.measure.timing import (
     Measurement,
     SamplingPlan,
     Timer,
     default_timer,
     one_element_add,
-    read_sm_clock,
 )
 
 __all__ = ["InjectingTimer", "is_picked"]
@@ -63,13 +63,14 @@ def _current_nodeid() -> str:
 def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevice) -> Callable[[], Any]:
     if device.is_gpu:
         import torch
+        cuda: Any = torch.cuda  # torch.cuda._sleep is unannotated
 
-        clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1e3  # kHz in torch
+        clock_hz = cuda.get_device_properties(0).clock_rate * 1e3  # kHz in torch
         cycles = max(1, int(extra_s * clock_hz))  # at zero, one cycle: the least a spin kernel costs
 
         def slowed_gpu() -> Any:
             result = fn()
-            torch.cuda._sleep(cycles)
+            cuda._sleep(cycles)
             return result
 
         slowed_gpu.extra_s, slowed_gpu.wrapped = extra_s, fn  # type: ignore[attr-defined] # for scripted timers
@@ -111,6 +112,9 @@ class InjectingTimer:
         self._least_by_mode: dict[str, tuple[float, str]] = {}  # see _least
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+        """The inner timer's measurement of ``fn``: in a picked case with the extra work added
+        (noted, and logged), and with do_bench's figures on the same callable written to the
+        compare file when comparing."""
         if plan.floor:  # the run's sample floor, timed inside its first case: no case's extra work, and
             return self.inner.measure(fn, plan)  # cold whatever the mode, so no do_bench row either
         nodeid = _current_nodeid()

@@ -35,6 +35,7 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from pytest_attnperf.gate.verdict import Summary, floor_shift_ms, judge
 from pytest_attnperf.noise.runs import read_run, run_files, testcase_nodeid
@@ -49,7 +50,7 @@ def point(ms: float) -> Summary:
     return Summary(ms, ms, ms, 0.0, 1000)
 
 
-def shifted(summary: Summary, entry: dict, run_clock: str | None, machine: tuple[float, float],
+def shifted(summary: Summary, entry: dict[str, Any], run_clock: str | None, machine: tuple[float, float],
             run_floor_ms: float | None, floors: tuple[float, float | None] | None,
             ) -> tuple[float, float, float | None]:
     """The between-machines terms for one case of one run: ``machine`` and no shift, or, with
@@ -88,8 +89,9 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
                             found.gate_floor_ms, floors)
             verdict = judge(point(ms), summary, tolerance, floor, *terms, noise_floor_ms=floor_ms)
             made += 1
-            if verdict.status == "regressed":
-                flagged.append((run.name, case, verdict.change_pct))
+            change = verdict.change_pct  # a regressed verdict always has a ratio
+            if verdict.status == "regressed" and change is not None:
+                flagged.append((run.name, case, change))
     return made, skipped, flagged
 
 
@@ -115,6 +117,8 @@ def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``attnperf-rejudge`` command: judge the work folder's saved runs again and print the counts;
+    the exit status."""
     parser = argparse.ArgumentParser(prog="attnperf-rejudge", description=__doc__.splitlines()[0])
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--hw", help="the baseline's name in the work folder (default: its only .yaml)")

@@ -7,7 +7,7 @@ import json
 import statistics
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = ["SIZES", "BadReport", "Run", "read_run", "run_files", "testcase_nodeid"]
 
@@ -34,7 +34,7 @@ class Run(NamedTuple):
     clocks: dict[str, str] | None = None  # each case's clock (``attnperf_clock``)
 
 
-def _first_extra(benchmarks: list[dict], key: str) -> tuple[bool, float | None]:
+def _first_extra(benchmarks: list[dict[str, Any]], key: str) -> tuple[bool, float | None]:
     """Whether any case carries ``key`` in its ``extra_info``, and the first non-null value."""
     extras = [b.get("extra_info", {}) for b in benchmarks]
     found = [e[key] for e in extras if key in e]
@@ -42,6 +42,8 @@ def _first_extra(benchmarks: list[dict], key: str) -> tuple[bool, float | None]:
 
 
 def read_run(path: Path) -> Run:
+    """One saved run (pytest-benchmark's JSON at ``path``): each case's median in ms and what the
+    plugin wrote beside it."""
     data = json.loads(path.read_text())
     benchmarks = data["benchmarks"]
     floor = _first_extra(benchmarks, "attnperf_floor_ms")[1]

@@ -39,6 +39,7 @@ GROUP_PREFIX = "attnperf:"
 
 
 def is_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker."""
     return hasattr(config, "workerinput")
 
 
@@ -156,6 +157,7 @@ class Fleet:
 
     @property
     def shared_gpu(self) -> bool:
+        """Whether more local workers than local GPUs run, so some share a GPU."""
         local = sum(1 for spec in self.specs if _local(spec)) if self.specs else self.workers
         return bool(self.gpus) and local > len(self.gpus)
 

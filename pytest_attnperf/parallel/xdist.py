@@ -354,7 +354,7 @@ def worker_output(config: pytest.Config, session: AttnPerfSession, autotune_payl
         payload["floor_refusals"] = sorted(session.floor_refusals)
     if session.workers is not None:
         payload["processes"] = session.workers.summary(session.settings.processes_below_ms)
-    config.workeroutput[OUTPUT_KEY] = encode(payload)  # type: ignore[attr-defined]
+    config.workeroutput[OUTPUT_KEY] = encode(payload)
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pytest_attnperf.families.registry import Kernel
 
@@ -44,7 +44,7 @@ def case_params(params: Mapping[str, Any], sweep: tuple[str, str] | None, cost: 
     if sweep is not None:
         out["sweep"], out["axis"] = _sweep_name(sweep[0], out), sweep[1]
     out["flops"], out["bytes"] = float(cost.flops), float(cost.bytes)
-    return _plain(out)
+    return cast("dict[str, Any]", _plain(out))
 
 
 def _sweep_name(name: str, params: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pytest_attnperf.report import fits
 from pytest_attnperf.report.params import _plain, case_params
@@ -122,7 +122,7 @@ def scaling(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         entry = _fit_entry(key, "peak_mib", [x for x, _ in mem], [m for _, m in mem]) if mem else None
         if entry:
             out.append(entry)
-    return _plain(out)
+    return cast("list[dict[str, Any]]", _plain(out))
 
 
 def _softmax_flops(p: Mapping[str, Any], backward: bool) -> Any:
@@ -195,7 +195,7 @@ def crossovers(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "points": [{"x": x, "linear_ms": t, "softmax_ms": best[x][0], "softmax_kernel": best[x][1]}
                            for x, t in shared],
             })
-    return _plain(out)
+    return cast("list[dict[str, Any]]", _plain(out))
 
 
 def ladder(cases: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -236,11 +236,16 @@ def ladder(cases: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any]) -> l
             backward = p.get("direction") == "fwdbwd"
             shape = dict(batch=p["batch"], hidden=p["hidden"], heads=p["heads"], head_dim=p["head_dim"],
                          dtype=p["dtype"], backward=backward)
-            entry["layer_model_t"] = fits.analytic_crossover(
-                lambda t: gdn_layer(seq=t, expand_v=p.get("expand_v", 2.0), **shape).flops,
-                lambda t: attention_layer(seq=t, **shape).flops, hi=ANALYTIC_MAX_SEQ)
+
+            def gdn_flops(t: int, expand_v: float = p.get("expand_v", 2.0), shape: dict[str, Any] = shape) -> float:
+                return gdn_layer(seq=t, expand_v=expand_v, **shape).flops
+
+            def attention_flops(t: int, shape: dict[str, Any] = shape) -> float:
+                return attention_layer(seq=t, **shape).flops
+
+            entry["layer_model_t"] = fits.analytic_crossover(gdn_flops, attention_flops, hi=ANALYTIC_MAX_SEQ)
         out.append(entry)
-    return _plain(out)
+    return cast("list[dict[str, Any]]", _plain(out))
 
 
 def build(
@@ -252,7 +257,7 @@ def build(
     for c in cases:
         statuses[str(c.get("status"))] = statuses.get(str(c.get("status")), 0) + 1
     dtypes = [str((c.get("params") or {}).get("dtype")) for c in cases if (c.get("params") or {}).get("dtype")]
-    return _plain({
+    return cast("dict[str, Any]", _plain({
         "schema": SCHEMA,
         "environment": dict(environment),
         "hardware": dict(hardware),
@@ -263,7 +268,7 @@ def build(
         "scaling": scaling(cases),
         "crossover": crossovers(cases),
         "ladder": ladder(cases, hardware),
-    })
+    }))
 
 
 # -- markdown -------------------------------------------------------------------------------------
@@ -292,7 +297,7 @@ def _crossover_text(entry: Mapping[str, Any]) -> str:
     if entry["status"] == "crossed":
         more = f" ({entry['crossings']} crossings)" if entry.get("crossings", 0) > 1 else ""
         return f"{entry['measured_t']:.0f}{more}"
-    return entry["status"]
+    return str(entry["status"])
 
 
 def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: str | None = None) -> str:

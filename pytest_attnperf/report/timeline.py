@@ -43,6 +43,7 @@ class Timeline:
 
     @classmethod
     def begin(cls) -> Timeline:
+        """A timeline begun now, its start the process's own where that is known."""
         now, age = time.perf_counter(), process_age_s()
         return cls(now - (age or 0.0), age is not None)
 
@@ -52,10 +53,14 @@ class Timeline:
         self.tests += report.when == "call"
 
     def line(self, distributed: bool) -> str | None:
+        """The summary's line of where the run's time went; None before the run has finished, or
+        without tests."""
         if None in (self.collected, self.prepared, self.finishing, self.finished) or not self.tests:
             return None
-        assert self.collected is not None and self.prepared is not None  # for mypy
-        assert self.finishing is not None and self.finished is not None
+        assert self.collected is not None  # for mypy
+        assert self.prepared is not None
+        assert self.finishing is not None
+        assert self.finished is not None
         start = "the process started" if self.since_process_start else "pytest_configure"
         total = time.perf_counter() - self.started
         parts = [f"{self.collected - self.started:.1f} s start-up and collection",

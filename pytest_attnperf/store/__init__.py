@@ -1,1 +1,2 @@
-"""Where numbers are kept: baseline files and their entries, the recording journal, Triton autotune choices, the environment header."""
+"""Where numbers are kept: baseline files and their entries, the recording journal, Triton autotune
+choices, the environment header."""

@@ -71,6 +71,7 @@ class Choice:
     triton: str | None
 
     def as_mapping(self) -> dict[str, Any]:
+        """The choice as plain data, as the manifest holds it."""
         return {"kernel": self.kernel, "file": self.file, "key": list(self.key), "chosen": self.chosen,
                 "source": self.source, "triton": self.triton}
 
@@ -239,6 +240,7 @@ class AutotuneRun:
 
     @property
     def recorded_tritons(self) -> list[str]:
+        """The Triton versions the installed choices were recorded with."""
         return sorted({c.triton for c in self.installed.values() if c.triton})
 
 

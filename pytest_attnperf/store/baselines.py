@@ -79,6 +79,9 @@ class Unusable:
 
 @dataclass
 class BaselineFile:
+    """A baseline file read: its meta, its valid entries by case and the entries that failed
+    validation."""
+
     meta: dict[str, Any] = field(default_factory=dict)
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     unusable: dict[str, Unusable] = field(default_factory=dict)

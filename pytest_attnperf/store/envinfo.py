@@ -22,7 +22,7 @@ def _version(dist: str) -> str | None:
 
 def _driver() -> str | None:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()

@@ -28,13 +28,15 @@ def _plain(value: Any) -> Any:
 
 
 class Journal:
-    """This run's journal for one hardware's baseline file."""
+    """The run's journal for one hardware's baseline file."""
 
     def __init__(self, folder: Path, hw: str) -> None:
         self.path = folder / f".{hw}.recording-{_host()}-{os.getpid()}.jsonl"
         self.problem: str | None = None  # the first write that failed (the run goes on without it)
 
     def add(self, key: str, entry: Mapping[str, Any]) -> None:
+        """Append one entry (a JSON line, flushed and synced); after a failed write, kept in
+        ``problem``, nothing more is written."""
         if self.problem is not None:
             return
         try:
@@ -47,6 +49,7 @@ class Journal:
             self.problem = f"the recording's journal {self.path} cannot be written: {exc}"
 
     def remove(self) -> None:
+        """Delete the journal file (one already gone is fine)."""
         self.path.unlink(missing_ok=True)
 
 

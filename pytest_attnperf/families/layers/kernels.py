@@ -209,8 +209,8 @@ def cost(layer: str, case: LadderCase, direction: str) -> Any:
     """The layer's analytic cost (``costs_layers``)."""
     from pytest_attnperf.families.layers.costs import attention_layer, gdn_layer
 
-    shape: dict[str, Any] = dict(batch=case.batch, seq=case.seq, hidden=case.hidden, heads=case.heads, head_dim=case.head_dim,
-                 dtype=case.dtype, backward=direction == "fwdbwd")
+    shape: dict[str, Any] = dict(batch=case.batch, seq=case.seq, hidden=case.hidden, heads=case.heads,
+                                 head_dim=case.head_dim, dtype=case.dtype, backward=direction == "fwdbwd")
     if layer == "gdn":
         return gdn_layer(expand_v=case.expand_v, **shape)
     return attention_layer(**shape)

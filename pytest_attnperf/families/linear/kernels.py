@@ -73,7 +73,9 @@ class LinearCase:
 
     @property
     def scale(self) -> float:
-        return self.key_dim**-0.5
+        """The attention scale, ``key_dim ** -0.5``."""
+        scale: float = self.key_dim**-0.5  # int ** negative int: typeshed says Any
+        return scale
 
 
 def _first(result: Any) -> Any:
@@ -83,7 +85,8 @@ def _first(result: Any) -> Any:
 def _fla(module: str, name: str) -> Callable[..., Any]:
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
 
 
 # -- kernels ------------------------------------------------------------------------------
@@ -190,6 +193,7 @@ def _supports(family: str, name: str) -> Callable[[LinearCase], str | None]:
 
 
 def register(registry: KernelRegistry) -> None:
+    """Add fla's linear-attention kernels, one per family and form, to ``registry``."""
     gpu = ("cuda",)
     for family, name, fn, form, kinds in (
         ("linear_attn", "fla-chunk", la_chunk, "chunk", gpu),
@@ -237,16 +241,16 @@ class Prepared:
         rounded, and for a chunk kernel (``form`` "chunk", or None: a user's kernel) with every
         intermediate that a chunk kernel stores rounded to the case's dtype (the scores of each
         chunk, each chunk's state, the decayed queries and keys of its products, and for GDN the
-        points ``reference_linear.chunk_gated_delta_rule`` names). A recurrent kernel (``form`` "recurrent") keeps its state
-        in float32 and updates it token by token, so its output's yardstick is the token
-        recurrence in float32: its state's rounding error grows with the sequence as the
-        kernel's does (the chunked form updates the state once per 64 tokens; at T=16384, fla's
-        fused recurrent kernel erred by 20 times that form's RMS error at its worst element), and
-        its gradients are a recurrent backward's in float32, the gate's from the reverse
-        cumulative sum that fla's ``fused_recurrent`` backward uses (GDN's from the chunked form).
-        fla's ``naive`` kernels take their gradients by autograd through their recurrence, more
-        accurately than that sum, so the bound holds them more loosely. A chunk kernel's
-        gradients come through autograd, which rounds them at the same points.
+        points ``reference_linear.chunk_gated_delta_rule`` names). A recurrent kernel (``form``
+        "recurrent") keeps its state in float32 and updates it token by token, so its output's
+        yardstick is the token recurrence in float32: its state's rounding error grows with the
+        sequence as the kernel's does (the chunked form updates the state once per 64 tokens; at
+        T=16384, fla's fused recurrent kernel erred by 20 times that form's RMS error at its
+        worst element), and its gradients are a recurrent backward's in float32, the gate's from
+        the reverse cumulative sum that fla's ``fused_recurrent`` backward uses (GDN's from the
+        chunked form). fla's ``naive`` kernels take their gradients by autograd through their
+        recurrence, more accurately than that sum, so the bound holds them more loosely. A chunk
+        kernel's gradients come through autograd, which rounds them at the same points.
 
         Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
         backward, say) is skipped without paying for it.

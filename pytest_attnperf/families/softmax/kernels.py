@@ -35,11 +35,14 @@ class SoftmaxCase:
 
     @property
     def n_kv_heads(self) -> int:
+        """The key/value heads: ``kv_heads``, or ``heads`` when not grouped."""
         return self.heads if self.kv_heads is None else self.kv_heads
 
     @property
     def scale(self) -> float:
-        return self.head_dim**-0.5
+        """The softmax scale, ``head_dim ** -0.5``."""
+        scale: float = self.head_dim**-0.5  # int ** negative int: typeshed says Any
+        return scale
 
 
 def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
@@ -126,6 +129,8 @@ def _window_only(case: SoftmaxCase) -> str | None:
 
 
 def register(registry: KernelRegistry) -> None:
+    """Add the softmax kernels to ``registry``: naive, SDPA by torch's dispatch and by backend, the GQA
+    and window variants."""
     registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or ""))
     registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain,
                         description="SDPA with torch's default dispatch (backend reported); native GQA"))
