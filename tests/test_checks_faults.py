@@ -275,7 +275,8 @@ def test_a_sparse_error_of_five_percent_fails_a_chunk_kernel_too(family: str) ->
     with pytest.raises(AssertionError, match="elements outside") as failed:
         run(family, _wrap(family, lambda out, a: _sparse(out, 1.05)), "bf16", "fwd", "sparse", form="chunk")
     found = re.search(r"(\d+) of \d+ elements outside", str(failed.value))
-    assert found and int(found.group(1)) >= 3, str(failed.value)
+    assert found, str(failed.value)
+    assert int(found.group(1)) >= 3, str(failed.value)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -101,8 +101,10 @@ def test_update_then_unchanged_rerun_passes(project: pytest.Pytester) -> None:
     data = baseline(project)
     assert sorted(data["entries"]) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]
     entry = data["entries"]["test_cases.py::test_case[a]"]
-    assert entry["n_samples"] == 20 and entry["median_ms"] == pytest.approx(1.0, rel=0.01)
-    assert data["meta"]["hardware"] == "h200" and data["meta"]["device"] == "NVIDIA H200"
+    assert entry["n_samples"] == 20
+    assert entry["median_ms"] == pytest.approx(1.0, rel=0.01)
+    assert data["meta"]["hardware"] == "h200"
+    assert data["meta"]["device"] == "NVIDIA H200"
     rerun = project.runpytest(*PLUGIN, "--hw=h200")
     rerun.assert_outcomes(passed=2)
     assert "unchanged" in rerun.stdout.str()
@@ -115,7 +117,8 @@ def test_ten_percent_slower_fails_that_test_only(project: pytest.Pytester) -> No
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*test_case?a?: REGRESSED +10.0% against the baseline*"])
-    assert "baseline: median 1 ms" in out and "current:  median 1.1 ms" in out
+    assert "baseline: median 1 ms" in out
+    assert "current:  median 1.1 ms" in out
     assert "FAILED test_cases.py::test_case[b]" not in out
     assert "re-measured after a suspected regression" in out
 
@@ -291,7 +294,8 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
     At the same length a slowdown still fails."""
     project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--update-baselines").assert_outcomes(passed=2)
     a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
-    assert a["mode"] == "hot" and a["hot_sample_ms"] == 20.0  # the default, do_bench_cudagraph's length
+    assert a["mode"] == "hot"
+    assert a["hot_sample_ms"] == 20.0  # the default, do_bench_cudagraph's length
     set_speed(project, a=1.5)
     project.runpytest(*PLUGIN, "--attnperf-mode=hot").assert_outcomes(passed=1, failed=1)
     result = project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms")
@@ -301,7 +305,8 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
     project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms",
                       "--update-baselines").assert_outcomes(passed=2)
     a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
-    assert a["hot_sample_ms"] == 0.5 and len(a["run_medians_ms"]) == 1
+    assert a["hot_sample_ms"] == 0.5
+    assert len(a["run_medians_ms"]) == 1
     # an entry written before the option (no hot_sample_ms) was taken at 0.5 ms, the only length
     # then: gated at 0.5 ms, not compared at the default
     path = project.path / "baselines" / "h200.yaml"
@@ -360,7 +365,8 @@ def test_a_changed_clock_failure_quotes_each_note_once(
     start = out.index("CLOCK CHANGED")
     failure = out[start:out.index("\n=", start)]  # the failure section, not the summary after it
     assert failure.count("scripted fallback to cuda-events") == 1
-    assert failure.count("TEARDOWN_CUPTI was '0'") == 1 and "\n  notes: TEARDOWN_CUPTI" in failure
+    assert failure.count("TEARDOWN_CUPTI was '0'") == 1
+    assert "\n  notes: TEARDOWN_CUPTI" in failure
 
 
 def test_a_re_measurement_on_another_clock_keeps_the_first_verdict(project: pytest.Pytester) -> None:
@@ -637,7 +643,8 @@ def test_an_eager_timed_case_is_not_compared_against_another_machines_recordings
         "graph-capturable), so the host's speed is in the figure, and the baseline's recordings come "
         "from another machine*record this machine (--update-baselines) to gate it here",
     ])
-    assert "REGRESSED +20.0%" in on_b.stdout.str() and "test_case[b]" in on_b.stdout.str()
+    assert "REGRESSED +20.0%" in on_b.stdout.str()
+    assert "test_case[b]" in on_b.stdout.str()
     on_a = project.runpytest(*PLUGIN, "--attnperf-machine=A")
     on_a.assert_outcomes(passed=0, failed=2)
     on_a.stdout.fnmatch_lines(["*test_case[[]a[]]: REGRESSED +20.0%*"])
@@ -815,11 +822,14 @@ def test_the_centre_moves_only_for_a_plausible_shift_on_the_floors_clock(
     out = result.stdout.str()
     if moved:
         result.assert_outcomes(passed=1, failed=1)
-        assert "--attnperf-machine-residual" in out and "--attnperf-machine-offset" not in out
+        assert "--attnperf-machine-residual" in out
+        assert "--attnperf-machine-offset" not in out
     else:
         result.assert_outcomes(passed=2)
-        assert "2 us a sample (--attnperf-machine-offset)" in out and "centre moved" not in out
-    assert ("floors not used:" in out) == bool(refused) and (refused or "") in out
+        assert "2 us a sample (--attnperf-machine-offset)" in out
+        assert "centre moved" not in out
+    assert ("floors not used:" in out) == bool(refused)
+    assert (refused or "") in out
 
 
 def test_a_floor_the_gate_may_not_use_is_not_recorded(

@@ -125,10 +125,12 @@ def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: Device) -
     gpu.launch_ms, gpu.flush_ms = 0.004, 0.03
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert (m.clock, m.mode, m.calls_per_sample) == ("cuda-graph-nodes", "cold", 1)
-    assert m.median_ms == pytest.approx(0.02) and len(m.samples_ms) >= 10
+    assert m.median_ms == pytest.approx(0.02)
+    assert len(m.samples_ms) >= 10
     assert len(m.samples_ms) % 8 == 0  # whole rounds of the eight graphs
     assert gpu.replays == len(m.samples_ms) + 8  # one replay a sample, and one a graph to check its events read
-    assert m.notes == () and m.sm_clock_mhz == 1980.0
+    assert m.notes == ()
+    assert m.sm_clock_mhz == 1980.0
 
 
 def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,11 +156,15 @@ def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: Device, monkeypa
     monkeypatch.setattr(timing, "_capture", capture)
     plan = SamplingPlan(min_samples=10, budget_s=0.05, cold_graphs=4)
     m = CudaTimer(H200).measure(gpu.call, plan)
-    assert len(captured) == 4 and len({id(g.pool()) for g in captured}) == 1
-    assert len(m.samples_ms) % 4 == 0 and len(m.samples_ms) >= 12
+    assert len(captured) == 4
+    assert len({id(g.pool()) for g in captured}) == 1
+    assert len(m.samples_ms) % 4 == 0
+    assert len(m.samples_ms) >= 12
     assert m.samples_ms[:4] == pytest.approx((0.02, 0.0202, 0.0204, 0.0206))
     assert m.samples_ms[4:8] == pytest.approx(m.samples_ms[:4])
-    assert 0.0202 <= m.median_ms <= 0.0204 and m.notes == () and m.graphs == 4
+    assert 0.0202 <= m.median_ms <= 0.0204
+    assert m.notes == ()
+    assert m.graphs == 4
 
 
 def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,8 +181,11 @@ def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(timing, "_capture", capture)
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.5, cold_graphs=8))
-    assert made == [1] and m.graphs == 1 and m.notes == ()
-    assert m.clock == "cuda-graph-nodes" and len(m.samples_ms) >= 10
+    assert made == [1]
+    assert m.graphs == 1
+    assert m.notes == ()
+    assert m.clock == "cuda-graph-nodes"
+    assert len(m.samples_ms) >= 10
 
 
 def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
@@ -192,8 +201,10 @@ def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
 
     monkeypatch.setattr(timing, "_capture", capture)
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.05, cold_graphs=8))
-    assert m.clock == "cuda-graph-nodes" and m.median_ms == pytest.approx(0.02)
-    assert len(m.samples_ms) % 3 == 0 and m.graphs == 3
+    assert m.clock == "cuda-graph-nodes"
+    assert m.median_ms == pytest.approx(0.02)
+    assert len(m.samples_ms) % 3 == 0
+    assert m.graphs == 3
     assert m.notes == ("3 of 8 cold graphs usable (OutOfMemoryError: CUDA out of memory); samples from those",)
 
 
@@ -309,7 +320,8 @@ def test_a_callable_that_cannot_be_captured_is_timed_eagerly_and_says_so(
 
     monkeypatch.setattr(timing, "_capture", lambda fn, calls, pool=None: (None, "RuntimeError: capture"))
     m = CudaTimer(H200).measure(call, PLAN)
-    assert m.clock == "cuda-events" and m.median_ms == pytest.approx(0.03)
+    assert m.clock == "cuda-events"
+    assert m.median_ms == pytest.approx(0.03)
     assert m.notes[0].startswith("not graph-capturable (RuntimeError: capture)")
 
 
@@ -332,7 +344,8 @@ def test_a_throttled_case_is_measured_again(gpu: Device, monkeypatch: pytest.Mon
     assert idles == [0]
     assert m.notes == ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured after the GPU idled 1.2 s",)
     assert m.sm_clock_mhz == 1980.0
-    assert m.median_ms == pytest.approx(0.02) and max(m.samples_ms) == pytest.approx(0.02)
+    assert m.median_ms == pytest.approx(0.02)
+    assert max(m.samples_ms) == pytest.approx(0.02)
 
 
 def test_still_throttled_and_held_clocks_are_noted(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
