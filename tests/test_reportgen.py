@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,14 +27,14 @@ HARDWARE = {"name": "h200", "peak_tflops": {"bf16": 989.0, "fp32": 67.0}, "hbm_g
 ENVIRONMENT = {"device": "NVIDIA H200", "torch": "2.13.0", "date": "2026-01-01"}
 
 
-def _case(nodeid: str, ms: float, params: dict, peak_mib: float | None = None) -> dict:
+def _case(nodeid: str, ms: float, params: dict[str, Any], peak_mib: float | None = None) -> dict[str, Any]:
     return {"nodeid": nodeid, "backend": "-", "median_ms": ms, "stdrel": 0.001, "tflops": 1.0, "mfu": 0.1,
             "gb_per_s": 100.0, "bandwidth_frac": 0.02, "peak_mib": peak_mib, "eager_ms": None,
             "intensity": 200.0, "bound": "compute", "status": "new", "change_pct": None, "notes": [],
             "params": params}
 
 
-def sweep_cases() -> list[dict]:
+def sweep_cases() -> list[dict[str, Any]]:
     """A softmax kernel at T^2 (memory T), a slower one (memory T^2), and a linear kernel at T
     that meets the faster softmax at T = 4096."""
     cases = []
@@ -53,7 +54,7 @@ def sweep_cases() -> list[dict]:
     return cases
 
 
-def ladder_cases() -> list[dict]:
+def ladder_cases() -> list[dict[str, Any]]:
     cases = []
     for layer, ms in (("attention-flash", 2.0), ("attention-cudnn", 1.6), ("gdn", 3.2)):
         params = {"case": "h512", "batch": 32, "seq": 1024, "hidden": 512, "heads": 8, "head_dim": 64,

@@ -13,6 +13,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -483,7 +484,7 @@ def test_one_odd_recording_does_not_widen_the_bar() -> None:
         ({"run_medians_ms": [1.0, float("nan")]}, "run_medians_ms"),
     ],
 )
-def test_entries_with_impossible_numbers_are_rejected(change: dict, match: str) -> None:
+def test_entries_with_impossible_numbers_are_rejected(change: dict[str, Any], match: str) -> None:
     """NaN or infinite times, a fractional or empty sample count, an interval that misses its
     own median: each names the field (an entry like that would otherwise gate nothing)."""
     entry = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01, "n_samples": 10}
@@ -496,9 +497,9 @@ def test_entries_with_impossible_numbers_are_rejected(change: dict, match: str) 
 
 def test_hot_graph_packs_calls_for_the_sample_length() -> None:
     """0.05 ms per call, 0.5 ms samples: a graph of 10 calls, replayed once per sample."""
-    captured = []
+    captured: list[int] = []
 
-    def capture(fn, calls):
+    def capture(fn: Callable[[], Any], calls: int) -> tuple[str, None]:
         captured.append(calls)
         return f"graph x{calls}", None
 
@@ -514,7 +515,7 @@ def test_hot_graph_replays_the_one_call_graph_when_the_longer_capture_fails() ->
     """The longer capture runs out of memory: still graph-timed, ten replays of the one-call
     graph per sample, and the note names the failure (not 'not graph-capturable')."""
 
-    def capture(fn, calls):
+    def capture(fn: Callable[[], Any], calls: int) -> tuple[None, str]:
         return None, "OutOfMemoryError: CUDA out of memory"
 
     graph, calls, replays, note = hot_graph(lambda: None, "graph x1", 0.05, 0.5, capture)

@@ -6,6 +6,7 @@ Devices are faked with ``DetectedDevice``; nothing here asks torch about a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -100,8 +101,9 @@ def test_every_row_is_sourced_and_consistent(name: str) -> None:
         assert spec.capability is not None
         assert spec.hbm_bytes_per_s
         assert spec.hbm_bytes_per_s > 1e11
-        assert spec.peak_flops_for("fp16")
-        assert spec.peak_flops_for("fp16") > 1e13
+        fp16 = spec.peak_flops_for("fp16")
+        assert fp16
+        assert fp16 > 1e13
 
 
 def test_ridge_falls_back_to_fp16_and_is_none_without_figures() -> None:
@@ -187,7 +189,7 @@ def test_cpu_resolves_to_cpu() -> None:
         resolve("h200", CPU)
 
 
-def test_machine_id_names_the_card_and_the_boot(tmp_path) -> None:
+def test_machine_id_names_the_card_and_the_boot(tmp_path: Path) -> None:
     from pytest_attnperf.hw.table import DetectedDevice, machine_id
 
     boot = tmp_path / "boot_id"

@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 import tempfile
+from typing import Any
 
 import pytest
 import yaml
@@ -105,11 +106,12 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 INI = "attnperf_baselines = baselines\n"  # a project that configures attnperf
 
 
-def entries(pytester: pytest.Pytester) -> dict:
-    return yaml.safe_load((pytester.path / "baselines" / "h200.yaml").read_text())["entries"]
+def entries(pytester: pytest.Pytester) -> dict[str, Any]:
+    found: dict[str, Any] = yaml.safe_load((pytester.path / "baselines" / "h200.yaml").read_text())["entries"]
+    return found
 
 
-def seen(pytester: pytest.Pytester) -> list[dict]:
+def seen(pytester: pytest.Pytester) -> list[dict[str, Any]]:
     path = pytester.path / "seen.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     path.unlink(missing_ok=True)
