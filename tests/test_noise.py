@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -199,8 +200,12 @@ def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
                                eager_ms=eager_ms)
 
     reps: list[float] = []
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
-                        lambda fn, rep=20, return_mode="mean": reps.append(rep) or 0.2)
+
+    def do_bench_cudagraph(fn: Callable[[], Any], rep: float = 20, return_mode: str = "mean") -> float:
+        reps.append(rep)
+        return 0.2
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", do_bench_cudagraph)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(inject, "read_sm_clock", lambda index: (1980.0, ()))
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::a (call)")
@@ -309,9 +314,15 @@ def test_compare_flag_adds_the_compare_stage_to_named_ones(tmp_path: Path, monke
     from pytest_attnperf.noise import benchmark as noise
 
     ran: list[dict[str, str] | None] = []
-    monkeypatch.setattr(noise, "_pytest", lambda args, env=None: ran.append(env) or 0)
+
+    def fake_pytest(args: list[str], env: dict[str, str] | None = None) -> int:
+        ran.append(env)
+        return 0
+
+    monkeypatch.setattr(noise, "_pytest", fake_pytest)
     assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "1", "--compare", "--", "x.py"]) == 0
     assert ran[0] is None
+    assert ran[1] is not None
     assert "ATTNPERF_COMPARE_FILE" in ran[1]
     assert len(ran) == 2
     assert (tmp_path / "report-steady-compare.txt").exists()
@@ -407,6 +418,7 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     (tmp_path / "compare.jsonl").write_text("stale line from an earlier call\n")
 
     def fake_pytest(args: list[str], env: dict[str, str] | None = None) -> int:
+        assert env is not None
         path = Path(env["ATTNPERF_COMPARE_FILE"])
         with path.open("a") as out:
             out.writelines(f"{json.dumps(r)}\n" for r in rows)
@@ -461,9 +473,10 @@ def test_compare_report_names_cases_outside_at_the_harness_graph_length() -> Non
 
 def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
     """Outside 3% with do_bench at the harness's clock (or no clock read): counted, not explained."""
-    rows = [{"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
-            {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
-            {"ours_ms": 0.1, "do_bench_ms": 0.1}]
+    rows: list[dict[str, Any]] = [
+        {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
+        {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
+        {"ours_ms": 0.1, "do_bench_ms": 0.1}]
     assert noise_compare._outside_lines(rows) == [
         "outside 3%: 2 cases; the SM clocks after each differed in 0",
         "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)", "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)"]
@@ -533,7 +546,8 @@ def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) ->
     regressions" with every case 'new' once. The line now counts the judgements and says so."""
     from pytest_attnperf.noise.benchmark import _steady_lines
 
-    runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
+    runs: list[dict[str, Any]] = [
+        {"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
     line = next(line for line in _steady_lines(tmp_path) if line.startswith("false regressions"))
     assert line.startswith("false regressions over 1 unchanged runs: 0 in 0 judgements (not judged: 2 new); "
@@ -548,12 +562,13 @@ class FakeClock:
     """A clock that each fake pytest run moves on by the next of ``durations`` seconds."""
 
     def __init__(self, durations: list[float]) -> None:
-        self.now, self.durations, self.runs = 1000.0, list(durations), []
+        self.now, self.durations = 1000.0, list(durations)
+        self.runs: list[list[str]] = []
 
     def __call__(self) -> float:
         return self.now
 
-    def pytest(self, args: list[str], env: dict[str, str] | None = None) -> int:
+    def run_pytest(self, args: list[str], env: dict[str, str] | None = None) -> int:
         self.runs.append(args)
         self.now += self.durations.pop(0)
         return 0
@@ -565,7 +580,7 @@ class FakeClock:
 
         clock = cls(durations)
         monkeypatch.setattr(noise, "_now", clock)
-        monkeypatch.setattr(noise, "_pytest", clock.pytest)
+        monkeypatch.setattr(noise, "_pytest", clock.run_pytest)
         return clock
 
 
@@ -841,7 +856,7 @@ def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Pa
     from pytest_attnperf.noise.benchmark import _recording_lines
     from pytest_attnperf.store import baselines
 
-    def entry(runs: list[float]) -> dict:
+    def entry(runs: list[float]) -> dict[str, Any]:
         return {"median_ms": runs[-1], "ci_low_ms": runs[-1], "ci_high_ms": runs[-1], "stdrel": 0.001,
                 "n_samples": 100, "run_medians_ms": runs}
 
@@ -900,7 +915,8 @@ def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypat
 def test_junit_reports_of_cut_runs(tmp_path: Path) -> None:
     """A run cut by SIGINT writes a nameless testcase for the test it stopped: not a case. A run
     killed while writing leaves a file that is not XML: named, and its counts not taken."""
-    from pytest_attnperf.noise.benchmark import BadReport, _inject_counts, _outcomes, _steady_lines
+    from pytest_attnperf.noise.benchmark import _inject_counts, _steady_lines
+    from pytest_attnperf.noise.runs import BadReport, _outcomes
 
     (tmp_path / "a.xml").write_text('<testsuites><testsuite><testcase classname="t" name="test_k[0]"/>'
                                     '<testcase time="0.000"/></testsuite></testsuites>')
@@ -962,6 +978,7 @@ def test_pytest_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
     driver = subprocess.Popen([sys.executable, "-c", driver_code, CHILD, str(out)], stdout=subprocess.PIPE, text=True)
     pid = None
     try:
+        assert driver.stdout is not None
         pid = int(driver.stdout.readline())
         deadline = time.monotonic() + 30
         while not out.with_suffix(".ready").exists() and time.monotonic() < deadline:

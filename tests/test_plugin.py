@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
-from pytest_attnperf.noise.benchmark import _outcomes
+from pytest_attnperf.noise.runs import _outcomes
+
+if TYPE_CHECKING:
+    from pytest_attnperf.measure.timing import SamplingPlan
+    from pytest_attnperf.session import AttnPerfSession
 
 PLUGIN = ("-p", "pytest_attnperf.plugin")
 
@@ -88,8 +93,9 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def baseline(pytester: pytest.Pytester, hw: str = "h200") -> dict:
-    return yaml.safe_load((pytester.path / "baselines" / f"{hw}.yaml").read_text())
+def baseline(pytester: pytest.Pytester, hw: str = "h200") -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((pytester.path / "baselines" / f"{hw}.yaml").read_text())
+    return data
 
 
 def set_speed(pytester: pytest.Pytester, **factors: float) -> None:
@@ -721,20 +727,20 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
 
 
 def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str = "cuda-graph-nodes",
-                         notes: tuple[str, ...] = ()) -> object:
+                         notes: tuple[str, ...] = (), plans: list[SamplingPlan] | None = None) -> AttnPerfSession:
     """An ``AttnPerfSession`` on a (faked) CUDA device whose timer gives every measurement,
-    the floor's included, these figures."""
+    the floor's included, these figures (and appends each plan it is given to ``plans``)."""
     import torch
 
     from pytest_attnperf.hw.table import DetectedDevice
     from pytest_attnperf.measure.timing import Measurement, SamplingPlan
     from pytest_attnperf.session import AttnPerfSession
 
-    class Timer:
-        plans: list[SamplingPlan] = []
+    seen = plans if plans is not None else []
 
+    class Timer:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
-            self.plans.append(plan)
+            seen.append(plan)
             m = Measurement((1.0,) * 10, clock=clock, mode="cold", notes=notes)
             object.__setattr__(m.summary, "median_ms", median_ms)  # NaN and 0 too, which samples cannot give
             return m
@@ -775,11 +781,12 @@ def test_the_floor_is_timed_cold_and_says_it_is_the_floor(monkeypatch: pytest.Mo
     injection, do_bench comparison) can tell it from the case it is timed in."""
     from pytest_attnperf.measure.timing import SamplingPlan
 
-    session = session_timing_floor(monkeypatch, 0.00326)
+    plans: list[SamplingPlan] = []
+    session = session_timing_floor(monkeypatch, 0.00326, plans=plans)
     session.__dict__["plan"] = lambda mode=None: SamplingPlan(mode=mode or "hot")
     session.measure_floor()
     session.measure_floor()  # once per run
-    assert [(p.mode, p.floor) for p in session.timer.plans] == [("cold", True)]
+    assert [(p.mode, p.floor) for p in plans] == [("cold", True)]
     assert not SamplingPlan().floor
 
 
@@ -928,7 +935,7 @@ def test_the_sample_floor_is_measured_once_and_reported(
     project.runpytest(*PLUGIN, "-p", "no:benchmark").stdout.fnmatch_lines(
         ["sample floor (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
 
-    def broken(*shape, device=None):
+    def broken(*shape: int, device: object = None) -> torch.Tensor:
         raise RuntimeError("CUDA error: an illegal memory access")
 
     monkeypatch.setattr(torch, "zeros", broken)

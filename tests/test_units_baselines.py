@@ -211,7 +211,7 @@ def test_failed_save_keeps_the_old_file_and_leaves_no_temporary(
     def refuse(src: str, dst: str) -> None:
         raise OSError("disk said no")
 
-    monkeypatch.setattr(baselines.os, "replace", refuse)
+    monkeypatch.setattr("pytest_attnperf.store.baselines.os.replace", refuse)
     changed = merge(load(path), {"k": entry(9.0)}, {"date": "2030-01-01"})
     with pytest.raises(OSError, match="disk said no"):
         save(path, changed)

@@ -171,7 +171,7 @@ def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatc
     """A host-bound call whose capture takes 0.4 s: past half the 0.5 s budget, so no second
     graph is begun (and no note: the graphs are a means, not a promise)."""
     now = [0.0]
-    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: now[0])
     made: list[int] = []
 
     def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph, None]:
@@ -239,7 +239,8 @@ def test_events_a_graph_recorded_but_torch_cannot_read_fall_back_too(
     gpu.launch_ms = 0.004
     monkeypatch.setattr(torch.cuda, "Event", InsideUnreadable)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
-    assert (m.clock, m.median_ms) == ("cuda-graph", pytest.approx(0.024))
+    assert m.clock == "cuda-graph"
+    assert m.median_ms == pytest.approx(0.024)
     assert m.notes == ("no timing events inside the graph (RuntimeError: Both events must be recorded before "
                        "calculating elapsed time.); events around the replay instead, the graph's launch "
                        "included",)
@@ -273,7 +274,8 @@ def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
     monkeypatch.setattr(torch.cuda, "Event", NoEventNodes)
     monkeypatch.setattr(timing, "_capture", capture)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
-    assert (m.clock, m.median_ms) == ("cuda-graph", pytest.approx(0.024))
+    assert m.clock == "cuda-graph"
+    assert m.median_ms == pytest.approx(0.024)
     assert m.notes == ("no timing events inside the graph (RuntimeError: operation not permitted when stream is "
                        "capturing); events around the replay instead, the graph's launch included",)
 
@@ -371,8 +373,8 @@ class Clock:
 @pytest.fixture
 def host(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(timing.time, "monotonic", lambda: clock.now)
-    monkeypatch.setattr(timing.time, "sleep", clock.sleep)
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: clock.now)
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.sleep", clock.sleep)
     return clock
 
 
@@ -416,22 +418,22 @@ def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: Device, mon
 
 def test_warm_up_stops_after_the_first_call_once_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
-    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: now[0])
 
     def slow() -> None:  # a host-bound call of 0.3 s
         now[0] += 0.3
 
     plan = SamplingPlan(budget_s=0.5, warmup_calls=3)
-    assert timing.warm_up(slow, plan) == 2  # 0.3 s, then 0.6 s: past the budget
-    assert timing.warm_up(lambda: None, plan) == 3  # quick calls: all three
+    assert sampling.warm_up(slow, plan) == 2  # 0.3 s, then 0.6 s: past the budget
+    assert sampling.warm_up(lambda: None, plan) == 3  # quick calls: all three
     now[0] = 0.0
-    assert timing.warm_up(lambda: now.__setitem__(0, now[0] + 5.0), plan) == 1  # at least one
-    assert timing.warm_up(slow, SamplingPlan(warmup_calls=0)) == 0
+    assert sampling.warm_up(lambda: now.__setitem__(0, now[0] + 5.0), plan) == 1  # at least one
+    assert sampling.warm_up(slow, SamplingPlan(warmup_calls=0)) == 0
 
 
 def test_measure_warms_up_before_sampling(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
     warmed: list[int] = []
-    real = timing.warm_up
+    real = sampling.warm_up
     for module in (timing, sampling):  # the CUDA timer's and the host timer's
         monkeypatch.setattr(module, "warm_up", lambda fn, plan: warmed.append(real(fn, plan)))
     CudaTimer(H200).measure(gpu.call, PLAN)
