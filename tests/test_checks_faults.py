@@ -242,8 +242,10 @@ def test_the_sparse_error_is_caught_well_inside_the_bound(verdicts: dict[tuple[s
         assert least <= outside <= SPARSE_FRACTION * total * 1.5, message
 
 
-NAIVE = {"softmax": softmax.naive, "linear_attn": linear.la_naive, "gla": linear.gla_naive,
-         "simple_gla": linear.simple_gla_naive, "gdn": linear.gdn_naive}
+NAIVE: dict[str, Callable[..., Any]] = {
+    "softmax": softmax.naive, "linear_attn": linear.la_naive, "gla": linear.gla_naive,
+    "simple_gla": linear.simple_gla_naive, "gdn": linear.gdn_naive,
+}
 
 
 def _bf16_chunk_kernel(family: str) -> Callable[..., Any]:

@@ -131,10 +131,10 @@ def test_truncated_and_corrupted_copies_load_or_fail_cleanly(tmp_path: Path) -> 
         if i % 2:
             data = text[:rng.randrange(len(text))]
         else:
-            data = bytearray(text)
+            mutated = bytearray(text)
             for _ in range(rng.randrange(1, 8)):
-                data[rng.randrange(len(data))] = rng.randrange(256)
-            data = bytes(data)
+                mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+            data = bytes(mutated)
         path.write_bytes(data)
         COUNTS["inputs"] += 1
         COUNTS["faults"] += 1
@@ -469,7 +469,8 @@ def project(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory,
 
 
 def entries_of(project: pytest.Pytester) -> dict[str, Any]:
-    return yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
+    entries: dict[str, Any] = yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
+    return entries
 
 
 def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project: pytest.Pytester) -> None:
@@ -531,9 +532,14 @@ def test_the_file_is_read_once_a_run(project: pytest.Pytester, monkeypatch: pyte
     """A run parses the file once, at start-up: an update finding the same bytes under the lock
     merges into what it read then."""
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    parsed = []
+    parsed: list[int] = []
     real = baselines._parse
-    monkeypatch.setattr(baselines, "_parse", lambda text: parsed.append(len(text)) or real(text))
+
+    def counting(text: str) -> Any:
+        parsed.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(baselines, "_parse", counting)
     project.runpytest(*PLUGIN).assert_outcomes(passed=2)
     assert len(parsed) == 1
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
 from test_plugin import CONFTEST, PLUGIN, TESTS, set_speed
@@ -309,7 +310,8 @@ def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
     def made(inject_env: str | None) -> object:
         if inject_env is not None:
             monkeypatch.setenv("ATTNPERF_INJECT", inject_env)
-        gen = inject.pytest_attnperf_make_timer(config=Config(), device=DetectedDevice("cpu", "x86_64"))
+        config = cast(pytest.Config, Config())  # the fake has the one method the hook calls
+        gen = inject.pytest_attnperf_make_timer(config=config, device=DetectedDevice("cpu", "x86_64"))
         next(gen)
         try:
             gen.send(inner)
@@ -321,8 +323,13 @@ def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
     monkeypatch.setenv("ATTNPERF_COMPARE_FILE", "/tmp/compare.jsonl")
     monkeypatch.setenv("ATTNPERF_INJECT_LOG", "/tmp/inject.jsonl")
     compared = made(None)
-    assert (compared is inner) if worker else (compared.compare == "/tmp/compare.jsonl")
+    if worker:
+        assert compared is inner
+    else:
+        assert isinstance(compared, inject.InjectingTimer)
+        assert compared.compare == "/tmp/compare.jsonl"
     injecting = made("0.05")
+    assert isinstance(injecting, inject.InjectingTimer)
     assert injecting.fraction == pytest.approx(0.05)
     assert injecting.compare == (None if worker else "/tmp/compare.jsonl")
     assert injecting.log == (None if worker else "/tmp/inject.jsonl")  # the run logs what its own process gave

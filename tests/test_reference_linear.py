@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -382,7 +382,8 @@ def test_recurrent_gradients_equal_autograd_through_the_token_recurrence(case: C
     grad_out = torch.randn(B, 21, H, V, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     want = torch.autograd.grad(case.token(*leaves, scale=SCALE), leaves, grad_out)
     gate = leaves[3].detach() if len(leaves) > 3 else None
-    got = ref.recurrent_gradients(*(t.detach() for t in leaves[:3]), gate, grad_out, scale=SCALE)
+    q, k, v = (t.detach() for t in leaves[:3])
+    got = ref.recurrent_gradients(q, k, v, gate, grad_out, scale=SCALE)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
@@ -408,9 +409,11 @@ def test_recurrences_run_in_the_dtype_asked(x: Inputs) -> None:
 def test_chunked_form_at_a_lower_precision_rounds_where_a_kernel_stores(x: Inputs) -> None:
     """``store`` rounds the intermediates: the error grows to bf16's scale, and no further."""
     q, k, v = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v))
-    exact = ref.chunk_linear_attention(q, k, v, scale=SCALE)
-    plain = ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32)
-    rounded = ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32, store=torch.bfloat16)
+    # without final_state the output alone (chunk_linear_attention's return type does not say so)
+    exact = cast(torch.Tensor, ref.chunk_linear_attention(q, k, v, scale=SCALE))
+    plain = cast(torch.Tensor, ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32))
+    rounded = cast(torch.Tensor, ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32,
+                                                            store=torch.bfloat16))
     assert plain.dtype == rounded.dtype == torch.float32
     assert rel_err(plain, exact) < 1e-6
     assert 2.0**-12 < rel_err(rounded, exact) < 4 * 2.0**-8

@@ -9,10 +9,12 @@ work needs at the rate ``rates.json`` gives it (bf16 and fp16 100 TFLOP/s, fp32 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -247,9 +249,7 @@ def test_a_cache_file_is_read_only_for_its_own_stack() -> None:
     measured = Measured((("bf16", 772e12), ("fp16", 770e12), ("fp32", None)), 4220e9, "2026-01-01",
                         (("bf16", "8192^3"),), ("fp32 not measured: x",))
     data = json.loads(json.dumps(measured.to_json(stack)))
-    assert Measured.from_json(data, stack) == Measured(*[getattr(measured, f) for f in
-                                                          ("flops", "bytes_per_s", "date", "shapes", "notes")],
-                                                        cached=True)
+    assert Measured.from_json(data, stack) == dataclasses.replace(measured, cached=True)
     assert Measured.from_json(data, {**stack, "torch": "2.14.0"}) is None
     assert Measured.from_json({**data, "format": 0}, stack) is None
     assert Measured.from_json({**data, "gb_per_s": -1}, stack) is None
@@ -464,22 +464,18 @@ def test_the_benchmark_json_carries_the_roofline(project: pytest.Pytester) -> No
     assert info["mfu"] == pytest.approx(0.8, rel=1e-3)  # the CPU has no spec peak: measured
 
 
-def test_a_failing_ceiling_costs_only_itself() -> None:
+def test_a_failing_ceiling_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """A timer that fails the fp16 matmul: the other ceilings are measured, fp16's reason kept."""
     from pytest_attnperf.measure.timing import Measurement, SamplingPlan
 
     class Timer:
-        def measure(self, fn, plan):  # noqa: ANN001, ANN202
+        def measure(self, fn: Any, plan: SamplingPlan) -> Measurement:
             if fn.ceiling == "matmul-fp16":
                 raise RuntimeError("no fp16 here")
             return Measurement((1.0,) * plan.min_samples, clock="scripted", mode=plan.mode)
 
-    before = ceilings.CPU_MATMUL_N
-    try:
-        ceilings.CPU_MATMUL_N = (64,)
-        got = ceilings.measure(Timer(), SamplingPlan(), DetectedDevice("cpu", "x86_64"))
-    finally:
-        ceilings.CPU_MATMUL_N = before
+    monkeypatch.setattr(ceilings, "CPU_MATMUL_N", (64,))
+    got = ceilings.measure(Timer(), SamplingPlan(), DetectedDevice("cpu", "x86_64"))
     assert dict(got.flops) == {"bf16": pytest.approx(2 * 64**3 / 1e-3), "fp16": None,
                                "fp32": pytest.approx(2 * 64**3 / 1e-3)}
     assert got.bytes_per_s == pytest.approx(2 * ceilings.CPU_COPY_BYTES / 1e-3)
@@ -488,8 +484,10 @@ def test_a_failing_ceiling_costs_only_itself() -> None:
 
 def test_floor_lookup_reads_the_callspec() -> None:
     kernel = Kernel("fam", "k", lambda: None, floors={"h200": {"mfu": 0.4}})
-    item = SimpleNamespace(get_closest_marker=lambda name: None, nodeid="t::x",
-                           callspec=SimpleNamespace(params={"kernel": kernel, "case": SimpleNamespace(id="c")}))
+    # a stand-in for a pytest.Item with only what applicable() reads
+    item = cast(pytest.Item, SimpleNamespace(
+        get_closest_marker=lambda name: None, nodeid="t::x",
+        callspec=SimpleNamespace(params={"kernel": kernel, "case": SimpleNamespace(id="c")})))
     assert floors.applicable(item, "h200") == (Floor(mfu=0.4), "h200", "the registration of kernel 'k'")
     assert floors.applicable(item, "gb10") is None
 

@@ -90,6 +90,7 @@ def test_crossover_beyond_below_and_without_data() -> None:
     noisy = studies.crossover(SEQS, [2, 0.9, 1.1, 0.8, 0.7, 0.6], [1.0] * 6)
     assert noisy.status == "crossed"
     assert noisy.crossings == 3
+    assert noisy.x is not None
     assert 2048 < noisy.x < 4096  # the last crossing
 
 

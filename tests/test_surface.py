@@ -292,7 +292,7 @@ def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester, monkeypatch:
     monkeypatch.setenv("SLOWER", "1.02")
     toy.runpytest(*PLUGIN, "-k", "not wrong", "--junitxml=out.xml").assert_outcomes(passed=6)
     cases = {c.get("name"): c for c in ET.parse(toy.path / "out.xml").getroot().iter("testcase")}
-    props = {p.get("name"): p.get("value") for p in cases["test_toy[n8-fast-fwd]"].iter("property")}
+    props = {p.attrib["name"]: p.attrib["value"] for p in cases["test_toy[n8-fast-fwd]"].iter("property")}
     assert set(props) == {"attnperf_median_ms", "attnperf_baseline_ms", "attnperf_change_pct", "attnperf_tflops",
                           "attnperf_mfu", "attnperf_verdict", "attnperf_roofline_pct", "attnperf_bound",
                           "attnperf_ceilings"}
