@@ -22,7 +22,7 @@ def _load_lazily_imported_modules() -> None:
 
     q = torch.randn(1, 1, 4, 4, requires_grad=True)
     with torch.profiler.profile(), FlopCounterMode(display=False), sdpa_kernel([SDPBackend.MATH]):
-        torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
+        torch.autograd.backward(torch.nn.functional.scaled_dot_product_attention(q, q, q).sum())
 
 
 _load_lazily_imported_modules()

@@ -68,7 +68,8 @@ def test_record_writes_files_and_a_sorted_manifest_and_merges(tmp_path: Path) ->
     assert autotune.record(folder, cache, {f"{HASH_B}/kern_b.autotune.json": "t::b",
                                            f"{HASH_A}/kern_a.autotune.json": "t::a"}, "3.6.0") == (2, 0, [])
     text = (folder / "manifest.yaml").read_text()
-    assert text.index(HASH_A) < text.index(HASH_B) and "format: 1" in text
+    assert text.index(HASH_A) < text.index(HASH_B)
+    assert "format: 1" in text
     manifest = yaml.safe_load(text)
     assert manifest["triton"] == "3.6.0"
     assert manifest["entries"][HASH_A] == {
@@ -84,8 +85,10 @@ def test_record_writes_files_and_a_sorted_manifest_and_merges(tmp_path: Path) ->
     assert (written, kept) == (2, 1)
     entries = yaml.safe_load((folder / "manifest.yaml").read_text())["entries"]
     assert sorted(entries) == [HASH_A, HASH_B, hash_c]
-    assert entries[HASH_A]["source"] == "t::a2" and entries[HASH_A]["chosen"].startswith("BT=32")
-    assert entries[HASH_B]["triton"] == "3.6.0" and entries[hash_c]["triton"] == "3.6.1"
+    assert entries[HASH_A]["source"] == "t::a2"
+    assert entries[HASH_A]["chosen"].startswith("BT=32")
+    assert entries[HASH_B]["triton"] == "3.6.0"
+    assert entries[hash_c]["triton"] == "3.6.1"
 
 
 def test_record_refuses_an_unreadable_manifest(tmp_path: Path) -> None:
@@ -115,8 +118,10 @@ def test_install_lays_out_hash_folders_and_drops_other_choices_only(tmp_path: Pa
     installed, problems = autotune.install(folder, cache)
     assert sorted(installed) == [f"{HASH_A}/kern_a.autotune.json"]
     assert (cache / HASH_A / "kern_a.autotune.json").read_text() == result_json(128)
-    assert len(problems) == 1 and f"{HASH_B}.json is not a Triton autotune result" in problems[0]
-    assert not leftover.exists() and compiled.exists()
+    assert len(problems) == 1
+    assert f"{HASH_B}.json is not a Triton autotune result" in problems[0]
+    assert not leftover.exists()
+    assert compiled.exists()
     assert sorted(autotune.scan(cache)) == [f"{HASH_A}/kern_a.autotune.json"]
 
 
@@ -215,9 +220,11 @@ def test_recording_writes_the_choices_the_run_made(project: pytest.Pytester) -> 
     assert log(project)["a"] == {"cache": str(project.path / "cache1" / "h200"), "found": False}
     data = manifest(project)
     entries = data["entries"]
-    assert isinstance(entries, dict) and sorted(entries) == [HASH_A, HASH_B]
+    assert isinstance(entries, dict)
+    assert sorted(entries) == [HASH_A, HASH_B]
     assert entries[HASH_A]["source"] == "test_cases.py::test_case[a]"
-    assert entries[HASH_A]["kernel"] == "kern_a" and entries[HASH_A]["chosen"] == "BT=64 num_warps=4 num_stages=2"
+    assert entries[HASH_A]["kernel"] == "kern_a"
+    assert entries[HASH_A]["chosen"] == "BT=64 num_warps=4 num_stages=2"
     assert entries[HASH_A]["key"] == ["1024", "a"]
     folder = project.path / "baselines" / "h200.autotune"
     assert sorted(p.name for p in folder.iterdir()) == sorted([f"{HASH_A}.json", f"{HASH_B}.json", "manifest.yaml"])
@@ -234,7 +241,8 @@ def test_recording_keeps_others_and_leaves_out_failed_tests(project: pytest.Pyte
     monkeypatch.setenv("FAIL_CASE", "b")
     run(project, "cache1", "--update-baselines").assert_outcomes(passed=1, failed=1)
     entries = manifest(project)["entries"]
-    assert isinstance(entries, dict) and sorted(entries) == sorted([HASH_A, HASH_B, new_a])  # new_b: failed
+    assert isinstance(entries, dict)
+    assert sorted(entries) == sorted([HASH_A, HASH_B, new_a])  # new_b: failed
 
 
 def test_a_case_skipped_after_autotuning_has_its_choices_recorded(project: pytest.Pytester) -> None:
@@ -242,7 +250,8 @@ def test_a_case_skipped_after_autotuning_has_its_choices_recorded(project: pytes
     project.makepyfile(test_refused=REFUSED)
     run(project, "cache1", "--update-baselines").assert_outcomes(passed=2, skipped=1)
     entries = manifest(project)["entries"]
-    assert isinstance(entries, dict) and "R" * 52 in entries
+    assert isinstance(entries, dict)
+    assert "R" * 52 in entries
     result = run(project, "fresh-cache")
     result.assert_outcomes(passed=2, skipped=1)
     assert log(project)["r"]["found"] is True  # the gating run meets the recorded choice, autotunes nothing
@@ -259,7 +268,8 @@ def test_gating_run_installs_the_choices_before_the_tests(project: pytest.Pytest
         project.path / "baselines" / "h200.autotune" / f"{HASH_A}.json").read_text()
     out = result.stdout.str()
     assert f"autotune choices: 2 installed from h200.autotune into {fresh}" in out
-    assert "autotuned in this run" not in out and "drift" not in out
+    assert "autotuned in this run" not in out
+    assert "drift" not in out
 
 
 def test_default_cache_folder_is_per_user_and_per_hardware(
@@ -288,7 +298,8 @@ def test_a_choice_that_no_longer_applies_is_noted_on_its_case_and_as_drift(proje
     for _ in range(2):  # an earlier run's own autotuning is not kept: it would hide the drift
         result = run(project, "gate")
         result.assert_outcomes(passed=2)
-        assert log(project)["a"]["found"] is False and log(project)["b"]["found"] is True
+        assert log(project)["a"]["found"] is False
+        assert log(project)["b"]["found"] is True
         out = result.stdout.str()
         assert "note: test_case[a]: autotuned in this run: kern_a (no recorded choice in h200.autotune applied)" in out
         assert "test_case[b]: autotuned" not in out
@@ -362,10 +373,12 @@ def test_parallel_recording_writes_once_and_a_parallel_gating_run_installs(proje
     result = run(project, "cache1", "--update-baselines", "-n", "2")
     result.assert_outcomes(passed=2)
     entries = manifest(project)["entries"]
-    assert isinstance(entries, dict) and sorted(entries) == [HASH_A, HASH_B]
+    assert isinstance(entries, dict)
+    assert sorted(entries) == [HASH_A, HASH_B]
     assert {entries[HASH_A]["source"], entries[HASH_B]["source"]} == {
         "test_cases.py::test_case[a]", "test_cases.py::test_case[b]"}  # no pytest-xdist '@group' suffix
-    result.stdout.fnmatch_lines(["*autotune choices: wrote 2 autotune choices to *h200.autotune (0 other entries kept)"])
+    result.stdout.fnmatch_lines(
+        ["*autotune choices: wrote 2 autotune choices to *h200.autotune (0 other entries kept)"])
     caches = {seen["cache"] for seen in log(project).values()}
     assert caches <= {str(project.path / "cache1" / "h200" / w) for w in ("gw0", "gw1")}
 
@@ -373,7 +386,8 @@ def test_parallel_recording_writes_once_and_a_parallel_gating_run_installs(proje
     gating.assert_outcomes(passed=2)
     assert all(seen["found"] for seen in log(project).values())
     out = gating.stdout.str()
-    assert "autotune choices: 2 installed from h200.autotune" in out and "autotuned in this run" not in out
+    assert "autotune choices: 2 installed from h200.autotune" in out
+    assert "autotuned in this run" not in out
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process's start is read from /proc")
@@ -388,4 +402,6 @@ def test_summary_says_where_the_runs_wall_time_went(project: pytest.Pytester) ->
                if " s " in part]
     assert "since the process started" in line
     startup, _, in_tests, _, _ = figures
-    assert startup >= 0.4 and in_tests >= 0.2 and "(setup, call and teardown; 2 called)" in line
+    assert startup >= 0.4
+    assert in_tests >= 0.2
+    assert "(setup, call and teardown; 2 called)" in line

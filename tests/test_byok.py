@@ -109,7 +109,7 @@ def pytest_attnperf_register_kernels(registry, config):
     ],
 )
 def test_wrong_kernels_fail(
-    suite_copy: pytest.Pytester, name: str, outcome: dict, message: str, where: tuple[str, ...]
+    suite_copy: pytest.Pytester, name: str, outcome: dict[str, int], message: str, where: tuple[str, ...]
 ) -> None:
     suite_copy.makeconftest(WRONG)
     result = run_cpu_case(suite_copy, name, *where)

@@ -242,8 +242,10 @@ def test_the_sparse_error_is_caught_well_inside_the_bound(verdicts: dict[tuple[s
         assert least <= outside <= SPARSE_FRACTION * total * 1.5, message
 
 
-NAIVE = {"softmax": softmax.naive, "linear_attn": linear.la_naive, "gla": linear.gla_naive,
-         "simple_gla": linear.simple_gla_naive, "gdn": linear.gdn_naive}
+NAIVE: dict[str, Callable[..., Any]] = {
+    "softmax": softmax.naive, "linear_attn": linear.la_naive, "gla": linear.gla_naive,
+    "simple_gla": linear.simple_gla_naive, "gdn": linear.gdn_naive,
+}
 
 
 def _bf16_chunk_kernel(family: str) -> Callable[..., Any]:
@@ -275,7 +277,8 @@ def test_a_sparse_error_of_five_percent_fails_a_chunk_kernel_too(family: str) ->
     with pytest.raises(AssertionError, match="elements outside") as failed:
         run(family, _wrap(family, lambda out, a: _sparse(out, 1.05)), "bf16", "fwd", "sparse", form="chunk")
     found = re.search(r"(\d+) of \d+ elements outside", str(failed.value))
-    assert found and int(found.group(1)) >= 3, str(failed.value)
+    assert found, str(failed.value)
+    assert int(found.group(1)) >= 3, str(failed.value)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

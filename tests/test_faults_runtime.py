@@ -265,7 +265,8 @@ def test_c_after(i, attnperf):
     assert "at the time: GPU 0 has a total capacity of 139.81 GiB of which 1.25 GiB is free" in out
     assert "PYTORCH_CUDA_ALLOC_CONF" not in out.split("test_a_oom_error: out of memory")[1].split("raised at")[0]
     assert "after its memory was released: CUDA not initialized in this process; the run goes on." in out
-    assert "test_b_oom_text_only: out of memory: the case tried to allocate an amount torch's message does not give" in out
+    assert ("test_b_oom_text_only: out of memory: the case tried to allocate an amount torch's message does not give"
+            in out)
 
 
 def test_oom_parsing() -> None:
@@ -275,13 +276,16 @@ def test_oom_parsing() -> None:
     assert isolation.is_out_of_memory(torch.OutOfMemoryError("x"))
     assert isolation.is_out_of_memory(RuntimeError("CUDA error: out of memory"))
     assert not isolation.is_out_of_memory(RuntimeError("out of resource: shared memory"))
-    try:
+
+    def wrapped_oom() -> None:
         try:
             raise torch.OutOfMemoryError(OOM_TEXT)
         except torch.OutOfMemoryError as exc:
             raise ValueError("wrapped by a library") from exc
-    except ValueError as wrapped:
-        assert isolation.is_out_of_memory(wrapped)
+
+    with pytest.raises(ValueError, match="wrapped by a library") as wrapped:
+        wrapped_oom()
+    assert isolation.is_out_of_memory(wrapped.value)
 
 
 # -- global state --------------------------------------------------------------------------
@@ -410,7 +414,8 @@ def test_a_case_stuck_outside_python_ends_the_run_with_every_stack(
     """A call that swallows the time limit's exception stands in for one stuck in C: after the
     grace period the watchdog writes why, dumps every thread's stack and ends the process."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    project.makeconftest(CONFTEST + "\nimport pytest_attnperf.measure.isolation\npytest_attnperf.measure.isolation.GRACE_S = 1.0\n")
+    project.makeconftest(CONFTEST + "\nimport pytest_attnperf.measure.isolation\n"
+                         "pytest_attnperf.measure.isolation.GRACE_S = 1.0\n")
     project.makepyfile(test_stuck=COST + '''
 import time
 
@@ -432,7 +437,8 @@ def test_stuck(attnperf):
     assert result.ret == isolation.EXIT_STUCK
     err = result.stderr.str()
     assert "test_stuck.py::test_stuck exceeded the case time limit of 1s and has not returned to Python 1s later" in err
-    assert "Current thread" in err and "in stuck" in err
+    assert "Current thread" in err
+    assert "in stuck" in err
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
@@ -462,12 +468,14 @@ def test_host_timer_holds_the_collector_off_while_timing() -> None:
     call, seen = gc_watcher()
     m = HostTimer().measure(call, plan)
     assert seen[:2] == [True, True]  # warm-up, untimed
-    assert seen[2:] == [False] * len(m.samples_ms) and len(m.samples_ms) == 5
+    assert seen[2:] == [False] * len(m.samples_ms)
+    assert len(m.samples_ms) == 5
     assert gc.isenabled()
     failing, seen = gc_watcher(fail_on=4)
     with pytest.raises(RuntimeError, match="mid-sampling"):
         HostTimer().measure(failing, plan)
-    assert seen[-1] is False and gc.isenabled()
+    assert seen[-1] is False
+    assert gc.isenabled()
 
 
 def test_gc_paused_leaves_a_collector_that_was_off_off() -> None:
@@ -576,10 +584,12 @@ def test_cuda_timer_times_with_the_collector_off_and_releases_its_graphs(fake_cu
 
     plan = SamplingPlan(mode=mode, min_samples=10, budget_s=0.05, warmup_calls=2, hot_sample_ms=0.2)
     m = CudaTimer(H200).measure(call, plan)
-    assert m.median_ms == pytest.approx(0.02) and m.clock in ("cuda-graph-nodes", "cuda-graph")
+    assert m.median_ms == pytest.approx(0.02)
+    assert m.clock in ("cuda-graph-nodes", "cuda-graph")
     assert m.eager_ms == pytest.approx(0.02)
     assert seen[:2] == [False, False]  # warm-up: the collector was left off by the fixture
-    assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)  # every graph reset
+    assert FakeGraph.made
+    assert FakeGraph.resets == len(FakeGraph.made)  # every graph reset
     assert all(ref() is None for ref in FakeGraph.made)  # and none referenced once measured
     assert timing._captured is None
 
@@ -601,7 +611,9 @@ def test_cuda_timer_collector_is_off_in_the_timed_calls_only(fake_cuda: None) ->
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(timing, "sample_adaptively", sampled)
         CudaTimer(H200).measure(call, SamplingPlan(min_samples=10, budget_s=0.05, warmup_calls=2))
-    assert seen[:2] == [True, True] and timed == [False] and gc.isenabled()
+    assert seen[:2] == [True, True]
+    assert timed == [False]
+    assert gc.isenabled()
     assert False in seen  # the eager calls timed by _eager_ms ran with it off
 
 
@@ -617,8 +629,10 @@ def test_cuda_timer_that_fails_mid_sampling_releases_its_graphs_and_the_collecto
 
     with pytest.raises(RuntimeError, match="mid-sampling"):
         CudaTimer(H200).measure(call, SamplingPlan(min_samples=200, max_samples=400, budget_s=0.05))
-    assert gc.isenabled() and timing._captured is None
-    assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)
+    assert gc.isenabled()
+    assert timing._captured is None
+    assert FakeGraph.made
+    assert FakeGraph.resets == len(FakeGraph.made)
 
 
 @pytest.fixture
@@ -663,7 +677,8 @@ def test_an_interrupt_during_a_graph_capture_is_raised_once_the_capture_has_ende
     assert events[:3] == ["capture begins", "call after the interrupt", "capture ends"]
     assert len(events) == 3  # raised there: no second capture
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert FakeGraph.made and FakeGraph.resets == len(FakeGraph.made)
+    assert FakeGraph.made
+    assert FakeGraph.resets == len(FakeGraph.made)
 
 
 def test_a_second_interrupt_during_a_held_one_goes_through_at_once(
@@ -673,7 +688,7 @@ def test_a_second_interrupt_during_a_held_one_goes_through_at_once(
     The same interrupt arriving twice at once (`timeout` signals the command, then its group) is
     still held until the block ends."""
     reached: list[str] = []
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # noqa: PT012 - the held block is under test; `reached` says how far it ran
         with timing.interrupt_held():
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)  # the echo
@@ -681,7 +696,7 @@ def test_a_second_interrupt_during_a_held_one_goes_through_at_once(
     assert reached == ["held"]
     monkeypatch.setattr(child_run, "ECHO_S", 0.0)  # every later one is pressed again
     reached.clear()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # noqa: PT012 - the held block is under test; `reached` says how far it ran
         with timing.interrupt_held():
             signal.raise_signal(signal.SIGINT)
             reached.append("held")
@@ -740,7 +755,8 @@ def test_each_fault_costs_exactly_its_own_case_in_the_softmax_suite(
     pytester.makeconftest(FAULTY_KERNELS)
     case = "cpu-b2-h4-t128-d32-causal-fp32"
     result = pytester.runpytest_subprocess(
-        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{case} and (warm or oom or leaks or hangs or good)",
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py",
+        "-k", f"{case} and (warm or oom or leaks or hangs or good)",
         "--attnperf-budget=0.01", "--benchmark-disable", "--attnperf-case-timeout=20", "-rA", timeout=300,
     )
     ledger = FaultLedger()

@@ -131,24 +131,25 @@ def test_truncated_and_corrupted_copies_load_or_fail_cleanly(tmp_path: Path) -> 
         if i % 2:
             data = text[:rng.randrange(len(text))]
         else:
-            data = bytearray(text)
+            mutated = bytearray(text)
             for _ in range(rng.randrange(1, 8)):
-                data[rng.randrange(len(data))] = rng.randrange(256)
-            data = bytes(data)
+                mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+            data = bytes(mutated)
         path.write_bytes(data)
         COUNTS["inputs"] += 1
         COUNTS["faults"] += 1
         try:
             loaded = load(path, keep_unusable=True)
         except BaselineError as exc:
-            assert str(path) in str(exc)
+            assert str(path) in str(exc)  # noqa: PT017 - either outcome is allowed, so pytest.raises does not fit
             outcomes["error"] += 1
             continue
         assert loaded is not None
         for key, value in loaded.entries.items():
             assert baselines.entry_problem(value) is None, key
         outcomes["loaded"] += 1
-    assert outcomes["error"] and outcomes["loaded"]  # both paths were exercised
+    assert outcomes["error"]
+    assert outcomes["loaded"]  # both paths were exercised
 
 
 BAD_ENTRIES: dict[str, dict[str, Any]] = {
@@ -189,14 +190,17 @@ def test_bad_entries_are_set_aside_each_with_its_cause_and_kept_on_save(tmp_path
                  "hot": "hot_sample_ms", "history": "run_", "tflops": "tflops", "peak": "peak_mib",
                  "no": "median_ms", "samples": "n_samples", "not": "not a mapping"}[name.split("-")[0]]
         assert field in bad.cause, (name, bad.cause)
-        assert str(path) in bad.problem and f"entry '{name}'" in bad.problem
+        assert str(path) in bad.problem
+        assert f"entry '{name}'" in bad.problem
     with pytest.raises(BaselineError, match="entry '"):  # without keep_unusable, the first one raises
         load(path)
     merged, _ = update(path, {"eager-zero": entry(3.0, eager_ms=3.1)}, {"date": "today"})
     COUNTS["inputs"] += 1
     again = load(path, keep_unusable=True)
-    assert again is not None and again.entries["eager-zero"]["eager_ms"] == 3.1  # replaced by the measurement
-    assert "eager-zero" not in again.unusable and len(again.unusable) == len(BAD_ENTRIES)
+    assert again is not None
+    assert again.entries["eager-zero"]["eager_ms"] == 3.1  # replaced by the measurement
+    assert "eager-zero" not in again.unusable
+    assert len(again.unusable) == len(BAD_ENTRIES)
     check_kept(path, {"good", "not-a-mapping", *BAD_ENTRIES})
 
 
@@ -204,13 +208,15 @@ def test_large_file_loads_with_the_c_loader_and_reports_its_time(tmp_path: Path)
     """A file of ``ATTNPERF_STORE_HUGE_MB`` (5 MB here; 50 for the figure) loads, with libyaml's
     loader where PyYAML has it; the time is printed, not asserted."""
     if yaml.__with_libyaml__:
-        assert baselines._LOADER is yaml.CSafeLoader and baselines._DUMPER is yaml.CSafeDumper
+        assert baselines._LOADER is yaml.CSafeLoader
+        assert baselines._DUMPER is yaml.CSafeDumper
     path = scaled_copy(tmp_path / "h200.yaml", int(HUGE_MB * 1e6))
     COUNTS["inputs"] += 1
     started = time.perf_counter()
     loaded = load(path, keep_unusable=True)
     seconds = time.perf_counter() - started
-    assert loaded is not None and not loaded.unusable
+    assert loaded is not None
+    assert not loaded.unusable
     COUNTS[f"large file: {path.stat().st_size / 1e6:.1f} MB, {len(loaded.entries)} entries, load s"] = round(seconds)
     print(f"{path.stat().st_size / 1e6:.1f} MB, {len(loaded.entries)} entries: loaded in {seconds:.2f} s "
           f"({baselines._LOADER.__name__})")
@@ -347,7 +353,8 @@ def test_a_lock_held_too_long_is_a_clear_timeout(tmp_path: Path) -> None:
     COUNTS["faults"] += 1
     with baselines.locked(path), pytest.raises(LockTimeout) as info:
         update(path, {"k": entry(1.0)}, {}, timeout_s=0.2)
-    assert str(baselines.lock_path(path)) in str(info.value) and f"process {os.getpid()}" in str(info.value)
+    assert str(baselines.lock_path(path)) in str(info.value)
+    assert f"process {os.getpid()}" in str(info.value)
     assert path.read_bytes() == COMMITTED.read_bytes()
 
 
@@ -380,7 +387,8 @@ def test_a_writer_killed_mid_write_leaves_the_file_intact_and_the_next_update_cl
     before = keys_of(path)
     writer = subprocess.Popen([sys.executable, "-c", STUCK_WRITER, str(path), "1"], env=child_env(),
                               stdout=subprocess.PIPE, text=True)
-    assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+    assert writer.stdout is not None
+    assert writer.stdout.readline().strip() == "writing"
     writer.send_signal(sig)
     writer.wait(timeout=30)
     COUNTS["inputs"] += 1
@@ -389,7 +397,8 @@ def test_a_writer_killed_mid_write_leaves_the_file_intact_and_the_next_update_cl
     left = temporaries(path)
     assert len(left) == 1
     merged, removed = update(path, {"next": entry(1.0)}, {}, timeout_s=5)
-    assert removed == left and temporaries(path) == []
+    assert removed == left
+    assert temporaries(path) == []
     check_kept(path, before | {"next"})
 
 
@@ -460,7 +469,8 @@ def project(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory,
 
 
 def entries_of(project: pytest.Pytester) -> dict[str, Any]:
-    return yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
+    entries: dict[str, Any] = yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
+    return entries
 
 
 def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project: pytest.Pytester) -> None:
@@ -484,7 +494,8 @@ def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project:
     result.stdout.fnmatch_lines(["*elsewhere.py::test_x: TypeError: 'median_ms' is 'soon'*",
                                  "*test_case?b?: ValueError: 'eager_ms' is 0; a time must be positive*"])
     assert "entry 'test_cases.py::test_case[b]': ValueError: 'eager_ms' is 0" in out[out.index("= FAILURES ="):]
-    assert "ZeroDivisionError" not in out and "Traceback" not in out
+    assert "ZeroDivisionError" not in out
+    assert "Traceback" not in out
     update_run = project.runpytest(*PLUGIN, "--update-baselines")
     update_run.assert_outcomes(passed=2)
     assert "1 of them unusable and left as they were" in update_run.stdout.str()
@@ -513,16 +524,22 @@ def test_a_file_that_is_not_yaml_is_named_at_start_up_and_fails_each_case(projec
     assert failures.count("Nothing was written; fix or remove the file.") == 2  # each case fails with the cause
     result = project.runpytest(*PLUGIN, "--update-baselines")
     result.assert_outcomes(failed=2)
-    assert result.ret != 0 and (folder / "h200.yaml").read_bytes() == junk
+    assert result.ret != 0
+    assert (folder / "h200.yaml").read_bytes() == junk
 
 
 def test_the_file_is_read_once_a_run(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run parses the file once, at start-up: an update finding the same bytes under the lock
     merges into what it read then."""
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    parsed = []
+    parsed: list[int] = []
     real = baselines._parse
-    monkeypatch.setattr(baselines, "_parse", lambda text: parsed.append(len(text)) or real(text))
+
+    def counting(text: str) -> Any:
+        parsed.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(baselines, "_parse", counting)
     project.runpytest(*PLUGIN).assert_outcomes(passed=2)
     assert len(parsed) == 1
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
@@ -542,13 +559,17 @@ def assert_saved_aside(project: pytest.Pytester, result: pytest.RunResult, cause
     """The run failed with one summary line naming ``cause`` and a file holding both entries."""
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    assert "Traceback" not in out and "INTERNALERROR" not in out
+    assert "Traceback" not in out
+    assert "INTERNALERROR" not in out
     lines = [line for line in out.splitlines() if line.startswith("baselines: ERROR, NOT written:")]
-    assert len(lines) == 1 and cause in lines[0], out[-2000:]
+    assert len(lines) == 1, out[-2000:]
+    assert cause in lines[0], out[-2000:]
     aside = Path(lines[0].split("measured entries are in ")[1].split(";")[0])
-    assert aside.parent == Path(tempfile.gettempdir()) and aside.name.startswith("attnperf-h200-unsaved-")
+    assert aside.parent == Path(tempfile.gettempdir())
+    assert aside.name.startswith("attnperf-h200-unsaved-")
     saved = load(aside)
-    assert saved is not None and set(saved.entries) == CASES
+    assert saved is not None
+    assert set(saved.entries) == CASES
     return aside
 
 
@@ -565,7 +586,8 @@ def test_a_full_disk_fails_the_run_with_one_line_and_saves_the_entries_aside(
     result = project.runpytest(*PLUGIN, "--update-baselines")
     result.assert_outcomes(passed=2)
     aside = assert_saved_aside(project, result, "No space left on device")
-    assert (folder / "h200.yaml").read_bytes() == old and temporaries(folder / "h200.yaml") == []
+    assert (folder / "h200.yaml").read_bytes() == old
+    assert temporaries(folder / "h200.yaml") == []
     monkeypatch.undo()
     fresh = folder / "other.yaml"
     assert baselines.main(["merge", str(aside), str(fresh)]) == 0
@@ -608,7 +630,8 @@ def test_a_killed_recording_leaves_a_journal_a_gating_run_names_and_the_next_upd
     assert killed.ret == -signal.SIGKILL
     assert not (folder / "h200.yaml").exists()
     journals = list(folder.glob(".h200.recording-*.jsonl"))
-    assert len(journals) == 1 and len(journals[0].read_text().splitlines()) == 2
+    assert len(journals) == 1
+    assert len(journals[0].read_text().splitlines()) == 2
     (project.path / "test_zz_killed.py").unlink()
     gate = project.runpytest(*PLUGIN)
     gate.assert_outcomes(passed=2)
@@ -620,7 +643,8 @@ def test_a_killed_recording_leaves_a_journal_a_gating_run_names_and_the_next_upd
     again.assert_outcomes(passed=1)
     again.stdout.fnmatch_lines(["baselines: wrote 1 measured entries to *h200.yaml (0 other entries kept); with "
                                 "them 1 entries that 1 recording ended before writing had left in its journal"])
-    assert not journals[0].exists() and not list(folder.glob(".h200.recording-*"))
+    assert not journals[0].exists()
+    assert not list(folder.glob(".h200.recording-*"))
     check_kept(folder / "h200.yaml", CASES)
 
 
@@ -638,7 +662,8 @@ def test_a_full_disk_everywhere_keeps_the_entries_in_the_journal_for_the_next_up
                                  "saving them aside failed too*: the 2 measured entries stay in the journal *"
                                  ".h200.recording-*.jsonl, which the next --update-baselines for h200 merges"])
     journals = list(folder.glob(".h200.recording-*.jsonl"))
-    assert len(journals) == 1 and not (folder / "h200.yaml").exists()
+    assert len(journals) == 1
+    assert not (folder / "h200.yaml").exists()
     (project.path / "full_disk.py").unlink()
     again = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[a]")
     again.assert_outcomes(passed=1)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -124,7 +125,8 @@ def test_injection_keeps_the_least_to_cases_timed_on_its_clock(monkeypatch: pyte
     assert measured.notes == ("injected +5% extra work (base 0.1 ms; the extra work's own cost not taken off: "
                               "the case is timed on cuda-events, the least on cuda-graph-nodes)",)
     zero = timer.measure(a_case(0.0), SamplingPlan())
-    assert zero.median_ms == 0.0 and zero.notes == ("not injected: the case read 0.0 ms",)
+    assert zero.median_ms == 0.0
+    assert zero.notes == ("not injected: the case read 0.0 ms",)
 
 
 def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,11 +170,14 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
                      "do_bench_same_ms": 0.2, "clock_after_do_bench_same": [1980.0, []]}
     assert calls[:2] == [20, 50.0]  # 100 calls of 0.5 ms eager: do_bench's graph of about 100 calls
     # a failed same-length do_bench leaves the 20 ms figure standing
-    assert second["do_bench_ms"] == 0.21 and second["do_bench_same_ms"] == 0.0
+    assert second["do_bench_ms"] == 0.21
+    assert second["do_bench_same_ms"] == 0.0
     assert "stream is capturing" in second["error_same"]
     # a failed 20 ms do_bench is recorded, and the same-length one is not tried
-    assert third["do_bench_ms"] == 0.0 and "stream is capturing" in third["error"]
-    assert "do_bench_same_ms" not in third and len(calls) == 5
+    assert third["do_bench_ms"] == 0.0
+    assert "stream is capturing" in third["error"]
+    assert "do_bench_same_ms" not in third
+    assert len(calls) == 5
 
 
 @pytest.mark.parametrize(("calls", "eager_ms", "same_rep"), [(1, 0.5, None), (100, None, None), (2560, 0.5, 1000.0)],
@@ -195,8 +200,12 @@ def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
                                eager_ms=eager_ms)
 
     reps: list[float] = []
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
-                        lambda fn, rep=20, return_mode="mean": reps.append(rep) or 0.2)
+
+    def do_bench_cudagraph(fn: Callable[[], Any], rep: float = 20, return_mode: str = "mean") -> float:
+        reps.append(rep)
+        return 0.2
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", do_bench_cudagraph)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(inject, "read_sm_clock", lambda index: (1980.0, ()))
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::a (call)")
@@ -205,7 +214,8 @@ def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
         lambda: None, SamplingPlan())
     line = json.loads(out.read_text())
     assert reps == [20] + ([same_rep] if same_rep else [])
-    assert line.get("do_bench_same_rep_ms") == same_rep and ("do_bench_same_ms" in line) == (same_rep is not None)
+    assert line.get("do_bench_same_rep_ms") == same_rep
+    assert ("do_bench_same_ms" in line) == (same_rep is not None)
 
 
 def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,7 +238,9 @@ def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monke
     timer = InjectingTimer(Recording(), DetectedDevice("cuda", "fake"), fraction=0.5, every=1, compare=str(out))
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::first (call)")
     measured = timer.measure(add, SamplingPlan(floor=True))
-    assert seen == [add] and measured.notes == () and not out.exists()
+    assert seen == [add]
+    assert measured.notes == ()
+    assert not out.exists()
 
 
 
@@ -302,9 +314,17 @@ def test_compare_flag_adds_the_compare_stage_to_named_ones(tmp_path: Path, monke
     from pytest_attnperf.noise import benchmark as noise
 
     ran: list[dict[str, str] | None] = []
-    monkeypatch.setattr(noise, "_pytest", lambda args, env=None: ran.append(env) or 0)
+
+    def fake_pytest(args: list[str], env: dict[str, str] | None = None) -> int:
+        ran.append(env)
+        return 0
+
+    monkeypatch.setattr(noise, "_pytest", fake_pytest)
     assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "1", "--compare", "--", "x.py"]) == 0
-    assert ran[0] is None and "ATTNPERF_COMPARE_FILE" in ran[1] and len(ran) == 2
+    assert ran[0] is None
+    assert ran[1] is not None
+    assert "ATTNPERF_COMPARE_FILE" in ran[1]
+    assert len(ran) == 2
     assert (tmp_path / "report-steady-compare.txt").exists()
 
 
@@ -324,12 +344,15 @@ def test_steady_then_inject_in_two_calls(project: Path) -> None:
     first = noise(project, "--stages", "record,steady", "--runs", "2", "--records", "2")
     assert first.returncode == 0, first.stdout + first.stderr
     assert not (work / "run7.json").exists()
-    assert (work / "cpu.yaml").exists() and (work / "run1.json").exists() and not (work / "run2.json").exists()
+    assert (work / "cpu.yaml").exists()
+    assert (work / "run1.json").exists()
+    assert not (work / "run2.json").exists()
     entries = yaml.safe_load((work / "cpu.yaml").read_text())["entries"]
     assert {len(e["run_medians_ms"]) for e in entries.values()} == {2}  # one median per recording
     steady = (work / "report-record-steady.txt").read_text()
     assert steady in first.stdout
-    assert "2 unchanged runs" in steady and "false regressions over 2 unchanged runs: 0 in 6 judgements" in steady
+    assert "2 unchanged runs" in steady
+    assert "false regressions over 2 unchanged runs: 0 in 6 judgements" in steady
     assert "cases >= 10 us with run-to-run range > 1%: 0 of 2; with sd > 1%: 0 of 2" in steady
     assert "+50%" not in steady
     row = next(line for line in steady.splitlines() if line.startswith("test_case[small]"))
@@ -395,6 +418,7 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
     (tmp_path / "compare.jsonl").write_text("stale line from an earlier call\n")
 
     def fake_pytest(args: list[str], env: dict[str, str] | None = None) -> int:
+        assert env is not None
         path = Path(env["ATTNPERF_COMPARE_FILE"])
         with path.open("a") as out:
             out.writelines(f"{json.dumps(r)}\n" for r in rows)
@@ -429,7 +453,6 @@ def test_compare_report_names_cases_outside_at_the_harness_graph_length() -> Non
     """do_bench at the harness's graph length: the cases outside 3% of it are named with both
     clocks where they were more than 1% apart (a 15 MHz step is not a gap), and a rep capped at
     1000 ms is named by its rep, since do_bench's graph then held fewer calls."""
-
     rows = [
         {"nodeid": "t::a", "ours_ms": 0.2, "do_bench_ms": 0.2, "do_bench_same_ms": 0.19, "calls": 104,
          "clock_after_ours": 1815.0, "clock_after_do_bench_same": [1620.0, ["sw-power-cap"]]},
@@ -450,10 +473,10 @@ def test_compare_report_names_cases_outside_at_the_harness_graph_length() -> Non
 
 def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
     """Outside 3% with do_bench at the harness's clock (or no clock read): counted, not explained."""
-
-    rows = [{"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
-            {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
-            {"ours_ms": 0.1, "do_bench_ms": 0.1}]
+    rows: list[dict[str, Any]] = [
+        {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": 1980.0, "clock_after_do_bench": [1980.0, []]},
+        {"ours_ms": 0.09, "do_bench_ms": 0.1, "clock_after_ours": None, "clock_after_do_bench": [None, []]},
+        {"ours_ms": 0.1, "do_bench_ms": 0.1}]
     assert noise_compare._outside_lines(rows) == [
         "outside 3%: 2 cases; the SM clocks after each differed in 0",
         "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)", "  ?: harness 90.00 us, do_bench 100.00 us (x0.900)"]
@@ -463,7 +486,6 @@ def test_compare_report_says_when_no_clock_explains_the_gap() -> None:
 def test_compare_report_names_at_most_twenty_cases_outside() -> None:
     """Each case outside 3% a line with its node id's test part, the twenty furthest from
     do_bench first (fast or slow alike); the rest counted."""
-
     rows = [{"nodeid": f"suites/test_softmax.py::test_softmax[c{i}]", "ours_ms": 0.0104 + 0.00001 * i,
              "do_bench_ms": 0.01, "do_bench_same_ms": 0.0106, "calls": 900} for i in range(23)]
     rows.insert(5, {"nodeid": "x::test_softmax[fast]", "ours_ms": 0.009, "do_bench_ms": 0.01})  # -10%: furthest
@@ -472,7 +494,8 @@ def test_compare_report_names_at_most_twenty_cases_outside() -> None:
     assert lines[1] == "  test_softmax[fast]: harness 9.00 us, do_bench 10.00 us (x0.900)"
     assert lines[2] == ("  test_softmax[c22]: harness 10.62 us, do_bench 10.00 us (x1.062), "
                         "at the harness's 900 calls a graph 10.60 us (x1.002)")
-    assert len(lines) == 22 and lines[20].startswith("  test_softmax[c4]:")
+    assert len(lines) == 22
+    assert lines[20].startswith("  test_softmax[c4]:")
     assert lines[21] == "  ... and 4 more in compare.jsonl"
 
 
@@ -523,7 +546,8 @@ def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) ->
     regressions" with every case 'new' once. The line now counts the judgements and says so."""
     from pytest_attnperf.noise.benchmark import _steady_lines
 
-    runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
+    runs: list[dict[str, Any]] = [
+        {"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
     line = next(line for line in _steady_lines(tmp_path) if line.startswith("false regressions"))
     assert line.startswith("false regressions over 1 unchanged runs: 0 in 0 judgements (not judged: 2 new); "
@@ -538,12 +562,13 @@ class FakeClock:
     """A clock that each fake pytest run moves on by the next of ``durations`` seconds."""
 
     def __init__(self, durations: list[float]) -> None:
-        self.now, self.durations, self.runs = 1000.0, list(durations), []
+        self.now, self.durations = 1000.0, list(durations)
+        self.runs: list[list[str]] = []
 
     def __call__(self) -> float:
         return self.now
 
-    def pytest(self, args: list[str], env: dict[str, str] | None = None) -> int:
+    def run_pytest(self, args: list[str], env: dict[str, str] | None = None) -> int:
         self.runs.append(args)
         self.now += self.durations.pop(0)
         return 0
@@ -555,7 +580,7 @@ class FakeClock:
 
         clock = cls(durations)
         monkeypatch.setattr(noise, "_now", clock)
-        monkeypatch.setattr(noise, "_pytest", clock.pytest)
+        monkeypatch.setattr(noise, "_pytest", clock.run_pytest)
         return clock
 
 
@@ -567,7 +592,8 @@ def test_time_limit_stops_before_a_run_that_would_pass_it(tmp_path: Path, monkey
     code = noise.main(["--workdir", str(tmp_path), "--stages", "record,steady", "--records", "2", "--runs", "3",
                        "--time-limit", "300", "--", "x.py"])
     # recordings 90 s and 100 s (190 s used; a first steady run is taken as 2 x 100 s: 390 > 300)
-    assert code == 3 and len(clock.runs) == 2
+    assert code == 3
+    assert len(clock.runs) == 2
     assert all("--update-baselines" in run for run in clock.runs)
     message = ("stopped before steady run0: 190 s of the 300 s time limit used, and it would take about 200 s "
                "(twice the longest run in this call, no steady run yet); the report covers the runs that finished")
@@ -604,7 +630,8 @@ def test_time_limit_goes_by_the_longest_run_of_the_same_stage(tmp_path: Path, mo
     code = noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "5", "--time-limit", "250",
                        "--", "x.py"])
     # 60 + 70 + 65 = 195 s used; the next steady run is taken as 70 s: 265 > 250
-    assert code == 3 and len(clock.runs) == 3
+    assert code == 3
+    assert len(clock.runs) == 3
     assert "stopped before steady run3: 195 s of the 250 s time limit used, and it would take about 70 s " \
            "(the longest steady run in this call)" in capsys.readouterr().out
 
@@ -617,7 +644,8 @@ def test_time_limit_keeps_the_earlier_runs_when_no_steady_run_can_start(tmp_path
     clock = FakeClock.installed(monkeypatch, [200])
     code = noise.main(["--workdir", str(tmp_path), "--stages", "record,steady", "--records", "1", "--runs", "2",
                        "--time-limit", "300", "--", "x.py"])
-    assert code == 3 and len(clock.runs) == 1
+    assert code == 3
+    assert len(clock.runs) == 1
     assert (tmp_path / "run0.json").exists()  # not deleted for runs that never started
 
 
@@ -631,7 +659,8 @@ def test_time_limit_stops_inject_before_its_header(
     code = noise.main(["--workdir", str(tmp_path), "--stages", "steady,inject,compare", "--runs", "2",
                        "--time-limit", "350", "--", "x.py", "--hw=h200"])
     report = (tmp_path / "report-steady-inject-compare.txt").read_text()
-    assert code == 3 and len(clock.runs) == 2
+    assert code == 3
+    assert len(clock.runs) == 2
     assert "stopped before the +2% injected run: 200 s of the 350 s time limit used" in report
     assert "injected work" not in report
 
@@ -746,7 +775,8 @@ def test_sigterm_stops_a_call_like_ctrl_c_and_an_ignored_sighup_stays_ignored(tm
 
     (tmp_path / "test_slow.py").write_text(SLOW_TEST)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark", "--workdir", "work", "--stages", "steady", "--runs", "1",
+    cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark",
+           "--workdir", "work", "--stages", "steady", "--runs", "1",
            "--", "-p", "pytest_attnperf.plugin", "test_slow.py"]
     ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
     bench = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -770,11 +800,13 @@ def test_sigterm_stops_a_call_like_ctrl_c_and_an_ignored_sighup_stays_ignored(tm
     work = tmp_path / "work"
     if nohup:
         assert bench.returncode == 0, said
-        assert (work / "run0.xml").exists() and "interrupted" not in said
+        assert (work / "run0.xml").exists()
+        assert "interrupted" not in said
     else:
         assert bench.returncode == 130, said
         assert "interrupted during steady run0" in said
-        assert (work / "run0.cut0.xml").exists() and not (work / "run0.xml").exists()
+        assert (work / "run0.cut0.xml").exists()
+        assert not (work / "run0.xml").exists()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
@@ -824,7 +856,7 @@ def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Pa
     from pytest_attnperf.noise.benchmark import _recording_lines
     from pytest_attnperf.store import baselines
 
-    def entry(runs: list[float]) -> dict:
+    def entry(runs: list[float]) -> dict[str, Any]:
         return {"median_ms": runs[-1], "ci_low_ms": runs[-1], "ci_high_ms": runs[-1], "stdrel": 0.001,
                 "n_samples": 100, "run_medians_ms": runs}
 
@@ -835,7 +867,8 @@ def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Pa
     lines = _recording_lines(tmp_path, "h200")
     assert lines[0] == ("recordings in h200.yaml (one process each): cases >= 10 us with range > 1%: 1 of 2; "
                         "with sd > 1%: 1 of 2 (test[moving] 1.50%)")
-    assert lines[1].startswith("  1 case(s) with fewer than 3 recordings") and lines[1].endswith(": test[cut]")
+    assert lines[1].startswith("  1 case(s) with fewer than 3 recordings")
+    assert lines[1].endswith(": test[cut]")
     baselines.save(tmp_path / "h200.yaml", baselines.BaselineFile(entries={"t.py::test[cut]": entry([0.0118])}))
     assert _recording_lines(tmp_path, "h200") == ["recordings: at most one per case in h200.yaml, no spread"]
     (tmp_path / "h200.yaml").write_text("entries: [")
@@ -882,7 +915,8 @@ def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypat
 def test_junit_reports_of_cut_runs(tmp_path: Path) -> None:
     """A run cut by SIGINT writes a nameless testcase for the test it stopped: not a case. A run
     killed while writing leaves a file that is not XML: named, and its counts not taken."""
-    from pytest_attnperf.noise.benchmark import BadReport, _inject_counts, _outcomes, _steady_lines
+    from pytest_attnperf.noise.benchmark import _inject_counts, _steady_lines
+    from pytest_attnperf.noise.runs import BadReport, _outcomes
 
     (tmp_path / "a.xml").write_text('<testsuites><testsuite><testcase classname="t" name="test_k[0]"/>'
                                     '<testcase time="0.000"/></testsuite></testsuites>')
@@ -918,7 +952,8 @@ def test_a_cut_steady_run_is_set_aside(tmp_path: Path, monkeypatch: pytest.Monke
     assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "3", "--", "x.py"]) == 130
     report = (tmp_path / "report-steady.txt").read_text()
     assert sorted(p.name for p in tmp_path.glob("run*.json")) == ["run0.json", "run1.cut0.json"]
-    assert "1 unchanged runs" in report and "interrupted during steady run1" in report
+    assert "1 unchanged runs" in report
+    assert "interrupted during steady run1" in report
     assert [p.name for p in noise.run_files(tmp_path)] == ["run0.json"]
     # the next call's run takes the cut run's number (1); cut again, it is kept beside the first
     assert noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--keep-runs", "--runs", "1", "--",
@@ -943,6 +978,7 @@ def test_pytest_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
     driver = subprocess.Popen([sys.executable, "-c", driver_code, CHILD, str(out)], stdout=subprocess.PIPE, text=True)
     pid = None
     try:
+        assert driver.stdout is not None
         pid = int(driver.stdout.readline())
         deadline = time.monotonic() + 30
         while not out.with_suffix(".ready").exists() and time.monotonic() < deadline:

@@ -94,7 +94,8 @@ def test_the_page_holds_a_whole_project_in_thirty_lines() -> None:
     """conftest.py, a test module, pyproject.toml and two commands, in at most 30 lines of code."""
     assert set(files()) == {"conftest.py", "tests/test_my_shapes.py", "pyproject.toml"}
     assert [args[:1] for args in commands()] == [["--attnperf-suites=softmax"]] * 2
-    assert "--update-baselines" in commands()[0] and "--update-baselines" not in commands()[1]
+    assert "--update-baselines" in commands()[0]
+    assert "--update-baselines" not in commands()[1]
     code = [line for language in ("python", "toml", "bash") for block in blocks(language)
             for line in block.splitlines() if line.strip()]
     assert len(code) <= 30
@@ -107,15 +108,19 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     result = own_project.runpytest_subprocess(*record, *HARNESS)
     result.assert_outcomes(passed=10, skipped=34)
     out = result.stdout.str()
-    built_in = "pytest_attnperf/families/softmax/suite.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-fwd]"
+    built_in = ("pytest_attnperf/families/softmax/suite.py::"
+                "test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-fwd]")
     own = "tests/test_my_shapes.py::test_softmax[cpu-b1-h4-t64-d32-fp32-my-attention-fwdbwd]"
-    assert f"PASSED {built_in}" in out and f"PASSED {own}" in out
+    assert f"PASSED {built_in}" in out
+    assert f"PASSED {own}" in out
     result.stdout.fnmatch_lines(["*my-attention does not support this case: NotImplementedError*sliding window*"])
     gpu_row = "test_my_shapes.py::test_softmax[[]b4-h32-kv8-t4096-d128-causal-bf16-my-attention-fwd[]]"
     result.stdout.fnmatch_lines([f"*{gpu_row} SKIPPED*"])
     assert not (own_project.path / "baselines").exists()
     written = yaml.safe_load((own_project.path / "perf" / "baselines" / "cpu.yaml").read_text())["entries"]
-    assert len(written) == 10 and built_in in written and own in written
+    assert len(written) == 10
+    assert built_in in written
+    assert own in written
     assert all("my-attention" in key for key in written)
 
     with pytest.MonkeyPatch.context() as mp:  # from a subfolder: the baselines still lie beside pyproject.toml

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
-from pytest_attnperf.noise.benchmark import _outcomes
+from pytest_attnperf.noise.runs import _outcomes
+
+if TYPE_CHECKING:
+    from pytest_attnperf.measure.timing import SamplingPlan
+    from pytest_attnperf.session import AttnPerfSession
 
 PLUGIN = ("-p", "pytest_attnperf.plugin")
 
@@ -88,8 +93,9 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def baseline(pytester: pytest.Pytester, hw: str = "h200") -> dict:
-    return yaml.safe_load((pytester.path / "baselines" / f"{hw}.yaml").read_text())
+def baseline(pytester: pytest.Pytester, hw: str = "h200") -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((pytester.path / "baselines" / f"{hw}.yaml").read_text())
+    return data
 
 
 def set_speed(pytester: pytest.Pytester, **factors: float) -> None:
@@ -101,8 +107,10 @@ def test_update_then_unchanged_rerun_passes(project: pytest.Pytester) -> None:
     data = baseline(project)
     assert sorted(data["entries"]) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]
     entry = data["entries"]["test_cases.py::test_case[a]"]
-    assert entry["n_samples"] == 20 and entry["median_ms"] == pytest.approx(1.0, rel=0.01)
-    assert data["meta"]["hardware"] == "h200" and data["meta"]["device"] == "NVIDIA H200"
+    assert entry["n_samples"] == 20
+    assert entry["median_ms"] == pytest.approx(1.0, rel=0.01)
+    assert data["meta"]["hardware"] == "h200"
+    assert data["meta"]["device"] == "NVIDIA H200"
     rerun = project.runpytest(*PLUGIN, "--hw=h200")
     rerun.assert_outcomes(passed=2)
     assert "unchanged" in rerun.stdout.str()
@@ -115,7 +123,8 @@ def test_ten_percent_slower_fails_that_test_only(project: pytest.Pytester) -> No
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*test_case?a?: REGRESSED +10.0% against the baseline*"])
-    assert "baseline: median 1 ms" in out and "current:  median 1.1 ms" in out
+    assert "baseline: median 1 ms" in out
+    assert "current:  median 1.1 ms" in out
     assert "FAILED test_cases.py::test_case[b]" not in out
     assert "re-measured after a suspected regression" in out
 
@@ -291,7 +300,8 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
     At the same length a slowdown still fails."""
     project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--update-baselines").assert_outcomes(passed=2)
     a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
-    assert a["mode"] == "hot" and a["hot_sample_ms"] == 20.0  # the default, do_bench_cudagraph's length
+    assert a["mode"] == "hot"
+    assert a["hot_sample_ms"] == 20.0  # the default, do_bench_cudagraph's length
     set_speed(project, a=1.5)
     project.runpytest(*PLUGIN, "--attnperf-mode=hot").assert_outcomes(passed=1, failed=1)
     result = project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms")
@@ -301,7 +311,8 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
     project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms",
                       "--update-baselines").assert_outcomes(passed=2)
     a = next(v for k, v in baseline(project)["entries"].items() if k.endswith("[a]"))
-    assert a["hot_sample_ms"] == 0.5 and len(a["run_medians_ms"]) == 1
+    assert a["hot_sample_ms"] == 0.5
+    assert len(a["run_medians_ms"]) == 1
     # an entry written before the option (no hot_sample_ms) was taken at 0.5 ms, the only length
     # then: gated at 0.5 ms, not compared at the default
     path = project.path / "baselines" / "h200.yaml"
@@ -360,7 +371,8 @@ def test_a_changed_clock_failure_quotes_each_note_once(
     start = out.index("CLOCK CHANGED")
     failure = out[start:out.index("\n=", start)]  # the failure section, not the summary after it
     assert failure.count("scripted fallback to cuda-events") == 1
-    assert failure.count("TEARDOWN_CUPTI was '0'") == 1 and "\n  notes: TEARDOWN_CUPTI" in failure
+    assert failure.count("TEARDOWN_CUPTI was '0'") == 1
+    assert "\n  notes: TEARDOWN_CUPTI" in failure
 
 
 def test_a_re_measurement_on_another_clock_keeps_the_first_verdict(project: pytest.Pytester) -> None:
@@ -637,7 +649,8 @@ def test_an_eager_timed_case_is_not_compared_against_another_machines_recordings
         "graph-capturable), so the host's speed is in the figure, and the baseline's recordings come "
         "from another machine*record this machine (--update-baselines) to gate it here",
     ])
-    assert "REGRESSED +20.0%" in on_b.stdout.str() and "test_case[b]" in on_b.stdout.str()
+    assert "REGRESSED +20.0%" in on_b.stdout.str()
+    assert "test_case[b]" in on_b.stdout.str()
     on_a = project.runpytest(*PLUGIN, "--attnperf-machine=A")
     on_a.assert_outcomes(passed=0, failed=2)
     on_a.stdout.fnmatch_lines(["*test_case[[]a[]]: REGRESSED +20.0%*"])
@@ -714,20 +727,20 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
 
 
 def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str = "cuda-graph-nodes",
-                         notes: tuple[str, ...] = ()) -> object:
+                         notes: tuple[str, ...] = (), plans: list[SamplingPlan] | None = None) -> AttnPerfSession:
     """An ``AttnPerfSession`` on a (faked) CUDA device whose timer gives every measurement,
-    the floor's included, these figures."""
+    the floor's included, these figures (and appends each plan it is given to ``plans``)."""
     import torch
 
     from pytest_attnperf.hw.table import DetectedDevice
     from pytest_attnperf.measure.timing import Measurement, SamplingPlan
     from pytest_attnperf.session import AttnPerfSession
 
-    class Timer:
-        plans: list[SamplingPlan] = []
+    seen = plans if plans is not None else []
 
+    class Timer:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
-            self.plans.append(plan)
+            seen.append(plan)
             m = Measurement((1.0,) * 10, clock=clock, mode="cold", notes=notes)
             object.__setattr__(m.summary, "median_ms", median_ms)  # NaN and 0 too, which samples cannot give
             return m
@@ -768,11 +781,12 @@ def test_the_floor_is_timed_cold_and_says_it_is_the_floor(monkeypatch: pytest.Mo
     injection, do_bench comparison) can tell it from the case it is timed in."""
     from pytest_attnperf.measure.timing import SamplingPlan
 
-    session = session_timing_floor(monkeypatch, 0.00326)
+    plans: list[SamplingPlan] = []
+    session = session_timing_floor(monkeypatch, 0.00326, plans=plans)
     session.__dict__["plan"] = lambda mode=None: SamplingPlan(mode=mode or "hot")
     session.measure_floor()
     session.measure_floor()  # once per run
-    assert [(p.mode, p.floor) for p in session.timer.plans] == [("cold", True)]
+    assert [(p.mode, p.floor) for p in plans] == [("cold", True)]
     assert not SamplingPlan().floor
 
 
@@ -815,11 +829,14 @@ def test_the_centre_moves_only_for_a_plausible_shift_on_the_floors_clock(
     out = result.stdout.str()
     if moved:
         result.assert_outcomes(passed=1, failed=1)
-        assert "--attnperf-machine-residual" in out and "--attnperf-machine-offset" not in out
+        assert "--attnperf-machine-residual" in out
+        assert "--attnperf-machine-offset" not in out
     else:
         result.assert_outcomes(passed=2)
-        assert "2 us a sample (--attnperf-machine-offset)" in out and "centre moved" not in out
-    assert ("floors not used:" in out) == bool(refused) and (refused or "") in out
+        assert "2 us a sample (--attnperf-machine-offset)" in out
+        assert "centre moved" not in out
+    assert ("floors not used:" in out) == bool(refused)
+    assert (refused or "") in out
 
 
 def test_a_floor_the_gate_may_not_use_is_not_recorded(
@@ -918,7 +935,7 @@ def test_the_sample_floor_is_measured_once_and_reported(
     project.runpytest(*PLUGIN, "-p", "no:benchmark").stdout.fnmatch_lines(
         ["sample floor (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
 
-    def broken(*shape, device=None):
+    def broken(*shape: int, device: object = None) -> torch.Tensor:
         raise RuntimeError("CUDA error: an illegal memory access")
 
     monkeypatch.setattr(torch, "zeros", broken)

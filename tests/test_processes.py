@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
 from test_plugin import CONFTEST, PLUGIN, TESTS, set_speed
@@ -26,7 +27,8 @@ def test_pooling_takes_as_many_samples_from_each_process() -> None:
     main = _m([1.0] * 20)
     fast, slow = Taken((0.9,) * 10, "cuda-graph-nodes", "cold", 1), Taken((1.3,) * 40, "cuda-graph-nodes", "cold", 1)
     pooled = pool(main, [fast, slow])
-    assert pooled.summary.n_samples == 30 and pooled.processes == 3
+    assert pooled.summary.n_samples == 30
+    assert pooled.processes == 3
     assert sorted(pooled.samples_ms) == [0.9] * 10 + [1.0] * 10 + [1.3] * 10
     assert pooled.median_ms == pytest.approx(1.0)  # one process each side: the middle one's
     assert pooled.process_medians_ms == (1.0, 0.9, 1.3)
@@ -53,10 +55,12 @@ def test_a_worker_that_timed_another_way_is_left_out_and_named() -> None:
     other = Taken((2.0,) * 10, "cuda-events", "cold", 1)
     same = Taken((1.2,) * 10, "cuda-graph-nodes", "cold", 1)
     pooled = pool(main, [other, same])
-    assert pooled.processes == 2 and max(pooled.samples_ms) == 1.2
+    assert pooled.processes == 2
+    assert max(pooled.samples_ms) == 1.2
     assert any("1 worker measurement(s) taken with another clock or mode" in n for n in pooled.notes)
     alone = pool(main, [other])
-    assert alone.samples_ms == main.samples_ms and alone.processes == 1
+    assert alone.samples_ms == main.samples_ms
+    assert alone.processes == 1
     assert any("not pooled" in n for n in alone.notes)
     hot = Measurement((1.0,) * 10, clock="cuda-graph", mode="hot", calls_per_sample=16)
     other_calls = Taken((1.1,) * 10, "cuda-graph", "hot", 24)  # per-call samples either way: pooled
@@ -100,19 +104,25 @@ def test_workers_get_the_runs_settings_but_never_write_or_spawn(
     args = worker_args(config, ["test_t.py::test_a", "test_t.py::test_b"], Path("/tmp/w.jsonl"), scratch)
     assert args[-2:] == [f"{pytester.path}/test_t.py::test_a", f"{pytester.path}/test_t.py::test_b"]
     assert "--attnperf-worker-out=/tmp/w.jsonl" in args
-    assert args[args.index("--hw") + 1] == "h200" and args[args.index("--attnperf-budget") + 1] == "0.2"
+    assert args[args.index("--hw") + 1] == "h200"
+    assert args[args.index("--attnperf-budget") + 1] == "0.2"
     assert args[args.index("pytest_attnperf.plugin") - 1] == "-p"
-    assert args[args.index("--seqlen") + 1] == "4096" and "-x" in args  # a project's option, and -x
+    assert args[args.index("--seqlen") + 1] == "4096"  # a project's option
+    assert "-x" in args  # and -x
     for gone in ("-k", "a or b", "--lf", "--junitxml=j.xml", "test_t.py", "test_t.py::test_b"):
         assert gone not in args, gone
-    assert f"--junitxml={scratch / 'junit.xml'}" in args and f"--basetemp={scratch / 'tmp'}" in args
+    assert f"--junitxml={scratch / 'junit.xml'}" in args
+    assert f"--basetemp={scratch / 'tmp'}" in args
     worker = pytester.parseconfig(*args[:-2])
     from pytest_attnperf.options import read_settings
 
     settings = read_settings(worker)  # --update-baselines (given and inherited) and the processes: refused
-    assert settings.worker_out == Path("/tmp/w.jsonl") and not settings.update_baselines
-    assert settings.processes == 1 and settings.tolerance == pytest.approx(0.015)
-    assert settings.budget_s == pytest.approx(0.2) and settings.hw == "h200"
+    assert settings.worker_out == Path("/tmp/w.jsonl")
+    assert not settings.update_baselines
+    assert settings.processes == 1
+    assert settings.tolerance == pytest.approx(0.015)
+    assert settings.budget_s == pytest.approx(0.2)
+    assert settings.hw == "h200"
 
 
 WORKER_SPEED = '''
@@ -170,7 +180,8 @@ def test_the_workers_samples_reach_the_gate(project: pytest.Pytester) -> None:
     out = pooled.stdout.str()
     assert "2 cases under 5000 us timed in 3 processes (2 worker runs before the tests" in out
     assert "3 processes pooled, 20 samples each (medians 1100.00, 1000.00, 1000.00 us, this one first)" in out
-    assert "worker 1:" not in out and "worker 2:" not in out
+    assert "worker 1:" not in out
+    assert "worker 2:" not in out
     pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms",
                                "--benchmark-json=b.json")
     extra = {b["name"]: b["extra_info"] for b in json.loads((project.path / "b.json").read_text())["benchmarks"]}
@@ -235,7 +246,8 @@ def test_a_case_a_worker_skipped_is_counted_not_called_a_failure(project: pytest
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["worker 1: measured 1 of 2 cases (the rest were skipped or failed there, *"])
-    assert "2 processes pooled" in result.stdout.str() and "log:" not in result.stdout.str()
+    assert "2 processes pooled" in result.stdout.str()
+    assert "log:" not in result.stdout.str()
 
 
 def test_addopts_that_write_or_select_reach_the_workers_harmlessly(project: pytest.Pytester) -> None:
@@ -271,7 +283,8 @@ def test_recording_with_workers_keeps_the_pooled_figure(project: pytest.Pytester
 
     entries = yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
     entry = entries["test_cases.py::test_case[a]"]
-    assert entry["n_samples"] == 60 and entry["median_ms"] == pytest.approx(1.2, rel=0.01)
+    assert entry["n_samples"] == 60
+    assert entry["median_ms"] == pytest.approx(1.2, rel=0.01)
     assert any("3 processes pooled" in n for n in entry["notes"])
 
 
@@ -280,7 +293,8 @@ def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> No
     pytester.syspathinsert()
     config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "-p", "fake_timeout", "--timeout=240")
     args = worker_args(config, ["t.py::a"], Path("/tmp/w.jsonl"), pytester.path)
-    assert "--timeout=240" in args and args[args.index("fake_timeout") - 1] == "-p"
+    assert "--timeout=240" in args
+    assert args[args.index("fake_timeout") - 1] == "-p"
 
 
 @pytest.mark.parametrize("worker", [False, True])
@@ -296,7 +310,8 @@ def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
     def made(inject_env: str | None) -> object:
         if inject_env is not None:
             monkeypatch.setenv("ATTNPERF_INJECT", inject_env)
-        gen = inject.pytest_attnperf_make_timer(config=Config(), device=DetectedDevice("cpu", "x86_64"))
+        config = cast(pytest.Config, Config())  # the fake has the one method the hook calls
+        gen = inject.pytest_attnperf_make_timer(config=config, device=DetectedDevice("cpu", "x86_64"))
         next(gen)
         try:
             gen.send(inner)
@@ -308,9 +323,15 @@ def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
     monkeypatch.setenv("ATTNPERF_COMPARE_FILE", "/tmp/compare.jsonl")
     monkeypatch.setenv("ATTNPERF_INJECT_LOG", "/tmp/inject.jsonl")
     compared = made(None)
-    assert (compared is inner) if worker else (compared.compare == "/tmp/compare.jsonl")
+    if worker:
+        assert compared is inner
+    else:
+        assert isinstance(compared, inject.InjectingTimer)
+        assert compared.compare == "/tmp/compare.jsonl"
     injecting = made("0.05")
-    assert injecting.fraction == pytest.approx(0.05) and injecting.compare == (None if worker else "/tmp/compare.jsonl")
+    assert isinstance(injecting, inject.InjectingTimer)
+    assert injecting.fraction == pytest.approx(0.05)
+    assert injecting.compare == (None if worker else "/tmp/compare.jsonl")
     assert injecting.log == (None if worker else "/tmp/inject.jsonl")  # the run logs what its own process gave
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -54,7 +54,8 @@ def fla_naive(family: str) -> ModuleType:
         pytest.skip("flash-linear-attention is not installed")
     path = Path(next(iter(spec.submodule_search_locations))) / "ops" / family / "naive.py"
     module_spec = importlib.util.spec_from_file_location(f"_fla_naive_{family}", path)
-    assert module_spec is not None and module_spec.loader is not None, path
+    assert module_spec is not None, path
+    assert module_spec.loader is not None, path
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module
@@ -222,7 +223,8 @@ def test_reference_agrees_with_fla_naive(case: FlaCase, x: Inputs) -> None:
     err = rel_err(fla_o, our_o)
     assert err < FP32_TOL, f"output differs from fla's by {err:.1e} of its largest value (tolerance {FP32_TOL:.0e})"
     if fla_state is not None:
-        assert our_state is not None and our_state.shape == (B, H, K, V) == fla_state.shape
+        assert our_state is not None
+        assert our_state.shape == (B, H, K, V) == fla_state.shape
         err = rel_err(fla_state, our_state)
         assert err < FP32_TOL, f"final state differs from fla's by {err:.1e} (tolerance {FP32_TOL:.0e})"
 
@@ -275,7 +277,8 @@ def test_simple_gla_is_gla_with_the_gate_broadcast_over_keys(x: Inputs) -> None:
 def test_gated_delta_rule_with_beta_zero_only_decays_the_state(x: Inputs) -> None:
     no_write = torch.zeros_like(x.beta)
     o, state = ref.gated_delta_rule(x.qn, x.kn, x.v, x.g, no_write, scale=SCALE, final_state=True)
-    assert not o.any() and not state.any()  # from a zero state nothing is ever written
+    assert not o.any()
+    assert not state.any()  # from a zero state nothing is ever written
     o, state = ref.gated_delta_rule(x.qn, x.kn, x.v, x.g, no_write, scale=SCALE, initial_state=x.h0, final_state=True)
     decay = torch.exp(torch.cumsum(x.g, dim=1))  # [B, T, H]: exp(g_1 + ... + g_t)
     expected = SCALE * decay[..., None] * torch.einsum("bthk,bhkv->bthv", x.qn, x.h0)
@@ -285,7 +288,8 @@ def test_gated_delta_rule_with_beta_zero_only_decays_the_state(x: Inputs) -> Non
 
 def test_gated_delta_rule_with_no_decay_and_no_write_gives_zeros(x: Inputs) -> None:
     o = ref.gated_delta_rule(x.qn, x.kn, x.v, torch.zeros_like(x.g), torch.zeros_like(x.beta), scale=SCALE)
-    assert o.shape == (B, T, H, V) and not o.any()
+    assert o.shape == (B, T, H, V)
+    assert not o.any()
 
 
 def test_delta_rule_overwrites_where_linear_attention_accumulates() -> None:
@@ -352,7 +356,8 @@ def test_chunked_form_equals_the_token_recurrence(case: ChunkCase, chunk: int, x
     args = case.inputs(x)
     o, state = case.chunked(*args, scale=SCALE, chunk=chunk, initial_state=x.h0, final_state=True)
     o_ref, state_ref = case.token(*args, scale=SCALE, initial_state=x.h0, final_state=True)
-    assert o.dtype == torch.float64 and o.shape == o_ref.shape == (B, T, H, V)
+    assert o.dtype == torch.float64
+    assert o.shape == o_ref.shape == (B, T, H, V)
     assert rel_err(o, o_ref) < CHUNK_TOL
     assert rel_err(state, state_ref) < CHUNK_TOL
 
@@ -377,10 +382,12 @@ def test_recurrent_gradients_equal_autograd_through_the_token_recurrence(case: C
     grad_out = torch.randn(B, 21, H, V, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     want = torch.autograd.grad(case.token(*leaves, scale=SCALE), leaves, grad_out)
     gate = leaves[3].detach() if len(leaves) > 3 else None
-    got = ref.recurrent_gradients(*(t.detach() for t in leaves[:3]), gate, grad_out, scale=SCALE)
+    q, k, v = (t.detach() for t in leaves[:3])
+    got = ref.recurrent_gradients(q, k, v, gate, grad_out, scale=SCALE)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == torch.float64
+        assert g.shape == w.shape
+        assert g.dtype == torch.float64
         assert rel_err(g, w) < CHUNK_TOL
 
 
@@ -391,7 +398,8 @@ def test_recurrences_run_in_the_dtype_asked(x: Inputs) -> None:
     assert o32.dtype == torch.float32
     assert 0 < rel_err(o32, ref.gla(x.q, x.k, x.v, x.gk, scale=SCALE)) < 1e-5
     grads = ref.recurrent_gradients(x.q, x.k, x.v, x.g, x.v, scale=SCALE, compute=torch.float32)
-    assert [g.dtype for g in grads] == [torch.float32] * 4 and grads[3].shape == x.g.shape
+    assert [g.dtype for g in grads] == [torch.float32] * 4
+    assert grads[3].shape == x.g.shape
     exact = ref.recurrent_gradients(x.q, x.k, x.v, x.g, x.v, scale=SCALE)
     assert all(0 < rel_err(g, e) < 1e-5 for g, e in zip(grads, exact, strict=True))
     with pytest.raises(ValueError, match="g must have the keys' shape"):
@@ -401,9 +409,11 @@ def test_recurrences_run_in_the_dtype_asked(x: Inputs) -> None:
 def test_chunked_form_at_a_lower_precision_rounds_where_a_kernel_stores(x: Inputs) -> None:
     """``store`` rounds the intermediates: the error grows to bf16's scale, and no further."""
     q, k, v = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v))
-    exact = ref.chunk_linear_attention(q, k, v, scale=SCALE)
-    plain = ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32)
-    rounded = ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32, store=torch.bfloat16)
+    # without final_state the output alone (chunk_linear_attention's return type does not say so)
+    exact = cast(torch.Tensor, ref.chunk_linear_attention(q, k, v, scale=SCALE))
+    plain = cast(torch.Tensor, ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32))
+    rounded = cast(torch.Tensor, ref.chunk_linear_attention(q, k, v, scale=SCALE, compute=torch.float32,
+                                                            store=torch.bfloat16))
     assert plain.dtype == rounded.dtype == torch.float32
     assert rel_err(plain, exact) < 1e-6
     assert 2.0**-12 < rel_err(rounded, exact) < 4 * 2.0**-8

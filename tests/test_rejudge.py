@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -14,12 +15,12 @@ from pytest_attnperf.store.baselines import FORMAT
 A, B = "suites/test_x.py::test_x[a]", "suites/test_x.py::test_x[b]"
 
 
-def entry(ms: float, runs: list[float]) -> dict:
+def entry(ms: float, runs: list[float]) -> dict[str, Any]:
     return {"median_ms": ms, "ci_low_ms": ms * 0.999, "ci_high_ms": ms * 1.001, "stdrel": 0.001,
             "n_samples": 500, "run_medians_ms": runs, "mode": "cold", "clock": "cuda-graph"}
 
 
-def write_work(path: Path, entries: dict[str, dict], medians_ms: dict[str, float]) -> None:
+def write_work(path: Path, entries: dict[str, dict[str, Any]], medians_ms: dict[str, float]) -> None:
     """A work folder: the baseline file with ``entries``, and run0.json with each case's median."""
     base = {"format": FORMAT, "meta": {"hardware": "h200"}, "entries": entries}
     (path / "h200.yaml").write_text(yaml.safe_dump(base))
@@ -41,7 +42,7 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_steady_runs_are_judged_with_the_gate_in_this_tree(work: Path, capsys: pytest.CaptureFixture) -> None:
+def test_steady_runs_are_judged_with_the_gate_in_this_tree(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert rejudge.main([str(work)]) == 0
     out = capsys.readouterr().out
     assert "steady runs: 2 judgements, 1 regressed" in out
@@ -49,7 +50,7 @@ def test_steady_runs_are_judged_with_the_gate_in_this_tree(work: Path, capsys: p
     assert "inject20.xml: 2 flagged on the device, 1 still regressed" in out
 
 
-def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 5% tolerance passes the +3% run and the +2% catch; the machine term alone widens the
     bar (3 * sqrt(0.5%^2 * 4/3 + 0.7%^2) = 2.6%) past the +2% catch but not the +3% run."""
     rejudge.main([str(work), "--tolerance", "5%"])
@@ -58,10 +59,11 @@ def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFix
     assert "2 flagged on the device, 0 still regressed" in out
     rejudge.main([str(work), "--machine-noise", "0.7%"])
     out = capsys.readouterr().out
-    assert "2 judgements, 1 regressed" in out and "2 flagged on the device, 0 still regressed" in out
+    assert "2 judgements, 1 regressed" in out
+    assert "2 flagged on the device, 0 still regressed" in out
 
 
-def test_the_floor_in_time_clears_a_short_case_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_the_floor_in_time_clears_a_short_case_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 12 us case recorded at 11.81, 11.82, 11.81 us reads 12.10 us (+2.4%) and a 1 ms case
     +2.4% too: with ``--floor-time 0`` (no time floor) both regress at 1.5%; at the
     default 0.1 us the short case's bar is 3 * 0.85% * sqrt(4/3) = 2.9% and it passes, the long
@@ -73,7 +75,8 @@ def test_the_floor_in_time_clears_a_short_case_only(tmp_path: Path, capsys: pyte
     assert "2 judgements, 2 regressed" in capsys.readouterr().out
     rejudge.main([str(tmp_path)])
     out = capsys.readouterr().out
-    assert "floor 0.5% and 0.1 us" in out and "2 judgements, 1 regressed" in out
+    assert "floor 0.5% and 0.1 us" in out
+    assert "2 judgements, 1 regressed" in out
     assert [line for line in out.splitlines() if line.startswith("  run")] == [f"  run0.json {long} +2.40%"]
 
 
@@ -82,7 +85,7 @@ def test_a_folder_without_one_baseline_is_refused(tmp_path: Path) -> None:
         rejudge.main([str(tmp_path)])
 
 
-def test_the_machine_offset_and_eager_cases(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_the_machine_offset_and_eager_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 10 us case 2.5 us slower and an eager-timed 1 ms case 30% slower: both regress when
     judged as on the recording machine; as on another, the eager one is not compared and the
     short one regresses with the relative machine term alone, not with a 1 us offset too."""
@@ -103,7 +106,7 @@ def test_the_machine_offset_and_eager_cases(tmp_path: Path, capsys: pytest.Captu
     assert "steady runs: 1 judgements, 0 regressed; 1 eager-timed not compared (another machine)" in out
 
 
-def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 60 us case recorded with a 3.26 us floor, 5% slower in a run whose floor is 5.10 us
     (so 1.84 us more on top), and a 1 ms case +0.2%, judged as against another machine at a
     1.5% tolerance. With the 2 us offset the short case's bar is about 10%: it passes. With
@@ -126,7 +129,8 @@ def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pyt
     (tmp_path / "run0.json").write_text(json.dumps(run))
     assert "steady runs: 2 judgements, 0 regressed" in judged()
     out = judged("--floors")
-    assert "steady runs: 2 judgements, 1 regressed" in out and "0.5 us residual" in out
+    assert "steady runs: 2 judgements, 1 regressed" in out
+    assert "0.5 us residual" in out
     for e in recorded.values():
         del e["run_floors_ms"]
     assert "steady runs: 2 judgements, 0 regressed" in judged("--floors")
@@ -135,14 +139,14 @@ def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pyt
     assert "steady runs: 2 judgements, 0 regressed" in judged("--floors", "--baseline-floor", "3.26us")
 
 
-def test_floors_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_floors_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The shift comes from the floor the gate used (``attnperf_gate_floor_ms``: null when it
     could not use the run's floor), never from an implausible difference (more than 6 us, or one
     that empties the centre: no crash, the offset stands), and only for a case the run timed on
     the baseline's nodes clock."""
     case = "suites/test_x.py::test_x[short]"
 
-    def judged(median_ms: float, extra: dict, recorded_floor: float = 0.00326, centre: float = 0.060,
+    def judged(median_ms: float, extra: dict[str, Any], recorded_floor: float = 0.00326, centre: float = 0.060,
                clock: str = "cuda-graph-nodes") -> str:
         base = {case: {**entry(centre, [centre]), "run_floors_ms": [recorded_floor], "clock": "cuda-graph-nodes"}}
         (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"format": FORMAT, "meta": {}, "entries": base}))

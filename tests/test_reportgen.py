@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,14 +27,14 @@ HARDWARE = {"name": "h200", "peak_tflops": {"bf16": 989.0, "fp32": 67.0}, "hbm_g
 ENVIRONMENT = {"device": "NVIDIA H200", "torch": "2.13.0", "date": "2026-01-01"}
 
 
-def _case(nodeid: str, ms: float, params: dict, peak_mib: float | None = None) -> dict:
+def _case(nodeid: str, ms: float, params: dict[str, Any], peak_mib: float | None = None) -> dict[str, Any]:
     return {"nodeid": nodeid, "backend": "-", "median_ms": ms, "stdrel": 0.001, "tflops": 1.0, "mfu": 0.1,
             "gb_per_s": 100.0, "bandwidth_frac": 0.02, "peak_mib": peak_mib, "eager_ms": None,
             "intensity": 200.0, "bound": "compute", "status": "new", "change_pct": None, "notes": [],
             "params": params}
 
 
-def sweep_cases() -> list[dict]:
+def sweep_cases() -> list[dict[str, Any]]:
     """A softmax kernel at T^2 (memory T), a slower one (memory T^2), and a linear kernel at T
     that meets the faster softmax at T = 4096."""
     cases = []
@@ -53,7 +54,7 @@ def sweep_cases() -> list[dict]:
     return cases
 
 
-def ladder_cases() -> list[dict]:
+def ladder_cases() -> list[dict[str, Any]]:
     cases = []
     for layer, ms in (("attention-flash", 2.0), ("attention-cudnn", 1.6), ("gdn", 3.2)):
         params = {"case": "h512", "batch": 32, "seq": 1024, "hidden": 512, "heads": 8, "head_dim": 64,
@@ -67,12 +68,16 @@ def test_case_params_flattens_kernel_case_and_fills_the_sweep_name() -> None:
     case = LinearCase("b4-h16-t512-d128-bf16", 4, 16, 512, 128, 128, "bf16")
     got = reportgen.case_params({"case": case, "kernel": kernel, "direction": "fwdbwd"},
                                 ("seq-b{batch}-h{heads}-{dtype}", "seq"), Cost(flops=2.0, bytes=3.0))
-    assert got["case"] == case.id and got["seq"] == 512 and got["key_dim"] == 128 and got["beta_max"] == 1.0
+    assert got["case"] == case.id
+    assert got["seq"] == 512
+    assert got["key_dim"] == 128
+    assert got["beta_max"] == 1.0
     assert (got["kernel"], got["family"], got["form"], got["direction"]) == ("fla-chunk", "gdn", "chunk", "fwdbwd")
     assert (got["sweep"], got["axis"], got["flops"], got["bytes"]) == ("seq-b4-h16-bf16", "seq", 2.0, 3.0)
     softmax = reportgen.case_params({"case": SoftmaxCase("x", 1, 2, 64, 32, "fp32", True)}, ("{nope}", "seq"),
                                     Cost(1.0, 1.0))
-    assert softmax["sweep"] == "{nope}" and softmax["kv_heads"] is None  # an unknown field leaves the name
+    assert softmax["sweep"] == "{nope}"  # an unknown field leaves the name
+    assert softmax["kv_heads"] is None
     json.dumps(softmax)  # plain data
 
 
@@ -83,15 +88,18 @@ def test_scaling_fits_the_known_exponents() -> None:
                                      ("fla-chunk", "time_ms"): 1, ("sdpa-flash", "peak_mib"): 1,
                                      ("sdpa-math", "peak_mib"): 2, ("fla-chunk", "peak_mib"): 1}.items():
         fit = fits[(kernel, "fwdbwd", quantity)]
-        assert fit["exponent"] == pytest.approx(want, abs=1e-9) and fit["expected"] == want
-        assert fit["ci_low"] <= want <= fit["ci_high"] and fit["points"] == 6
+        assert fit["exponent"] == pytest.approx(want, abs=1e-9)
+        assert fit["expected"] == want
+        assert fit["ci_low"] <= want <= fit["ci_high"]
+        assert fit["points"] == 6
     assert fits[("sdpa-flash", "fwd", "time_ms")]["x_min"] == 1024  # 4x the time at 512: the fit starts there
 
 
 def test_crossover_against_the_fastest_softmax_and_the_cost_models() -> None:
     report = reportgen.build(sweep_cases(), ENVIRONMENT, HARDWARE)
     (fwd,) = [c for c in report["crossover"] if c["direction"] == "fwd"]
-    assert fwd["status"] == "crossed" and fwd["measured_t"] == pytest.approx(4096)
+    assert fwd["status"] == "crossed"
+    assert fwd["measured_t"] == pytest.approx(4096)
     assert {p["softmax_kernel"] for p in fwd["points"]} == {"sdpa-flash"}
     assert fwd["analytic_t"] == 383  # tests/test_studies.py: chunked LA against causal softmax at d=128
     assert fwd["layer_formula_t"] == 4 * 16 * 128 + 3 * 128
@@ -110,16 +118,19 @@ def test_ladder_rates_and_the_gdn_against_the_faster_attention() -> None:
     assert gdn["tokens_per_s"] == pytest.approx(32 * 1024 / 3.2e-3)
     assert gdn["us_per_token"] == pytest.approx(3.2e3 / (32 * 1024))
     assert gdn["vs_best_attention"] == pytest.approx(1.6 / 3.2)
-    assert gdn["peak_gb"] == pytest.approx(1000 * 2**20 / 1e9) and gdn["ridge"] == pytest.approx(989e3 / 4800)
+    assert gdn["peak_gb"] == pytest.approx(1000 * 2**20 / 1e9)
+    assert gdn["ridge"] == pytest.approx(989e3 / 4800)
     assert gdn["layer_formula_t"] == 4 * 512 + 3 * 128
-    assert gdn["layer_model_t"] is not None and gdn["layer_model_t"] > 0
+    assert gdn["layer_model_t"] is not None
+    assert gdn["layer_model_t"] > 0
 
 
 def test_report_round_trip_regenerates_the_same_markdown(tmp_path: Path) -> None:
     report = reportgen.build(sweep_cases() + ladder_cases(), ENVIRONMENT, HARDWARE, {"sdpa-math: too big": 2})
     written = reportgen.write(report, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert saved["schema"] == reportgen.SCHEMA and saved == json.loads(json.dumps(report))
+    assert saved["schema"] == reportgen.SCHEMA
+    assert saved == json.loads(json.dumps(report))
     assert reportgen.main([str(tmp_path / "run" / "report.json"), str(tmp_path / "again")]) == 0
     md = (tmp_path / "run" / "report.md").read_text()
     assert md == (tmp_path / "again" / "report.md").read_text()
@@ -131,7 +142,8 @@ def test_report_round_trip_regenerates_the_same_markdown(tmp_path: Path) -> None
                 "crossover-seq-b4-h16-bf16-fwdbwd.png"} <= set(pngs)
         assert all((tmp_path / "again" / name).stat().st_size > 1000 for name in pngs)
     else:
-        assert pngs == [] and "No plots: matplotlib is not importable" in md
+        assert pngs == []
+        assert "No plots: matplotlib is not importable" in md
 
 
 def test_a_report_of_another_schema_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,7 +199,9 @@ def test_cpu_sweep_writes_the_report(pytester: pytest.Pytester, monkeypatch: pyt
     result.assert_outcomes(passed=18)
     result.stdout.fnmatch_lines(["report: wrote *report.json, report.md and * plots (18 cases)"])
     report = json.loads((pytester.path / "out" / "report.json").read_text())
-    assert report["schema"] == 1 and len(report["cases"]) == 18 and report["environment"]["device"] == "x86_64"
+    assert report["schema"] == 1
+    assert len(report["cases"]) == 18
+    assert report["environment"]["device"] == "x86_64"
     fits = {(s["kernel"], s["direction"], s["quantity"]): s for s in report["scaling"]}
     assert fits[("sdpa-math", "fwd", "time_ms")]["exponent"] == pytest.approx(2.0, abs=1e-6)
     assert fits[("fla-naive", "fwdbwd", "time_ms")]["exponent"] == pytest.approx(1.0, abs=1e-6)
@@ -195,10 +209,12 @@ def test_cpu_sweep_writes_the_report(pytester: pytest.Pytester, monkeypatch: pyt
     crossings = {c["direction"]: c for c in report["crossover"]}
     assert set(crossings) == {"fwd", "fwdbwd"}
     for entry in crossings.values():
-        assert entry["sweep"] == "seq-b2-h2-fp32" and entry["status"] == "crossed"
+        assert entry["sweep"] == "seq-b2-h2-fp32"
+        assert entry["status"] == "crossed"
         assert entry["measured_t"] == pytest.approx(100.0)
         assert {p["softmax_kernel"] for p in entry["points"]} == {"sdpa-math"}
-        assert isinstance(entry["analytic_t"], int) and not math.isnan(entry["analytic_t"])
+        assert isinstance(entry["analytic_t"], int)
+        assert not math.isnan(entry["analytic_t"])
     md = (pytester.path / "out" / "report.md").read_text()
     assert "| seq-b2-h2-fp32 | linear_attn/fla-naive | fwd | 100 |" in md
     assert (pytester.path / "out" / "crossover-seq-b2-h2-fp32-fwd.png").exists() == HAS_MATPLOTLIB
@@ -221,7 +237,8 @@ def test_attention_layer_is_checked_against_its_fp64_copy(monkeypatch: pytest.Mo
     call = layers.run_layer("attention-flash", case, "fwd", torch.device("cpu"))
     assert call().shape == (2, 16, 32)
     grads = layers.run_layer("attention-cudnn", case, "fwdbwd", torch.device("cpu"))()
-    assert len(grads) == 1 + 1 + 4 and grads[1].shape == (2, 16, 32)  # output, d input, four weights
+    assert len(grads) == 1 + 1 + 4  # output, d input, four weights
+    assert grads[1].shape == (2, 16, 32)
     exact = layers.attention_reference
     monkeypatch.setattr(layers, "attention_reference", lambda layer, x: 1.05 * exact(layer, x))
     with pytest.raises(AssertionError, match="attention-flash layer output: normwise relative error 0.04"):
@@ -238,7 +255,9 @@ def test_gdn_layer_fp64_evaluation_reads_the_fla_layer() -> None:
     module = layers.gdn_module(case)
     x = torch.randn(2, 8, 32)
     out = layers.gdn_reference(module, x)
-    assert out.dtype == torch.float64 and out.shape == (2, 8, 32) and torch.isfinite(out).all()
+    assert out.dtype == torch.float64
+    assert out.shape == (2, 8, 32)
+    assert torch.isfinite(out).all()
     with torch.no_grad():
         module.o_proj.weight.mul_(2.0)  # the output projection is read, not a copy made earlier
     assert torch.allclose(layers.gdn_reference(module, x), 2 * out)

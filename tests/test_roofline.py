@@ -9,10 +9,12 @@ work needs at the rate ``rates.json`` gives it (bf16 and fp16 100 TFLOP/s, fp32 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -159,7 +161,8 @@ def test_intensity_attainable_ridge_and_bound_have_known_answers() -> None:
     assert attainable_flops(100.0, 1000e12, 4e12) == 400e12  # under the ridge: bandwidth x intensity
     assert attainable_flops(500.0, 1000e12, 4e12) == 1000e12  # over it: the peak
     assert attainable_flops(math.inf, 1000e12, 4e12) == 1000e12
-    assert bound(250.0, 250.0) == "compute" and bound(249.9, 250.0) == "memory"
+    assert bound(250.0, 250.0) == "compute"
+    assert bound(249.9, 250.0) == "memory"
 
 
 def test_roofline_fraction_is_achieved_over_attainable() -> None:
@@ -188,7 +191,8 @@ def test_judge_floor_fails_only_beyond_the_noise() -> None:
     assert judge_floor("roofline", 0.495, 0.5, 0.005).status == "within noise"  # 0.495 x 1.015 >= 0.5
     assert judge_floor("roofline", 0.49, 0.5, 0.005).status == "failed"  # 0.49 x 1.015 < 0.5
     check = judge_floor("mfu", None, 0.5, 0.005)
-    assert check.status == "no ceiling" and check.failed
+    assert check.status == "no ceiling"
+    assert check.failed
 
 
 def test_floors_parse_one_shape_for_marker_and_registration() -> None:
@@ -198,8 +202,10 @@ def test_floors_parse_one_shape_for_marker_and_registration() -> None:
     assert per_card.for_hw("GB10") == (Floor(roofline=0.3), "gb10")
     assert per_card.for_hw("a100") is None
     limited = Floors.parse({"mfu": 0.4, "hw": ["h200", "h100"]})
-    assert limited.for_hw("h100") == (Floor(mfu=0.4), "h100") and limited.for_hw("a100") is None
-    assert Floors.parse(per_card) is per_card and Floors.parse(None) == Floors()
+    assert limited.for_hw("h100") == (Floor(mfu=0.4), "h100")
+    assert limited.for_hw("a100") is None
+    assert Floors.parse(per_card) is per_card
+    assert Floors.parse(None) == Floors()
     for bad, message in (
         ({"roofine": 0.5}, "'roofine' is neither a floor metric"),
         ({"roofline": 1.5}, "must be above 0 and at most 1"),
@@ -234,7 +240,8 @@ def test_ceilings_order_user_then_measured_then_spec_for_the_roofline() -> None:
     assert h200.roofline_peak("fp32") == h200.rate_peak("fp32") == Ceiling(60e12, "user")
     assert h200.roofline_bandwidth() == Ceiling(4000e9, "measured")
     unlisted = Ceilings(unlisted_spec(DetectedDevice("cuda", "NVIDIA Z9000", (12, 0))), measured)
-    assert unlisted.rate_peak("bf16") == Ceiling(700e12, "measured") and unlisted.rate_peak("fp16") is None
+    assert unlisted.rate_peak("bf16") == Ceiling(700e12, "measured")
+    assert unlisted.rate_peak("fp16") is None
 
 
 def test_a_cache_file_is_read_only_for_its_own_stack() -> None:
@@ -242,9 +249,7 @@ def test_a_cache_file_is_read_only_for_its_own_stack() -> None:
     measured = Measured((("bf16", 772e12), ("fp16", 770e12), ("fp32", None)), 4220e9, "2026-01-01",
                         (("bf16", "8192^3"),), ("fp32 not measured: x",))
     data = json.loads(json.dumps(measured.to_json(stack)))
-    assert Measured.from_json(data, stack) == Measured(*[getattr(measured, f) for f in
-                                                          ("flops", "bytes_per_s", "date", "shapes", "notes")],
-                                                        cached=True)
+    assert Measured.from_json(data, stack) == dataclasses.replace(measured, cached=True)
     assert Measured.from_json(data, {**stack, "torch": "2.14.0"}) is None
     assert Measured.from_json({**data, "format": 0}, stack) is None
     assert Measured.from_json({**data, "gb_per_s": -1}, stack) is None
@@ -253,8 +258,9 @@ def test_a_cache_file_is_read_only_for_its_own_stack() -> None:
 def test_peaks_option_parses_units_and_refuses_bad_keys() -> None:
     assert peaks("bf16=990, bw=4800") == (("bf16", 990e12), ("bw", 4800e9))
     assert peaks("") == ()
-    for bad in ("bf16", "tf32=10", "bw=-1", "fp16=x"):
-        with pytest.raises(ValueError):
+    for bad, message in (("bf16", "is not KEY=NUMBER"), ("tf32=10", "is not KEY=NUMBER"),
+                         ("bw=-1", "a peak must be a positive number"), ("fp16=x", "could not convert")):
+        with pytest.raises(ValueError, match=message):
             peaks(bad)
 
 
@@ -317,7 +323,8 @@ def test_an_unlisted_card_gets_measured_ceilings_and_every_percentage(
     result.stdout.fnmatch_lines(["attnperf on z9000: 1 measured cases*",
                                  "*test_plain*1.00*10.0*100.0*10.0*10*cmp*10.0*"])
     junit = (project.path / "j.xml").read_text()
-    assert 'name="attnperf_roofline_pct" value="10.00"' in junit and 'name="attnperf_bound" value="compute"' in junit
+    assert 'name="attnperf_roofline_pct" value="10.00"' in junit
+    assert 'name="attnperf_bound" value="compute"' in junit
     assert 'name="attnperf_ceilings" value="measured"' in junit
     assert ceiling_calls(project) == {"matmul-bf16": 1, "matmul-fp16": 1, "matmul-fp32": 1, "copy": 1}
 
@@ -344,7 +351,8 @@ def test_the_spec_is_the_ceiling_where_nothing_is_measured(project: pytest.Pytes
     result = project.runpytest(*PLUGIN, "test_h200.py", "--hw=h200")
     result.assert_outcomes(failed=1)
     text = failure(result, "test_h")
-    assert "roofline: achieved 50.0% against floor 60.0%" in text and "bf16 peak 989.5 TFLOP/s (spec)" in text
+    assert "roofline: achieved 50.0% against floor 60.0%" in text
+    assert "bf16 peak 989.5 TFLOP/s (spec)" in text
     assert "ceilings (not measured: RuntimeError: no CUDA device" in result.stdout.str()
     assert ceiling_calls(project) == {}
 
@@ -445,29 +453,29 @@ def test_the_benchmark_json_carries_the_roofline(project: pytest.Pytester) -> No
     set_speed(project, floor=1.25)
     project.runpytest(*PLUGIN, "test_cases.py::test_floor", "--benchmark-json=out.json").assert_outcomes(passed=1)
     info = json.loads((project.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
-    assert info["roofline_frac"] == pytest.approx(0.8, rel=1e-3) and info["roofline_bound"] == "compute"
-    assert info["roofline_peak_tflops"] == pytest.approx(100.0) and info["roofline_gb_per_s"] == pytest.approx(1000.0)
-    assert info["roofline_ceilings"] == "measured" and info["roofline_ridge_flop_per_byte"] == pytest.approx(100.0)
-    assert info["floor_checks"][0]["status"] == "passed" and info["floor_checks"][0]["floor"] == 0.5
+    assert info["roofline_frac"] == pytest.approx(0.8, rel=1e-3)
+    assert info["roofline_bound"] == "compute"
+    assert info["roofline_peak_tflops"] == pytest.approx(100.0)
+    assert info["roofline_gb_per_s"] == pytest.approx(1000.0)
+    assert info["roofline_ceilings"] == "measured"
+    assert info["roofline_ridge_flop_per_byte"] == pytest.approx(100.0)
+    assert info["floor_checks"][0]["status"] == "passed"
+    assert info["floor_checks"][0]["floor"] == 0.5
     assert info["mfu"] == pytest.approx(0.8, rel=1e-3)  # the CPU has no spec peak: measured
 
 
-def test_a_failing_ceiling_costs_only_itself() -> None:
+def test_a_failing_ceiling_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """A timer that fails the fp16 matmul: the other ceilings are measured, fp16's reason kept."""
     from pytest_attnperf.measure.timing import Measurement, SamplingPlan
 
     class Timer:
-        def measure(self, fn, plan):  # noqa: ANN001, ANN202
+        def measure(self, fn: Any, plan: SamplingPlan) -> Measurement:
             if fn.ceiling == "matmul-fp16":
                 raise RuntimeError("no fp16 here")
             return Measurement((1.0,) * plan.min_samples, clock="scripted", mode=plan.mode)
 
-    before = ceilings.CPU_MATMUL_N
-    try:
-        ceilings.CPU_MATMUL_N = (64,)
-        got = ceilings.measure(Timer(), SamplingPlan(), DetectedDevice("cpu", "x86_64"))
-    finally:
-        ceilings.CPU_MATMUL_N = before
+    monkeypatch.setattr(ceilings, "CPU_MATMUL_N", (64,))
+    got = ceilings.measure(Timer(), SamplingPlan(), DetectedDevice("cpu", "x86_64"))
     assert dict(got.flops) == {"bf16": pytest.approx(2 * 64**3 / 1e-3), "fp16": None,
                                "fp32": pytest.approx(2 * 64**3 / 1e-3)}
     assert got.bytes_per_s == pytest.approx(2 * ceilings.CPU_COPY_BYTES / 1e-3)
@@ -476,8 +484,10 @@ def test_a_failing_ceiling_costs_only_itself() -> None:
 
 def test_floor_lookup_reads_the_callspec() -> None:
     kernel = Kernel("fam", "k", lambda: None, floors={"h200": {"mfu": 0.4}})
-    item = SimpleNamespace(get_closest_marker=lambda name: None, nodeid="t::x",
-                           callspec=SimpleNamespace(params={"kernel": kernel, "case": SimpleNamespace(id="c")}))
+    # a stand-in for a pytest.Item with only what applicable() reads
+    item = cast(pytest.Item, SimpleNamespace(
+        get_closest_marker=lambda name: None, nodeid="t::x",
+        callspec=SimpleNamespace(params={"kernel": kernel, "case": SimpleNamespace(id="c")})))
     assert floors.applicable(item, "h200") == (Floor(mfu=0.4), "h200", "the registration of kernel 'k'")
     assert floors.applicable(item, "gb10") is None
 
@@ -496,7 +506,8 @@ def test_the_summary_shows_bound_and_roofline_and_the_ceilings_once() -> None:
     lines = summary_lines([row("m", "memory", 0.625), row("u", None, None)], "h200")
     header = lines[1].split()
     assert header[header.index("FLOP/B") + 1:header.index("FLOP/B") + 4] == ["bound", "roof", "%"]
-    assert lines[3].split()[9:12] == ["12", "mem", "62.5"] and lines[4].split()[9:12] == ["12", "-", "-"]
+    assert lines[3].split()[9:12] == ["12", "mem", "62.5"]
+    assert lines[4].split()[9:12] == ["12", "-", "-"]
     assert lines[5:] == [
         "ceilings (not measured (--attnperf-ceilings=off); TFLOP/s, fp32 without TF32): bf16 989.5 spec, "
         "fp16 989.5 spec, fp32 66.9 spec, copy (GB/s) 4800.0 spec",

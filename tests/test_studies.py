@@ -31,7 +31,8 @@ def test_t_quantile_at_other_levels() -> None:
 def test_noise_free_power_law_gives_its_exponent_exactly() -> None:
     fit = studies.fit_exponent(SEQS, [3e-6 * t**2 for t in SEQS])
     assert fit.exponent == pytest.approx(2.0, abs=1e-12)
-    assert fit.ci_low == pytest.approx(2.0, abs=1e-9) and fit.ci_high == pytest.approx(2.0, abs=1e-9)
+    assert fit.ci_low == pytest.approx(2.0, abs=1e-9)
+    assert fit.ci_high == pytest.approx(2.0, abs=1e-9)
     assert math.exp(fit.intercept) == pytest.approx(3e-6, rel=1e-9)
     assert (fit.n, fit.x_min, fit.x_max) == (6, 512, 16384)
 
@@ -50,7 +51,9 @@ def test_noisy_fits_cover_the_true_exponent_about_95_percent_of_the_time() -> No
 
 def test_two_points_fit_with_an_unbounded_interval_and_bad_input_is_refused() -> None:
     fit = studies.fit_exponent([10, 20], [1.0, 4.0])
-    assert fit.exponent == pytest.approx(2.0) and fit.ci_low == -math.inf and fit.ci_high == math.inf
+    assert fit.exponent == pytest.approx(2.0)
+    assert fit.ci_low == -math.inf
+    assert fit.ci_high == math.inf
     for xs, ys, message in (([1], [1], "at least 2 points"), ([1, 2], [1, 0], "positive"),
                             ([3, 3], [1, 2], "two different x"), ([1, 2], [1], "2 x values but 1 y")):
         with pytest.raises(ValueError, match=message):
@@ -71,7 +74,9 @@ def test_crossover_interpolates_between_the_bracketing_points_on_log_axes() -> N
     # linear ~ T, softmax ~ T^2 / 4096: equal at T = 4096 exactly
     softmax = [t * t / 4096 for t in SEQS]
     found = studies.crossover(SEQS, [float(t) for t in SEQS], softmax)
-    assert found.status == "crossed" and found.x == pytest.approx(4096) and found.crossings == 1
+    assert found.status == "crossed"
+    assert found.x == pytest.approx(4096)
+    assert found.crossings == 1
     # equal nowhere on the grid: a ratio 2 at 2048 and 0.5 at 4096 meets 1 at their geometric mean
     found = studies.crossover([2048, 4096], [2.0, 0.5], [1.0, 1.0])
     assert found.x == pytest.approx(math.sqrt(2048 * 4096))
@@ -83,7 +88,10 @@ def test_crossover_beyond_below_and_without_data() -> None:
     assert studies.crossover(SEQS, [0.5, 0.5, 0.5, 0.5, 0.5, 2.0], [1.0] * 6).status == "beyond the sweep"
     assert studies.crossover([512], [1.0], [2.0]).status == "no data"
     noisy = studies.crossover(SEQS, [2, 0.9, 1.1, 0.8, 0.7, 0.6], [1.0] * 6)
-    assert noisy.status == "crossed" and noisy.crossings == 3 and 2048 < noisy.x < 4096  # the last crossing
+    assert noisy.status == "crossed"
+    assert noisy.crossings == 3
+    assert noisy.x is not None
+    assert 2048 < noisy.x < 4096  # the last crossing
 
 
 def test_analytic_crossover_of_recurrent_linear_attention_matches_the_hand_solution() -> None:
@@ -97,7 +105,8 @@ def test_analytic_crossover_of_recurrent_linear_attention_matches_the_hand_solut
                                              form="recurrent").flops
 
     assert studies.analytic_crossover(linear, softmax) == 255
-    assert linear(255) == softmax(255) and linear(254) > softmax(254)
+    assert linear(255) == softmax(255)
+    assert linear(254) > softmax(254)
 
 
 def test_analytic_crossover_of_chunked_linear_attention() -> None:

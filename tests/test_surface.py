@@ -45,7 +45,8 @@ def test_help_lists_every_option(pytester: pytest.Pytester, flag: str, where: st
     assert result.ret == pytest.ExitCode.OK, result.stderr.str()
     out = result.stdout.str()
     for opt in OPTIONS:
-        assert opt.flag in out and opt.ini in out
+        assert opt.flag in out
+        assert opt.ini in out
     assert "slowdown tolerated before a case fails (default 5%)" in re.sub(r"\s+", " ", out)
 
 
@@ -69,7 +70,8 @@ def test_help_from_an_unrelated_folder_through_the_entry_point(tmp_path: Path) -
     done = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "--attnperf-tolerance" in done.stdout and "(default 5%)" in done.stdout
+    assert "--attnperf-tolerance" in done.stdout
+    assert "(default 5%)" in done.stdout
 
 
 # -- option values ----------------------------------------------------------------------------
@@ -101,7 +103,8 @@ def test_a_percentage_or_a_fraction_below_one(pytester: pytest.Pytester, given: 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN%"])
 def test_a_float_must_be_finite(pytester: pytest.Pytester, flag: str, value: str) -> None:
     message = usage_error(pytester, f"{flag}={value}")
-    assert flag in message and repr(value) in message
+    assert flag in message
+    assert repr(value) in message
 
 
 def test_a_non_finite_budget_says_so(pytester: pytest.Pytester) -> None:
@@ -159,8 +162,10 @@ def test_suites_option_adds_the_built_in_suite_to_any_run(pytester: pytest.Pytes
     ids = collected(result)
     assert "test_mine.py::test_mine" in ids
     suite_ids = [i for i in ids if i.startswith("pytest_attnperf/families/softmax/suite.py::test_softmax[")]
-    assert len(suite_ids) > 100 and len(suite_ids) == len(ids) - 1
-    assert "pytest_attnperf/families/softmax/suite.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-sdpa-math-fwd]" in ids
+    assert len(suite_ids) > 100
+    assert len(suite_ids) == len(ids) - 1
+    assert ("pytest_attnperf/families/softmax/suite.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-sdpa-math-fwd]"
+            in ids)
     assert not any("linear" in i for i in ids)
     both = collected(pytester.runpytest(*PLUGIN, "--attnperf-suites=all", "--collect-only", "-q"))
     assert any(i.startswith("pytest_attnperf/families/linear/suite.py::test_linear[") for i in both)
@@ -246,7 +251,8 @@ def test_a_module_level_shape_table_needs_no_conftest_code(toy: pytest.Pytester)
     result.assert_outcomes(passed=6, failed=4)  # fast: 2 x 2, fwd-only: 2, wrong: 4 failing its check
     out = result.stdout.str()
     assert "test_toy.py::test_toy[n8-fast-fwdbwd] PASSED" in out
-    assert "test_toy.py::test_toy[n16-fwd-only-fwd] PASSED" in out and "fwd-only-fwdbwd" not in out
+    assert "test_toy.py::test_toy[n16-fwd-only-fwd] PASSED" in out
+    assert "fwd-only-fwdbwd" not in out
     result.stdout.fnmatch_lines(["2 kernel x case combinations removed at collection:",
                                  "*2 x fwd-only: fwd-only has no backward"])
     assert "deselected" not in out
@@ -267,13 +273,16 @@ def test_benchmark_json_holds_plain_data(toy: pytest.Pytester, monkeypatch: pyte
     monkeypatch.setenv("SLOWER", "1.02")
     toy.runpytest(*PLUGIN, "-k", "not wrong", "--benchmark-json=out.json").assert_outcomes(passed=6)
     text = (toy.path / "out.json").read_text()
-    assert "UNSERIALIZABLE" not in text and " object at 0x" not in text
+    assert "UNSERIALIZABLE" not in text
+    assert " object at 0x" not in text
     bench = {b["fullname"]: b for b in json.loads(text)["benchmarks"]}["test_toy.py::test_toy[n16-fast-fwdbwd]"]
     assert bench["params"] == {"case": {"id": "n16", "size": 16, "dtype": "bf16", "gpu": True},
                                "kernel": "fast", "direction": "fwdbwd"}
     assert bench["options"]["timer"] == "attnperf scripted clock"
     extra = bench["extra_info"]
-    assert extra["flops"] == 1e11 and extra["bytes"] == 1e9 and extra["family"] == "toy"
+    assert extra["flops"] == 1e11
+    assert extra["bytes"] == 1e9
+    assert extra["family"] == "toy"
     assert extra["baseline_ms"] == pytest.approx(1.0, rel=1e-3)
     assert extra["change_pct"] == pytest.approx(2.0, abs=0.05)
 
@@ -283,7 +292,7 @@ def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester, monkeypatch:
     monkeypatch.setenv("SLOWER", "1.02")
     toy.runpytest(*PLUGIN, "-k", "not wrong", "--junitxml=out.xml").assert_outcomes(passed=6)
     cases = {c.get("name"): c for c in ET.parse(toy.path / "out.xml").getroot().iter("testcase")}
-    props = {p.get("name"): p.get("value") for p in cases["test_toy[n8-fast-fwd]"].iter("property")}
+    props = {p.attrib["name"]: p.attrib["value"] for p in cases["test_toy[n8-fast-fwd]"].iter("property")}
     assert set(props) == {"attnperf_median_ms", "attnperf_baseline_ms", "attnperf_change_pct", "attnperf_tflops",
                           "attnperf_mfu", "attnperf_verdict", "attnperf_roofline_pct", "attnperf_bound",
                           "attnperf_ceilings"}
@@ -291,7 +300,8 @@ def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester, monkeypatch:
     assert float(props["attnperf_baseline_ms"]) == pytest.approx(1.0, rel=1e-3)
     assert float(props["attnperf_change_pct"]) == pytest.approx(2.0, abs=0.05)
     assert float(props["attnperf_tflops"]) == pytest.approx(1e11 / 1.02e-3 / 1e12, rel=1e-3)
-    assert 0 < float(props["attnperf_mfu"]) < 1 and props["attnperf_verdict"] == "unchanged"
+    assert 0 < float(props["attnperf_mfu"]) < 1
+    assert props["attnperf_verdict"] == "unchanged"
 
 
 def test_check_only_checks_everything_and_times_nothing(toy: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

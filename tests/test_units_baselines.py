@@ -87,7 +87,8 @@ def test_baseline_file_summary() -> None:
     key = "suites/test_softmax.py::test_softmax[sdpa-b4-t4096]"
     s = f.summary(key)
     assert isinstance(s, Summary)
-    assert s.median_ms == 1.5 and s.n_samples == 20
+    assert s.median_ms == 1.5
+    assert s.n_samples == 20
     assert f.summary("suites/test_softmax.py::test_softmax[nope]") is None
 
 
@@ -210,7 +211,7 @@ def test_failed_save_keeps_the_old_file_and_leaves_no_temporary(
     def refuse(src: str, dst: str) -> None:
         raise OSError("disk said no")
 
-    monkeypatch.setattr(baselines.os, "replace", refuse)
+    monkeypatch.setattr("pytest_attnperf.store.baselines.os.replace", refuse)
     changed = merge(load(path), {"k": entry(9.0)}, {"date": "2030-01-01"})
     with pytest.raises(OSError, match="disk said no"):
         save(path, changed)
@@ -225,7 +226,8 @@ def test_successful_save_leaves_no_temporary(tmp_path: Path) -> None:
     save(path, merge(load(path), {"k": entry(9.0)}, {}))
     assert sorted(os.listdir(tmp_path)) == ["h200.yaml"]
     loaded = load(path)
-    assert loaded is not None and loaded.entries["k"] == entry(9.0)
+    assert loaded is not None
+    assert loaded.entries["k"] == entry(9.0)
 
 
 def test_save_keeps_the_old_files_permissions_and_gives_new_ones_the_umasks(tmp_path: Path) -> None:
@@ -261,9 +263,11 @@ def test_merge_since_takes_only_what_another_host_measured(tmp_path: Path, capsy
     assert baselines.main(["merge", str(host_b), str(into), "--since", str(committed)]) == 0
     merged = load(into)
     assert merged is not None
-    assert {k: v["median_ms"] for k, v in merged.entries.items()} == {"t::a": 1.1, "t::b": 2.2, "t::c": 3.0, "t::d": 4.0}
+    medians = {k: v["median_ms"] for k, v in merged.entries.items()}
+    assert medians == {"t::a": 1.1, "t::b": 2.2, "t::c": 3.0, "t::d": 4.0}
     assert "merged 1 entries" in capsys.readouterr().out.splitlines()[0]
     # without --since, host A's stale copy of t::b would have undone host B's
     assert baselines.main(["merge", str(host_a), str(into)]) == 0
     again = load(into)
-    assert again is not None and again.entries["t::b"]["median_ms"] == 2.0
+    assert again is not None
+    assert again.entries["t::b"]["median_ms"] == 2.0

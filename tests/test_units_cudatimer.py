@@ -125,10 +125,12 @@ def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: Device) -
     gpu.launch_ms, gpu.flush_ms = 0.004, 0.03
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert (m.clock, m.mode, m.calls_per_sample) == ("cuda-graph-nodes", "cold", 1)
-    assert m.median_ms == pytest.approx(0.02) and len(m.samples_ms) >= 10
+    assert m.median_ms == pytest.approx(0.02)
+    assert len(m.samples_ms) >= 10
     assert len(m.samples_ms) % 8 == 0  # whole rounds of the eight graphs
     assert gpu.replays == len(m.samples_ms) + 8  # one replay a sample, and one a graph to check its events read
-    assert m.notes == () and m.sm_clock_mhz == 1980.0
+    assert m.notes == ()
+    assert m.sm_clock_mhz == 1980.0
 
 
 def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,18 +156,22 @@ def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: Device, monkeypa
     monkeypatch.setattr(timing, "_capture", capture)
     plan = SamplingPlan(min_samples=10, budget_s=0.05, cold_graphs=4)
     m = CudaTimer(H200).measure(gpu.call, plan)
-    assert len(captured) == 4 and len({id(g.pool()) for g in captured}) == 1
-    assert len(m.samples_ms) % 4 == 0 and len(m.samples_ms) >= 12
+    assert len(captured) == 4
+    assert len({id(g.pool()) for g in captured}) == 1
+    assert len(m.samples_ms) % 4 == 0
+    assert len(m.samples_ms) >= 12
     assert m.samples_ms[:4] == pytest.approx((0.02, 0.0202, 0.0204, 0.0206))
     assert m.samples_ms[4:8] == pytest.approx(m.samples_ms[:4])
-    assert 0.0202 <= m.median_ms <= 0.0204 and m.notes == () and m.graphs == 4
+    assert 0.0202 <= m.median_ms <= 0.0204
+    assert m.notes == ()
+    assert m.graphs == 4
 
 
 def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
     """A host-bound call whose capture takes 0.4 s: past half the 0.5 s budget, so no second
     graph is begun (and no note: the graphs are a means, not a promise)."""
     now = [0.0]
-    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: now[0])
     made: list[int] = []
 
     def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph, None]:
@@ -175,8 +181,11 @@ def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(timing, "_capture", capture)
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.5, cold_graphs=8))
-    assert made == [1] and m.graphs == 1 and m.notes == ()
-    assert m.clock == "cuda-graph-nodes" and len(m.samples_ms) >= 10
+    assert made == [1]
+    assert m.graphs == 1
+    assert m.notes == ()
+    assert m.clock == "cuda-graph-nodes"
+    assert len(m.samples_ms) >= 10
 
 
 def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
@@ -192,8 +201,10 @@ def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
 
     monkeypatch.setattr(timing, "_capture", capture)
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.05, cold_graphs=8))
-    assert m.clock == "cuda-graph-nodes" and m.median_ms == pytest.approx(0.02)
-    assert len(m.samples_ms) % 3 == 0 and m.graphs == 3
+    assert m.clock == "cuda-graph-nodes"
+    assert m.median_ms == pytest.approx(0.02)
+    assert len(m.samples_ms) % 3 == 0
+    assert m.graphs == 3
     assert m.notes == ("3 of 8 cold graphs usable (OutOfMemoryError: CUDA out of memory); samples from those",)
 
 
@@ -228,7 +239,8 @@ def test_events_a_graph_recorded_but_torch_cannot_read_fall_back_too(
     gpu.launch_ms = 0.004
     monkeypatch.setattr(torch.cuda, "Event", InsideUnreadable)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
-    assert (m.clock, m.median_ms) == ("cuda-graph", pytest.approx(0.024))
+    assert m.clock == "cuda-graph"
+    assert m.median_ms == pytest.approx(0.024)
     assert m.notes == ("no timing events inside the graph (RuntimeError: Both events must be recorded before "
                        "calculating elapsed time.); events around the replay instead, the graph's launch "
                        "included",)
@@ -262,7 +274,8 @@ def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
     monkeypatch.setattr(torch.cuda, "Event", NoEventNodes)
     monkeypatch.setattr(timing, "_capture", capture)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
-    assert (m.clock, m.median_ms) == ("cuda-graph", pytest.approx(0.024))
+    assert m.clock == "cuda-graph"
+    assert m.median_ms == pytest.approx(0.024)
     assert m.notes == ("no timing events inside the graph (RuntimeError: operation not permitted when stream is "
                        "capturing); events around the replay instead, the graph's launch included",)
 
@@ -309,7 +322,8 @@ def test_a_callable_that_cannot_be_captured_is_timed_eagerly_and_says_so(
 
     monkeypatch.setattr(timing, "_capture", lambda fn, calls, pool=None: (None, "RuntimeError: capture"))
     m = CudaTimer(H200).measure(call, PLAN)
-    assert m.clock == "cuda-events" and m.median_ms == pytest.approx(0.03)
+    assert m.clock == "cuda-events"
+    assert m.median_ms == pytest.approx(0.03)
     assert m.notes[0].startswith("not graph-capturable (RuntimeError: capture)")
 
 
@@ -332,7 +346,8 @@ def test_a_throttled_case_is_measured_again(gpu: Device, monkeypatch: pytest.Mon
     assert idles == [0]
     assert m.notes == ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured after the GPU idled 1.2 s",)
     assert m.sm_clock_mhz == 1980.0
-    assert m.median_ms == pytest.approx(0.02) and max(m.samples_ms) == pytest.approx(0.02)
+    assert m.median_ms == pytest.approx(0.02)
+    assert max(m.samples_ms) == pytest.approx(0.02)
 
 
 def test_still_throttled_and_held_clocks_are_noted(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -358,8 +373,8 @@ class Clock:
 @pytest.fixture
 def host(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(timing.time, "monotonic", lambda: clock.now)
-    monkeypatch.setattr(timing.time, "sleep", clock.sleep)
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: clock.now)
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.sleep", clock.sleep)
     return clock
 
 
@@ -403,22 +418,22 @@ def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: Device, mon
 
 def test_warm_up_stops_after_the_first_call_once_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
-    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: now[0])
 
     def slow() -> None:  # a host-bound call of 0.3 s
         now[0] += 0.3
 
     plan = SamplingPlan(budget_s=0.5, warmup_calls=3)
-    assert timing.warm_up(slow, plan) == 2  # 0.3 s, then 0.6 s: past the budget
-    assert timing.warm_up(lambda: None, plan) == 3  # quick calls: all three
+    assert sampling.warm_up(slow, plan) == 2  # 0.3 s, then 0.6 s: past the budget
+    assert sampling.warm_up(lambda: None, plan) == 3  # quick calls: all three
     now[0] = 0.0
-    assert timing.warm_up(lambda: now.__setitem__(0, now[0] + 5.0), plan) == 1  # at least one
-    assert timing.warm_up(slow, SamplingPlan(warmup_calls=0)) == 0
+    assert sampling.warm_up(lambda: now.__setitem__(0, now[0] + 5.0), plan) == 1  # at least one
+    assert sampling.warm_up(slow, SamplingPlan(warmup_calls=0)) == 0
 
 
 def test_measure_warms_up_before_sampling(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
     warmed: list[int] = []
-    real = timing.warm_up
+    real = sampling.warm_up
     for module in (timing, sampling):  # the CUDA timer's and the host timer's
         monkeypatch.setattr(module, "warm_up", lambda fn, plan: warmed.append(real(fn, plan)))
     CudaTimer(H200).measure(gpu.call, PLAN)

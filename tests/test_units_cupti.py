@@ -64,7 +64,9 @@ def test_the_users_choice_is_kept_and_every_later_case_says_so(
     markers.profile_names(lambda: None, GPU)
     assert fake_profiler[0][1] == "0"
     note = markers.cupti_attached_note()
-    assert note is not None and "TEARDOWN_CUPTI was '0'" in note and "stayed attached" in note
+    assert note is not None
+    assert "TEARDOWN_CUPTI was '0'" in note
+    assert "stayed attached" in note
 
 
 def test_an_empty_setting_is_kept_and_noted(fake_profiler: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +82,8 @@ def test_a_setting_changed_while_profiling_is_what_counts(fake_profiler: list[An
     call: the note follows the value Kineto read when the profile stopped, and a later profile
     under "1" clears it."""
     markers.profile_names(lambda: os.environ.__setitem__(markers.CUPTI_ENV, "0"), GPU)
-    assert fake_profiler[0][1] == "0" and markers.cupti_attached_note() is not None
+    assert fake_profiler[0][1] == "0"
+    assert markers.cupti_attached_note() is not None
     os.environ[markers.CUPTI_ENV] = "1"
     markers.profile_names(lambda: None, GPU)
     assert markers.cupti_attached_note() is None
@@ -90,5 +93,6 @@ def test_a_cpu_profile_leaves_the_environment_alone(fake_profiler: list[Any]) ->
     markers.profile_names(lambda: None, CPU)
     (activities, env_at_stop), = fake_profiler
     assert activities == [torch.profiler.ProfilerActivity.CPU]
-    assert env_at_stop is None and markers.CUPTI_ENV not in os.environ
+    assert env_at_stop is None
+    assert markers.CUPTI_ENV not in os.environ
     assert markers.cupti_attached_note() is None

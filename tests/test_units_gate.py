@@ -1,5 +1,6 @@
 """Unit tests for ``pytest_attnperf.gate.verdict`` (summaries, the regression verdict) and for the
-pure parts of ``pytest_attnperf.measure.timing`` (the adaptive sampling loop, the replay clock, hot mode's graph choice).
+pure parts of ``pytest_attnperf.measure.timing`` (the adaptive sampling loop, the replay clock,
+hot mode's graph choice).
 
 Samples are synthetic: a centre in ms with gaussian noise drawn from a seeded
 ``random.Random``, so every verdict here is deterministic.
@@ -12,6 +13,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -35,7 +37,8 @@ def assert_names_both_medians(verdict: Verdict, current: Summary, baseline: Summ
     """The message shows the baseline's and the current median as ``describe`` prints them."""
     assert f"median {baseline.median_ms:.4g} ms" in verdict.message
     assert f"median {current.median_ms:.4g} ms" in verdict.message
-    assert "baseline:" in verdict.message and "current:" in verdict.message
+    assert "baseline:" in verdict.message
+    assert "current:" in verdict.message
 
 
 # -- Summary --------------------------------------------------------------------------------
@@ -64,9 +67,9 @@ def test_summary_of_one_sample_has_no_spread() -> None:
 
 def test_summary_of_no_samples_is_refused() -> None:
     """An empty sample has no median."""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no samples"):
         Summary.from_samples([])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no samples"):
         median_ci([])
 
 
@@ -75,7 +78,8 @@ def test_median_ci_contains_the_median_and_is_made_of_samples(n: int) -> None:
     """The interval's ends are samples and bracket the median, for any count."""
     values = sorted(draw(n, 1.0, 0.05, n))
     low, high = median_ci(values)
-    assert low in values and high in values
+    assert low in values
+    assert high in values
     assert low <= statistics.median(values) <= high
 
 
@@ -143,7 +147,8 @@ def test_clear_improvement_is_reported_and_passes() -> None:
     verdict = judge(current, baseline, tolerance=0.05)
     assert verdict.status == "improved"
     assert verdict.failed is False
-    assert verdict.change_pct is not None and verdict.change_pct < -5.0
+    assert verdict.change_pct is not None
+    assert verdict.change_pct < -5.0
     assert_names_both_medians(verdict, current, baseline)
 
 
@@ -192,7 +197,8 @@ def test_no_baseline_is_new() -> None:
     current = summarise(1, 1.0)
     verdict = judge(current, None, tolerance=0.05)
     assert verdict.status == "new"
-    assert verdict.ratio is None and verdict.change_pct is None
+    assert verdict.ratio is None
+    assert verdict.change_pct is None
     assert not verdict.failed
     assert f"median {current.median_ms:.4g} ms" in verdict.message
 
@@ -244,7 +250,8 @@ def test_noisy_samples_run_to_max_samples() -> None:
     take, calls = counting(draw(3, 1.0, 0.2, 50))
     samples = sample_adaptively(take, SamplingPlan(min_samples=5, max_samples=40, target_stdrel=0.005,
                                                    budget_s=60.0))
-    assert len(samples) == 40 and calls[0] == 40
+    assert len(samples) == 40
+    assert calls[0] == 40
 
 
 def test_noisy_samples_stop_when_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,7 +342,8 @@ def test_two_percent_on_a_quiet_case_regresses_at_a_low_tolerance() -> None:
     current = summarise(2, 1.02, n=200)
     verdict = judge(current, base, 0.015, 0.0)
     assert verdict.status == "regressed"
-    assert "over 4 recordings" in verdict.message and "beyond its 3-sigma bar" in verdict.message
+    assert "over 4 recordings" in verdict.message
+    assert "beyond its 3-sigma bar" in verdict.message
 
 
 def test_two_percent_on_a_case_that_moves_one_percent_between_runs_is_noise() -> None:
@@ -387,7 +395,8 @@ def test_history_quieter_than_the_floor_is_floored() -> None:
     """Three identical recordings do not make the bar zero."""
     base = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.0])
     verdict = judge(summarise(2, 1.01, n=200), base, 0.005, 0.003)
-    assert verdict.status == "unchanged" and "floored at 0.30%" in verdict.message
+    assert verdict.status == "unchanged"
+    assert "floored at 0.30%" in verdict.message
 
 
 def test_malformed_history_is_rejected() -> None:
@@ -429,7 +438,8 @@ def test_three_recordings_keep_every_level_they_saw() -> None:
     regresses. With five recordings the odd one may be set aside (next test)."""
     base = with_history(summarise(1, 0.009152, n=989), [0.009152, 0.009312, 0.009152])
     verdict = judge(summarise(2, 0.009312, n=1192, rel_noise=0.001), base, 0.015, 0.005)
-    assert verdict.status == "unchanged" and "1.01% over 3 recordings" in verdict.message
+    assert verdict.status == "unchanged"
+    assert "1.01% over 3 recordings" in verdict.message
     assert judge(summarise(3, 0.009152 * 1.05, n=1192, rel_noise=0.001), base, 0.015, 0.005).status == "regressed"
 
 
@@ -438,7 +448,8 @@ def test_four_recordings_still_use_the_standard_deviation() -> None:
     not the MAD (zero, which would floor it)."""
     base = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.0, 1.02])
     verdict = judge(summarise(2, 1.01, n=200, rel_noise=0.001), base, 0.015, 0.005)
-    assert "1.00% over 4 recordings" in verdict.message and "floored" not in verdict.message
+    assert "1.00% over 4 recordings" in verdict.message
+    assert "floored" not in verdict.message
 
 
 def test_an_odd_recording_widens_the_bar_until_five() -> None:
@@ -457,7 +468,8 @@ def test_one_odd_recording_does_not_widen_the_bar() -> None:
     at a 1.5% tolerance (the sample sd alone, 13%, would hide anything)."""
     base = with_history(summarise(1, 1.0, n=200), [1.0, 1.0, 1.3, 1.0, 1.0])
     verdict = judge(summarise(2, 1.02, n=200, rel_noise=0.001), base, 0.015, 0.003)
-    assert verdict.status == "regressed" and "floored at 0.30%" in verdict.message
+    assert verdict.status == "regressed"
+    assert "floored at 0.30%" in verdict.message
 
 
 @pytest.mark.parametrize(
@@ -472,7 +484,7 @@ def test_one_odd_recording_does_not_widen_the_bar() -> None:
         ({"run_medians_ms": [1.0, float("nan")]}, "run_medians_ms"),
     ],
 )
-def test_entries_with_impossible_numbers_are_rejected(change: dict, match: str) -> None:
+def test_entries_with_impossible_numbers_are_rejected(change: dict[str, Any], match: str) -> None:
     """NaN or infinite times, a fractional or empty sample count, an interval that misses its
     own median: each names the field (an entry like that would otherwise gate nothing)."""
     entry = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01, "n_samples": 10}
@@ -485,9 +497,9 @@ def test_entries_with_impossible_numbers_are_rejected(change: dict, match: str) 
 
 def test_hot_graph_packs_calls_for_the_sample_length() -> None:
     """0.05 ms per call, 0.5 ms samples: a graph of 10 calls, replayed once per sample."""
-    captured = []
+    captured: list[int] = []
 
-    def capture(fn, calls):
+    def capture(fn: Callable[[], Any], calls: int) -> tuple[str, None]:
         captured.append(calls)
         return f"graph x{calls}", None
 
@@ -503,7 +515,7 @@ def test_hot_graph_replays_the_one_call_graph_when_the_longer_capture_fails() ->
     """The longer capture runs out of memory: still graph-timed, ten replays of the one-call
     graph per sample, and the note names the failure (not 'not graph-capturable')."""
 
-    def capture(fn, calls):
+    def capture(fn: Callable[[], Any], calls: int) -> tuple[None, str]:
         return None, "OutOfMemoryError: CUDA out of memory"
 
     graph, calls, replays, note = hot_graph(lambda: None, "graph x1", 0.05, 0.5, capture)
@@ -528,7 +540,8 @@ def test_a_move_between_machines_widens_the_bar_by_its_own_variance() -> None:
         verdict.message
     )
     assert judge(summarise(2, 1.04, n=200, rel_noise=0.001), base, 0.015, 0.005, 0.007).status == "regressed"
-    assert verdict.machine_noise == 0.007 and judge(current, base, 0.015, 0.005).machine_noise == 0.0
+    assert verdict.machine_noise == 0.007
+    assert judge(current, base, 0.015, 0.005).machine_noise == 0.0
     few = judge(summarise(2, 1.025, n=3), base, 0.015, 0.005, 0.007)  # judged on the tolerance alone: no bar
     assert few.machine_noise == 0.0
 
@@ -578,7 +591,8 @@ def test_a_known_shift_between_machines_moves_the_centre() -> None:
     same = summarise(2, 0.060 + shift, n=500, rel_noise=0.002)
     slower = summarise(3, 0.060 * 1.05 + shift, n=500, rel_noise=0.002)
     verdict = judge(same, base, 0.015, 0.005, 0.007, 0.0005, shift)
-    assert verdict.status == "unchanged" and verdict.machine_shift_ms == pytest.approx(shift)
+    assert verdict.status == "unchanged"
+    assert verdict.machine_shift_ms == pytest.approx(shift)
     assert verdict.ratio == pytest.approx(1.0, abs=0.003)
     caught = judge(slower, base, 0.015, 0.005, 0.007, 0.0005, shift)
     assert caught.status == "regressed"
@@ -596,7 +610,8 @@ def test_a_negative_shift_widens_the_recordings_spread_by_the_smaller_centre() -
     base = summarise(1, 0.010, n=500, rel_noise=0.002)
     current = summarise(2, 0.008, n=500, rel_noise=0.002)
     verdict = judge(current, base, 0.015, 0.005, 0.007, 0.0005, -0.002)
-    assert verdict.status == "unchanged" and verdict.ratio == pytest.approx(1.0, abs=0.003)
+    assert verdict.status == "unchanged"
+    assert verdict.ratio == pytest.approx(1.0, abs=0.003)
     bar = 3 * math.sqrt(0.00625**2 * 2 + 0.007**2 + (0.0005 / 0.008) ** 2)
     assert f"its 3-sigma bar of {100 * bar:.2f}%" in verdict.message
     with pytest.raises(ValueError, match="moves the centre"):
@@ -610,9 +625,11 @@ def test_a_shift_of_zero_is_a_shift_and_none_is_none() -> None:
     assert judge(current, base, 0.015, 0.005, 0.007, 0.0005, 0.0).machine_shift_ms == 0.0
     assert "centre moved +0.00 us" in judge(current, base, 0.015, 0.005, 0.007, 0.0005, 0.0).message
     plain = judge(current, base, 0.015, 0.005, 0.007, 0.002)
-    assert plain.machine_shift_ms is None and "centre moved" not in plain.message
+    assert plain.machine_shift_ms is None
+    assert "centre moved" not in plain.message
     few = judge(summarise(2, 0.05, n=3), base, 0.015, 0.005, 0.007, 0.0005, 0.001)
-    assert few.machine_noise == 0.0 and few.machine_shift_ms == 0.001  # no bar, but the centre moved
+    assert few.machine_noise == 0.0  # no bar
+    assert few.machine_shift_ms == 0.001  # but the centre moved
 
 
 def test_a_history_from_several_machines_keeps_their_moves_in_its_spread() -> None:
@@ -626,7 +643,8 @@ def test_a_history_from_several_machines_keeps_their_moves_in_its_spread() -> No
     current = summarise(2, 1.025, n=200, rel_noise=0.001)
     assert "floored at 0.50%" in judge(current, one, 0.015, 0.005).message
     verdict = judge(current, two, 0.015, 0.005)
-    assert verdict.status == "unchanged" and "1.12% over 5 recordings from 2 machines" in verdict.message
+    assert verdict.status == "unchanged"
+    assert "1.12% over 5 recordings from 2 machines" in verdict.message
 
 
 def test_recordings_of_unknown_machine_count_as_one_more_machine() -> None:

@@ -6,6 +6,7 @@ Devices are faked with ``DetectedDevice``; nothing here asks torch about a GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -98,8 +99,11 @@ def test_every_row_is_sourced_and_consistent(name: str) -> None:
     assert not spec.measured_only
     if name != "cpu":
         assert spec.capability is not None
-        assert spec.hbm_bytes_per_s and spec.hbm_bytes_per_s > 1e11
-        assert spec.peak_flops_for("fp16") and spec.peak_flops_for("fp16") > 1e13
+        assert spec.hbm_bytes_per_s
+        assert spec.hbm_bytes_per_s > 1e11
+        fp16 = spec.peak_flops_for("fp16")
+        assert fp16
+        assert fp16 > 1e13
 
 
 def test_ridge_falls_back_to_fp16_and_is_none_without_figures() -> None:
@@ -129,8 +133,10 @@ def test_resolve_refuses_another_known_card() -> None:
     with pytest.raises(HardwareMismatch) as info:
         resolve("h100", H200)
     message = str(info.value)
-    assert "h100" in message and "h200" in message
-    assert "NVIDIA H200" in message and "9.0" in message
+    assert "h100" in message
+    assert "h200" in message
+    assert "NVIDIA H200" in message
+    assert "9.0" in message
 
 
 def test_resolve_refuses_an_unknown_name_listing_the_known_ones() -> None:
@@ -153,9 +159,11 @@ def test_unknown_gpu_resolves_to_a_measured_only_spec() -> None:
     assert spec.name == "l40s"
     assert spec.measured_only
     assert spec.capability == (8, 9)
-    assert spec.sm_count == 142 and spec.l2_bytes == 96 * 2**20
+    assert spec.sm_count == 142
+    assert spec.l2_bytes == 96 * 2**20
     assert all(value is None for value in spec.peak_flops.values())
-    assert spec.hbm_bytes_per_s is None and spec.ridge_flop_per_byte is None
+    assert spec.hbm_bytes_per_s is None
+    assert spec.ridge_flop_per_byte is None
     assert "NVIDIA L40S" in spec.source
 
 
@@ -163,7 +171,8 @@ def test_unknown_gpu_resolves_to_a_measured_only_spec() -> None:
 def test_unknown_gpu_can_be_named_by_its_normalised_name(requested: str) -> None:
     """--hw=l40s on an L40S is accepted, so its first baseline can be recorded."""
     spec = resolve(requested, L40S)
-    assert spec.name == "l40s" and spec.measured_only
+    assert spec.name == "l40s"
+    assert spec.measured_only
 
 
 def test_unknown_gpu_cannot_claim_a_table_row() -> None:
@@ -180,7 +189,7 @@ def test_cpu_resolves_to_cpu() -> None:
         resolve("h200", CPU)
 
 
-def test_machine_id_names_the_card_and_the_boot(tmp_path) -> None:
+def test_machine_id_names_the_card_and_the_boot(tmp_path: Path) -> None:
     from pytest_attnperf.hw.table import DetectedDevice, machine_id
 
     boot = tmp_path / "boot_id"

@@ -4,6 +4,9 @@ once per case, and they are what a kernel's output is held to."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
@@ -22,10 +25,10 @@ def references(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     computed: list[str] = []
     real = linear._chunked_fn
 
-    def counting(family: str):
+    def counting(family: str) -> Callable[..., Any]:
         fn = real(family)
 
-        def reference(*args, **kwargs):
+        def reference(*args: Any, **kwargs: Any) -> Any:
             computed.append(family)
             return fn(*args, **kwargs)
 
@@ -36,21 +39,21 @@ def references(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return computed
 
 
-def exact(q, k, v, *, scale):
+def exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
     """A kernel that is our fp64 recurrence, rounded back to the input dtype."""
     return reference_linear.linear_attention(q.double(), k.double(), v.double(), scale=scale).to(q.dtype)
 
 
-def off_by_one_percent(q, k, v, *, scale):
+def off_by_one_percent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
     return exact(q, k, v, scale=scale) * 1.01
 
 
-def refuses(q, k, v, *, scale):
+def refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
     raise RuntimeError("backward is not supported with Triton >= 3.4.0 and < 3.7.1 on Hopper (see #640)")
 
 
 @pytest.mark.parametrize("direction", ["fwd", "fwdbwd"])
-def test_a_refusal_skips_without_computing_the_reference(references, direction):
+def test_a_refusal_skips_without_computing_the_reference(references: list[str], direction: str) -> None:
     kernel = Kernel("linear_attn", "refuses", refuses, unsupported=linear.FLA_REFUSALS)
     with pytest.raises(pytest.skip.Exception, match="refuses does not support this case: RuntimeError"):
         linear.run_case("linear_attn", kernel, CASE, direction, CPU)
@@ -58,7 +61,7 @@ def test_a_refusal_skips_without_computing_the_reference(references, direction):
 
 
 @pytest.mark.parametrize("direction", ["fwd", "fwdbwd"])
-def test_the_reference_is_computed_once_for_the_kernels_of_a_case(references, direction):
+def test_the_reference_is_computed_once_for_the_kernels_of_a_case(references: list[str], direction: str) -> None:
     call = linear.run_case("linear_attn", Kernel("linear_attn", "exact", exact), CASE, direction, CPU)
     assert callable(call)
     linear.run_case("linear_attn", Kernel("linear_attn", "exact-again", exact), CASE, direction, CPU)
@@ -66,7 +69,7 @@ def test_the_reference_is_computed_once_for_the_kernels_of_a_case(references, di
     assert references == ["linear_attn"] * 2
 
 
-def test_a_refusal_then_an_answer_still_checks_the_answer(references):
+def test_a_refusal_then_an_answer_still_checks_the_answer(references: list[str]) -> None:
     with pytest.raises(pytest.skip.Exception):
         linear.run_case("linear_attn", Kernel("linear_attn", "refuses", refuses,
                                               unsupported=linear.FLA_REFUSALS), CASE, "fwd", CPU)
@@ -75,18 +78,18 @@ def test_a_refusal_then_an_answer_still_checks_the_answer(references):
     assert references == ["linear_attn"] * 2
 
 
-def writes_into_v_then_refuses(q, k, v, *, scale):
+def writes_into_v_then_refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
     with torch.no_grad():
         v.mul_(2.0)
     raise NotImplementedError("refused after writing into v")
 
 
-def right_output_wrong_dv(q, k, v, *, scale):
+def right_output_wrong_dv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
     """The exact output, plus a term whose value is zero but whose gradient adds 5% of dO to dv."""
     return exact(q, k, v, scale=scale) + 0.05 * (v - v.detach())
 
 
-def test_a_kernel_that_writes_into_its_inputs_fails_even_when_it_refuses(references):
+def test_a_kernel_that_writes_into_its_inputs_fails_even_when_it_refuses(references: list[str]) -> None:
     writer = Kernel("linear_attn", "writer", writes_into_v_then_refuses)
     try:
         with pytest.raises(AssertionError, match="the kernel wrote into its input v"):
@@ -102,14 +105,16 @@ def test_a_kernel_that_writes_into_its_inputs_fails_even_when_it_refuses(referen
     linear.run_case("linear_attn", Kernel("linear_attn", "exact", exact), CASE, "fwd", CPU)
 
 
-def test_a_wrong_gradient_fails_with_a_right_output(references):
+def test_a_wrong_gradient_fails_with_a_right_output(references: list[str]) -> None:
     with pytest.raises(AssertionError, match="wrong-dv dv: normwise relative error"):
         linear.run_case("linear_attn", Kernel("linear_attn", "wrong-dv", right_output_wrong_dv), CASE, "fwdbwd", CPU)
     linear.run_case("linear_attn", Kernel("linear_attn", "wrong-dv", right_output_wrong_dv), CASE, "fwd", CPU)
 
 
 @pytest.mark.parametrize("family", ["linear_attn", "gla", "simple_gla", "gdn"])
-def test_a_recurrent_kernels_yardstick_is_the_token_recurrence_in_float32(monkeypatch, family):
+def test_a_recurrent_kernels_yardstick_is_the_token_recurrence_in_float32(
+    monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
     """A recurrent kernel updates a float32 state token by token, so its yardstick does too: the
     output is the token recurrence in float32 and the gradients a recurrent backward's (GDN's
     from the chunked form); a chunk kernel's yardstick stays the rounded chunked form."""

@@ -45,8 +45,10 @@ def test_defaults(pytester: pytest.Pytester) -> None:
     assert s.budget_s == 0.5
     assert s.target_stdrel == 0.005
     assert s.min_samples == 10
-    assert s.machine_noise == pytest.approx(0.007) and s.machine_offset_ms == pytest.approx(0.002)
-    assert s.machine_residual_ms == pytest.approx(0.0005) and s.run_noise_time_ms == pytest.approx(0.0001)
+    assert s.machine_noise == pytest.approx(0.007)
+    assert s.machine_offset_ms == pytest.approx(0.002)
+    assert s.machine_residual_ms == pytest.approx(0.0005)
+    assert s.run_noise_time_ms == pytest.approx(0.0001)
     assert s.cold_graphs == 8
     assert s.hot_sample_ms == 20.0  # do_bench_cudagraph's rep
     assert s.baselines_dir == pytester.path / "baselines"
@@ -128,7 +130,8 @@ def test_bad_ini_value_names_the_key(pytester: pytest.Pytester) -> None:
     """A bad ini value is blamed on the ini key."""
     pytester.makeini("[pytest]\nattnperf_mode = lukewarm\n")
     message = usage_error(pytester)
-    assert "attnperf_mode" in message and "lukewarm" in message
+    assert "attnperf_mode" in message
+    assert "lukewarm" in message
 
 
 def test_update_baselines_from_flag_and_environment(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,9 +3,11 @@ entries merged into one baseline file by the controller, one summary."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import tempfile
+from typing import Any
 
 import pytest
 import yaml
@@ -104,11 +106,12 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 INI = "attnperf_baselines = baselines\n"  # a project that configures attnperf
 
 
-def entries(pytester: pytest.Pytester) -> dict:
-    return yaml.safe_load((pytester.path / "baselines" / "h200.yaml").read_text())["entries"]
+def entries(pytester: pytest.Pytester) -> dict[str, Any]:
+    found: dict[str, Any] = yaml.safe_load((pytester.path / "baselines" / "h200.yaml").read_text())["entries"]
+    return found
 
 
-def seen(pytester: pytest.Pytester) -> list[dict]:
+def seen(pytester: pytest.Pytester) -> list[dict[str, Any]]:
     path = pytester.path / "seen.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     path.unlink(missing_ok=True)
@@ -143,7 +146,8 @@ def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester)
     out = result.stdout.str()
     assert f"wrote 8 measured entries to {path} (1 other entries kept)" in out
     assert sorted(table_rows(out)) == [case.split("::")[1] for case in CASES]  # every case once, no '@group'
-    assert "loadgroup" not in out and "@attnperf:" not in out
+    assert "loadgroup" not in out
+    assert "@attnperf:" not in out
     timed = seen(project)
     assert {t["worker"] for t in timed} == {"gw0", "gw1"}
     assert all(t["gpu"] == t["at_import"] == {"gw0": "0", "gw1": "1"}[t["worker"]] for t in timed)  # pinned from
@@ -191,7 +195,8 @@ def test_more_workers_than_gpus_is_refused(project: pytest.Pytester) -> None:
 
     failed = project.runpytest(*PLUGIN, "-n", "3")
     outcomes = failed.parseoutcomes()
-    assert outcomes["passed"] == 1 and outcomes["failed"] == 8
+    assert outcomes["passed"] == 1
+    assert outcomes["failed"] == 8
     failed.stdout.fnmatch_lines(["*not timed: 3 pytest-xdist workers share 2 GPU(s)*"])
     assert seen(project) == []  # nothing was timed
 
@@ -209,7 +214,7 @@ def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch:
     timed = sorted(seen(project), key=lambda t: t["start"])
     assert {t["worker"] for t in timed} == {"gw0", "gw1"}  # (the CPU's ceilings are timed too, in turn)
     assert {t["test"] for t in timed} == {case.split("::")[1] for case in CASES}
-    assert all(later["start"] >= earlier["end"] for earlier, later in zip(timed, timed[1:]))
+    assert all(later["start"] >= earlier["end"] for earlier, later in itertools.pairwise(timed))
     assert "no GPU: timing took turns on a lock" in result.stdout.str()
     assert not list(scratch.glob("attnperf-*"))  # the lock file and the group maps, removed at the end
     assert sorted(yaml.safe_load((project.path / "baselines" / "cpu.yaml").read_text())["entries"]) == CASES
@@ -226,8 +231,10 @@ def test_pooled_processes_run_on_their_workers_gpu(project: pytest.Pytester) -> 
     timed = seen(project)
     gpu_of = {t["test"]: t["gpu"] for t in timed if t["worker"] != "main"}
     pooled = [t for t in timed if t["worker"] == "main"]  # the extra processes are no pytest-xdist workers
-    assert len(gpu_of) == 4 and set(gpu_of.values()) == {"0", "1"}  # a group each
-    assert sorted(t["test"] for t in pooled) == sorted(gpu_of) and all(t["gpu"] == gpu_of[t["test"]] for t in pooled)
+    assert len(gpu_of) == 4
+    assert set(gpu_of.values()) == {"0", "1"}  # a group each
+    assert sorted(t["test"] for t in pooled) == sorted(gpu_of)
+    assert all(t["gpu"] == gpu_of[t["test"]] for t in pooled)
     result.stdout.fnmatch_lines(["*2 cases under 5000 us timed in 2 processes (1 worker runs before each group's "
                                  "first case, * s)", "note, 4 of 4 cases: 2 processes pooled*"])
 
@@ -240,9 +247,12 @@ def test_workers_of_each_host_take_its_gpus_in_turn() -> None:
     specs = _expanded(["2*popen", "2*ssh=gpu-a//python=python3", "ssh=gpu-b"])
     fleet = Fleet(gpus=["3", "4"], workers=len(specs), specs=specs)
     assert [fleet.gpu_for(f"gw{i}") for i in range(5)] == ["3", "4", "0", "1", "0"]
-    assert not fleet.shared_gpu and not fleet.shares_gpu("gw1")
+    assert not fleet.shared_gpu
+    assert not fleet.shares_gpu("gw1")
     crowded = Fleet(gpus=["0"], workers=3, specs=_expanded(["2*popen", "ssh=gpu-a"]))
-    assert crowded.shared_gpu and crowded.shares_gpu("gw0") and not crowded.shares_gpu("gw2")
+    assert crowded.shared_gpu
+    assert crowded.shares_gpu("gw0")
+    assert not crowded.shares_gpu("gw2")
 
 
 def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
@@ -255,10 +265,14 @@ def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
     result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     out = result.stdout.str()
-    assert "the workers measured on different hardware (h" in out and "h100" in out and "h200" in out
-    assert "ERROR, NOT written" in out and not (project.path / "baselines").exists()
+    assert "the workers measured on different hardware (h" in out
+    assert "h100" in out
+    assert "h200" in out
+    assert "ERROR, NOT written" in out
+    assert not (project.path / "baselines").exists()
     saved = list(aside.glob("attnperf-*-unsaved-*.yaml"))
-    assert len(saved) == 1 and sorted(yaml.safe_load(saved[0].read_text())["entries"]) == CASES
+    assert len(saved) == 1
+    assert sorted(yaml.safe_load(saved[0].read_text())["entries"]) == CASES
 
 
 def test_the_report_holds_every_workers_cases(project: pytest.Pytester) -> None:
@@ -280,7 +294,8 @@ def test_a_project_that_does_not_configure_attnperf_keeps_xdist_as_it_is(
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     result = pytester.runpytest(*PLUGIN, "-n", "2")
     outcomes = result.parseoutcomes()
-    assert outcomes["passed"] == 1 and outcomes["failed"] == 8
+    assert outcomes["passed"] == 1
+    assert outcomes["failed"] == 8
     result.stdout.fnmatch_lines(["*not timed: this pytest-xdist run gave its workers no GPU each*"])
     assert not (pytester.path / "seen.jsonl").exists()  # refused before anything was timed
     from types import SimpleNamespace
@@ -301,7 +316,9 @@ def test_dist_each_is_refused(project: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--dist each runs every case on every worker*"])
 
 
-def test_a_worker_that_dies_keeps_the_entries_it_sent(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_that_dies_keeps_the_entries_it_sent(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A worker process that dies mid-run: every case that finished, on either worker, is
     recorded; the one it died in fails; the run ends (no replacement worker by default)."""
     monkeypatch.setenv("FAKE_CRASH", "s2-k0")
@@ -311,5 +328,6 @@ def test_a_worker_that_dies_keeps_the_entries_it_sent(project: pytest.Pytester, 
     passed = {line.split(" ", 1)[1] for line in result.stdout.lines if line.startswith("PASSED ")}
     timed = {t["test"] for t in seen(project)}
     finished = {f"test_cases.py::{test}" for test in timed} - {"test_cases.py::test_case[s2-k0]"}
-    assert len(finished) >= 4 and sorted(entries(project)) == sorted(finished)
+    assert len(finished) >= 4
+    assert sorted(entries(project)) == sorted(finished)
     assert finished <= passed  # each finished case reported as passed, and recorded
