@@ -158,6 +158,24 @@ class AttnPerfSession:
             return (m.median_ms, f"{how}; not used by the gate: {'; '.join(doubts)}"), None
         return (m.median_ms, how), m.median_ms
 
+    def prepare(self, items: list[pytest.Item]) -> None:
+        """Before any test, when measured cases are selected: measure the sample overhead and the
+        ceilings (or read them from their cache), so no case's time includes them. Not in a pool
+        run (its parent prepared) or when only collecting; a device that cannot be looked up is
+        left to each case to report."""
+        if self.settings.worker_out is not None or self.config.option.collectonly:
+            return
+        if not any("attnperf" in getattr(item, "fixturenames", ()) for item in items):
+            return
+        try:
+            self.hardware  # noqa: B018 - the device lookup each measured case makes anyway
+        except Exception:  # noqa: BLE001 - each measured case meets the error itself
+            return
+        from pytest_attnperf.hw.ceilings import for_session
+
+        self.measure_floor()
+        for_session(self)
+
     def start_workers(self, items: list[pytest.Item]) -> None:
         """With ``--attnperf-processes`` above 1: run the worker processes over the selected
         cases whose baseline centre is under ``--attnperf-processes-below`` (processes.py),
