@@ -150,12 +150,10 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
 
     On a GPU, Kineto leaves CUPTI attached when a profile ends unless ``TEARDOWN_CUPTI=1``
     (read when the profile stops; pytorch issue #144455), and every later launch in the
-    process pays for it: on the H200, after one profile per case, triton's
-    ``do_bench_cudagraph`` read 121.9 us instead of 110.7 us for the same math-backend call
-    (2026-11-29, see docs/evidence.md; within 1.5% with the variable set). So unless it is already set
-    (by the user, or by torch.compile, which sets it to 0 for its CUDA graphs), it is set to 1
-    before profiling; it applies to the whole process, the user's own profiles included.
-    ``cupti_attached_note`` says when a profile left CUPTI attached."""
+    process pays for it (docs/evidence.md, "CUPTI detached after the backend proof"). So unless
+    it is already set (by the user, or by torch.compile, which sets it to 0 for its CUDA graphs),
+    it is set to 1 before profiling; it applies to the whole process, the user's own profiles
+    included. ``cupti_attached_note`` says when a profile left CUPTI attached."""
     global _cupti_at_stop
     import torch
     from torch.profiler import ProfilerActivity, profile

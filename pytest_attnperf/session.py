@@ -120,9 +120,9 @@ class AttnPerfSession:
         0, cold (one call a sample, whatever the run's mode: hot mode's graphs of many calls
         would spread a per-sample cost over them), measured once per run: beside each case in
         the benchmark JSON, so runs on two machines show whether a machine's samples carry a
-        fixed cost of their own (on the H200, 2026-11-29: short kernels 1-3 us slower cold on two hosts; see
-        --attnperf-machine-offset). ``(None, why)`` without CUDA or when it fails. Where the
-        gate may use it, see ``gate_floor_ms``."""
+        fixed cost of their own (see --attnperf-machine-offset and docs/evidence.md,
+        "Fixed time per sample"). ``(None, why)`` without CUDA or when it fails. Where the gate may
+        use it, see ``gate_floor_ms``."""
         if self.floor is None:
             self.floor, self.floor_for_gate_ms = self._floor()
         return self.floor

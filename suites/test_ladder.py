@@ -9,7 +9,7 @@ checked against an fp64 evaluation of the same layer (``pytest_attnperf.families
 ladder table takes the cases whose parameters name a ``layer``.
 
 fla autotunes the GDN kernels once per (heads, key width, value width): three new tunings on a
-fresh machine (minutes each); run this file after the sweep (devchecks/sweep_check.sh).
+fresh machine (minutes each); run this file after the sweep, as docs/reports.md does.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ On top of that largest-error rule, every element is held to its own bound
 error much nor any norm, still fails there. docs/checks.md has the evidence for its factors.
 
 ``factor`` is 2 for outputs and 3 for gradients. Gradients sum over the whole sequence in a
-kernel-specific tile order, so they drift further from the unfused order than outputs do:
-on the H200 the efficient backend's fp32 dq at B=2 H=8 T=512 d=64 causal was 2.2x PyTorch's
-own fp32 error (2.48e-6 against 1.13e-6), a correct kernel that a factor of 2 would fail.
+kernel-specific tile order, so they drift further from the unfused order than outputs do, and
+a correct kernel's gradient can be off by more than twice PyTorch's own error (docs/families.md,
+"Softmax").
 """
 
 from __future__ import annotations

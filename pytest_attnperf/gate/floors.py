@@ -36,17 +36,16 @@ MARKER = "attnperf_floor"
 # the shape Floors.parse reads, e.g.
 #   ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.5}},
 # set at about 70% of a measured roofline fraction (docs/roofline.md, "Setting floors").
-# H200 figures: roofline fractions measured 2026-12-01 (torch 2.11, triton 3.6, fla 0.6.0) against
-# measured ceilings of 779 TFLOP/s bf16 and 4236 GB/s (docs/roofline.md, "Built-in floors").
+# The h200 floors' measured fractions and ceilings: docs/roofline.md, "Built-in floors".
 BUILTIN: dict[tuple[str, str, str, str | None], Mapping[str, Any]] = {
-    ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.30}},  # 43.1%
-    ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwdbwd"): {"h200": {"roofline": 0.24}},  # 34.8%
-    ("softmax", "sdpa-flash", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.19}},  # 27.7%
-    ("softmax", "sdpa-flash", "b32-h16-t1024-d64-causal-bf16", "fwdbwd"): {"h200": {"roofline": 0.15}},  # 21.8%
-    ("linear_attn", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.23}},  # 33.3%
-    ("gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.09}},  # 13.3%
-    ("simple_gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.21}},  # 30.5%
-    ("gdn", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.10}},  # 14.9%
+    ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.30}},
+    ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwdbwd"): {"h200": {"roofline": 0.24}},
+    ("softmax", "sdpa-flash", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.19}},
+    ("softmax", "sdpa-flash", "b32-h16-t1024-d64-causal-bf16", "fwdbwd"): {"h200": {"roofline": 0.15}},
+    ("linear_attn", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.23}},
+    ("gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.09}},
+    ("simple_gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.21}},
+    ("gdn", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.10}},
 }
 
 

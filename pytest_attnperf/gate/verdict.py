@@ -9,14 +9,12 @@ A case regresses only when all hold:
 3. the slowdown is larger than the noise between runs: more than three standard deviations of
    the difference between this run's median and the baseline's centre,
    ``3 * sqrt(sigma**2 * (1 + 1/m) + machine**2)``. A run's median moves between processes by
-   more than its own interval says (on the H200 a median's standard deviation over five runs
-   was 0.17% for the median case of 50 us or more, up to 0.90%, while half of the cases had
-   intervals under 0.2% wide), so (2) alone flags unchanged cases at a low tolerance; and it
-   moves between machines (leases, reboots), by an RMS of 0.34% to 0.69% between two leases,
-   and by a fixed time per sample on some hosts (1 to 4 us for every short kernel timed cold
-   on two H200 hosts, 2026-11-29): when the recordings cannot show that move (decided by the
-   plugin from ``run_machines``), ``machine`` is ``--attnperf-machine-noise`` and
-   ``--attnperf-machine-offset`` over the centre, in quadrature; else 0.
+   more than its own interval says, so (2) alone flags unchanged cases at a low tolerance; and it
+   moves between machines (another GPU, a reboot) by a share and, on some hosts, by a fixed time
+   per sample (docs/evidence.md, "Run-to-run noise" and "Between machines"): when the recordings
+   cannot show that move (decided by the plugin from ``run_machines``), ``machine`` is
+   ``--attnperf-machine-noise`` and ``--attnperf-machine-offset`` over the centre, in quadrature;
+   else 0.
    ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the
    baseline (``run_medians_ms``, grown by ``--update-baselines`` until a recording is itself
    judged a real change), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
@@ -45,8 +43,8 @@ __all__ = [
 MIN_SAMPLES = 5
 HISTORY_MIN = 3  # recordings before a case's own run-to-run spread is trusted
 HISTORY_ROBUST = 5  # recordings before one of them may be set aside as odd (the scaled MAD)
-# the largest difference of two machines' sample floors taken as a shift of their cases (on the H200
-# (2026-11-29), 1.8-2.0 us between a 1-GPU and a 2-GPU H200 host): beyond it, a floor is taken as
+# the largest difference of two machines' sample floors taken as a shift of their cases, three times
+# the between-machines offset (docs/evidence.md, "Sample floor"): beyond it, a floor is taken as
 # measured wrong, and the between-machines offset stands
 MAX_FLOOR_SHIFT_MS = 0.006
 _Z95 = 1.959963984540054
@@ -196,25 +194,24 @@ def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[f
 
     ``sigma`` is never below ``floor`` (a share of the centre) nor below ``floor_ms`` (a time,
     ``--attnperf-run-noise-time``) as a share of the centre: a short kernel's median moves
-    between processes by a time that does not shrink with it (on the H200 (2026-11-29), three processes on
-    each of two H200s: the 10-40 us cases moved by a standard deviation of 0.07-0.12 us for the
-    median case, 1-1.4% at most, where 0.5% of a 12 us kernel is 0.06 us).
+    between processes by a time that does not shrink with it, so below 20 us a share alone is too
+    tight (docs/evidence.md, "Time floor").
 
     From ``HISTORY_MIN`` recordings on, the centre is their median and sigma their sample
     standard deviation. From ``HISTORY_ROBUST`` recordings on, sigma is the smaller of that and
     the median absolute deviation scaled to a normal sigma, which one odd recording does not
     move (a step held by a minority of the recordings leaves it at zero); the sd stays in the
-    minimum because it is exact for a history split evenly between two levels (a lease-to-lease
+    minimum because it is exact for a history split evenly between two levels (a machine-to-machine
     step: there the scaled MAD overstates the spread by half, and a bar that wide let a real +7%
     pass at a 5% tolerance). With three or four recordings an odd one cannot be told from a
     level the case returns to, and the MAD of three is zero whenever two agree, which a clock
-    ticking in 32 ns makes common: on the H200 a 9.2 us cudnn case recorded 9.152, 9.312 and
-    9.152 us, and an unchanged run later read 9.312 us again, which the MAD's bar called a
-    regression. (Every recording kept passed the gate against the ones before it, so none is
-    far off.) When the recordings come from two or more machines (recordings of unknown
-    machine, from older files, counting as one more) it is the standard deviation alone: each
-    machine moves a case by its own amount, and a machine with a minority of the recordings is
-    exactly what the MAD would leave out."""
+    ticking in 32 ns makes common: an unchanged run that reads the odd recording's level again is
+    then called a regression (docs/evidence.md, "Run-to-run noise", the 9.2 us cudnn case). (Every
+    recording kept passed the gate against the ones before it, so none is far off.) When the
+    recordings come from two or more machines (recordings of unknown machine, from older files,
+    counting as one more) it is the standard deviation alone: each machine moves a case by its own
+    amount, and a machine with a minority of the recordings is exactly what the MAD would leave
+    out."""
     runs, centre = baseline.run_medians_ms, centre_ms(baseline)
     timed = floor_ms / centre if centre > 0 else 0.0
     by_time = f" ({1e3 * floor_ms:g} us)" if timed > floor else ""
@@ -271,7 +268,7 @@ def judge(
     ``noise_floor_ms``, the least run-to-run standard deviation as a time (see ``run_noise``).
 
     ``machine_noise`` and ``machine_offset_ms`` are the standard deviations of a case's move
-    between two machines (another GPU, lease or boot: each shifts a case's median by its own
+    between two machines (another GPU or boot: each shifts a case's median by its own
     amount) as a share of the case and as a fixed time per call, for a baseline whose
     recordings cannot show it, all being from one machine other than this run's. Together,
     ``machine = sqrt(machine_noise**2 + (machine_offset_ms / centre)**2)``, they add to the

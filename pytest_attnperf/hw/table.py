@@ -274,7 +274,7 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 def machine_id(device: DetectedDevice, boot_id: Path = BOOT_ID) -> str:
     """A short name for this machine as it runs now, for a baseline's recording history: the
     GPU's UUID (``device.extra['uuid']``; the device name without one) and the kernel's boot id
-    (another lease of the same card, or a reboot, can move a case's median), e.g.
+    (the same card, booted again, can move a case's median), e.g.
     ``gpu-1a2b3c4d/boot-5e6f7a8b``. ``--attnperf-machine`` overrides it."""
     uuid = re.sub(r"[^0-9a-f]", "", str(device.extra.get("uuid", "")).lower())
     card = f"gpu-{uuid[:8]}" if uuid else normalise(device.name) or device.kind

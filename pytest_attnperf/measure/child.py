@@ -1,11 +1,12 @@
 """The noise benchmark's pytest runs, as child processes that an interrupt does not cost their reports.
 
-``subprocess.run`` kills its child 0.25 s after a Ctrl-C; on the H200 (2026-11-29) that lost an
-injected run's whole report, ~100 failures still to print when ``timeout -s INT`` fired. Here the
-child runs in a session of its own, so a signal reaches it only through ``wait_for``: exactly one
-SIGINT (pytest then stops the running test, prints its failures and writes its JUnit and JSON
-reports), up to ``INTERRUPT_GRACE_S`` to finish, and a kill past that. On Linux the child is also
-set to die with this process, so a benchmark killed outright leaves no pytest on the GPU.
+``subprocess.run`` kills its child 0.25 s after a Ctrl-C, too soon for a pytest with many failures
+to print them and write its reports (docs/noise-benchmark.md, "Splitting over several calls").
+Here the child runs in a session of its own, so a signal reaches it only through ``wait_for``:
+exactly one SIGINT (pytest then stops the running test, prints its failures and writes its JUnit
+and JSON reports), up to ``INTERRUPT_GRACE_S`` to finish, and a kill past that. On Linux the
+child is also set to die with this process, so a benchmark killed outright leaves no pytest on the
+GPU.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def wait_for(child: subprocess.Popen[bytes]) -> int:
 
 
 def stop_signals_as_interrupts() -> Callable[[], None]:
-    """SIGTERM and SIGHUP (a lease's stop, an ssh drop) raise KeyboardInterrupt as Ctrl-C does, so
+    """SIGTERM and SIGHUP (a scheduler's stop, an ssh drop) raise KeyboardInterrupt as Ctrl-C does, so
     the running pytest gets its SIGINT and the caller its chance to report; an ignored one (as
     under nohup) stays ignored. Returns what puts the previous handlers back. Only the main
     thread can set handlers: elsewhere this changes nothing."""

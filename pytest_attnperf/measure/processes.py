@@ -1,11 +1,9 @@
 """Short cases timed in more than one process (``--attnperf-processes``).
 
 A short kernel's cold median moves from one process to the next by more than anything within a
-process can average away. On the H200 (2026-11-29 and 2026-11-30; see docs/evidence.md), 28
-captures of each case, with new inputs and flush buffers, still left the processes' means of
-12-14 us kernels 0.4-0.7% apart (standard deviation), and with eight captures sampled in turn
-(cold mode's default) a handful of 10-40 us cases moved by 1-1.4% over three whole-suite runs.
-Each process is one draw of that offset; the only way to average it is to time the case in more
+process can average away: new captures, inputs and flush buffers do not remove it, nor do cold
+mode's eight captures sampled in turn (docs/evidence.md, "--attnperf-cold-graphs 8"). Each
+process is one draw of that offset; the only way to average it is to time the case in more
 processes.
 
 With ``--attnperf-processes=N`` (default 3; 1 turns it off) on a CUDA device, before this run's
@@ -18,12 +16,8 @@ spread evenly through each process's sequence), so the reported median is taken 
 processes' offsets and not one. A suspected regression's re-measurement re-times the main
 process only and pools it with the same worker samples: it re-checks this process's part. Cases
 with no baseline entry, or at or over the threshold, are timed here only, as without the
-option.
-
-On the H200 (2026-11-30, two GPUs of one host, 8 runs each of the 40 cases under 50 us, three
-processes a run): the pooled median's standard deviation over the runs was at most 0.53% and
-0.58% (median case 0.22% and 0.16%), where the main process's own median, what a run without
-workers reports, reached 1.17% (2 cases over 1%). The workers added 78-86 s a run.
+option. What the pooling removes, and what the workers cost: docs/evidence.md,
+"--attnperf-processes 3".
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def warm_up(fn: Callable[[], Any], plan: SamplingPlan) -> int:
     """The untimed calls before sampling (autotuning and lazy initialisation happen here):
     ``plan.warmup_calls`` of them, or fewer, at least one, once the host has spent
     ``plan.budget_s`` making them. A host-bound callable, such as fla's naive recurrences (a
-    Python loop over tokens: up to 1.5 s a call on the H200), need not run three times before
-    it is timed. Returns the calls made."""
+    Python loop over tokens; docs/measurement.md, "On a GPU"), need not run three times before it
+    is timed. Returns the calls made."""
     deadline = time.monotonic() + plan.budget_s
     made = 0
     while made < plan.warmup_calls:

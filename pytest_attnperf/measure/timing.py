@@ -15,11 +15,9 @@ Where the graph cannot hold the events (a torch without external CUDA events), c
 samples are events around the replay of a one-call graph (clock ``cuda-graph``, the harness's
 first cold clock): the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) are
 enqueued first, so the host enqueues the replay while the GPU is busy and the replay starts the
-moment the start event is recorded, but the graph's launch is inside every sample. On a
-single-GPU H200 lease that was little: a one-element add read 3.58 us so, 3.26 us with the
-events in the graph, 1.05 us hot (2026-11-29; see docs/evidence.md). Without the spin, the
-first H200 runs of this harness measured flash SDPA at B=1 H=12 T=256 as 9.6 us in one run and
-38 us in the next (the same kernel; the host had been slower than the L2 flush).
+moment the start event is recorded, but the graph's launch is inside every sample (a little;
+without the spin, a short kernel's figure depended on whether the host had kept up with the L2
+flush: docs/evidence.md, "Cold clock").
 
 CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
 around each call is the measurement.
@@ -315,19 +313,15 @@ def _capture_cold(
 
     ``graphs`` such graphs are captured (the later ones in the first one's memory pool: they
     are replayed one at a time, never together) and the sampler goes round them, one sample
-    each in turn. Each capture of the same call has its own median: on the H200, short SDPA
-    forwards (12-14 us) read 0.3-1.6% apart (standard deviation) from one capture to the next in
-    one process, range up to 5%, while one graph replayed over the same time kept within
-    0.0-0.2% for two of them (on the H200, 2026-11-29, three processes on each of two GPUs). A run
-    of one graph draws one of those medians; the median over ``graphs`` captures averages that
-    part. What remains moves only from one process to the next (those cases' means over 28
-    captures, inputs and flush buffers renewed too, differed by 0.4-0.5% sd between three
-    processes), which a run averages only by timing the case in more processes
-    (``--attnperf-processes``, processes.py). No graph is begun
-    once ``capture_s`` seconds have gone on capturing: a host-bound call (fla's naive
-    recurrences, a Python loop of up to 1.5 s a call) is captured once, and its long kernels
-    did not move between processes anyway (0.02-0.29%, on the H200, 2026-11-29). When a later capture fails
-    (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
+    each in turn. Each capture of the same call has its own median, further apart for a short
+    kernel than one graph's samples over the same time (docs/evidence.md,
+    "--attnperf-cold-graphs 8"). A run of one graph draws one of those medians; the median over
+    ``graphs`` captures averages that part. What remains moves only from one process to the
+    next, which a run averages only by timing the case in more processes
+    (``--attnperf-processes``, processes.py). No graph is begun once ``capture_s`` seconds have
+    gone on capturing: a host-bound call (fla's naive recurrences, a Python loop over tokens) is
+    captured once, and its long kernels did not move between processes anyway. When a later
+    capture fails (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
     import torch
     cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 

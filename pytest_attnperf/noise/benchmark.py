@@ -31,7 +31,7 @@ instead of starting over, so five runs can be taken three and two::
     attnperf-noise --workdir noise-work --stages steady --keep-runs --runs 2 -- suites/ --hw=h200
     attnperf-noise --workdir noise-work --stages inject,compare -- suites/ --hw=h200
 
-``--time-limit SECONDS`` keeps a call inside a device lease: before each pytest run it stops
+``--time-limit SECONDS`` keeps a call inside a time slot: before each pytest run it stops
 if the time used plus that run's likely length would pass the limit (``Deadline``: the longest
 run of its stage so far in the call, or twice the longest of any for a stage not yet run; the
 first run always starts), and the report says where it stopped. An outside ``timeout -s INT``
@@ -234,7 +234,7 @@ def _steady_lines(work: Path) -> list[str]:
                      f"{times_flagged:>5}" + ("  events" if case in events else ""))
     lines.append(_judged_line(list(by_path.values()), sum(len(f) for f in false_regressions)))
     machines = {path.stem: run.machines for path, run in by_path.items()}
-    if any(machines.values()):  # which runs shared a machine (a lease, a boot): their medians move together
+    if any(machines.values()):  # which runs shared a machine (a GPU, a boot): their medians move together
         lines.append("machines: " + "; ".join(f"{run} on {', '.join(sorted(m)) or '?'}" for run, m in machines.items()))
     floors = {path.stem: run.floor_ms for path, run in by_path.items() if run.floor_ms is not None}
     if floors:  # a machine whose samples carry a fixed cost shows it here (see --attnperf-machine-offset)
@@ -378,9 +378,9 @@ class OutOfTime(Exception):
 class Deadline:
     """Runs each pytest call of a noise call unless it would end past the time limit. A run is taken
     to last as long as the longest run of its stage so far in this call; for a stage not yet run,
-    twice the longest run of any stage (an injected run re-measures every case it catches: on the
-    H200's softmax suite (2026-11-29) it took 107-109 s against 66-92 s for an unchanged one). The
-    first run of a call always starts."""
+    twice the longest run of any stage (an injected run re-measures every case it catches, so it
+    runs longer than an unchanged one: docs/noise-benchmark.md, "Splitting over several calls").
+    The first run of a call always starts."""
 
     def __init__(self, limit_s: float | None, clock: Callable[[], float]) -> None:
         self.limit_s, self.clock = limit_s, clock
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
 
     deadline = Deadline(opts.time_limit, _now)
     status = 0
-    restore_signals = child_run.stop_signals_as_interrupts()  # a lease's SIGTERM: the report is still written
+    restore_signals = child_run.stop_signals_as_interrupts()  # a scheduler's SIGTERM: the report is still written
     ran: list[str] = []  # the lines of the inject and compare stages run in this call
     notes: list[str] = []
     try:

@@ -7,11 +7,11 @@ Loaded by the noise benchmark (``attnperf-noise``) with
   cases whose crc32(node id) is even) runs 5% extra device work after each call: a spin kernel
   (``torch.cuda._sleep``) captured into the same graph, or a busy wait on the CPU. The case is
   timed first as it is, and the spin is shortened by the extra work's least cost (one cycle's
-  spin after a one-element add, timed once per mode: on the H200 a spin kernel costs about
-  1.0-1.3 us of its own, 2026-11-30), so the case slows by the fraction asked. Where the least
-  is already more than asked (a 2% of a case under about 60 us), the case gets the least, and
-  says so; a case timed on another clock than the least (events around eager launches, whose
-  spin is launched from the host) gets nothing taken off, and says so.
+  spin after a one-element add, timed once per mode: a spin kernel has a cost of its own however
+  short; docs/noise-benchmark.md, "Injected work"), so the case slows by the fraction asked.
+  Where the least is already more than asked (a 2% of a case under about 60 us), the case gets
+  the least, and says so; a case timed on another clock than the least (events around eager
+  launches, whose spin is launched from the host) gets nothing taken off, and says so.
   ``ATTNPERF_INJECT_LOG=path`` appends each picked case's ``{"nodeid", "fraction", "base_ms",
   "least_ms", "extra_ms", "median_ms"}`` as a JSON line (``median_ms``: this process's median
   with the work added), from which the noise benchmark reports what each case really got.
@@ -135,10 +135,10 @@ class InjectingTimer:
             # and at about the harness's calls per graph: do_bench sizes its graph as rep over its
             # own eager estimate of one call, host time included, so a host-bound short callable
             # gets far fewer calls at 20 ms than the harness, which sizes by device time; and a
-            # short kernel's time per call falls as its graph grows (on the H200, 2026-11-30: a cudnn forward
-            # 10.2 us a call in graphs of 39 calls, 9.6 in graphs of 600). The SM clock (NVML)
-            # after each (ours: read by the timer after sampling), to see whether a gap follows
-            # the clock. A callable it cannot capture is recorded with its error and left out.
+            # short kernel's time per call falls as its graph grows (docs/measurement.md, "Hot mode").
+            # The SM clock (NVML) after each (ours: read by the timer after sampling), to see
+            # whether a gap follows the clock. A callable it cannot capture is recorded with its
+            # error and left out.
             line: dict[str, Any] = {"nodeid": nodeid, "mode": measured.mode, "ours_ms": measured.median_ms,
                     "clock_after_ours": measured.sm_clock_mhz, "calls": measured.calls_per_sample}
             device = torch.cuda.current_device()
@@ -181,11 +181,10 @@ class InjectingTimer:
 
     def _least(self, plan: SamplingPlan) -> tuple[float, str]:
         """What the extra work costs at its least (``_with_extra_work`` at zero: a one-cycle spin
-        kernel, about 1.0-1.3 us on the H200 however short), and the clock it was timed on, once
+        kernel, which costs a microsecond or so however short), and the clock it was timed on, once
         per mode: a one-element add (a no-op on the CPU) timed as it is and with it. Not each
-        case's own difference: two medians of a long case carry its noise (the median case of 50 us
-        or more moved 0.13% sd from run to run on the H200 (2026-11-30): 2.6 us at 2 ms, against the 1 us
-        sought; within one process, not measured)."""
+        case's own difference: two medians of a long case carry more of its noise than the cost
+        sought (docs/noise-benchmark.md, "Injected work")."""
         if plan.mode not in self._least_by_mode:
             tiny = one_element_add() if self.device.is_gpu else (lambda: None)
             quick = replace(plan, budget_s=min(plan.budget_s, 0.2))

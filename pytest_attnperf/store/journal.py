@@ -1,6 +1,6 @@
 """A recording's journal: each entry a recording commits is appended, as one JSON line, to
 ``<baselines>/.<hw>.recording-<host>-<pid>.jsonl`` and synced to disk, so a run that dies
-before its end (SIGKILL, a crash, a lease taken back) leaves what it measured. The run removes
+before its end (SIGKILL, a crash, a machine taken back) leaves what it measured. The run removes
 its journal once its entries are written (or saved aside). The next ``--update-baselines`` for
 that hardware on that host merges the journals of runs no longer alive (its own entries win),
 then removes them; a gating run only names them."""

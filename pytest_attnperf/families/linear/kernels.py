@@ -25,9 +25,8 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
   ``OUT_FACTOR`` (16, 12 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
   RMS error, the yardstick being the same computation at the kernel's precision: the chunked
   form for a chunk kernel, the token recurrence for a recurrent one (see
-  ``Prepared.reference``). A correct bf16 chunk kernel needed up to 5.2 (outputs) and 6.5
-  (GDN's dv) on the CPU and fla's GLA chunk forward 9.5 on the H200; docs/checks.md has the
-  figures and what a sparse error costs to detect.
+  ``Prepared.reference``). What correct kernels needed, on the CPU and on a GPU, and what a
+  sparse error costs to detect: docs/checks.md, "Factors".
 
 NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
 query's dtype and the inputs' device (fla's kernels return ``(o, state)``: the built-in wrappers
@@ -49,8 +48,7 @@ FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
 OUT_FACTOR, GRAD_FACTOR = 16.0, 32.0  # elementwise: see assert_checked and docs/checks.md
-# GDN's outputs: fla's chunk forward needed up to 6.35 against its yardstick on the H200, its fused
-# recurrent forward 5.73 (the suite's GPU shapes, bf16; docs/checks.md)
+# GDN's outputs: set from what fla's GDN forwards needed on the suite's GPU shapes (docs/checks.md, "Factors")
 FAMILY_OUT_FACTOR = {"gdn": 12.0}
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
@@ -157,10 +155,9 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
     beta, g argument order), called with the inputs' device as torch's default device: it makes
     its output and state with ``torch.zeros(...).to(v)``, on the host and then copied over, and
     a copy from pageable host memory cannot be captured in a CUDA graph, so it was timed with
-    events around eager launches, its ~10 launches per token paced by the host (the standard
-    deviation of its median over three processes was 5-23% on the H200, 2026-11-29). Made on the device,
-    the zeros are one fill kernel each and the whole recurrence is graph-timed like fla's
-    other naive references."""
+    events around eager launches, its ~10 launches per token paced by the host (docs/evidence.md,
+    "The fla naive GDN recurrence on the device"). Made on the device, the zeros are one fill
+    kernel each and the whole recurrence is graph-timed like fla's other naive references."""
     import torch
 
     fn = _fla("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
@@ -177,9 +174,9 @@ def _beta_is_gdns(case: LinearCase) -> str | None:
 
 def _supports(family: str, name: str) -> Callable[[LinearCase], str | None]:
     """GDN takes every case, the other families none with a beta. fla's naive recurrences loop
-    over T in Python, several launches and a saved state per token: on the H200 the GDN one
-    took 1.3 s per forward+backward call at B=4 H=16 T=1024, so they take cases up to
-    ``NAIVE_MAX_TOKENS`` (batch x heads x sequence) only."""
+    over T in Python, several launches and a saved state per token (docs/families.md,
+    "Linear attention"), so they take cases up to ``NAIVE_MAX_TOKENS`` (batch x heads x
+    sequence) only."""
 
     def supports(case: LinearCase) -> str | None:
         if family != "gdn" and (why := _beta_is_gdns(case)):
