@@ -156,7 +156,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state = get_session(session.config)
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
-        state.prepare(session.items)  # the sample overhead and the ceilings, before any test
+        xdist.prepare(state, session.items)  # the sample overhead and the ceilings, before any test
         state.start_workers(session.items)  # --attnperf-processes, before any test
     if clock is not None:
         clock.prepared = time.perf_counter()

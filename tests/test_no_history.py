@@ -72,8 +72,9 @@ def _doc_files() -> list[Path]:
 
 
 def _lines_of(node: ast.AST) -> set[int]:
-    end = getattr(node, "end_lineno", None) or getattr(node, "lineno", 0)
-    return set(range(getattr(node, "lineno", 0), end + 1))
+    start: int = getattr(node, "lineno", 0)
+    end: int = getattr(node, "end_lineno", None) or start
+    return set(range(start, end + 1))
 
 
 def _vendor_source_lines() -> set[int]:

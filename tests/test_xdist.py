@@ -213,7 +213,11 @@ def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch:
     result.assert_outcomes(passed=9)
     timed = sorted(seen(project), key=lambda t: t["start"])
     assert {t["worker"] for t in timed} == {"gw0", "gw1"}  # (the CPU's ceilings are timed too, in turn)
-    assert {t["test"] for t in timed} == {case.split("::")[1] for case in CASES}
+    cases = {case.split("::")[1] for case in CASES}
+    assert {t["test"] for t in timed} >= cases
+    # the rest is each worker's preparation (the ceilings), before its first case: no test is
+    # current then, and the scripted timer reads the name this test's process left in the environment
+    assert {t["test"] for t in timed} - cases <= {"test_without_a_gpu_timing_takes_turns"}
     assert all(later["start"] >= earlier["end"] for earlier, later in itertools.pairwise(timed))
     assert "no GPU: timing took turns on a lock" in result.stdout.str()
     assert not list(scratch.glob("attnperf-*"))  # the lock file and the group maps, removed at the end

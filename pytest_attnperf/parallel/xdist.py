@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from pytest_attnperf.session import AttnPerfSession
 
 __all__ = ["add_groups", "attach_case", "configure", "configure_node", "make_scheduler", "node_down", "planned",
-           "summary_lines", "timing_turn", "worker_output"]
+           "prepare", "summary_lines", "timing_turn", "worker_output"]
 
 
 def _explicit(session: AttnPerfSession) -> bool:
@@ -219,6 +219,22 @@ def make_scheduler(config: pytest.Config, log: Any, session: AttnPerfSession) ->
 
     return ShapeScheduling(config, log)
 
+
+
+def prepare(session: AttnPerfSession, items: list[pytest.Item]) -> None:
+    """The run's preparation (``AttnPerfSession.prepare``: the sample overhead and the ceilings),
+    in a worker under a case's rules: none where the worker may not time (its cases fail with the
+    reason), one worker at a time without a GPU."""
+    seat = session.seat
+    if seat is not None:
+        try:
+            refused = seat.refusal is not None or (seat.unplanned and session.device.is_gpu)
+        except Exception:  # noqa: BLE001 - each measured case meets the error itself
+            return
+        if refused:
+            return
+    with timing_turn(session):
+        session.prepare(items)
 
 
 @contextmanager
