@@ -13,7 +13,7 @@ from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.gate import floors, policy
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
-from pytest_attnperf.measure.processes import pool, write_taken
+from pytest_attnperf.measure.pool import pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key
@@ -131,8 +131,8 @@ class Perf:
             problem = f"{exc}\nNothing was written; fix or remove the file."
         if problem is not None:  # failed outside the handler: the message alone, no chained traceback
             pytest.fail(problem, pytrace=False)
-        if session.settings.worker_out is not None:
-            return Verdict("worker", None, "measured for the main run's --attnperf-processes; not gated"), measurement
+        if session.settings.pool_out is not None:
+            return Verdict("pool run", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
         if baseline and self._key in baseline.unusable:  # costs this case only
@@ -159,11 +159,11 @@ class Perf:
             self._session.floor_refusals.add(refusal)
 
     def _pooled(self, measurement: Measurement) -> Measurement:
-        """In a worker, the measurement as taken, also written to the worker's file; in a run
-        with worker processes, pooled with their samples of this case (``processes.pool``)."""
+        """In a pool run, the measurement as taken, also written to the pool run's file; in a run
+        with pool runs, pooled with their samples of this case (``pool.pool``)."""
         session, nodeid = self._session, self._key
-        if session.settings.worker_out is not None:
-            write_taken(session.settings.worker_out, nodeid, measurement)
+        if session.settings.pool_out is not None:
+            write_taken(session.settings.pool_out, nodeid, measurement)
             return measurement
         taken = session.pool_for(nodeid)
         return pool(measurement, taken) if taken else measurement

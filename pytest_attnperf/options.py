@@ -127,7 +127,7 @@ class Settings:
     processes_below_ms: float = 0.05
     hot_sample_ms: float = 20.0
     case_timeout_s: float = 300.0  # 0: no limit (isolation.CaseClock)
-    worker_out: Path | None = None  # set in a worker run (see processes.py): where its samples go
+    pool_out: Path | None = None  # set in a pool run (see pool.py): where its samples go
     ceilings: str = "cache"  # see --attnperf-ceilings
     peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
     report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
@@ -161,8 +161,8 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(opt.flag, action="store", default=None, dest=f"attnperf_{opt.dest}",
                             metavar=opt.dest.upper(), help=shown)
             parser.addini(opt.ini, help=opt.help, default="")
-    everyday.addoption("--attnperf-worker-out", action="store", default=None, dest="attnperf_worker_out",
-                    help=argparse.SUPPRESS)  # internal: a worker run of --attnperf-processes
+    everyday.addoption("--attnperf-pool-out", action="store", default=None, dest="attnperf_pool_out",
+                    help=argparse.SUPPRESS)  # internal: a pool run of --attnperf-processes
 
 
 def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
@@ -339,18 +339,18 @@ def read_settings(config: pytest.Config) -> Settings:
     folder = Path(_get(config, "baselines", str))
     if not folder.is_absolute():
         folder = project_dir(config) / folder
-    out = config.getoption("attnperf_worker_out")
-    worker = out is not None  # a worker only measures: it gates, records and spawns nothing
+    out = config.getoption("attnperf_pool_out")
+    pool_run = out is not None  # a pool run only measures: it gates, records and spawns nothing
     report = _get(config, "report", str).strip()
     check_only = _get(config, "check_only", _bool)
-    update = _get(config, "update_baselines", _bool) and not worker
+    update = _get(config, "update_baselines", _bool) and not pool_run
     if check_only and update:
         raise pytest.UsageError("attnperf: --attnperf-check-only times nothing, so --update-baselines has "
                                 "nothing to record; use one or the other")
     return Settings(
         hw=hw.lower() if hw else None,
         update_baselines=update,
-        require_baseline=_get(config, "require_baseline", _bool) and not worker,
+        require_baseline=_get(config, "require_baseline", _bool) and not pool_run,
         baselines_dir=folder,
         tolerance=_get(config, "tolerance", fraction),
         run_noise=_get(config, "run_noise", fraction),
@@ -364,14 +364,14 @@ def read_settings(config: pytest.Config) -> Settings:
         target_stdrel=_get(config, "stdrel", fraction),
         min_samples=_get(config, "min_samples", _positive_int),
         cold_graphs=_get(config, "cold_graphs", _positive_int),
-        processes=1 if worker else _get(config, "processes", _positive_int),
+        processes=1 if pool_run else _get(config, "processes", _positive_int),
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
         case_timeout_s=_get(config, "case_timeout", seconds),
-        worker_out=Path(out) if worker else None,
+        pool_out=Path(out) if pool_run else None,
         ceilings=_get(config, "ceilings", _ceilings),
         peaks=_get(config, "peaks", peaks),
-        report_dir=None if worker or not report else Path(config.invocation_params.dir) / report,
+        report_dir=None if pool_run or not report else Path(config.invocation_params.dir) / report,
         suites=_get(config, "suites", _suites),
         check_only=check_only,
     )

@@ -157,7 +157,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
         xdist.prepare(state, session.items)  # the sample overhead and the ceilings, before any test
-        state.start_workers(session.items)  # --attnperf-processes, before any test
+        state.start_pool_runs(session.items)  # --attnperf-processes, before any test
     if clock is not None:
         clock.prepared = time.perf_counter()
 
@@ -287,7 +287,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     gone = suite.removed(config)
     checked = state.checked_only
     fleet_lines = xdist.summary_lines(state)
-    if not state.rows and state.write_note is None and not gone and state.workers is None and not checked \
+    if not state.rows and state.write_note is None and not gone and state.pool_runs is None and not checked \
             and not fleet_lines:
         return
     terminalreporter.section("attnperf")
@@ -311,8 +311,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(f"sample floor not measured: {how}")
         for refused in sorted(state.floor_refusals):
             terminalreporter.write_line(f"floors not used: {refused}")
-    if state.workers is not None:
-        for line in state.workers.summary(state.settings.processes_below_ms):
+    if state.pool_runs is not None:
+        for line in state.pool_runs.summary(state.settings.processes_below_ms):
             terminalreporter.write_line(line)
     if state.write_note:
         terminalreporter.write_line(f"baselines: {state.write_note}")

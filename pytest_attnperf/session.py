@@ -19,7 +19,7 @@ import pytest
 from pytest_attnperf.families.registry import KernelRegistry
 from pytest_attnperf.gate.policy import GateTerms, Here
 from pytest_attnperf.hw.table import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
-from pytest_attnperf.measure.processes import Taken, Workers, centres_ms, short_cases
+from pytest_attnperf.measure.pool import PoolRuns, Taken, centres_ms, short_cases
 from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer, one_element_add
 from pytest_attnperf.options import Settings
 from pytest_attnperf.outcome import Row
@@ -46,7 +46,7 @@ class AttnPerfSession:
     floor: tuple[float | None, str] | None = None  # see measure_floor: (ms, how), once measured
     floor_for_gate_ms: float | None = None  # see gate_floor_ms
     floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
-    workers: Workers | None = None  # the --attnperf-processes worker runs, once made (see start_workers)
+    pool_runs: PoolRuns | None = None  # the --attnperf-processes pool runs, once made (see start_pool_runs)
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
     # a pytest-xdist worker: case -> its group's short cases
     pool_plan: dict[str, list[str]] = field(default_factory=dict)
@@ -163,7 +163,7 @@ class AttnPerfSession:
         ceilings (or read them from their cache), so no case's time includes them. Not in a pool
         run (its parent prepared) or when only collecting; a device that cannot be looked up is
         left to each case to report."""
-        if self.settings.worker_out is not None or self.config.option.collectonly:
+        if self.settings.pool_out is not None or self.config.option.collectonly:
             return
         if not any("attnperf" in getattr(item, "fixturenames", ()) for item in items):
             return
@@ -176,15 +176,15 @@ class AttnPerfSession:
         self.measure_floor()
         for_session(self)
 
-    def start_workers(self, items: list[pytest.Item]) -> None:
-        """With ``--attnperf-processes`` above 1: run the worker processes over the selected
-        cases whose baseline centre is under ``--attnperf-processes-below`` (processes.py),
+    def start_pool_runs(self, items: list[pytest.Item]) -> None:
+        """With ``--attnperf-processes`` above 1: run the pool runs over the selected
+        cases whose baseline centre is under ``--attnperf-processes-below`` (pool.py),
         before any test runs. Only on a CUDA device (the offset is the GPU's; a host clock's
-        samples are noisier than it), and not in a worker or when only collecting. In a
+        samples are noisier than it), and not in a pool run or when only collecting. In a
         pytest-xdist worker they run later, before the first case of each group
         (``pool_for``): which groups a worker gets is known only as it gets them."""
         s = self.settings
-        if s.processes < 2 or s.worker_out is not None or self.config.option.collectonly:
+        if s.processes < 2 or s.pool_out is not None or self.config.option.collectonly:
             return
         measured = [item for item in items if "attnperf" in getattr(item, "fixturenames", ())]
         ids = [case_key(item) for item in measured]
@@ -193,12 +193,12 @@ class AttnPerfSession:
         try:
             if not self.device.is_gpu:
                 return
-        except Exception:  # noqa: BLE001 - each test that needs the device meets the error, as without workers
+        except Exception:  # noqa: BLE001 - each test that needs the device meets the error, as without pool runs
             return
         try:
             baseline = self.baseline
         except store.BaselineError as exc:
-            self.workers = Workers({}, processes=s.processes, problems=(f"no worker runs: {exc}",))
+            self.pool_runs = PoolRuns({}, processes=s.processes, problems=(f"no pool runs: {exc}",))
             return
         chosen = short_cases(ids, centres_ms(baseline) if baseline else {}, s.processes_below_ms)
         if self.seat is not None:
@@ -208,21 +208,21 @@ class AttnPerfSession:
                 if key in short:
                     groups.setdefault(group_of(item) or key, []).append(key)
             self.pool_plan = {key: group for group in groups.values() for key in group}
-            self.workers = Workers({}, processes=s.processes, when="before each group's first case")
+            self.pool_runs = PoolRuns({}, processes=s.processes, when="before each group's first case")
             return
-        self.workers = Workers.run(self.config, chosen, s.processes)
+        self.pool_runs = PoolRuns.run(self.config, chosen, s.processes)
 
     def pool_for(self, key: str) -> list[Taken]:
-        """The worker processes' measurements of a case (``--attnperf-processes``); in a
+        """The pool runs' measurements of a case (``--attnperf-processes``); in a
         pytest-xdist worker, its group's processes run first if they have not."""
-        if self.workers is None:
+        if self.pool_runs is None:
             return []
         group = self.pool_plan.get(key)
         if group:
             for other in group:
                 self.pool_plan.pop(other, None)
-            self.workers.add(Workers.run(self.config, group, self.settings.processes))
-        return self.workers.for_case(key)
+            self.pool_runs.add(PoolRuns.run(self.config, group, self.settings.processes))
+        return self.pool_runs.for_case(key)
 
     # -- baselines ------------------------------------------------------------------------
     @cached_property

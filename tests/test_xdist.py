@@ -239,7 +239,7 @@ def test_pooled_processes_run_on_their_workers_gpu(project: pytest.Pytester) -> 
     assert set(gpu_of.values()) == {"0", "1"}  # a group each
     assert sorted(t["test"] for t in pooled) == sorted(gpu_of)
     assert all(t["gpu"] == gpu_of[t["test"]] for t in pooled)
-    result.stdout.fnmatch_lines(["*2 cases under 5000 us timed in 2 processes (1 worker runs before each group's "
+    result.stdout.fnmatch_lines(["*2 cases under 5000 us timed in 2 processes (1 pool runs before each group's "
                                  "first case, * s)", "note, 4 of 4 cases: 2 processes pooled*"])
 
 

@@ -99,7 +99,7 @@ def check(item: pytest.Item, session: Any, result: PerfResult, dtype: str) -> Pe
     ceilings = for_session(session)
     where = position(ceilings, result.cost, dtype, result.median_ms / 1e3)
     outcome = None
-    found = applicable(item, session.hardware.name) if session.settings.worker_out is None else None
+    found = applicable(item, session.hardware.name) if session.settings.pool_out is None else None
     if found is not None:
         floor, hw, source = found
         s, settings = result.measurement.summary, session.settings

@@ -368,8 +368,8 @@ def obtain(session: Any) -> Ceilings:
     base = Ceilings(spec, user=settings.peaks)
     if settings.ceilings == "off":
         return replace(base, why="not measured (--attnperf-ceilings=off)")
-    if settings.worker_out is not None:
-        return replace(base, why="not measured in a worker run")
+    if settings.pool_out is not None:
+        return replace(base, why="not measured in a pool run")
     env = session.environment
     stack = {"device": env.get("device"), "torch": env.get("torch"), "cuda": env.get("cuda"),
              "driver": env.get("driver")}

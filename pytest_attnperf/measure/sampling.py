@@ -48,7 +48,7 @@ class Measurement:
     notes: tuple[str, ...] = ()
     sm_clock_mhz: float | None = None
     graphs: int = 1  # cold graphs sampled in turn (see _capture_cold)
-    processes: int = 1  # processes whose samples are pooled (see processes.pool)
+    processes: int = 1  # processes whose samples are pooled (see pool.pool)
     process_medians_ms: tuple[float, ...] = ()  # each pooled process's own median, this one first
     summary: Summary = field(init=False)
 

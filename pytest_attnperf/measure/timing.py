@@ -318,7 +318,7 @@ def _capture_cold(
     "--attnperf-cold-graphs 8"). A run of one graph draws one of those medians; the median over
     ``graphs`` captures averages that part. What remains moves only from one process to the
     next, which a run averages only by timing the case in more processes
-    (``--attnperf-processes``, processes.py). No graph is begun once ``capture_s`` seconds have
+    (``--attnperf-processes``, pool.py). No graph is begun once ``capture_s`` seconds have
     gone on capturing: a host-bound call (fla's naive recurrences, a Python loop over tokens) is
     captured once, and its long kernels did not move between processes anyway. When a later
     capture fails (memory, say) the graphs captured so far are kept; ``.failure`` says why."""

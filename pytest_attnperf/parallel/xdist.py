@@ -368,8 +368,8 @@ def worker_output(config: pytest.Config, session: AttnPerfSession, autotune_payl
         payload["drift"] = session.drift()
         payload["floor"] = session.floor
         payload["floor_refusals"] = sorted(session.floor_refusals)
-    if session.workers is not None:
-        payload["processes"] = session.workers.summary(session.settings.processes_below_ms)
+    if session.pool_runs is not None:
+        payload["processes"] = session.pool_runs.summary(session.settings.processes_below_ms)
     config.workeroutput[OUTPUT_KEY] = encode(payload)
 
 

@@ -1,5 +1,5 @@
 """Where a run's wall time goes, for the summary: start-up and collection, preparing (Triton's
-cache, the baseline file, worker processes), the tests' own phases, the time between tests and
+cache, the baseline file, pool runs), the tests' own phases, the time between tests and
 the session's end (baselines, autotune choices, report). Host wall time of the run's stages, read
 with ``time.perf_counter``; nothing here times a kernel."""
 

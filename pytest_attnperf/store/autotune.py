@@ -43,7 +43,7 @@ __all__ = [
 FORMAT = 1
 MANIFEST = "manifest.yaml"
 SUFFIX = ".autotune.json"
-OUTSIDE = "outside any test (a worker run of --attnperf-processes)"
+OUTSIDE = "outside any test (a pool run of --attnperf-processes)"
 T = TypeVar("T")
 
 RUN_KEY = pytest.StashKey["AutotuneRun"]()
@@ -298,11 +298,11 @@ def _point_triton_at(cache_dir: Path) -> str | None:
 def start(config: pytest.Config, items: Iterable[pytest.Item], session: Any) -> None:
     """Before any test runs: on a CUDA device, when recording or when ``baselines/<hw>.autotune``
     exists, point Triton's cache at ``--attnperf-triton-cache``/<hw> and install the recorded
-    choices there. Does nothing in a worker run (its parent did it), when only collecting, when
+    choices there. Does nothing in a pool run (its parent did it), when only collecting, when
     no test measures, on the CPU, or with ``--attnperf-triton-cache=off``. ``session`` is the
     run's (its settings, device, hardware and pytest-xdist seat)."""
     s = session.settings
-    if s.worker_out is not None or config.option.collectonly:
+    if s.pool_out is not None or config.option.collectonly:
         return
     if not any("attnperf" in getattr(item, "fixturenames", ()) for item in items):
         return
@@ -407,7 +407,7 @@ def note_skip(item: pytest.Item, skipped: bool) -> None:
 
 def finish(config: pytest.Config, pending: Mapping[str, Any]) -> None:
     """At session end: while recording, write the results produced by the passed, measured
-    tests, by tests skipped after their kernels ran, and by worker runs into
+    tests, by tests skipped after their kernels ran, and by pool runs into
     ``baselines/<hw>.autotune``; then restore TRITON_CACHE_DIR."""
     run = config.stash.get(RUN_KEY, None)
     if run is None:

@@ -7,16 +7,16 @@ process is one draw of that offset; the only way to average it is to time the ca
 processes.
 
 With ``--attnperf-processes=N`` (default 3; 1 turns it off) on a CUDA device, before this run's
-tests start, N - 1 worker pytest runs measure the cases whose baseline centre is under
-``--attnperf-processes-below`` (50 us), one after the other, on the same device. A worker runs
+tests start, N - 1 pool runs measure the cases whose baseline centre is under
+``--attnperf-processes-below`` (50 us), one after the other, on the same device. A pool runs
 the same tests with the same settings, gates nothing and writes nothing but each measurement's
 samples, a line per case, to a file. When this run measures such a case, its figure pools the
 samples of all N processes, about the same number from each (whole rounds of the cold graphs,
 spread evenly through each process's sequence), so the reported median is taken over N
 processes' offsets and not one. A suspected regression's re-measurement re-times the main
-process only and pools it with the same worker samples: it re-checks this process's part. Cases
+process only and pools it with the same pool-run samples: it re-checks this process's part. Cases
 with no baseline entry, or at or over the threshold, are timed here only, as without the
-option. What the pooling removes, and what the workers cost: docs/evidence.md,
+option. What the pooling removes, and what the pool runs cost: docs/evidence.md,
 "--attnperf-processes 3".
 """
 
@@ -42,14 +42,14 @@ from pytest_attnperf.measure import child as child_run
 from pytest_attnperf.measure.timing import Measurement
 from pytest_attnperf.store.baselines import BaselineFile
 
-__all__ = ["WORKER_OUT_FLAG", "Taken", "Workers", "pool", "read_taken", "short_cases", "worker_args",
+__all__ = ["POOL_OUT_FLAG", "Taken", "PoolRuns", "pool", "read_taken", "short_cases", "pool_run_args",
            "write_taken"]
 
-WORKER_OUT_FLAG = "--attnperf-worker-out"
-# the invocation's options a worker does not take over: what would make it write where the main
+POOL_OUT_FLAG = "--attnperf-pool-out"
+# the invocation's options a pool run does not take over: what would make it write where the main
 # run writes, select other cases, stop on cache state, spread over xdist workers or debug. (The
-# attnperf options go over as given, with its environment and ini file: a worker's settings
-# refuse --update-baselines, --attnperf-require-baseline and more workers.) True: takes a value.
+# attnperf options go over as given, with its environment and ini file: a pool run's settings
+# refuse --update-baselines, --attnperf-require-baseline and more pool runs.) True: takes a value.
 _DROPPED = {
     "--junitxml": True, "--junit-xml": True, "--junit-prefix": True, "--basetemp": True, "--rootdir": True,
     "-c": True, "--config-file": True, "-k": True, "-m": True, "--deselect": True, "-n": True,
@@ -64,7 +64,7 @@ _DROPPED = {
 
 @dataclass(frozen=True)
 class Taken:
-    """One worker process's measurement of a case."""
+    """One pool run's measurement of a case."""
 
     samples_ms: tuple[float, ...]
     clock: str
@@ -80,7 +80,7 @@ class Taken:
 
 
 def write_taken(path: Path, nodeid: str, measurement: Measurement) -> None:
-    """In a worker: append this case's samples to ``path`` (one JSON line, flushed, so a worker
+    """In a pool run: append this case's samples to ``path`` (one JSON line, flushed, so a pool run
     that dies later keeps what it measured)."""
     line = json.dumps({
         "nodeid": nodeid, "samples_ms": list(measurement.samples_ms), "clock": measurement.clock,
@@ -92,8 +92,8 @@ def write_taken(path: Path, nodeid: str, measurement: Measurement) -> None:
 
 
 def read_taken(path: Path) -> dict[str, Taken]:
-    """A worker's file: nodeid -> its measurement (the last, if a case was measured twice).
-    A line that does not parse (a worker killed mid-write) is skipped."""
+    """A pool run's file: nodeid -> its measurement (the last, if a case was measured twice).
+    A line that does not parse (a pool run killed mid-write) is skipped."""
     taken: dict[str, Taken] = {}
     if not path.exists():
         return taken
@@ -128,14 +128,14 @@ def _share(samples: Sequence[float], graphs: int, about: int) -> list[float]:
 
 
 def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
-    """``measurement`` with the workers' samples of the case added, about as many from each
-    process as the smallest gives (``_share``). A worker that timed the case with another clock
-    or mode is left out, and the note says so; the workers' own notes (a throttled clock, say)
+    """``measurement`` with the pool runs' samples of the case added, about as many from each
+    process as the smallest gives (``_share``). A pool run that timed the case with another clock
+    or mode is left out, and the note says so; the pool runs' own notes (a throttled clock, say)
     are kept, named as theirs."""
     usable = [t for t in taken if (t.clock, t.mode) == (measurement.clock, measurement.mode)]
     notes = list(measurement.notes)
     if len(usable) < len(taken):
-        notes.append(f"{len(taken) - len(usable)} worker measurement(s) taken with another clock or mode, not pooled")
+        notes.append(f"{len(taken) - len(usable)} pool-run measurement(s) taken with another clock or mode, not pooled")
     if not usable:
         return replace(measurement, notes=tuple(notes)) if len(notes) > len(measurement.notes) else measurement
     sets = [(list(measurement.samples_ms), measurement.graphs), *((list(t.samples_ms), t.graphs) for t in usable)]
@@ -145,7 +145,7 @@ def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
     medians = (measurement.median_ms, *(t.median_ms for t in usable))
     counts = sorted({len(share) for share in shares})  # one count unless the graphs differ
     each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    notes += [f"worker {i}: {note}" for i, t in enumerate(usable, 1) for note in t.notes]
+    notes += [f"pool run {i}: {note}" for i, t in enumerate(usable, 1) for note in t.notes]
     notes.append(f"{len(sets)} processes pooled, {each} samples each (medians "
                  f"{', '.join(f'{1e3 * m:.2f}' for m in medians)} us, this one first)")
     return replace(measurement, samples_ms=tuple(samples), notes=tuple(notes), processes=len(sets),
@@ -153,8 +153,8 @@ def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
 
 
 def _invocation_args(config: pytest.Config) -> list[str]:
-    """The invocation's arguments a worker takes over (plugins, a project's own options, the
-    attnperf options, -x, -W, -o, ...): without its paths and node ids (the worker gets its
+    """The invocation's arguments a pool run takes over (plugins, a project's own options, the
+    attnperf options, -x, -W, -o, ...): without its paths and node ids (the pool run gets its
     own) and ``_DROPPED``. The paths and node ids are the words pytest took as such
     (``config.args``)."""
     out: list[str] = []
@@ -176,12 +176,12 @@ def _invocation_args(config: pytest.Config) -> list[str]:
     return out
 
 
-def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratch: Path) -> list[str]:
-    """A worker's pytest arguments: the invocation's own (``_invocation_args``; the worker
+def pool_run_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratch: Path) -> list[str]:
+    """A pool run's pytest arguments: the invocation's own (``_invocation_args``; the pool run
     inherits the environment, so the attnperf settings resolve there as here), the rootdir and
-    ini file, the cases by absolute node id, and the places a worker may write: its cache, JUnit
+    ini file, the cases by absolute node id, and the places a pool run may write: its cache, JUnit
     file, temporary folder and benchmark storage, all in ``scratch`` (an ini's or
-    PYTEST_ADDOPTS's --lf, --junitxml or --benchmark-autosave then reach the worker
+    PYTEST_ADDOPTS's --lf, --junitxml or --benchmark-autosave then reach the pool run
     harmlessly)."""
     args = [*_invocation_args(config), "--rootdir", str(config.rootpath)]
     if config.inipath is not None:
@@ -194,15 +194,15 @@ def worker_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratc
         args.append(f"--basetemp={scratch / 'tmp'}")
     if config.pluginmanager.hasplugin("benchmark"):
         args.append(f"--benchmark-storage=file://{scratch / 'benchmarks'}")
-    if config.pluginmanager.hasplugin("xdist"):  # an ini's -n must not make the worker a pytest-xdist controller
+    if config.pluginmanager.hasplugin("xdist"):  # an ini's -n must not make the pool run a pytest-xdist controller
         args += ["-n", "0"]
-    args += [f"{WORKER_OUT_FLAG}={out}", *(f"{config.rootpath}{os.sep}{n}" for n in nodeids)]
+    args += [f"{POOL_OUT_FLAG}={out}", *(f"{config.rootpath}{os.sep}{n}" for n in nodeids)]
     return args
 
 
-def _worker_env() -> dict[str, str]:
+def _pool_env() -> dict[str, str]:
     """The environment of this process, with this copy of pytest_attnperf first on the path (it
-    may be imported from a checkout that the worker's directory does not hold)."""
+    may be imported from a checkout that the pool run's directory does not hold)."""
     # not a worker of theirs: pytest-xdist's variables left out
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
     here = str(Path(__file__).resolve().parents[1])
@@ -211,23 +211,23 @@ def _worker_env() -> dict[str, str]:
 
 
 @dataclass
-class Workers:
-    """The worker runs of one session, and what they measured."""
+class PoolRuns:
+    """The pool runs of one session, and what they measured."""
 
     taken: dict[str, list[Taken]]
     cases: int = 0
     processes: int = 1
     seconds: float = 0.0
-    problems: tuple[str, ...] = ()  # a worker that failed: named with its kept log
-    missing: tuple[str, ...] = ()  # a worker that measured fewer cases (skipped or failed there)
+    problems: tuple[str, ...] = ()  # a pool run that failed: named with its kept log
+    missing: tuple[str, ...] = ()  # a pool run that measured fewer cases (skipped or failed there)
     when: str = "before the tests"
 
     def for_case(self, nodeid: str) -> list[Taken]:
-        """What each worker measured for ``nodeid``; empty when none did."""
+        """What each pool run measured for ``nodeid``; empty when none did."""
         return self.taken.get(nodeid, [])
 
-    def add(self, other: Workers) -> None:
-        """Take in another set of worker runs (a pytest-xdist worker's next group)."""
+    def add(self, other: PoolRuns) -> None:
+        """Take in another set of pool runs (a pytest-xdist worker's next group)."""
         for nodeid, taken in other.taken.items():
             self.taken.setdefault(nodeid, []).extend(taken)
         self.cases += other.cases
@@ -237,34 +237,34 @@ class Workers:
 
     def summary(self, below_ms: float) -> list[str]:
         """For the run's summary: nothing when no case was chosen (every case then timed here only,
-        as without the option), else how many in how many processes, and any worker that did not
+        as without the option), else how many in how many processes, and any pool run that did not
         measure them all."""
         lines = [f"{self.cases} cases under {1e3 * below_ms:g} us timed in {self.processes} processes "
-                 f"({self.processes - 1} worker runs {self.when}, {self.seconds:.0f} s)"] if self.cases else []
-        return lines + [f"worker {p}" for p in (*self.problems, *self.missing)]
+                 f"({self.processes - 1} pool runs {self.when}, {self.seconds:.0f} s)"] if self.cases else []
+        return lines + [f"pool run {p}" for p in (*self.problems, *self.missing)]
 
     @classmethod
-    def run(cls, config: pytest.Config, nodeids: Sequence[str], processes: int) -> Workers:
-        """Run ``processes - 1`` workers over ``nodeids``, one after another, and read what each
-        measured. A worker that fails (exit status other than 0, or 1 for failed tests, or one
+    def run(cls, config: pytest.Config, nodeids: Sequence[str], processes: int) -> PoolRuns:
+        """Run ``processes - 1`` pool runs over ``nodeids``, one after another, and read what each
+        measured. A pool run that fails (exit status other than 0, or 1 for failed tests, or one
         that cannot start) is named with its log, which is kept; one that measured fewer cases
         is counted, with its log when a test failed there. Their cases pool what the others
         measured."""
-        workers = cls(taken={}, cases=len(nodeids), processes=processes)
+        runs = cls(taken={}, cases=len(nodeids), processes=processes)
         if not nodeids or processes < 2:
-            return workers
-        folder = Path(tempfile.mkdtemp(prefix="attnperf-workers-"))
+            return runs
+        folder = Path(tempfile.mkdtemp(prefix="attnperf-pool-"))
         started = time.monotonic()
         problems, missing, keep = [], [], False
         try:
             for i in range(1, processes):
-                out, log = folder / f"worker{i}.jsonl", folder / f"worker{i}.log"
-                cmd = [sys.executable, "-m", "pytest", *worker_args(config, nodeids, out, folder / f"w{i}")]
+                out, log = folder / f"pool{i}.jsonl", folder / f"pool{i}.log"
+                cmd = [sys.executable, "-m", "pytest", *pool_run_args(config, nodeids, out, folder / f"w{i}")]
                 with open(log, "w", encoding="utf-8") as sink:
                     sink.write(shlex.join(cmd) + "\n")
                     sink.flush()
                     try:
-                        child = child_run.start(cmd, env=_worker_env(), cwd=config.invocation_params.dir, stdout=sink)
+                        child = child_run.start(cmd, env=_pool_env(), cwd=config.invocation_params.dir, stdout=sink)
                     except OSError as exc:  # too many node ids for one command line, say
                         problems.append(f"{i}: could not start: {exc} (log: {log})")
                         continue
@@ -279,13 +279,13 @@ class Workers:
                     missing.append(f"{i}: measured {len(got)} of {len(nodeids)} cases (the rest were skipped or "
                                    f"failed there, and are pooled over fewer processes{kept})")
                 for nodeid, taken in got.items():
-                    workers.taken.setdefault(nodeid, []).append(taken)
+                    runs.taken.setdefault(nodeid, []).append(taken)
         finally:
-            workers.seconds = time.monotonic() - started
-            workers.problems, workers.missing = tuple(problems), tuple(missing)
+            runs.seconds = time.monotonic() - started
+            runs.problems, runs.missing = tuple(problems), tuple(missing)
             if not (problems or keep):  # the logs are kept only to be read
                 shutil.rmtree(folder, ignore_errors=True)
-        return workers
+        return runs
 
 
 def centres_ms(baseline: BaselineFile) -> dict[str, float]:

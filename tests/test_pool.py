@@ -1,7 +1,7 @@
-"""--attnperf-processes: short cases timed in worker processes too, their samples pooled.
+"""--attnperf-processes: short cases timed in pool runs too, their samples pooled.
 
 The units (pooling, the workers' file, the choice of cases, the workers' arguments) on plain
-values; the whole path under pytester, where the scripted timer gives worker processes other
+values; the whole path under pytester, where the scripted timer gives pool runs other
 speeds than the main one, so a test can see the workers' samples reach the gate.
 """
 
@@ -15,7 +15,7 @@ from typing import cast
 import pytest
 from test_plugin import CONFTEST, PLUGIN, TESTS, set_speed
 
-from pytest_attnperf.measure.processes import Taken, pool, read_taken, short_cases, worker_args, write_taken
+from pytest_attnperf.measure.pool import Taken, pool, pool_run_args, read_taken, short_cases, write_taken
 from pytest_attnperf.measure.timing import Measurement
 
 
@@ -57,7 +57,7 @@ def test_a_worker_that_timed_another_way_is_left_out_and_named() -> None:
     pooled = pool(main, [other, same])
     assert pooled.processes == 2
     assert max(pooled.samples_ms) == 1.2
-    assert any("1 worker measurement(s) taken with another clock or mode" in n for n in pooled.notes)
+    assert any("1 pool-run measurement(s) taken with another clock or mode" in n for n in pooled.notes)
     alone = pool(main, [other])
     assert alone.samples_ms == main.samples_ms
     assert alone.processes == 1
@@ -101,9 +101,9 @@ def test_workers_get_the_runs_settings_but_never_write_or_spawn(
                                   "--attnperf-budget", "0.2", "--update-baselines", "test_t.py", "--seqlen", "4096",
                                   "-k", "a or b", "--junitxml=j.xml", "--lf", "-x", "test_t.py::test_b")
     scratch = pytester.path / "scratch"
-    args = worker_args(config, ["test_t.py::test_a", "test_t.py::test_b"], Path("/tmp/w.jsonl"), scratch)
+    args = pool_run_args(config, ["test_t.py::test_a", "test_t.py::test_b"], Path("/tmp/w.jsonl"), scratch)
     assert args[-2:] == [f"{pytester.path}/test_t.py::test_a", f"{pytester.path}/test_t.py::test_b"]
-    assert "--attnperf-worker-out=/tmp/w.jsonl" in args
+    assert "--attnperf-pool-out=/tmp/w.jsonl" in args
     assert args[args.index("--hw") + 1] == "h200"
     assert args[args.index("--attnperf-budget") + 1] == "0.2"
     assert args[args.index("pytest_attnperf.plugin") - 1] == "-p"
@@ -117,7 +117,7 @@ def test_workers_get_the_runs_settings_but_never_write_or_spawn(
     from pytest_attnperf.options import read_settings
 
     settings = read_settings(worker)  # --update-baselines (given and inherited) and the processes: refused
-    assert settings.worker_out == Path("/tmp/w.jsonl")
+    assert settings.pool_out == Path("/tmp/w.jsonl")
     assert not settings.update_baselines
     assert settings.processes == 1
     assert settings.tolerance == pytest.approx(0.015)
@@ -128,7 +128,7 @@ def test_workers_get_the_runs_settings_but_never_write_or_spawn(
 WORKER_SPEED = '''
 
 class WorkerAwareTimer(ScriptedTimer):
-    """In a worker run, the factor comes from worker_speed.json instead of speed.json."""
+    """In a pool run, the factor comes from worker_speed.json instead of speed.json."""
 
     def __init__(self, worker):
         self.worker = worker
@@ -149,13 +149,13 @@ class WorkerAwareTimer(ScriptedTimer):
 
 
 def pytest_attnperf_make_timer(config, device):
-    return WorkerAwareTimer(config.getoption("attnperf_worker_out") is not None)
+    return WorkerAwareTimer(config.getoption("attnperf_pool_out") is not None)
 '''
 
 
 def _worker_lines(result: pytest.RunResult) -> list[str]:
-    """The summary's lines about worker runs and the notes of pooled cases."""
-    return [line for line in result.outlines if " worker runs before the tests" in line
+    """The summary's lines about pool runs and the notes of pooled cases."""
+    return [line for line in result.outlines if " pool runs before the tests" in line
             or line.startswith("worker ") or "processes pooled" in line]
 
 
@@ -178,7 +178,7 @@ def test_the_workers_samples_reach_the_gate(project: pytest.Pytester) -> None:
     pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms", "-rA")
     pooled.assert_outcomes(passed=2)
     out = pooled.stdout.str()
-    assert "2 cases under 5000 us timed in 3 processes (2 worker runs before the tests" in out
+    assert "2 cases under 5000 us timed in 3 processes (2 pool runs before the tests" in out
     assert "3 processes pooled, 20 samples each (medians 1100.00, 1000.00, 1000.00 us, this one first)" in out
     assert "worker 1:" not in out
     assert "worker 2:" not in out
@@ -200,13 +200,13 @@ def test_a_regression_seen_by_every_process_still_fails(project: pytest.Pytester
 
 
 def test_cases_over_the_threshold_or_without_an_entry_are_timed_here_only(project: pytest.Pytester) -> None:
-    """By default (3 processes), and asked for explicitly: no worker runs for them."""
+    """By default (3 processes), and asked for explicitly: no pool runs for them."""
     for asked in ((), ("--attnperf-processes=3",)):
         result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # no baseline file yet
         result.assert_outcomes(passed=2)
         assert not _worker_lines(result)
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "worker_speed.json").write_text("{not json")  # a worker run would fail and be named
+    (project.path / "worker_speed.json").write_text("{not json")  # a pool run would fail and be named
     for asked in ((), ("--attnperf-processes=3",)):
         result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # 1 ms cases: over 50 us
         result.assert_outcomes(passed=2)
@@ -292,7 +292,7 @@ def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> No
     pytester.makepyfile(fake_timeout="def pytest_addoption(parser):\n    parser.addoption('--timeout')\n")
     pytester.syspathinsert()
     config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "-p", "fake_timeout", "--timeout=240")
-    args = worker_args(config, ["t.py::a"], Path("/tmp/w.jsonl"), pytester.path)
+    args = pool_run_args(config, ["t.py::a"], Path("/tmp/w.jsonl"), pytester.path)
     assert "--timeout=240" in args
     assert args[args.index("fake_timeout") - 1] == "-p"
 
@@ -305,7 +305,7 @@ def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
 
     class Config:
         def getoption(self, name: str, default: object = None) -> object:
-            return "/tmp/w.jsonl" if worker and name == "attnperf_worker_out" else default
+            return "/tmp/w.jsonl" if worker and name == "attnperf_pool_out" else default
 
     def made(inject_env: str | None) -> object:
         if inject_env is not None:
