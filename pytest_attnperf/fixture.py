@@ -67,7 +67,7 @@ class Perf:
         self._record(result)
         verdict, measurement = result.verdict, result.measurement
         node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
-        self._session.measure_floor()  # once per run, outside any case's timing (here at the latest)
+        self._session.measure_overhead()  # once per run, outside any case's timing (here at the latest)
         self._feed_benchmark(result)
         if verdict.failed:
             drift = session.drift()
@@ -154,9 +154,9 @@ class Perf:
         return verdict, kept
 
     def _refused(self, refusal: str | None) -> None:
-        """Note, for the run's summary, why the sample floors' difference was not used."""
+        """Note, for the run's summary, why the sample overheads' difference was not used."""
         if refusal:
-            self._session.floor_refusals.add(refusal)
+            self._session.overhead_refusals.add(refusal)
 
     def _pooled(self, measurement: Measurement) -> Measurement:
         """In a pool run, the measurement as taken, also written to the pool run's file; in a run
@@ -227,7 +227,7 @@ class Perf:
         past = policy.history(before, m, self._session.gate_terms, self._session.here)
         self._refused(past.refusal)
         entry["run_medians_ms"], entry["run_machines"], entry["run_floors_ms"] = (
-            past.medians_ms, past.machines, past.floors_ms)
+            past.medians_ms, past.machines, past.overheads_ms)
         return entry
 
     def _baseline_entry(self) -> dict[str, Any] | None:
@@ -261,8 +261,8 @@ class Perf:
                 "eager_ms": result.measurement.eager_ms,
                 "verdict": result.verdict.status,
                 "attnperf_machine": self._session.machine,
-                "attnperf_floor_ms": self._session.measure_floor()[0],  # cold, one call a sample
-                "attnperf_gate_floor_ms": self._session.gate_floor_ms(),  # the same, if the gate may use it
+                "attnperf_floor_ms": self._session.measure_overhead()[0],  # cold, one call a sample
+                "attnperf_gate_floor_ms": self._session.gate_overhead_ms(),  # the same, if the gate may use it
                 "family": _family(self._request.node),
                 "flops": result.cost.flops,
                 "bytes": result.cost.bytes,

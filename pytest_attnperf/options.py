@@ -64,7 +64,7 @@ OPTIONS = (
            "2us", "time per sample a machine may add or take, allowed against another's recordings (default 2 us)"),
     Option("machine_residual", "--attnperf-machine-residual", "ATTNPERF_MACHINE_RESIDUAL",
            "attnperf_machine_residual", "0.5us",
-           "--attnperf-machine-offset once the sample floors' difference is known (default 0.5 us)"),
+           "--attnperf-machine-offset once the sample overheads' difference is known (default 0.5 us)"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: GPU UUID and boot id)"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",

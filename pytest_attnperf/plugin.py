@@ -75,24 +75,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return len(gpus) if gpus else None
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``loadgroup`` with each case's group from its workers' map (parallel.xdist.make_scheduler)."""
-    return xdist.make_scheduler(config, log, get_session(config))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """Controller: give a starting pytest-xdist worker its GPU and the fleet's size."""
-    xdist.configure_node(node.config, get_session(node.config), node)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: object | None) -> None:
-    """Controller: take a finished pytest-xdist worker's end-of-run payload."""
-    xdist.node_down(get_session(node.config), node, error)
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
     """CUDA device 0 when torch sees one, else the CPU."""
@@ -304,13 +286,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         drift = xdist.merged_drift(state) if state.fleet is not None else state.drift()
         for line in summary_lines(state.rows, state.hardware.name, drift):
             terminalreporter.write_line(line)
-        floor_ms, how = state.floor or (None, "no CUDA device")
+        floor_ms, how = state.overhead or (None, "no CUDA device")
         if floor_ms is not None:
-            terminalreporter.write_line(f"sample floor ({how}): {1e3 * floor_ms:.2f} us")
+            terminalreporter.write_line(f"sample overhead ({how}): {1e3 * floor_ms:.2f} us")
         elif how != "no CUDA device":  # it failed on a GPU: say why
-            terminalreporter.write_line(f"sample floor not measured: {how}")
-        for refused in sorted(state.floor_refusals):
-            terminalreporter.write_line(f"floors not used: {refused}")
+            terminalreporter.write_line(f"sample overhead not measured: {how}")
+        for refused in sorted(state.overhead_refusals):
+            terminalreporter.write_line(f"sample overheads not used: {refused}")
     if state.pool_runs is not None:
         for line in state.pool_runs.summary(state.settings.processes_below_ms):
             terminalreporter.write_line(line)

@@ -43,9 +43,9 @@ class AttnPerfSession:
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     write_note: str | None = None
-    floor: tuple[float | None, str] | None = None  # see measure_floor: (ms, how), once measured
-    floor_for_gate_ms: float | None = None  # see gate_floor_ms
-    floor_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
+    overhead: tuple[float | None, str] | None = None  # see measure_overhead: (ms, how), once measured
+    overhead_for_gate_ms: float | None = None  # see gate_overhead_ms
+    overhead_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
     pool_runs: PoolRuns | None = None  # the --attnperf-processes pool runs, once made (see start_pool_runs)
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
     # a pytest-xdist worker: case -> its group's short cases
@@ -100,8 +100,8 @@ class AttnPerfSession:
 
     @cached_property
     def here(self) -> Here:
-        """What the gate knows of this machine: its name and its sample floor (measured on first need)."""
-        return Here(self.machine, self.gate_floor_ms)
+        """What the gate knows of this machine: its name and its sample overhead (measured on first need)."""
+        return Here(self.machine, self.gate_overhead_ms)
 
     def plan(self, mode: str | None = None) -> SamplingPlan:
         """The sampling plan from the settings, in ``mode`` when given."""
@@ -115,31 +115,31 @@ class AttnPerfSession:
             hot_sample_ms=s.hot_sample_ms,
         )
 
-    def measure_floor(self) -> tuple[float | None, str]:
+    def measure_overhead(self) -> tuple[float | None, str]:
         """The timer's figure for the least a sample can hold, a one-element add on CUDA device
         0, cold (one call a sample, whatever the run's mode: hot mode's graphs of many calls
         would spread a per-sample cost over them), measured once per run: beside each case in
         the benchmark JSON, so runs on two machines show whether a machine's samples carry a
         fixed cost of their own (see --attnperf-machine-offset and docs/evidence.md,
         "Fixed time per sample"). ``(None, why)`` without CUDA or when it fails. Where the gate may
-        use it, see ``gate_floor_ms``."""
-        if self.floor is None:
-            self.floor, self.floor_for_gate_ms = self._floor()
-        return self.floor
+        use it, see ``gate_overhead_ms``."""
+        if self.overhead is None:
+            self.overhead, self.overhead_for_gate_ms = self._overhead()
+        return self.overhead
 
-    def gate_floor_ms(self) -> float | None:
+    def gate_overhead_ms(self) -> float | None:
         """The floor as the gate uses it: kept with each recording (``run_floors_ms``) and,
         against another machine's recordings, the difference moves a cold case's centre
         (``Perf._machine_terms``). Only a floor timed the way cold cases are (events inside the
         graph, ``cuda-graph-nodes``) and not caught at a held-down clock; else None, and the
-        reason is in ``measure_floor``'s words."""
-        self.measure_floor()
-        return self.floor_for_gate_ms
+        reason is in ``measure_overhead``'s words."""
+        self.measure_overhead()
+        return self.overhead_for_gate_ms
 
-    def _floor(self) -> tuple[tuple[float | None, str], float | None]:
+    def _overhead(self) -> tuple[tuple[float | None, str], float | None]:
         if not self.device.is_gpu:  # a CPU run need not import torch for it
             return (None, "no CUDA device"), None
-        plan = replace(self.plan("cold"), floor=True)
+        plan = replace(self.plan("cold"), overhead=True)
         how = "one-element add, cold"
         try:
             import torch
@@ -173,7 +173,7 @@ class AttnPerfSession:
             return
         from pytest_attnperf.hw.ceilings import for_session
 
-        self.measure_floor()
+        self.measure_overhead()
         for_session(self)
 
     def start_pool_runs(self, items: list[pytest.Item]) -> None:

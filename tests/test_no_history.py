@@ -129,7 +129,7 @@ def _slug(heading: str) -> str:
 
 
 def _has_section(doc: Path, name: str) -> bool:
-    """``name`` is a heading of ``doc``, or the start of one ("Sample floor" for "Sample floor and
+    """``name`` is a heading of ``doc``, or the start of one ("Sample overhead" for "Sample overhead and
     ``--attnperf-machine-residual`` 0.5 us")."""
     name = name.replace("`", "").strip().lower()
     return any(h == name or (h.startswith(name) and not h[len(name)].isalnum()) for h in _headings(doc))

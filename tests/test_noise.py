@@ -237,7 +237,7 @@ def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monke
     out = tmp_path / "compare.jsonl"
     timer = InjectingTimer(Recording(), DetectedDevice("cuda", "fake"), fraction=0.5, every=1, compare=str(out))
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::first (call)")
-    measured = timer.measure(add, SamplingPlan(floor=True))
+    measured = timer.measure(add, SamplingPlan(overhead=True))
     assert seen == [add]
     assert measured.notes == ()
     assert not out.exists()
@@ -538,7 +538,7 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
     assert "false regressions over 1 unchanged runs: 1 in 2 judgements (not judged: 1 clock changed)" in lines
     assert "cases that failed for another reason in some run: 2 (clock, crash)" in lines
     assert "machines: run0 on gpu-1/boot-2" in lines
-    assert "sample floor: run0 6.12 us" in lines
+    assert "sample overhead: run0 6.12 us" in lines
 
 
 def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ class ScriptedTimer:
         plan_seen = {"cold_graphs": plan.cold_graphs, "hot_sample_ms": plan.hot_sample_ms}
         (HERE / "plan.json").write_text(json.dumps(plan_seen))
         # the run's sample overhead is timed before any test, under the name "floor" here
-        test = "floor" if plan.floor else os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
+        test = "floor" if plan.overhead else os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
         speed = HERE / "speed.json"
         factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
         jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
@@ -566,7 +566,7 @@ def test_a_recording_beyond_the_tolerance_but_within_the_noise_keeps_the_history
     assert baseline(project)["entries"][key]["run_medians_ms"] == pytest.approx([1.06], rel=1e-3)
 
 
-def test_a_floor_in_time_widens_the_bar_a_sample_holds_once(project: pytest.Pytester) -> None:
+def test_least_noise_in_time_widens_the_bar_a_sample_holds_once(project: pytest.Pytester) -> None:
     """--attnperf-run-noise-time reaches the gate and the history. One recording of a ~1 ms
     case, +2.5% at a 1.5% tolerance: on the 0.5% floor (bar 2.1%) it regresses, and
     recording it restarts the history; with a 30 us time floor (3% of 1 ms: bar 12.7%) it
@@ -586,7 +586,7 @@ def test_a_floor_in_time_widens_the_bar_a_sample_holds_once(project: pytest.Pyte
     assert baseline(project)["entries"][key]["run_medians_ms"] == pytest.approx([1.025, 1.0], rel=1e-3)
 
 
-def test_in_hot_mode_the_floor_in_time_is_spread_over_the_calls_of_a_sample(project: pytest.Pytester) -> None:
+def test_in_hot_mode_the_least_noise_in_time_is_spread_over_the_calls_of_a_sample(project: pytest.Pytester) -> None:
     """A graph of 64 calls a sample: 30 us a sample is 0.47 us a call, 0.05% of 1 ms, under the
     0.5% floor, so +2.5% regresses as without it."""
     set_clocks(project, a=["cuda-graph x64"])
@@ -689,7 +689,7 @@ def test_the_machine_offset_is_per_sample(project: pytest.Pytester, clock: str, 
     result.stdout.fnmatch_lines([expected])
 
 
-def test_the_floors_difference_moves_the_centre_on_another_machine(
+def test_the_overheads_difference_moves_the_centre_on_another_machine(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two H200 hosts (2026-11-29) in small: recorded on A (floor 3.26 us), a 60 us case reads 1.84 us longer on
     B (floor 5.10 us). Each recording keeps its floor; on B the centre is moved by the floors'
@@ -699,7 +699,7 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
     from pytest_attnperf.session import AttnPerfSession
 
     floor: list[float | None] = [0.00326]
-    monkeypatch.setattr(AttnPerfSession, "_floor", lambda self: ((floor[0], "scripted"), floor[0]))
+    monkeypatch.setattr(AttnPerfSession, "_overhead", lambda self: ((floor[0], "scripted"), floor[0]))
     set_clocks(project, a=["cuda-graph-nodes"], b=["cuda-graph-nodes"])
     set_speed(project, a=0.060, b=0.060)
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
@@ -713,7 +713,7 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
         "*test_case[[]b[]]: REGRESSED +4.9% against the baseline*",
         "*centre moved +1.84 us to 0.06184 ms*(+8.1% unmoved)*",
         "note: test_case[[]a[]]: judged against recordings from another machine: centre moved by this machine's "
-        "sample floor less the recordings'; the bar includes 0.70% (--attnperf-machine-noise) and 0.5 us a sample "
+        "sample overhead less the recordings'; the bar includes 0.70% (--attnperf-machine-noise) and 0.5 us a sample "
         "(--attnperf-machine-residual) between machines",
     ])
     floor[0] = None  # B's floor not measured: the 2 us offset, and the +5% passes inside its bar
@@ -727,7 +727,7 @@ def test_the_floors_difference_moves_the_centre_on_another_machine(
     project.runpytest(*PLUGIN, *tight).assert_outcomes(passed=2)
 
 
-def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str = "cuda-graph-nodes",
+def session_timing_overhead(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str = "cuda-graph-nodes",
                          notes: tuple[str, ...] = (), plans: list[SamplingPlan] | None = None) -> AttnPerfSession:
     """An ``AttnPerfSession`` on a (faked) CUDA device whose timer gives every measurement,
     the floor's included, these figures (and appends each plan it is given to ``plans``)."""
@@ -750,7 +750,7 @@ def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, cloc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch, "zeros", lambda *shape, device=None: zeros(*shape))
     session = AttnPerfSession.__new__(AttnPerfSession)
-    session.floor = None
+    session.overhead = None
     session.__dict__.update(device=DetectedDevice("cuda", "NVIDIA H200"), timer=Timer(),
                             plan=lambda mode=None: SamplingPlan(mode=mode or "cold"))
     return session
@@ -768,36 +768,36 @@ def session_timing_floor(monkeypatch: pytest.MonkeyPatch, median_ms: float, cloc
      None, "one-element add, cold; not used by the gate: clocks held down while sampling (power 31% of 0.50 s, "
      "NVML violation counters)"),
 ])
-def test_which_floors_the_gate_may_use(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str,
+def test_which_overheads_the_gate_may_use(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str,
                                        notes: tuple[str, ...], gate_ms: float | None, how: str) -> None:
     """Only a floor timed as cold cases are (events inside the graph) and not at a held-down
     clock is kept with recordings and moves centres; every floor is still reported."""
-    session = session_timing_floor(monkeypatch, median_ms, clock, notes)
-    assert session.gate_floor_ms() == gate_ms
-    assert session.measure_floor() == (median_ms, how)
+    session = session_timing_overhead(monkeypatch, median_ms, clock, notes)
+    assert session.gate_overhead_ms() == gate_ms
+    assert session.measure_overhead() == (median_ms, how)
 
 
-def test_the_floor_is_timed_cold_and_says_it_is_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_overhead_is_timed_cold_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the run's mode, and marked so that a wrapping timer (the noise benchmark's
     injection, do_bench comparison) can tell it from the case it is timed in."""
     from pytest_attnperf.measure.timing import SamplingPlan
 
     plans: list[SamplingPlan] = []
-    session = session_timing_floor(monkeypatch, 0.00326, plans=plans)
+    session = session_timing_overhead(monkeypatch, 0.00326, plans=plans)
     session.__dict__["plan"] = lambda mode=None: SamplingPlan(mode=mode or "hot")
-    session.measure_floor()
-    session.measure_floor()  # once per run
-    assert [(p.mode, p.floor) for p in plans] == [("cold", True)]
-    assert not SamplingPlan().floor
+    session.measure_overhead()
+    session.measure_overhead()  # once per run
+    assert [(p.mode, p.overhead) for p in plans] == [("cold", True)]
+    assert not SamplingPlan().overhead
 
 
 @pytest.mark.parametrize("bad", [0.0, float("nan"), float("inf")])
-def test_a_floor_that_is_not_a_positive_time_is_not_kept(monkeypatch: pytest.MonkeyPatch, bad: float) -> None:
+def test_an_overhead_that_is_not_a_positive_time_is_not_kept(monkeypatch: pytest.MonkeyPatch, bad: float) -> None:
     """A zero, NaN or infinite floor would make the baseline file unloadable once written into
     ``run_floors_ms``: it is reported as not measured and kept out."""
-    session = session_timing_floor(monkeypatch, bad)
-    assert session.gate_floor_ms() is None
-    assert session.measure_floor() == (None, f"one-element add, cold read {bad!r} ms")
+    session = session_timing_overhead(monkeypatch, bad)
+    assert session.gate_overhead_ms() is None
+    assert session.measure_overhead() == (None, f"one-element add, cold read {bad!r} ms")
 
 
 @pytest.mark.parametrize(("clock", "case_ms", "floor_a", "floor_b", "usable", "moved", "refused"), [
@@ -808,18 +808,18 @@ def test_a_floor_that_is_not_a_positive_time_is_not_kept(monkeypatch: pytest.Mon
     ("cuda-graph-nodes", 0.004, 0.0099, 0.0051, True, False, "would empty a case's centre"),
     ("cuda-graph-nodes", 0.060, 0.00326, 0.00326, True, True, None),  # equal floors: moved by zero, residual
 ])
-def test_the_centre_moves_only_for_a_plausible_shift_on_the_floors_clock(
+def test_the_centre_moves_only_for_a_plausible_shift_on_the_overheads_clock(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, clock: str, case_ms: float, floor_a: float,
         floor_b: float, usable: bool, moved: bool, refused: str | None) -> None:
     """A case recorded on A and run 5% slower on B plus B's floor less A's: caught where the
     centre moves, inside the 2 us offset's bar (about 10% at 60 us) where it does not. The note
     says which term the bar used; a difference not used for being implausible is reported once
-    under the summary. Only a usable floor (``AttnPerfSession.gate_floor_ms``) is written or
+    under the summary. Only a usable floor (``AttnPerfSession.gate_overhead_ms``) is written or
     used."""
     from pytest_attnperf.session import AttnPerfSession
 
     floor = [floor_a, True]
-    monkeypatch.setattr(AttnPerfSession, "_floor",
+    monkeypatch.setattr(AttnPerfSession, "_overhead",
                         lambda self: ((floor[0], "scripted"), floor[0] if floor[1] else None))
     set_clocks(project, a=[clock], b=[clock])
     set_speed(project, a=case_ms, b=case_ms)
@@ -846,12 +846,12 @@ def test_a_floor_the_gate_may_not_use_is_not_recorded(
     reports it, the entry keeps no floor for that recording."""
     from pytest_attnperf.session import AttnPerfSession
 
-    monkeypatch.setattr(AttnPerfSession, "_floor", lambda self: ((0.0036, "one-element add, cold; not used by the "
+    monkeypatch.setattr(AttnPerfSession, "_overhead", lambda self: ((0.0036, "one-element add, cold; not used by the "
                                                                   "gate: clock cuda-graph"), None))
     result = project.runpytest(*PLUGIN, "--update-baselines")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
-        ["sample floor (one-element add, cold; not used by the gate: clock cuda-graph): 3.60 us"])
+        ["sample overhead (one-element add, cold; not used by the gate: clock cuda-graph): 3.60 us"])
     assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_floors_ms"] == [None]
 
 
@@ -910,7 +910,7 @@ def test_run_noise_floor_is_an_option(project: pytest.Pytester) -> None:
     bad.stderr.fnmatch_lines(["*bad value 'lots' from --attnperf-run-noise*"])
 
 
-def test_the_sample_floor_is_measured_once_and_reported(
+def test_the_sample_overhead_is_measured_once_and_reported(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """With CUDA (faked here: the scripted timer times a CPU tensor), the run times a
     one-element add once, writes it beside every case in the benchmark JSON and prints it;
@@ -919,7 +919,7 @@ def test_the_sample_floor_is_measured_once_and_reported(
 
     plain = project.runpytest(*PLUGIN, "--benchmark-json=plain.json")
     plain.assert_outcomes(passed=2)
-    assert "sample floor" not in plain.stdout.str()
+    assert "sample overhead" not in plain.stdout.str()
     assert {b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "plain.json").read_text())[
         "benchmarks"]} == {None}
     zeros = torch.zeros
@@ -928,13 +928,14 @@ def test_the_sample_floor_is_measured_once_and_reported(
     (project.path / "speed.json").write_text(json.dumps({"floor": 0.004}))  # timed before any test: 4 us
     result = project.runpytest(*PLUGIN, "--benchmark-json=out.json")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["sample floor (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
+    result.stdout.fnmatch_lines(
+        ["sample overhead (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
     floors = [b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "out.json").read_text())[
         "benchmarks"]]
     assert floors == [pytest.approx(0.004), pytest.approx(0.004)]
     # measured without pytest-benchmark too; a failure is named, not raised
     project.runpytest(*PLUGIN, "-p", "no:benchmark").stdout.fnmatch_lines(
-        ["sample floor (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
+        ["sample overhead (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
 
     def broken(*shape: int, device: object = None) -> torch.Tensor:
         raise RuntimeError("CUDA error: an illegal memory access")
@@ -942,4 +943,5 @@ def test_the_sample_floor_is_measured_once_and_reported(
     monkeypatch.setattr(torch, "zeros", broken)
     failed = project.runpytest(*PLUGIN)
     failed.assert_outcomes(passed=2)
-    failed.stdout.fnmatch_lines(["sample floor not measured: one-element add, cold failed: RuntimeError: CUDA error*"])
+    failed.stdout.fnmatch_lines(
+        ["sample overhead not measured: one-element add, cold failed: RuntimeError: CUDA error*"])

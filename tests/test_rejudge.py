@@ -63,19 +63,19 @@ def test_a_wider_bar_clears_what_it_should(work: Path, capsys: pytest.CaptureFix
     assert "2 flagged on the device, 0 still regressed" in out
 
 
-def test_the_floor_in_time_clears_a_short_case_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_least_noise_in_time_clears_a_short_case_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 12 us case recorded at 11.81, 11.82, 11.81 us reads 12.10 us (+2.4%) and a 1 ms case
-    +2.4% too: with ``--floor-time 0`` (no time floor) both regress at 1.5%; at the
+    +2.4% too: with ``--least-noise-time 0`` (no least noise in time) both regress at 1.5%; at the
     default 0.1 us the short case's bar is 3 * 0.85% * sqrt(4/3) = 2.9% and it passes, the long
     one (0.1 us is 0.01% of it) still regresses."""
     short, long = "suites/test_x.py::test_x[short]", "suites/test_x.py::test_x[long]"
     write_work(tmp_path, {short: entry(0.01181, [0.01181, 0.01182, 0.01181]), long: entry(1.0, [1.0, 1.001, 0.999])},
                {short: 0.01210, long: 1.024})
-    rejudge.main([str(tmp_path), "--floor-time", "0"])
+    rejudge.main([str(tmp_path), "--least-noise-time", "0"])
     assert "2 judgements, 2 regressed" in capsys.readouterr().out
     rejudge.main([str(tmp_path)])
     out = capsys.readouterr().out
-    assert "floor 0.5% and 0.1 us" in out
+    assert "least noise 0.5% and 0.1 us" in out
     assert "2 judgements, 1 regressed" in out
     assert [line for line in out.splitlines() if line.startswith("  run")] == [f"  run0.json {long} +2.40%"]
 
@@ -106,12 +106,12 @@ def test_the_machine_offset_and_eager_cases(tmp_path: Path, capsys: pytest.Captu
     assert "steady runs: 1 judgements, 0 regressed; 1 eager-timed not compared (another machine)" in out
 
 
-def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_overheads_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A 60 us case recorded with a 3.26 us floor, 5% slower in a run whose floor is 5.10 us
     (so 1.84 us more on top), and a 1 ms case +0.2%, judged as against another machine at a
     1.5% tolerance. With the 2 us offset the short case's bar is about 10%: it passes. With
-    --floors its centre moves by 1.84 us, the residual is 0.5 us, and the +5% is caught. A file
-    without floors takes --baseline-floor, else keeps the offset; a case on the fallback clock
+    --overheads its centre moves by 1.84 us, the residual is 0.5 us, and the +5% is caught. A file
+    without floors takes --baseline-overhead, else keeps the offset; a case on the fallback clock
     (launch inside its samples) keeps it too."""
     short, long_ = "suites/test_x.py::test_x[short]", "suites/test_x.py::test_x[long]"
     recorded = {short: {**entry(0.060, [0.060]), "run_floors_ms": [0.00326], "clock": "cuda-graph-nodes"},
@@ -128,18 +128,18 @@ def test_floors_move_the_centre_where_both_are_known(tmp_path: Path, capsys: pyt
         {"fullname": long_, "stats": {"median": 1.002e-3}, "extra_info": {"attnperf_floor_ms": 0.0051}}]}
     (tmp_path / "run0.json").write_text(json.dumps(run))
     assert "steady runs: 2 judgements, 0 regressed" in judged()
-    out = judged("--floors")
+    out = judged("--overheads")
     assert "steady runs: 2 judgements, 1 regressed" in out
     assert "0.5 us residual" in out
     for e in recorded.values():
         del e["run_floors_ms"]
-    assert "steady runs: 2 judgements, 0 regressed" in judged("--floors")
-    assert "steady runs: 2 judgements, 1 regressed" in judged("--floors", "--baseline-floor", "3.26us")
+    assert "steady runs: 2 judgements, 0 regressed" in judged("--overheads")
+    assert "steady runs: 2 judgements, 1 regressed" in judged("--overheads", "--baseline-overhead", "3.26us")
     recorded[short]["clock"] = "cuda-graph"
-    assert "steady runs: 2 judgements, 0 regressed" in judged("--floors", "--baseline-floor", "3.26us")
+    assert "steady runs: 2 judgements, 0 regressed" in judged("--overheads", "--baseline-overhead", "3.26us")
 
 
-def test_floors_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_overheads_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The shift comes from the floor the gate used (``attnperf_gate_floor_ms``: null when it
     could not use the run's floor), never from an implausible difference (more than 6 us, or one
     that empties the centre: no crash, the offset stands), and only for a case the run timed on
@@ -153,7 +153,7 @@ def test_floors_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureFixt
         info = {"attnperf_floor_ms": 0.0051, "attnperf_clock": clock, **extra}
         (tmp_path / "run0.json").write_text(json.dumps(
             {"benchmarks": [{"fullname": case, "stats": {"median": median_ms * 1e-3}, "extra_info": info}]}))
-        rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--machine-offset", "2us", "--floors"])
+        rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--machine-offset", "2us", "--overheads"])
         return capsys.readouterr().out
 
     slower = 0.060 * 1.05 + 0.00184  # +5% and B's floor less A's: caught only with the shift

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_attnperf.gate.verdict import MIN_SAMPLES, Summary, Verdict, centre_floor_ms, judge, median_ci
+from pytest_attnperf.gate.verdict import MIN_SAMPLES, Summary, Verdict, centre_overhead_ms, judge, median_ci
 from pytest_attnperf.measure import nvml, sampling
 from pytest_attnperf.measure.timing import ReplayClock, SamplingPlan, hot_graph, sample_adaptively
 
@@ -373,14 +373,14 @@ def test_a_short_kernel_moving_by_a_tenth_of_a_microsecond_is_noise() -> None:
     base = summarise(1, 0.01181, rel_noise=0.015, n=2000)
     moved, slower = summarise(2, 0.01210, rel_noise=0.015, n=2000), summarise(3, 0.01252, rel_noise=0.015, n=2000)
     assert judge(moved, base, 0.015, 0.005).status == "regressed"
-    verdict = judge(moved, base, 0.015, 0.005, noise_floor_ms=0.0001)
+    verdict = judge(moved, base, 0.015, 0.005, least_noise_ms=0.0001)
     assert verdict.status == "unchanged"
     assert "the 0.85% (0.1 us) floor (fewer than 3 recordings)" in verdict.message
-    assert judge(slower, base, 0.015, 0.005, noise_floor_ms=0.0001).status == "regressed"
+    assert judge(slower, base, 0.015, 0.005, least_noise_ms=0.0001).status == "regressed"
     long_base, long_slower = summarise(4, 1.0, n=200), summarise(5, 1.025, n=200)
-    assert judge(long_slower, long_base, 0.015, 0.005, noise_floor_ms=0.0001).status == "regressed"
+    assert judge(long_slower, long_base, 0.015, 0.005, least_noise_ms=0.0001).status == "regressed"
     three = with_history(base, [0.01181, 0.01182, 0.01181])  # agreeing recordings: floored by time
-    assert "floored at 0.85% (0.1 us)" in judge(moved, three, 0.015, 0.005, noise_floor_ms=0.0001).message
+    assert "floored at 0.85% (0.1 us)" in judge(moved, three, 0.015, 0.005, least_noise_ms=0.0001).message
 
 
 def test_history_centre_is_the_median_of_recordings() -> None:
@@ -573,15 +573,15 @@ def test_the_centre_floor_follows_the_centre() -> None:
 
     base = summarise(1, 0.05, n=50)
     two = replace(with_history(base, [0.05, 0.05]), run_floors_ms=(None, 0.0033))
-    assert centre_floor_ms(two) == 0.0033
+    assert centre_overhead_ms(two) == 0.0033
     three = replace(with_history(base, [0.05, 0.05, 0.05]), run_floors_ms=(0.0050, 0.0033, 0.0034))
-    assert centre_floor_ms(three) == 0.0034
-    assert centre_floor_ms(replace(three, run_floors_ms=(None, 0.0033, 0.0034))) is None
-    assert centre_floor_ms(with_history(base, [0.05])) is None  # built without floors
+    assert centre_overhead_ms(three) == 0.0034
+    assert centre_overhead_ms(replace(three, run_floors_ms=(None, 0.0033, 0.0034))) is None
+    assert centre_overhead_ms(with_history(base, [0.05])) is None  # built without floors
 
 
 def test_a_known_shift_between_machines_moves_the_centre() -> None:
-    """Two H200 hosts (2026-11-29): a 60 us kernel recorded on a machine whose sample floor is 3.26 us,
+    """Two H200 hosts (2026-11-29): a 60 us kernel recorded on a machine whose sample overhead is 3.26 us,
     run where it is 5.1 us; every cold sample there is about 1.9 us longer. Unchanged, it reads
     +3.2%: with the shift (+1.84 us) and a 0.5 us residual it is unchanged against the moved
     centre; +5% of real work on top (+3 us) regresses at a 1.5% tolerance, and the message
@@ -596,8 +596,8 @@ def test_a_known_shift_between_machines_moves_the_centre() -> None:
     assert verdict.ratio == pytest.approx(1.0, abs=0.003)
     caught = judge(slower, base, 0.015, 0.005, 0.007, 0.0005, shift)
     assert caught.status == "regressed"
-    assert "centre moved +1.84 us to 0.06185 ms, this machine's sample floor less the recordings' (+8.0% unmoved)" in (
-        caught.message)
+    assert ("centre moved +1.84 us to 0.06185 ms, this machine's sample overhead less the recordings' "
+            "(+8.0% unmoved)") in caught.message
     assert caught.change_pct == pytest.approx(4.9, abs=0.3)
     assert judge(slower, base, 0.015, 0.005, 0.007, 0.002).status == "unchanged"  # the offset alone: too wide
 

@@ -17,7 +17,7 @@ from pytest_attnperf.measure.sampling import Measurement
 
 TERMS = GateTerms(tolerance=0.05, run_noise=0.005, run_noise_time_ms=1e-4, machine_noise=0.007,
                   machine_offset_ms=0.002, machine_residual_ms=0.0005, hot_sample_ms=20.0)
-HERE = Here(machine="this-box", floor_ms=lambda: None)
+HERE = Here(machine="this-box", overhead_ms=lambda: None)
 
 
 def timed(centre_ms: float, *, seed: int = 0, clock: str = "cuda-graph-nodes", mode: str = "cold",
@@ -160,7 +160,7 @@ def test_the_sample_floor_is_read_only_when_a_rule_needs_it() -> None:
         reads.append(1)
         return 0.0035
 
-    here = Here(machine="this-box", floor_ms=floor)
+    here = Here(machine="this-box", overhead_ms=floor)
     decide(timed(1.0, seed=1), entry_of(timed(1.0, seed=2)), here=here)  # recorded here: no machine terms
     assert reads == []
     decide(timed(1.0, seed=1), entry_of(timed(1.0, seed=2), machines=("elsewhere",) * 3), here=here)

@@ -13,7 +13,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from pytest_attnperf.gate.verdict import HISTORY_MIN, HISTORY_ROBUST, Summary, Verdict, centre_ms, floor_shift_ms, judge
+from pytest_attnperf.gate.verdict import (
+    HISTORY_MIN,
+    HISTORY_ROBUST,
+    Summary,
+    Verdict,
+    centre_ms,
+    judge,
+    overhead_shift_ms,
+)
 from pytest_attnperf.measure.sampling import Measurement
 
 __all__ = ["HISTORY_KEEP", "Decision", "GateTerms", "Here", "History", "decide", "decide_again", "history",
@@ -51,16 +59,16 @@ class Here:
     """What the gate knows of the machine it runs on."""
 
     machine: str  # this machine's name in the recording histories
-    floor_ms: Callable[[], float | None]  # the run's sample floor as the gate may use it, measured on first need
+    overhead_ms: Callable[[], float | None]  # the run's sample overhead as the gate may use it, measured on first need
 
 
 class History(NamedTuple):
-    """A recording's history: its medians, the machine and sample floor of each, this one last."""
+    """A recording's history: its medians, the machine and sample overhead of each, this one last."""
 
     medians_ms: list[float]
     machines: list[str | None]
-    floors_ms: list[float | None]
-    refusal: str | None = None  # why the sample floors' difference was not used in judging it
+    overheads_ms: list[float | None]
+    refusal: str | None = None  # why the sample overheads' difference was not used in judging it
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,7 @@ class Decision:
     verdict: Verdict
     remeasure: bool = False  # a suspected regression: time the case once more, then ``decide_again``
     missing: bool = False  # no baseline entry while --attnperf-require-baseline is set: the case fails
-    refusal: str | None = None  # why the sample floors' difference was not used (for the run's summary)
+    refusal: str | None = None  # why the sample overheads' difference was not used (for the run's summary)
 
 
 def _hot_sample_ms(entry: Mapping[str, Any]) -> float:
@@ -121,13 +129,13 @@ def _all_from_here(baseline: Summary, here: Here) -> bool:
     return set(_centre_machines(baseline)) == {here.machine}
 
 
-def _floor_shift(baseline: Summary, measurement: Measurement, here: Here) -> tuple[float | None, str | None]:
-    """The floors' difference to move the baseline's centre by (``verdict.floor_shift_ms``: this
+def _overhead_shift(baseline: Summary, measurement: Measurement, here: Here) -> tuple[float | None, str | None]:
+    """The sample overheads' difference to move the baseline's centre by (``verdict.overhead_shift_ms``: this
     run's gate floor less the recordings'), for a case timed as the floor is (cold,
     ``cuda-graph-nodes``), and why it was refused; ``(None, None)`` for a case timed otherwise."""
     if measurement.mode != "cold" or measurement.clock != "cuda-graph-nodes":
         return None, None
-    return floor_shift_ms(baseline, here.floor_ms())
+    return overhead_shift_ms(baseline, here.overhead_ms())
 
 
 def _machine_terms(baseline: Summary | None, measurement: Measurement, terms: GateTerms,
@@ -142,7 +150,7 @@ def _machine_terms(baseline: Summary | None, measurement: Measurement, terms: Ga
     more known machines (their own spread then shows the moves). Recordings of unknown
     machine are likely from one box, so they do not make a second machine here.
 
-    The fixed part: where the sample floors give the move, it is the shift and
+    The fixed part: where the sample overheads give the move, it is the shift and
     ``--attnperf-machine-residual`` the fixed term; else ``--attnperf-machine-offset``, a
     cost paid once per sample, so a graph of N calls, hot mode's, spreads it over N."""
     if baseline is None:
@@ -150,13 +158,13 @@ def _machine_terms(baseline: Summary | None, measurement: Measurement, terms: Ga
     behind = _centre_machines(baseline)
     if here.machine in behind or len(set(behind) - {None}) >= 2:
         return (0.0, 0.0, None), None
-    shift_ms, refused = _floor_shift(baseline, measurement, here)
+    shift_ms, refused = _overhead_shift(baseline, measurement, here)
     if shift_ms is not None:
         return (terms.machine_noise, terms.machine_residual_ms, shift_ms), refused
     return (terms.machine_noise, terms.machine_offset_ms / _calls_a_sample(measurement), None), refused
 
 
-def _noise_floor_ms(measurement: Measurement, terms: GateTerms) -> float:
+def _least_noise_ms(measurement: Measurement, terms: GateTerms) -> float:
     """``--attnperf-run-noise-time`` a call: measured on cold samples (one call each), it is
     taken, like the offset, as a time a sample, so a graph of N calls spreads it over N."""
     return terms.run_noise_time_ms / _calls_a_sample(measurement)
@@ -166,7 +174,7 @@ def _judge(measurement: Measurement, summary: Summary | None, terms: GateTerms,
            here: Here) -> tuple[Verdict, str | None]:
     machine, refused = _machine_terms(summary, measurement, terms, here)
     verdict = judge(measurement.summary, summary, terms.tolerance, terms.run_noise, *machine,
-                    noise_floor_ms=_noise_floor_ms(measurement, terms))
+                    least_noise_ms=_least_noise_ms(measurement, terms))
     return verdict, refused
 
 
@@ -228,7 +236,7 @@ def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, 
     A change beyond the tolerance alone is not enough: at a tight tolerance the medians of an
     unchanged short kernel move that much between runs, and restarting on them would leave
     such cases with one recording, gated on the noise floor alone."""
-    median_ms, floor_ms = m.summary.median_ms, here.floor_ms()
+    median_ms, floor_ms = m.summary.median_ms, here.overhead_ms()
     fresh = History([median_ms], [here.machine], [floor_ms])
     if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
         return fresh
@@ -263,7 +271,7 @@ def verdict_notes(verdict: Verdict, terms: GateTerms) -> tuple[str, ...]:
     if verdict.machine_shift_ms is not None:
         bar = (f"; the bar includes {100 * noise:.2f}% (--attnperf-machine-noise) and {1e3 * residual_ms:g} us a "
                "sample (--attnperf-machine-residual) between machines" if verdict.machine_noise > 0 else "")
-        return (f"{against}: centre moved by this machine's sample floor less the recordings'{bar}",)
+        return (f"{against}: centre moved by this machine's sample overhead less the recordings'{bar}",)
     if verdict.machine_noise <= 0:
         return ()
     offset = f" and {1e3 * offset_ms:g} us a sample (--attnperf-machine-offset)" if offset_ms > 0 else ""

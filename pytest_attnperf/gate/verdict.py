@@ -36,17 +36,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "HISTORY_MIN", "HISTORY_ROBUST", "MAX_FLOOR_SHIFT_MS", "MIN_SAMPLES", "Summary", "Verdict", "centre_floor_ms",
-    "centre_ms", "floor_shift_ms", "judge", "median_ci", "run_noise",
+    "HISTORY_MIN", "HISTORY_ROBUST", "MAX_OVERHEAD_SHIFT_MS", "MIN_SAMPLES", "Summary", "Verdict", "centre_overhead_ms",
+    "centre_ms", "overhead_shift_ms", "judge", "median_ci", "run_noise",
 ]
 
 MIN_SAMPLES = 5
 HISTORY_MIN = 3  # recordings before a case's own run-to-run spread is trusted
 HISTORY_ROBUST = 5  # recordings before one of them may be set aside as odd (the scaled MAD)
-# the largest difference of two machines' sample floors taken as a shift of their cases, three times
-# the between-machines offset (docs/evidence.md, "Sample floor"): beyond it, a floor is taken as
+# the largest difference of two machines' sample overheads taken as a shift of their cases, three times
+# the between-machines offset (docs/evidence.md, "Sample overhead"): beyond it, a floor is taken as
 # measured wrong, and the between-machines offset stands
-MAX_FLOOR_SHIFT_MS = 0.006
+MAX_OVERHEAD_SHIFT_MS = 0.006
 _Z95 = 1.959963984540054
 
 
@@ -73,7 +73,7 @@ class Summary:
     n_samples: int
     run_medians_ms: tuple[float, ...] = ()  # a baseline's medians of its recordings, oldest first
     run_machines: tuple[str | None, ...] = ()  # the machine of each recording (None: not known)
-    run_floors_ms: tuple[float | None, ...] = ()  # each recording's sample floor (None: not measured)
+    run_floors_ms: tuple[float | None, ...] = ()  # each recording's sample overhead (None: not measured)
 
     @classmethod
     def from_samples(cls, samples_ms: Sequence[float]) -> Summary:
@@ -231,41 +231,41 @@ def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[f
     return centre, m, sigma, source
 
 
-def centre_floor_ms(baseline: Summary) -> float | None:
-    """The sample floor of the recordings behind the baseline's centre (the latest one with
+def centre_overhead_ms(baseline: Summary) -> float | None:
+    """The sample overhead of the recordings behind the baseline's centre (the latest one with
     fewer than ``HISTORY_MIN`` recordings, else the median of all), None if one is missing."""
     floors = baseline.run_floors_ms[-1:] if len(baseline.run_medians_ms) < HISTORY_MIN else baseline.run_floors_ms
     known = [f for f in floors if f is not None]
     return statistics.median(known) if known and len(known) == len(floors) else None
 
 
-def floor_shift_ms(baseline: Summary, here_ms: float | None) -> tuple[float | None, str | None]:
-    """``(shift, None)``: this machine's sample floor ``here_ms`` less the floor behind the
+def overhead_shift_ms(baseline: Summary, here_ms: float | None) -> tuple[float | None, str | None]:
+    """``(shift, None)``: this machine's sample overhead ``here_ms`` less the floor behind the
     baseline's centre, to move the centre by; ``(None, why)`` when a floor is missing or the
-    difference is implausible (beyond ``MAX_FLOOR_SHIFT_MS``, or moving the centre to zero or
+    difference is implausible (beyond ``MAX_OVERHEAD_SHIFT_MS``, or moving the centre to zero or
     below): then the caller keeps the between-machines offset. ``why`` is None when simply
     unknown, else words for the run's summary."""
-    recorded = centre_floor_ms(baseline)
+    recorded = centre_overhead_ms(baseline)
     if recorded is None or here_ms is None:
         return None, None
     shift = here_ms - recorded
-    if abs(shift) > MAX_FLOOR_SHIFT_MS:
-        return None, (f"sample floor here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: more than "
-                      f"{1e3 * MAX_FLOOR_SHIFT_MS:g} us apart, taken as measured wrong; the offset stands")
+    if abs(shift) > MAX_OVERHEAD_SHIFT_MS:
+        return None, (f"sample overhead here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: "
+                      f"more than {1e3 * MAX_OVERHEAD_SHIFT_MS:g} us apart, taken as measured wrong; the offset stands")
     if centre_ms(baseline) + shift <= 0:
-        return None, (f"sample floor here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: the "
+        return None, (f"sample overhead here {1e3 * here_ms:.2f} us, the recordings' {1e3 * recorded:.2f} us: the "
                       "difference would empty a case's centre; the offset stands")
     return shift, None
 
 
 def judge(
-    current: Summary, baseline: Summary | None, tolerance: float, noise_floor: float = 0.0,
+    current: Summary, baseline: Summary | None, tolerance: float, least_noise: float = 0.0,
     machine_noise: float = 0.0, machine_offset_ms: float = 0.0, machine_shift_ms: float | None = None,
-    noise_floor_ms: float = 0.0,
+    least_noise_ms: float = 0.0,
 ) -> Verdict:
-    """Compare a measurement with its baseline; ``tolerance``, ``noise_floor`` (the least
+    """Compare a measurement with its baseline; ``tolerance``, ``least_noise`` (the least
     run-to-run standard deviation assumed) and ``machine_noise`` are fractions (0.05 = 5%);
-    ``noise_floor_ms``, the least run-to-run standard deviation as a time (see ``run_noise``).
+    ``least_noise_ms``, the least run-to-run standard deviation as a time (see ``run_noise``).
 
     ``machine_noise`` and ``machine_offset_ms`` are the standard deviations of a case's move
     between two machines (another GPU or boot: each shifts a case's median by its own
@@ -284,7 +284,7 @@ def judge(
     the plugin keeps the offset instead of such a shift."""
     if baseline is None:
         return Verdict("new", None, f"no baseline; measured {current.describe()}")
-    recorded, m, sigma, source = run_noise(baseline, noise_floor, noise_floor_ms)
+    recorded, m, sigma, source = run_noise(baseline, least_noise, least_noise_ms)
     shift_ms = machine_shift_ms or 0.0
     centre = recorded + shift_ms
     if centre <= 0:
@@ -317,7 +317,7 @@ def judge(
                 f"its 3-sigma bar of {100 * bar:.2f}%")
     centre_note = f", centre {recorded:.4g} ms = median of {m} recordings" if m > 1 else ""
     if machine_shift_ms is not None:
-        centre_note += (f"; centre moved {1e3 * shift_ms:+.2f} us to {centre:.4g} ms, this machine's sample floor "
+        centre_note += (f"; centre moved {1e3 * shift_ms:+.2f} us to {centre:.4g} ms, this machine's sample overhead "
                         f"less the recordings' ({100 * (current.median_ms / recorded - 1):+.1f}% unmoved)")
     body = (
         f"{100 * (ratio - 1):+.1f}% against the baseline (tolerance {100 * tolerance:.1f}%; {test})\n"

@@ -209,7 +209,7 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
     if device.is_gpu and not torch.cuda.is_available():
         raise RuntimeError("no CUDA device (torch.cuda.is_available() is False)")
     where = "cuda" if device.is_gpu else "cpu"
-    plan = replace(plan, floor=True, min_samples=min(plan.min_samples, CEILINGS_MIN_SAMPLES))  # not a case
+    plan = replace(plan, overhead=True, min_samples=min(plan.min_samples, CEILINGS_MIN_SAMPLES))  # not a case
     flops: dict[str, float | None] = {}
     shapes: dict[str, str] = {}
     notes: list[str] = []

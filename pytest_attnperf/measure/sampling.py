@@ -31,7 +31,7 @@ class SamplingPlan:
     warmup_calls: int = 3  # at most; fewer once budget_s is spent (see warm_up)
     cold_graphs: int = 8  # cold mode: captures of the case, sampled in turn (see _capture_cold)
     hot_sample_ms: float = 20.0  # hot mode: calls per graph chosen so a sample lasts about this
-    floor: bool = False  # the run's sample floor (AttnPerfSession.measure_floor), not a case: a timer
+    overhead: bool = False  # the run's sample overhead (AttnPerfSession.measure_overhead), not a case: a timer
     # that wraps another to change the cases (the noise benchmark's inject.py) leaves it alone
 
 

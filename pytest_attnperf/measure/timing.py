@@ -73,7 +73,7 @@ SPIN_CYCLES = 200_000  # about 100 us at the H200's 1980 MHz boost clock
 
 def one_element_add() -> Callable[[], Any]:
     """The least work a CUDA case can be: adding 1 to a one-element tensor on the current device
-    (the run's sample floor, and what the noise benchmark's injected work is set after to time
+    (the run's sample overhead, and what the noise benchmark's injected work is set after to time
     its own least cost)."""
     import torch
 

@@ -238,7 +238,7 @@ def _steady_lines(work: Path) -> list[str]:
         lines.append("machines: " + "; ".join(f"{run} on {', '.join(sorted(m)) or '?'}" for run, m in machines.items()))
     floors = {path.stem: run.floor_ms for path, run in by_path.items() if run.floor_ms is not None}
     if floors:  # a machine whose samples carry a fixed cost shows it here (see --attnperf-machine-offset)
-        lines.append("sample floor: " + "; ".join(f"{run} {1e3 * ms:.2f} us" for run, ms in floors.items()))
+        lines.append("sample overhead: " + "; ".join(f"{run} {1e3 * ms:.2f} us" for run, ms in floors.items()))
     others = sorted(set().union(*(_with(o, "failed") for o in outcomes)))
     if others:
         shown = ", ".join(c.rsplit("::", 1)[-1] for c in others[:5]) + (", ..." if len(others) > 5 else "")

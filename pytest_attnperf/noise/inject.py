@@ -21,7 +21,7 @@ Loaded by the noise benchmark (``attnperf-noise``) with
   call, so do_bench's graph holds about as many calls), and appends ``{"nodeid", "ours_ms",
   "do_bench_ms", ...}`` as a JSON line.
 
-Neither touches the run's sample floor (``SamplingPlan.floor``): it is measured once, within the
+Neither touches the run's sample overhead (``SamplingPlan.floor``): it is measured once, within the
 first case, and an injected floor would move every cold case's floor shift.
 """
 
@@ -115,7 +115,7 @@ class InjectingTimer:
         """The inner timer's measurement of ``fn``: in a picked case with the extra work added
         (noted, and logged), and with do_bench's figures on the same callable written to the
         compare file when comparing."""
-        if plan.floor:  # the run's sample floor, timed inside its first case: no case's extra work, and
+        if plan.overhead:  # the run's sample overhead, timed inside its first case: no case's extra work, and
             return self.inner.measure(fn, plan)  # cold whatever the mode, so no do_bench row either
         nodeid = _current_nodeid()
         notes: tuple[str, ...] = ()

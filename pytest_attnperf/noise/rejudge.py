@@ -1,7 +1,8 @@
 """Judge a noise-benchmark work folder's saved runs again with the gate in this tree.
 
-    attnperf-rejudge noise-work [--tolerance 1.5%] [--floor 0.5%] [--machine-noise 0] [--machine-offset 0]
-                             [--floor-time 0.1us] [--floors] [--machine-residual 0.5us] [--baseline-floor 3.26us]
+    attnperf-rejudge noise-work [--tolerance 1.5%] [--least-noise 0.5%] [--least-noise-time 0.1us]
+                     [--machine-noise 0] [--machine-offset 0] [--overheads] [--machine-residual 0.5us]
+                     [--baseline-overhead 3.26us]
 
 For changing the gate without a GPU: the steady runs' medians (``run<i>.json``) are judged
 against the work folder's baseline (``<hw>.yaml``) as ``pytest_attnperf.gate.verdict.judge`` would
@@ -13,16 +14,16 @@ interval does not hold it): the false flags are an upper bound, the catches too.
 where the recordings cannot show the move between machines; pass 0 for runs on the recording
 machine); with either set, a steady run's cases timed with events around eager launches are
 not compared, as the plugin does against another machine's recordings. The offset is applied
-as to one call a sample (cold mode), and so is ``--floor-time``; the plugin divides both by the
+as to one call a sample (cold mode), and so is ``--least-noise-time``; the plugin divides both by the
 calls per sample of hot mode's graphs, which the run files do not hold, so re-judged hot runs
 are gated too loosely.
 
-``--floors`` judges as the plugin does where both sample floors are known: each steady run's
+``--overheads`` judges as the plugin does where both sample overheads are known: each steady run's
 floor (``attnperf_floor_ms`` in its JSON) less the floor of the recordings behind a case's
-centre (``run_floors_ms``, or ``--baseline-floor`` for a file recorded before floors were kept)
+centre (``run_floors_ms``, or ``--baseline-overhead`` for a file recorded before floors were kept)
 moves the centre of each cold ``cuda-graph-nodes`` case, and ``--machine-residual`` replaces
 the offset, as the plugin does: a case without both floors, timed otherwise (in the baseline or
-the run), or with an implausible difference (``gate.floor_shift_ms``) keeps the offset. The run's
+the run), or with an implausible difference (``gate.overhead_shift_ms``) keeps the offset. The run's
 floor is the one the gate used (``attnperf_gate_floor_ms``; for runs from before it was written,
 ``attnperf_floor_ms``). Inject reports hold no floor, so they are judged without it.
 """
@@ -37,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pytest_attnperf.gate.verdict import Summary, floor_shift_ms, judge
+from pytest_attnperf.gate.verdict import Summary, judge, overhead_shift_ms
 from pytest_attnperf.noise.runs import read_run, run_files, testcase_nodeid
 from pytest_attnperf.options import duration_ms, fraction
 from pytest_attnperf.store import baselines
@@ -56,8 +57,8 @@ def shifted(summary: Summary, entry: dict[str, Any], run_clock: str | None, mach
     """The between-machines terms for one case of one run: ``machine`` and no shift, or, with
     ``floors`` (the residual, and a baseline floor for a file that holds none), as
     ``perf.Perf._machine_terms`` would give them: the case cold on the ``cuda-graph-nodes``
-    clock in the baseline and in the run, and ``gate.floor_shift_ms`` giving a shift from the
-    run's floor as the gate used it (``Run.gate_floor_ms``)."""
+    clock in the baseline and in the run, and ``gate.overhead_shift_ms`` giving a shift from the
+    run's floor as the gate used it (``Run.gate_overhead_ms``)."""
     if floors is None or not any(machine):
         return (*machine, None)
     nodes = (entry.get("mode"), entry.get("clock")) == ("cold", "cuda-graph-nodes")
@@ -66,7 +67,7 @@ def shifted(summary: Summary, entry: dict[str, Any], run_clock: str | None, mach
     residual_ms, fallback_ms = floors
     if fallback_ms is not None and not any(summary.run_floors_ms):  # a file from before floors were kept
         summary = replace(summary, run_floors_ms=(fallback_ms,) * len(summary.run_medians_ms))
-    shift_ms, _ = floor_shift_ms(summary, run_floor_ms)
+    shift_ms, _ = overhead_shift_ms(summary, run_floor_ms)
     return (*machine, None) if shift_ms is None else (machine[0], residual_ms, shift_ms)
 
 
@@ -86,8 +87,8 @@ def steady(work: Path, base: baselines.BaselineFile, tolerance: float, floor: fl
                 skipped += 1
                 continue
             terms = shifted(summary, base.entries[case], (found.clocks or {}).get(case), machine,
-                            found.gate_floor_ms, floors)
-            verdict = judge(point(ms), summary, tolerance, floor, *terms, noise_floor_ms=floor_ms)
+                            found.gate_overhead_ms, floors)
+            verdict = judge(point(ms), summary, tolerance, floor, *terms, least_noise_ms=floor_ms)
             made += 1
             change = verdict.change_pct  # a regressed verdict always has a ratio
             if verdict.status == "regressed" and change is not None:
@@ -110,7 +111,7 @@ def injected(work: Path, base: baselines.BaselineFile, tolerance: float, floor: 
             if summary is None:
                 continue
             flagged += 1
-            judged = judge(point(float(found.group(1))), summary, tolerance, floor, *machine, noise_floor_ms=floor_ms)
+            judged = judge(point(float(found.group(1))), summary, tolerance, floor, *machine, least_noise_ms=floor_ms)
             kept += judged.status == "regressed"
         out[report.name] = (flagged, kept)
     return out
@@ -123,18 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--hw", help="the baseline's name in the work folder (default: its only .yaml)")
     parser.add_argument("--tolerance", type=fraction, default=0.015)
-    parser.add_argument("--floor", type=fraction, default=0.005, help="--attnperf-run-noise")
-    parser.add_argument("--floor-time", type=duration_ms, default=0.0001,
+    parser.add_argument("--least-noise", type=fraction, default=0.005, help="--attnperf-run-noise")
+    parser.add_argument("--least-noise-time", type=duration_ms, default=0.0001,
                         help="--attnperf-run-noise-time (default 0.1us; 0: no time floor)")
     parser.add_argument("--machine-noise", type=fraction, default=0.0)
     parser.add_argument("--machine-offset", type=duration_ms, default=0.0,
                         help="--attnperf-machine-offset ('1us'; a bare number is in us)")
-    parser.add_argument("--floors", action="store_true",
-                        help="move each centre by the run's sample floor less the recordings' (as the plugin does)")
+    parser.add_argument("--overheads", action="store_true",
+                        help="move each centre by the run's sample overhead less the recordings' (as the plugin does)")
     parser.add_argument("--machine-residual", type=duration_ms, default=0.0005,
-                        help="--attnperf-machine-residual, with --floors (default 0.5us)")
-    parser.add_argument("--baseline-floor", type=duration_ms, default=None,
-                        help="with --floors: the recordings' floor for a file that holds none ('3.26us')")
+                        help="--attnperf-machine-residual, with --overheads (default 0.5us)")
+    parser.add_argument("--baseline-overhead", type=duration_ms, default=None,
+                        help="with --overheads: the recordings' floor for a file that holds none ('3.26us')")
     args = parser.parse_args(argv)
     found = [args.workdir / f"{args.hw}.yaml"] if args.hw else sorted(args.workdir.glob("*.yaml"))
     if len(found) != 1 or not found[0].exists():
@@ -142,20 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     base = baselines.load(found[0])
     if base is None:
         parser.error(f"{found[0]} holds no baseline")
-    settings = (args.tolerance, args.floor, (args.machine_noise, args.machine_offset))
-    floors = (args.machine_residual, args.baseline_floor) if args.floors else None
-    made, skipped, flagged = steady(args.workdir, base, *settings, floors, args.floor_time)
-    moved = (f"; with floors: centres moved by the floors' difference, {1e3 * args.machine_residual:g} us residual"
-             + (f", recordings' floor {1e3 * args.baseline_floor:g} us where the file has none"
-                if args.baseline_floor is not None else "")) if floors else ""
-    print(f"tolerance {100 * args.tolerance:g}%, floor {100 * args.floor:g}% and {1e3 * args.floor_time:g} us, "
+    settings = (args.tolerance, args.least_noise, (args.machine_noise, args.machine_offset))
+    floors = (args.machine_residual, args.baseline_overhead) if args.overheads else None
+    made, skipped, flagged = steady(args.workdir, base, *settings, floors, args.least_noise_time)
+    moved = (f"; with overheads: centres moved by the sample overheads' difference, "
+             f"{1e3 * args.machine_residual:g} us residual"
+             + (f", recordings' overhead {1e3 * args.baseline_overhead:g} us where the file has none"
+                if args.baseline_overhead is not None else "")) if floors else ""
+    print(f"tolerance {100 * args.tolerance:g}%, least noise {100 * args.least_noise:g}% and "
+          f"{1e3 * args.least_noise_time:g} us, "
           f"machine noise {100 * args.machine_noise:g}% and {1e3 * args.machine_offset:g} us{moved} "
           "(each interval test taken as passed: upper bounds)")
     print(f"steady runs: {made} judgements, {len(flagged)} regressed"
           + (f"; {skipped} eager-timed not compared (another machine)" if skipped else ""))
     for run, case, change in flagged:
         print(f"  {run} {case} {change:+.2f}%")
-    for report, (was, kept) in injected(args.workdir, base, *settings, args.floor_time).items():
+    for report, (was, kept) in injected(args.workdir, base, *settings, args.least_noise_time).items():
         print(f"{report}: {was} flagged on the device, {kept} still regressed")
     return 0
 

@@ -28,8 +28,8 @@ class Run(NamedTuple):
     event_timed: set[str]  # cases timed with events around eager launches (clock ``cuda-events``:
     # not graph-capturable, so launch and host overhead are in the figure)
     verdicts: dict[str, str] | None = None  # each case's gate status (``verdict``: unchanged, new, ...)
-    floor_ms: float | None = None  # the run's sample floor (``attnperf_floor_ms``), on CUDA
-    gate_floor_ms: float | None = None  # the floor as the gate used it (``attnperf_gate_floor_ms``; runs
+    floor_ms: float | None = None  # the run's sample overhead (``attnperf_floor_ms``), on CUDA
+    gate_overhead_ms: float | None = None  # the floor as the gate used it (``attnperf_gate_floor_ms``; runs
     # from before that key: ``attnperf_floor_ms``, which the gate did not use then)
     clocks: dict[str, str] | None = None  # each case's clock (``attnperf_clock``)
 
@@ -57,7 +57,7 @@ def read_run(path: Path) -> Run:
         verdicts={b["fullname"]: str(b["extra_info"]["verdict"]) for b in benchmarks
                   if "verdict" in b.get("extra_info", {})},
         floor_ms=floor,
-        gate_floor_ms=gate_floor if has_gate_floor else floor,
+        gate_overhead_ms=gate_floor if has_gate_floor else floor,
         clocks={b["fullname"]: str(b["extra_info"]["attnperf_clock"]) for b in benchmarks
                 if "attnperf_clock" in b.get("extra_info", {})},
     )

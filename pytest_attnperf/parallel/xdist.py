@@ -75,20 +75,36 @@ def configure(config: pytest.Config, session: AttnPerfSession) -> None:
         session.seat = _take_seat(config)
     elif is_controller(config):
         session.fleet = _plan(config, session)
-        config.pluginmanager.register(_Receiver(session), "attnperf-xdist-receiver")
+        config.pluginmanager.register(Controller(session), "attnperf-xdist-controller")
 
 
 
-class _Receiver:
-    """The controller's listener for the cases' reports."""
+class Controller:
+    """The plugin a pytest-xdist controller registers (only there): it gives each worker its GPU,
+    schedules a shape's cases together, and takes in the workers' cases and end-of-run payloads."""
 
     def __init__(self, session: AttnPerfSession) -> None:
         self.session = session
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """``loadgroup`` with each case's group from its workers' map (``make_scheduler``)."""
+        return make_scheduler(config, log, self.session)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """Give a starting worker its GPU and the fleet's size."""
+        configure_node(node.config, self.session, node)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object | None) -> None:
+        """Take a finished worker's end-of-run payload."""
+        node_down(self.session, node, error)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Take in a worker's case as its teardown report arrives (``receive_case``)."""
         if report.when == "teardown":
             receive_case(self.session, report)
-
 
 
 def planned(config: pytest.Config) -> bool:
@@ -366,8 +382,8 @@ def worker_output(config: pytest.Config, session: AttnPerfSession, autotune_payl
     if session.rows or session.pending:  # the device was looked up for them: its facts are known and cheap
         payload["facts"] = _facts(session)
         payload["drift"] = session.drift()
-        payload["floor"] = session.floor
-        payload["floor_refusals"] = sorted(session.floor_refusals)
+        payload["floor"] = session.overhead
+        payload["overhead_refusals"] = sorted(session.overhead_refusals)
     if session.pool_runs is not None:
         payload["processes"] = session.pool_runs.summary(session.settings.processes_below_ms)
     config.workeroutput[OUTPUT_KEY] = encode(payload)
@@ -423,9 +439,9 @@ def summary_lines(session: AttnPerfSession) -> list[str]:
         payload = share.finished or {}
         floor = payload.get("floor")
         if floor and floor[0] is not None:
-            lines.append(f"    sample floor ({floor[1]}): {1e3 * floor[0]:.2f} us")
+            lines.append(f"    sample overhead ({floor[1]}): {1e3 * floor[0]:.2f} us")
         lines.extend(f"    {line}" for line in payload.get("processes", ()))
-        lines.extend(f"    floors not used: {refused}" for refused in payload.get("floor_refusals", ()))
+        lines.extend(f"    sample overheads not used: {refused}" for refused in payload.get("overhead_refusals", ()))
     lines.extend(f"pytest-xdist: {problem}" for problem in fleet.problems)
     return lines
 
