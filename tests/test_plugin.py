@@ -836,7 +836,7 @@ def test_the_centre_moves_only_for_a_plausible_shift_on_the_overheads_clock(
         result.assert_outcomes(passed=2)
         assert "2 us a sample (--attnperf-machine-offset)" in out
         assert "centre moved" not in out
-    assert ("floors not used:" in out) == bool(refused)
+    assert ("sample overheads not used:" in out) == bool(refused)
     assert (refused or "") in out
 
 

@@ -1,6 +1,6 @@
 """--attnperf-processes: short cases timed in pool runs too, their samples pooled.
 
-The units (pooling, the workers' file, the choice of cases, the workers' arguments) on plain
+The units (pooling, the pool runs' file, the choice of cases, the pool runs' arguments) on plain
 values; the whole path under pytester, where the scripted timer gives pool runs other
 speeds than the main one, so a test can see the workers' samples reach the gate.
 """
@@ -50,7 +50,7 @@ def test_the_share_takes_whole_rounds_spread_through_the_sequence() -> None:
     assert sorted(one.samples_ms) == [1.0, 1.0, 1.5, 1.5, 1.5, 1.5, 2.0, 2.0]
 
 
-def test_a_worker_that_timed_another_way_is_left_out_and_named() -> None:
+def test_a_pool_run_that_timed_another_way_is_left_out_and_named() -> None:
     main = _m([1.0] * 10)
     other = Taken((2.0,) * 10, "cuda-events", "cold", 1)
     same = Taken((1.2,) * 10, "cuda-graph-nodes", "cold", 1)
@@ -67,13 +67,13 @@ def test_a_worker_that_timed_another_way_is_left_out_and_named() -> None:
     assert pool(hot, [other_calls]).processes == 2
 
 
-def test_a_workers_notes_are_kept_as_its_own() -> None:
+def test_a_pool_runs_notes_are_kept_as_its_own() -> None:
     throttled = Taken((1.0,) * 10, "cuda-graph-nodes", "cold", 1, notes=("still throttled: sw-power-cap",))
     pooled = pool(_m([1.0] * 10), [Taken((1.0,) * 10, "cuda-graph-nodes", "cold", 1), throttled])
-    assert "worker 2: still throttled: sw-power-cap" in pooled.notes
+    assert "pool run 2: still throttled: sw-power-cap" in pooled.notes
 
 
-def test_the_workers_file_round_trips_and_skips_a_torn_line(tmp_path: Path) -> None:
+def test_the_pool_runs_file_round_trips_and_skips_a_torn_line(tmp_path: Path) -> None:
     out = tmp_path / "w.jsonl"
     write_taken(out, "t.py::a", _m([1.0, 1.1], calls=1))
     write_taken(out, "t.py::b", replace(_m([2.0, 2.2], clock="cuda-graph", calls=64), graphs=2, notes=("n",)))
@@ -91,7 +91,7 @@ def test_only_cases_with_a_centre_under_the_threshold_are_chosen() -> None:
     assert short_cases(["a", "b", "c", "d", "e"], centres, 0.05) == ["a", "b"]  # e: no entry
 
 
-def test_workers_get_the_runs_settings_but_never_write_or_spawn(
+def test_pool_runs_get_the_runs_settings_but_never_write_or_spawn(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATTNPERF_TOLERANCE", "1.5%")  # the worker inherits the environment
     monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")  # and refuses what is not a worker's business
@@ -156,7 +156,7 @@ def pytest_attnperf_make_timer(config, device):
 def _worker_lines(result: pytest.RunResult) -> list[str]:
     """The summary's lines about pool runs and the notes of pooled cases."""
     return [line for line in result.outlines if " pool runs before the tests" in line
-            or line.startswith("worker ") or "processes pooled" in line]
+            or line.startswith("pool run ") or "processes pooled" in line]
 
 
 @pytest.fixture
@@ -167,9 +167,9 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def test_the_workers_samples_reach_the_gate(project: pytest.Pytester) -> None:
-    """Case a reads +10% in this process and as recorded in the two workers: alone it
-    regresses; pooled over three processes its median is the workers' and it passes."""
+def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
+    """Case a reads +10% in this process and as recorded in the two pool runs: alone it
+    regresses; pooled over three processes its median is the pool runs' and it passes."""
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     set_speed(project, a=1.10)
     (project.path / "worker_speed.json").write_text(json.dumps({"test_case[a]": 1.0}))
@@ -180,8 +180,8 @@ def test_the_workers_samples_reach_the_gate(project: pytest.Pytester) -> None:
     out = pooled.stdout.str()
     assert "2 cases under 5000 us timed in 3 processes (2 pool runs before the tests" in out
     assert "3 processes pooled, 20 samples each (medians 1100.00, 1000.00, 1000.00 us, this one first)" in out
-    assert "worker 1:" not in out
-    assert "worker 2:" not in out
+    assert "pool run 1:" not in out
+    assert "pool run 2:" not in out
     pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms",
                                "--benchmark-json=b.json")
     extra = {b["name"]: b["extra_info"] for b in json.loads((project.path / "b.json").read_text())["benchmarks"]}
@@ -221,7 +221,7 @@ def test_the_default_is_three_processes_and_one_turns_it_off(project: pytest.Pyt
     assert "processes" not in off.stdout.str().split("= attnperf =")[-1]
 
 
-def test_no_workers_on_a_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_pool_runs_on_a_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_DEVICE", "cpu")
     project.runpytest(*PLUGIN, "--hw=cpu", "--update-baselines").assert_outcomes(passed=2)
     result = project.runpytest(*PLUGIN, "--hw=cpu", "--attnperf-processes-below=5ms")
@@ -229,40 +229,40 @@ def test_no_workers_on_a_cpu(project: pytest.Pytester, monkeypatch: pytest.Monke
     assert not _worker_lines(result)
 
 
-def test_a_failing_worker_is_named_and_the_run_goes_on(project: pytest.Pytester) -> None:
+def test_a_failing_pool_run_is_named_and_the_run_goes_on(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     (project.path / "worker_speed.json").write_text("{not json")  # every worker measurement raises
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["worker 1: measured 0 of 2 cases (the rest were skipped or failed there, and are "
-                                 "pooled over fewer processes; log: *worker1.log)"])
+    result.stdout.fnmatch_lines(["pool run 1: measured 0 of 2 cases (the rest were skipped or failed there, and are "
+                                 "pooled over fewer processes; log: *pool1.log)"])
     assert Path(result.stdout.str().split("log: ")[-1].split(")")[0]).exists()  # kept, to be read
     assert "processes pooled" not in result.stdout.str()
 
 
-def test_a_case_a_worker_skipped_is_counted_not_called_a_failure(project: pytest.Pytester) -> None:
+def test_a_case_a_pool_run_skipped_is_counted_not_called_a_failure(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     (project.path / "worker_skip.json").write_text(json.dumps(["test_case[b]"]))
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["worker 1: measured 1 of 2 cases (the rest were skipped or failed there, *"])
+    result.stdout.fnmatch_lines(["pool run 1: measured 1 of 2 cases (the rest were skipped or failed there, *"])
     assert "2 processes pooled" in result.stdout.str()
     assert "log:" not in result.stdout.str()
 
 
-def test_addopts_that_write_or_select_reach_the_workers_harmlessly(project: pytest.Pytester) -> None:
-    """--lf (the cache on) and --benchmark-autosave from the ini: the workers still measure every
+def test_addopts_that_write_or_select_reach_the_pool_runs_harmlessly(project: pytest.Pytester) -> None:
+    """--lf (the cache on) and --benchmark-autosave from the ini: the pool runs still measure every
     case, and only this run's results are saved in the project."""
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     project.makeini("[pytest]\naddopts = --strict-markers --lf --benchmark-autosave\n")
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
     assert "2 cases under 5000 us timed in 3 processes" in result.stdout.str()
-    assert not [line for line in result.outlines if line.startswith("worker ")]  # none short of cases
+    assert not [line for line in result.outlines if line.startswith("pool run ")]  # none short of cases
     assert len(list((project.path / ".benchmarks").rglob("*.json"))) == 1
 
 
-def test_run_from_a_subfolder_the_workers_find_the_cases(
+def test_run_from_a_subfolder_the_pool_runs_find_the_cases(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     sub = project.mkdir("sub")
     (project.path / "test_cases.py").rename(sub / "test_cases.py")
@@ -271,10 +271,10 @@ def test_run_from_a_subfolder_the_workers_find_the_cases(
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms", "test_cases.py")
     result.assert_outcomes(passed=2)
     assert "3 processes pooled" in result.stdout.str()
-    assert not [line for line in result.outlines if line.startswith("worker ")]
+    assert not [line for line in result.outlines if line.startswith("pool run ")]
 
 
-def test_recording_with_workers_keeps_the_pooled_figure(project: pytest.Pytester) -> None:
+def test_recording_with_pool_runs_keeps_the_pooled_figure(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     (project.path / "worker_speed.json").write_text(json.dumps({"test_case[a]": 1.2, "test_case[b]": 1.2}))
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "--attnperf-processes=3",
@@ -298,7 +298,7 @@ def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> No
 
 
 @pytest.mark.parametrize("worker", [False, True])
-def test_a_worker_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
+def test_a_pool_run_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
         monkeypatch: pytest.MonkeyPatch, worker: bool) -> None:
     from pytest_attnperf.hw.table import DetectedDevice
     from pytest_attnperf.noise import inject
