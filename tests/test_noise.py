@@ -1004,3 +1004,22 @@ def test_pytest_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_child_takes_sigint_where_this_process_ignores_it(tmp_path: Path) -> None:
+    """A test runner's worker or a shell's background job starts with SIGINT ignored, and a child
+    inherits that: the child started here gets SIGINT back, so the one SIGINT an interrupted
+    benchmark sends it stops it and it writes its reports."""
+    import signal
+
+    from pytest_attnperf.measure import child as child_run
+
+    out = tmp_path / "handler.txt"
+    code = "import signal, sys; open(sys.argv[1], 'w').write(repr(signal.getsignal(signal.SIGINT)))"
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = child_run.start([sys.executable, "-c", code, str(out)], dict(os.environ))
+        assert child.wait(timeout=60) == 0
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert "default_int_handler" in out.read_text()

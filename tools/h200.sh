@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The device runs quoted in the issue notes, run from the repo root on the lent H200:
+# Maintainers' runs on an H200, from the repo root:
 #   bash tools/h200.sh record-linear | gate | noise | pair | short | full
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
-# Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored;
-# see README, "Device runs with fla").
+# Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
 OUT="${OUT:-/tmp/attnperf-out}"

@@ -36,12 +36,22 @@ def die_with_parent() -> None:
         pass
 
 
+def _in_child() -> None:
+    """In the child, before it runs: SIGINT back to its default, so the child's Python raises
+    KeyboardInterrupt on the one SIGINT ``wait_for`` sends. An ignored SIGINT is inherited (a
+    shell's background job, a test runner's worker), and Python keeps it ignored: the child
+    would run on to the grace period's kill and lose its reports. Then ``die_with_parent``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform == "linux":
+        die_with_parent()
+
+
 def start(cmd: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None = None,
           stdout: Any = None) -> subprocess.Popen[bytes]:
     """``cmd`` in a session of its own (no terminal or group signal reaches it directly), in
     ``cwd``, its output (stderr too, when ``stdout`` is given) to ``stdout``."""
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                            start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None)
+                            start_new_session=True, preexec_fn=_in_child if os.name == "posix" else None)
 
 
 def wait_for(child: subprocess.Popen[bytes]) -> int:
