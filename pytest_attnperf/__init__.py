@@ -9,8 +9,9 @@ Importing this package imports nothing heavy. The public pieces:
   cases and both directions; import a built-in suite's test function
   (``from pytest_attnperf.families.softmax.suite import test_softmax``) to run it on your shapes.
 * ``--attnperf-suites=softmax,linear``: the built-in suites join any run.
-* ``costs``: analytic FLOP/byte models; ``gate``: the regression verdict;
-  ``suite.parametrize``: the same parametrization, called from a conftest.py of your own.
+* ``costs``: analytic FLOP/byte models; ``gate.verdict`` and ``gate.policy``: the regression
+  verdict and its rules; ``families.parametrize.parametrize``: the same parametrization, called
+  from a conftest.py of your own. The layout: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -141,8 +141,7 @@ def cupti_attached_note() -> str | None:
         return None
     return (f"{CUPTI_ENV} was {_cupti_at_stop!r} when the backend proof's profile stopped (set by you, "
             "or by torch.compile's CUDA graphs), so CUPTI stayed attached and later launches in this "
-            "process may run slower (on the H200: do_bench_cudagraph up to +12%, a graph of 1024 "
-            "short calls +32%, this harness's short graphs within 2%)")
+            "process may run slower (docs/measurement.md, \"CUPTI\", gives the slowdowns measured)")
 
 
 def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[str], list[str]]:

@@ -27,12 +27,7 @@ STORY = re.compile(  # "on the <card>", "two <card>s", "a 2-GPU <card> host", a 
 # Exempt, narrowly:
 # - the hardware table's vendor sources (hw/table.py, each row's ``source=`` string): data, citing
 #   a vendor's document as it is titled, a card's name and a datasheet's date included;
-# - the note a run prints when a profile left CUPTI attached (markers.cupti_attached_note): it is
-#   output, not a docstring or comment (rewording it changes what a run prints), and its figures are
-#   those of docs/measurement.md, "CUPTI". Once it no longer matches, the exemption test says so.
 TABLE = PACKAGE / "hw" / "table.py"
-MARKERS = PACKAGE / "markers.py"
-NOTE_FUNCTION = "cupti_attached_note"
 # What a doc or the package may point to: a path into one of the repository's folders (not one
 # after a colon: ``rev:path`` names git's history, ``host:path`` another machine), a markdown link,
 # and a page's section (``docs/gate.md, "Between machines"``).
@@ -87,19 +82,8 @@ def _vendor_source_lines() -> set[int]:
     return lines
 
 
-def _note_lines() -> set[int]:
-    """The lines of the strings ``cupti_attached_note`` returns (its docstring stays checked)."""
-    lines: set[int] = set()
-    for node in ast.walk(ast.parse(MARKERS.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.FunctionDef) and node.name == NOTE_FUNCTION:
-            for ret in ast.walk(node):
-                if isinstance(ret, ast.Return) and ret.value is not None:
-                    lines |= _lines_of(ret.value)
-    return lines
-
-
 def _exempt() -> dict[Path, set[int]]:
-    return {TABLE: _vendor_source_lines(), MARKERS: _note_lines()}
+    return {TABLE: _vendor_source_lines()}
 
 
 def _hits(pattern: re.Pattern[str]) -> list[str]:
@@ -189,10 +173,6 @@ def test_exemptions_stay_narrow() -> None:
     sources = _vendor_source_lines()
     assert sources, "the hardware table has no source= strings any more: drop its exemption"
     assert all('source="' in table[n - 1] or table[n - 1].lstrip().startswith('"') for n in sources)
-    markers = MARKERS.read_text(encoding="utf-8").splitlines()
-    note = _note_lines()
-    assert any(STORY.search(markers[n - 1]) for n in note), (
-        f"{NOTE_FUNCTION}'s note tells no machine story any more: drop its exemption")
 
 
 def test_references_exist() -> None:
