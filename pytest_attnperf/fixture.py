@@ -67,7 +67,7 @@ class Perf:
         self._record(result)
         verdict, measurement = result.verdict, result.measurement
         node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
-        self._session.measure_overhead()  # once per run, outside any case's timing (here at the latest)
+        self._session.measure_overhead()  # measured before any test (session.prepare); here only if that step could not
         self._feed_benchmark(result)
         if verdict.failed:
             drift = session.drift()

@@ -5,6 +5,7 @@ No pytester run and no device: each rule of ``gate.policy`` is checked with plai
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -105,7 +106,7 @@ def test_hot_samples_of_another_length_are_not_compared() -> None:
 def test_no_entry_is_new_unless_an_entry_is_required() -> None:
     assert decide(timed(1.0), None).verdict.status == "new"
     assert not decide(timed(1.0), None).missing
-    strict = GateTerms(**{**TERMS.__dict__, "require_baseline": True})
+    strict = dataclasses.replace(TERMS, require_baseline=True)
     assert decide(timed(1.0), None, strict).missing
 
 
