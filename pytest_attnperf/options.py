@@ -51,6 +51,8 @@ OPTIONS = (
            "built-in suites to add to the run: softmax, linear or all, comma-separated (default: none)"),
     Option("check_only", "--attnperf-check-only", "ATTNPERF_CHECK_ONLY", "attnperf_check_only", "false",
            "run every correctness check but time, gate and record nothing (default: off)", is_flag=True),
+    Option("seed", "--attnperf-seed", "ATTNPERF_SEED", "attnperf_seed", "0",
+           "draws every case's inputs afresh from this seed; 0 draws the ones baselines were recorded on (default 0)"),
     # the gate; the evidence behind each default is in docs/gate.md
     Option("tolerance", "--attnperf-tolerance", "ATTNPERF_TOLERANCE", "attnperf_tolerance", "5%",
            "slowdown tolerated before a case fails (default 5%)"),
@@ -133,6 +135,7 @@ class Settings:
     report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
     suites: tuple[str, ...] = ()  # built-in suites added to the collection (--attnperf-suites)
     check_only: bool = False  # correctness only: nothing timed, gated or recorded
+    seed: int = 0  # --attnperf-seed: mixed into every case's input draw (0: the usual draw)
 
 
 GROUP = ("attnperf: attention kernels' correctness and speed "
@@ -299,6 +302,16 @@ def _suites(text: str) -> tuple[str, ...]:
     return tuple(n for n in SUITES if n in names)
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -374,4 +387,5 @@ def read_settings(config: pytest.Config) -> Settings:
         report_dir=None if pool_run or not report else Path(config.invocation_params.dir) / report,
         suites=_get(config, "suites", _suites),
         check_only=check_only,
+        seed=_get(config, "seed", _seed),
     )

@@ -334,6 +334,12 @@ def attnperf_device(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture(scope="session")
+def attnperf_seed(request: pytest.FixtureRequest) -> int:
+    """The run's ``--attnperf-seed``: mixed into every case's input draw (0: the usual inputs)."""
+    return get_session(request.config).settings.seed
+
+
+@pytest.fixture(scope="session")
 def attnperf_gpu(request: pytest.FixtureRequest) -> Any:
     """The CUDA torch.device; the test is skipped, with the reason, when there is none."""
     import torch

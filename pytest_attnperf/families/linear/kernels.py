@@ -21,7 +21,7 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
   held to TF32's ``u`` (2^-11), since Triton's fp32 dots default to TF32. For bf16 that is
   7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
   5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
-* elementwise (``checks.assert_elementwise``): every element within ``u |ref_i|`` plus
+* elementwise (``checks.assert_elementwise``): every element within one ulp (or ``u |ref_i|``) plus
   ``OUT_FACTOR`` (16, 12 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
   RMS error, the yardstick being the same computation at the kernel's precision: the chunked
   form for a chunk kernel, the token recurrence for a recurrent one (see
@@ -304,14 +304,15 @@ def torch_dtype(name: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-def _inputs(family: str, case: LinearCase, device: Any, backward: bool) -> tuple[Any, ...]:
+def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: int = 0) -> tuple[Any, ...]:
     import zlib
 
     import torch
     import torch.nn.functional as F
 
     dtype = torch_dtype(case.dtype)
-    gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{family}:{case.id}".encode()))
+    label = f"{family}:{case.id}" + (f":{seed}" if seed else "")
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(label.encode()))
     b, t, h, kd, vd = case.batch, case.seq, case.heads, case.key_dim, case.value_dim
 
     def draw(*shape: int) -> Any:
@@ -350,21 +351,21 @@ def _recurrence_fn(family: str) -> Callable[..., Any]:
     return _references(family)[1]
 
 
-_cache: dict[tuple[str, LinearCase, str, str], Prepared] = {}
+_cache: dict[tuple[str, LinearCase, str, str, int], Prepared] = {}
 
 
-def prepare(family: str, case: LinearCase, direction: str, device: Any) -> Prepared:
+def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Prepared:
     """The case's inputs (cached for the case, which every kernel shares, with its reference
     once computed: see ``Prepared.reference``)."""
     import torch
 
-    key = (family, case, direction, str(device))
+    key = (family, case, direction, str(device), seed)
     if key in _cache:
         return _cache[key]
     while len(_cache) >= 2:  # both directions of the case in hand; older cases dropped
         _cache.pop(next(iter(_cache)))
-    inputs = _inputs(family, case, device, direction == "fwdbwd")
-    gen = torch.Generator(device=device).manual_seed(7)
+    inputs = _inputs(family, case, device, direction == "fwdbwd", seed)
+    gen = torch.Generator(device=device).manual_seed(7 + seed)
     grad_out = torch.randn(inputs[2].shape, generator=gen, device=device).to(inputs[0].dtype)
     names = ("q", "k", "v", "g", "beta")[: len(inputs)]
     prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd")
@@ -372,51 +373,55 @@ def prepare(family: str, case: LinearCase, direction: str, device: Any) -> Prepa
     return prepared
 
 
-def assert_finite(name: str, value: Any) -> None:
-    import torch
-
-    bad = ~torch.isfinite(value)
-    if bad.any():
-        raise AssertionError(f"{name}: {int(bad.sum())} non-finite elements (first at {bad.nonzero()[0].tolist()})")
-
-
-def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: float) -> float:
+def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: float, axes: str | None = None) -> float:
     """Fail unless finite and ``|value - ref| / |ref| <= units * u(dtype)``; returns the error."""
-    assert_finite(name, value)
+    from pytest_attnperf.families.checks import CheckFailed, assert_finite
+
+    assert_finite(name, value, axes)
     if tuple(value.shape) != tuple(reference.shape):
-        raise AssertionError(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
+        raise CheckFailed(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
     ref = reference.double()
     error = float((value.double() - ref).norm() / ref.norm().clamp_min(1e-300))
     allowed = units * UNIT_ROUNDOFF[dtype]
     if not error <= allowed:
-        raise AssertionError(
+        raise CheckFailed(
             f"{name}: normwise relative error {error:.3g} against fp64 exceeds {allowed:.3g} "
             f"(= {units:g} x the {dtype} unit roundoff {UNIT_ROUNDOFF[dtype]:.3g})"
         )
     return error
 
 
+def axes_of(name: str, ndim: int) -> str:
+    """The axis letters of a tensor of the families' layout: ``b t h d`` (a GLA gate's last is ``k``)."""
+    return {4: "b t h k" if name in ("g", "dg") else "b t h d", 3: "b t h"}.get(ndim, "")
+
+
 def assert_checked(name: str, value: Any, reference: Any, yardstick: Any, dtype: str, units: float,
-                   factor: float) -> float:
+                   factor: float, tensor: str = "out") -> float:
     """Finite, then the normwise bound (``units`` unit roundoffs), then every element within
-    ``factor`` times the yardstick's error there and its RMS error, plus the rounding of the
-    element itself (``checks.assert_elementwise``); returns the normwise error."""
+    ``factor`` times the yardstick's error near it and its RMS error, plus the rounding of the
+    element itself (``checks.assert_elementwise``); returns the normwise error. ``tensor``
+    (``out``, ``dq``, ``dg``...) names the axes; a per-token tensor ``[B, T, H]`` (a scalar
+    gate, beta) smooths the yardstick's error along time, the others along the channels."""
     from pytest_attnperf.families.checks import assert_elementwise
 
-    error = assert_normwise(name, value, reference, dtype, units)
-    assert_elementwise(name, value, reference, yardstick, unit=UNIT_ROUNDOFF[dtype], factor=factor,
-                       yardstick_name="the yardstick's")
+    axes = axes_of(tensor, value.ndim)
+    error = assert_normwise(name, value, reference, dtype, units, axes)
+    assert_elementwise(name, value, reference, yardstick, dtype=dtype, unit=UNIT_ROUNDOFF[dtype], factor=factor,
+                       yardstick_name="the yardstick's", axes=axes, axis=1 if value.ndim == 3 else -1)
     return error
 
 
-def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any) -> Callable[[], Any]:
+def run_case(
+    family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0
+) -> Callable[[], Any]:
     """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
     ``fwdbwd``; every batch and head) and return the zero-argument callable to time."""
     import torch
 
-    from pytest_attnperf.families.checks import call_checked, expect_tensor
+    from pytest_attnperf.families.checks import assert_reaches, call_checked, expect_tensor, gradients
 
-    p = prepare(family, case, direction, device)
+    p = prepare(family, case, direction, device, seed)
     backward = direction == "fwdbwd"
     q, v = p.inputs[0], p.inputs[2]
     expected = tuple(v.shape)
@@ -427,6 +432,8 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
             expect_tensor(kernel.name, out, expected, q.dtype, q.device)
         if not backward:
             return (out,)
+        if check:
+            return (out,) + gradients(kernel.name, out, p.inputs, p.names, p.grad_out)
         return (out,) + tuple(torch.autograd.grad(out, p.inputs, p.grad_out))
 
     def call() -> Any:
@@ -437,7 +444,9 @@ def run_case(family: str, kernel: Kernel, case: LinearCase, direction: str, devi
     assert_checked(f"{kernel.name} out", got[0].detach(), reference[0], yardstick[0], case.dtype, OUT_UNITS,
                    FAMILY_OUT_FACTOR.get(family, OUT_FACTOR))
     for name, grad, ref, yard in zip(p.names[: len(got) - 1], got[1:], reference[1:], yardstick[1:], strict=True):
-        assert_checked(f"{kernel.name} d{name}", grad.detach(), ref, yard, case.dtype, GRAD_UNITS, GRAD_FACTOR)
+        assert_reaches(f"{kernel.name} d{name}", grad, ref)
+        assert_checked(f"{kernel.name} d{name}", grad.detach(), ref, yard, case.dtype, GRAD_UNITS, GRAD_FACTOR,
+                       tensor=f"d{name}")
     return call
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.linear.kernels import LinearCase
 from pytest_attnperf.families.registry import Kernel
@@ -38,6 +39,10 @@ GPU = (
     # the long end of sequence scaling, and head dim 64 at T=4096
     LinearCase("b4-h16-t16384-d128-bf16", 4, 16, 16384, 128, 128, "bf16"),
     LinearCase("b4-h16-t4096-d64-bf16", 4, 16, 4096, 64, 64, "bf16"),
+    # fp32 and fp16 at the first row's head shape: where bf16 cannot tell a 1% error from its
+    # own rounding, these can (docs/checks.md, "Power")
+    LinearCase("b4-h16-t1024-d128-fp32", 4, 16, 1024, 128, 128, "fp32"),
+    LinearCase("b4-h16-t1024-d128-fp16", 4, 16, 1024, 128, 128, "fp16"),
 )
 
 CPU = (
@@ -61,10 +66,13 @@ def fla_missing() -> str | None:
     return None
 
 
-def test_linear(case: LinearCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf: Any) -> None:
+def test_linear(
+    case: LinearCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any
+) -> None:
     """Output and gradients against our fp64 recurrence, then device time against the baseline."""
     if kernel.fn.__module__ == linear.__name__ and (why := fla_missing()):  # a built-in, from fla
         pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")
-    timed = linear.run_case(kernel.family, kernel, case, direction, attnperf_device)
+    with reported_plainly(attnperf_seed):  # a wrong answer fails with its message alone
+        timed = linear.run_case(kernel.family, kernel, case, direction, attnperf_device, seed=attnperf_seed)
     cost = linear.cost(kernel.family, kernel, case, direction)
     attnperf.measure(timed, cost=cost, dtype=case.dtype)  # gates the time; fails on a regression

@@ -16,6 +16,7 @@ __all__ = ["FAMILY", "SIGNATURE", "SoftmaxCase", "register"]
 
 FAMILY = "softmax"
 SIGNATURE = "fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out"
+AXES = "b h t d"  # every tensor of the family: batch, head, position, channel
 
 
 @dataclass(frozen=True)
@@ -167,25 +168,25 @@ def _seed(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-_cache: dict[tuple[SoftmaxCase, str, str], Prepared] = {}
+_cache: dict[tuple[SoftmaxCase, str, str, int], Prepared] = {}
 
 
-def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
-    """Fresh random inputs for the case (seeded by its id) and both yardsticks; the last two
-    (the case's two directions) are cached, since every kernel runs on the same case in turn.
-    The ``naive`` kernel is itself the same-dtype yardstick: for it only shape and finiteness
-    are really checked."""
+def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Prepared:
+    """Fresh random inputs for the case (seeded by its id, and by ``seed`` when not 0) and both
+    yardsticks; the last two (the case's two directions) are cached, since every kernel runs on
+    the same case in turn. The ``naive`` kernel is itself the same-dtype yardstick: for it only
+    shape and finiteness are really checked."""
     import torch
 
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 
-    key = (case, direction, str(device))
+    key = (case, direction, str(device), seed)
     if key in _cache:
         return _cache[key]
     while len(_cache) >= 2:  # both directions of the case in hand; older cases dropped
         _cache.pop(next(iter(_cache)))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
-    gen = torch.Generator(device=device).manual_seed(_seed(case.id))
+    gen = torch.Generator(device=device).manual_seed(_seed(case.id if not seed else f"{case.id}:{seed}"))
     shape_q = (case.batch, case.heads, case.seq, case.head_dim)
     shape_kv = (case.batch, case.n_kv_heads, case.seq, case.head_dim)
     backward = direction == "fwdbwd"
@@ -210,7 +211,7 @@ def prepare(case: SoftmaxCase, direction: str, device: Any) -> Prepared:
     return prepared
 
 
-def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> Any:
+def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
     ``fwdbwd``): its return value first (a tensor of the query's shape, dtype and device),
     then the largest error (``checks.assert_close``) and every element
@@ -218,18 +219,19 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
     import torch
 
     from pytest_attnperf.families.checks import (
-        _EPS,
         ELEMENT_FACTOR,
         ELEMENT_GRAD_FACTOR,
         FACTOR,
         GRAD_FACTOR,
         assert_close,
         assert_elementwise,
+        assert_reaches,
         call_checked,
         expect_tensor,
+        gradients,
     )
 
-    p = prepare(case, direction, device)
+    p = prepare(case, direction, device, seed)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
     backward = direction == "fwdbwd"
 
@@ -239,6 +241,8 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
             expect_tensor(kernel.name, out, tuple(p.q.shape), p.q.dtype, p.q.device)
         if not backward:
             return (out,)
+        if check:
+            return (out,) + gradients(kernel.name, out, (p.q, p.k, p.v), ("q", "k", "v"), p.grad_out)
         return (out,) + tuple(torch.autograd.grad(out, (p.q, p.k, p.v), p.grad_out))
 
     def call() -> Any:
@@ -246,9 +250,12 @@ def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any) -> 
 
     got = call_checked(kernel, lambda: run(True), "q, k, v", (p.q, p.k, p.v), device)
     for name, value, ref, mine in zip(("out", "dq", "dk", "dv"), got, p.reference, p.torch_value, strict=False):
+        label = f"{kernel.name} {name}"
         factor = FACTOR if name == "out" else GRAD_FACTOR
-        assert_close(f"{kernel.name} {name}", value.detach(), ref, mine, case.dtype, factor)
-        assert_elementwise(f"{kernel.name} {name}", value.detach(), ref, mine, unit=_EPS[case.dtype],
+        if name != "out":
+            assert_reaches(label, value, ref)
+        assert_close(label, value.detach(), ref, mine, case.dtype, factor, axes=AXES)
+        assert_elementwise(label, value.detach(), ref, mine, dtype=case.dtype,
                            factor=ELEMENT_FACTOR[case.dtype] if name == "out" else ELEMENT_GRAD_FACTOR,
-                           yardstick_name=f"PyTorch's {case.dtype}")
+                           yardstick_name=f"PyTorch's {case.dtype}", axes=AXES)
     return call

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_attnperf import costs
+from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase, run_case
 
@@ -50,9 +51,12 @@ CASES = (
 ATTNPERF_FAMILY, ATTNPERF_CASES = FAMILY, CASES  # what the plugin parametrizes
 
 
-def test_softmax(case: SoftmaxCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf: Any) -> None:
+def test_softmax(
+    case: SoftmaxCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any
+) -> None:
     """Output (and gradients for fwdbwd) against fp64, then device time against the baseline."""
-    timed = run_case(kernel, case, direction, attnperf_device)
+    with reported_plainly(attnperf_seed):  # a wrong answer fails with its message alone
+        timed = run_case(kernel, case, direction, attnperf_device, seed=attnperf_seed)
     cost = costs.softmax_attention(
         batch=case.batch, heads=case.heads, kv_heads=case.kv_heads, seq=case.seq,
         head_dim=case.head_dim, dtype=case.dtype, causal=case.causal, window=case.window,
