@@ -35,8 +35,9 @@ if TYPE_CHECKING:
     from pytest_attnperf.families.registry import Kernel
 
 __all__ = [
-    "CheckFailed", "Closeness", "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "Elementwise", "FACTOR", "GRAD_FACTOR",
-    "NEIGHBOURS", "PRECISION", "assert_close", "assert_elementwise", "assert_finite", "assert_reaches",
+    "Answer", "CheckFailed", "Closeness", "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "Elementwise", "FACTOR",
+    "GRAD_FACTOR",
+    "NEIGHBOURS", "PRECISION", "allowance", "assert_close", "assert_elementwise", "assert_finite", "assert_reaches",
     "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "poison_allocator",
     "reported_plainly", "smoothed", "ulp", "where",
 ]
@@ -46,6 +47,30 @@ GRAD_FACTOR = 3.0
 # elementwise (assert_elementwise), softmax: outputs per dtype, then gradients; docs/checks.md
 ELEMENT_FACTOR = {"bf16": 8.0, "fp16": 8.0, "fp32": 32.0}
 ELEMENT_GRAD_FACTOR = 64.0
+
+
+class CheckFailed(AssertionError):
+    """A kernel's answer is wrong: the message says which tensor, where and by how much.
+
+    The suites report it without a traceback (the harness's own frames say nothing about the
+    kernel); any other exception from a kernel keeps its traceback. ``ratio`` is the error over
+    its bound where a bound was exceeded (NaN for a wrong type, shape or a non-finite value)."""
+
+    def __init__(self, message: str, ratio: float = float("nan")) -> None:
+        super().__init__(message)
+        self.ratio = ratio
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A kernel's checked call on a case: what it returned (out, then dq, dk, dv for fwdbwd)
+    with the fp64 reference and the yardstick of each, and the zero-argument callable to time."""
+
+    names: tuple[str, ...]
+    got: tuple[Any, ...]
+    reference: tuple[Any, ...]
+    yardstick: tuple[Any, ...]
+    call: Any
 
 
 @dataclass(frozen=True)
@@ -100,7 +125,8 @@ def assert_close(
             f"{name}: max |error| {error:.3g} against fp64, at {where(worst, tuple(difference.shape), axes)}, "
             f"exceeds {allowed:.3g} (= {factor:g} x PyTorch's own {dtype} error {torch_error:.3g} + one {dtype} "
             f"ulp {one_ulp:.3g} at the output's scale {scale:.3g}); "
-            f"{int((difference > allowed).sum())} elements are beyond it"
+            f"{int((difference > allowed).sum())} elements are beyond it",
+            error / allowed,
         )
     return result
 
@@ -112,13 +138,6 @@ class Elementwise:
     name: str
     worst_ratio: float
     yardstick_rms: float
-
-
-class CheckFailed(AssertionError):
-    """A kernel's answer is wrong: the message says which tensor, where and by how much.
-
-    The suites report it without a traceback (the harness's own frames say nothing about the
-    kernel); any other exception from a kernel keeps its traceback."""
 
 
 @contextmanager
@@ -187,6 +206,19 @@ def where(flat: int, shape: tuple[int, ...], axes: str | None) -> str:
     return " ".join(f"{axis}={i}" for axis, i in zip(names, at, strict=True))
 
 
+def allowance(reference: Any, yardstick: Any, *, dtype: str, factor: float, unit: float = 0.0,
+              axis: int = -1) -> tuple[Any, Any, Any, float]:
+    """``assert_elementwise``'s bound per element, with its parts: ``(allowed, rounding, near, rms)``."""
+    import torch
+
+    ref = reference.double()
+    spread = (yardstick.double() - ref).abs()
+    rms = float(spread.pow(2).mean().sqrt().item()) if spread.numel() else 0.0
+    rounding = torch.maximum(ulp(ref, dtype), unit * ref.abs())
+    near = smoothed(spread, axis)
+    return rounding + factor * (near + rms), rounding, near, rms
+
+
 def assert_elementwise(
     name: str, value: Any, reference: Any, yardstick: Any, *, dtype: str, factor: float, yardstick_name: str,
     unit: float = 0.0, axes: str | None = None, axis: int = -1,
@@ -209,11 +241,7 @@ def assert_elementwise(
 
     ref = reference.double()
     error = (value.double() - ref).abs()
-    spread = (yardstick.double() - ref).abs()
-    rms = float(spread.pow(2).mean().sqrt().item()) if spread.numel() else 0.0
-    rounding = torch.maximum(ulp(ref, dtype), unit * ref.abs())
-    near = smoothed(spread, axis)
-    allowed = rounding + factor * (near + rms)
+    allowed, rounding, near, rms = allowance(ref, yardstick, dtype=dtype, factor=factor, unit=unit, axis=axis)
     ratio = error / allowed.clamp_min(torch.finfo(torch.float64).tiny)
     worst = int(ratio.argmax().item()) if ratio.numel() else 0
     result = Elementwise(name, float(ratio.flatten()[worst].item()) if ratio.numel() else 0.0, rms)
@@ -229,7 +257,8 @@ def assert_elementwise(
             f"{where(worst, tuple(ratio.shape), axes)}: {at(value.double()):.6g} where the fp64 reference is "
             f"{at(ref):.6g}\n"
             f"  |error| {at(error):.3g} > bound {at(allowed):.3g} = {at(rounding):.3g} ({rounded}) + "
-            f"{factor:g} x ({yardstick_name} error near there {at(near):.3g} + its RMS error {rms:.3g})"
+            f"{factor:g} x ({yardstick_name} error near there {at(near):.3g} + its RMS error {rms:.3g})",
+            result.worst_ratio,
         )
     return result
 

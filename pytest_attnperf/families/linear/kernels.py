@@ -41,7 +41,7 @@ from typing import Any
 
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
-__all__ = ["FAMILIES", "LinearCase", "cost", "register", "run_case"]
+__all__ = ["FAMILIES", "LinearCase", "answer", "check_tensor", "cost", "prepare", "register", "run_case"]
 
 FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 
@@ -386,7 +386,8 @@ def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: fl
     if not error <= allowed:
         raise CheckFailed(
             f"{name}: normwise relative error {error:.3g} against fp64 exceeds {allowed:.3g} "
-            f"(= {units:g} x the {dtype} unit roundoff {UNIT_ROUNDOFF[dtype]:.3g})"
+            f"(= {units:g} x the {dtype} unit roundoff {UNIT_ROUNDOFF[dtype]:.3g})",
+            error / allowed,
         )
     return error
 
@@ -400,26 +401,41 @@ def assert_checked(name: str, value: Any, reference: Any, yardstick: Any, dtype:
                    factor: float, tensor: str = "out") -> float:
     """Finite, then the normwise bound (``units`` unit roundoffs), then every element within
     ``factor`` times the yardstick's error near it and its RMS error, plus the rounding of the
-    element itself (``checks.assert_elementwise``); returns the normwise error. ``tensor``
-    (``out``, ``dq``, ``dg``...) names the axes; a per-token tensor ``[B, T, H]`` (a scalar
-    gate, beta) smooths the yardstick's error along time, the others along the channels."""
+    element itself (``checks.assert_elementwise``); returns the worse of the two errors over its
+    bound. ``tensor`` (``out``, ``dq``, ``dg``...) names the axes; a per-token tensor
+    ``[B, T, H]`` (a scalar gate, beta) smooths the yardstick's error along time, the others
+    along the channels."""
     from pytest_attnperf.families.checks import assert_elementwise
 
     axes = axes_of(tensor, value.ndim)
     error = assert_normwise(name, value, reference, dtype, units, axes)
-    assert_elementwise(name, value, reference, yardstick, dtype=dtype, unit=UNIT_ROUNDOFF[dtype], factor=factor,
-                       yardstick_name="the yardstick's", axes=axes, axis=1 if value.ndim == 3 else -1)
-    return error
+    worst = assert_elementwise(name, value, reference, yardstick, dtype=dtype, unit=UNIT_ROUNDOFF[dtype],
+                               factor=factor, yardstick_name="the yardstick's", axes=axes,
+                               axis=1 if value.ndim == 3 else -1)
+    return max(error / (units * UNIT_ROUNDOFF[dtype]), worst.worst_ratio)
 
 
-def run_case(
-    family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0
-) -> Callable[[], Any]:
-    """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
-    ``fwdbwd``; every batch and head) and return the zero-argument callable to time."""
+def check_tensor(family: str, label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
+    """The family's rule for one output (``out``) or gradient (``dq``, ``dg``...): a gradient
+    reaches its input, then ``assert_checked`` with the output's or the gradients' units and
+    factor. Returns the worst error over its bound (at most 1: it raises ``CheckFailed`` above)."""
+    from pytest_attnperf.families.checks import assert_reaches
+
+    if name == "out":
+        return assert_checked(label, value, reference, yardstick, dtype, OUT_UNITS,
+                              FAMILY_OUT_FACTOR.get(family, OUT_FACTOR))
+    assert_reaches(label, value, reference)
+    return assert_checked(label, value, reference, yardstick, dtype, GRAD_UNITS, GRAD_FACTOR, tensor=name)
+
+
+def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:
+    """Call ``kernel`` on ``case`` once, checking its contract (a tensor of ``v``'s shape, the
+    query's dtype and the inputs' device; a gradient for every input; no writes into the
+    inputs), not its numbers: a ``checks.Answer`` with the reference and yardstick of
+    the kernel's form."""
     import torch
 
-    from pytest_attnperf.families.checks import assert_reaches, call_checked, expect_tensor, gradients
+    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients
 
     p = prepare(family, case, direction, device, seed)
     backward = direction == "fwdbwd"
@@ -441,12 +457,19 @@ def run_case(
 
     got = call_checked(kernel, lambda: run(True), ", ".join(p.names), p.inputs, device)  # a refusal skips here
     reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
-    assert_checked(f"{kernel.name} out", got[0].detach(), reference[0], yardstick[0], case.dtype, OUT_UNITS,
-                   FAMILY_OUT_FACTOR.get(family, OUT_FACTOR))
-    for name, grad, ref, yard in zip(p.names[: len(got) - 1], got[1:], reference[1:], yardstick[1:], strict=True):
-        assert_reaches(f"{kernel.name} d{name}", grad, ref)
-        assert_checked(f"{kernel.name} d{name}", grad.detach(), ref, yard, case.dtype, GRAD_UNITS, GRAD_FACTOR,
-                       tensor=f"d{name}")
+    names = ("out", *(f"d{n}" for n in p.names))[: len(got)]
+    return Answer(names, tuple(x.detach() for x in got), reference[: len(got)], yardstick[: len(got)], call)
+
+
+def run_case(
+    family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0
+) -> Callable[[], Any]:
+    """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
+    ``fwdbwd``; every batch and head) and return the zero-argument callable to time."""
+    a = answer(family, kernel, case, direction, device, seed)
+    for name, value, ref, yard in zip(a.names, a.got, a.reference, a.yardstick, strict=True):
+        check_tensor(family, f"{kernel.name} {name}", name, value, ref, yard, case.dtype)
+    call: Callable[[], Any] = a.call
     return call
 
 
