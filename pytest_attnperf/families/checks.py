@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from pytest_attnperf.families.registry import Kernel
 
 __all__ = [
-    "Answer", "CheckFailed", "Closeness", "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "Elementwise", "FACTOR",
+    "Answer", "CheckFailed", "Checked", "Closeness", "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "Elementwise", "FACTOR",
     "GRAD_FACTOR",
     "NEIGHBOURS", "PRECISION", "allowance", "assert_close", "assert_elementwise", "assert_finite", "assert_reaches",
     "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "poison_allocator",
@@ -71,6 +71,19 @@ class Answer:
     reference: tuple[Any, ...]
     yardstick: tuple[Any, ...]
     call: Any
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A case that passed its checks: the callable to time, and each tensor's worst error over
+    its bound (``out``, ``dq``...; at most 1), what the suites record as the kernel's margin."""
+
+    call: Any
+    ratios: dict[str, float]
+
+    def properties(self) -> list[tuple[str, float]]:
+        """The ratios as test properties (JUnit XML ``<property>``): ``attnperf_check_<tensor>``."""
+        return [(f"attnperf_check_{name}", round(ratio, 4)) for name, ratio in self.ratios.items()]
 
 
 @dataclass(frozen=True)
@@ -174,13 +187,14 @@ def ulp(magnitude: Any, dtype: str) -> Any:
     return torch.ldexp(torch.ones_like(size), exponent - PRECISION[dtype])
 
 
-def smoothed(spread: Any, axis: int, neighbours: int = NEIGHBOURS) -> Any:
+def smoothed(spread: Any, axis: int, neighbours: int | None = None) -> Any:
     """Each element's error, or the RMS of the errors of its neighbourhood (``neighbours``
     either side along ``axis``), whichever is larger: where the yardstick happened to land on
     the exact answer, its neighbours' errors stand in for what rounding makes there."""
     import torch
     import torch.nn.functional as F
 
+    neighbours = NEIGHBOURS if neighbours is None else neighbours
     if spread.ndim == 0 or neighbours <= 0:
         return spread
     moved = spread.movedim(axis, -1)
@@ -236,7 +250,7 @@ def assert_elementwise(
     error near the element, and its RMS error over the whole tensor, covers the rounding of
     everything before the output, where the element is ill conditioned (cancellation) and
     where it is not; the neighbourhood keeps that term from shrinking where the yardstick got
-    lucky. ``axes`` names the dimensions for the message (``"b h t d"``)."""
+    lucky (``NEIGHBOURS``). ``axes`` names the dimensions for the message (``"b h t d"``)."""
     import torch
 
     ref = reference.double()

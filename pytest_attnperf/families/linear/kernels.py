@@ -41,7 +41,10 @@ from typing import Any
 
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
-__all__ = ["FAMILIES", "LinearCase", "answer", "check_tensor", "cost", "prepare", "register", "run_case"]
+__all__ = [
+    "FAMILIES", "LinearCase", "answer", "check_case", "check_elements", "check_tensor", "cost", "prepare",
+    "register", "run_case",
+]
 
 FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 
@@ -401,18 +404,30 @@ def assert_checked(name: str, value: Any, reference: Any, yardstick: Any, dtype:
                    factor: float, tensor: str = "out") -> float:
     """Finite, then the normwise bound (``units`` unit roundoffs), then every element within
     ``factor`` times the yardstick's error near it and its RMS error, plus the rounding of the
-    element itself (``checks.assert_elementwise``); returns the worse of the two errors over its
-    bound. ``tensor`` (``out``, ``dq``, ``dg``...) names the axes; a per-token tensor
-    ``[B, T, H]`` (a scalar gate, beta) smooths the yardstick's error along time, the others
-    along the channels."""
+    element itself (``assert_elements``); returns the worse of the two errors over its bound.
+    ``tensor`` (``out``, ``dq``, ``dg``...) names the axes."""
+    error = assert_normwise(name, value, reference, dtype, units, axes_of(tensor, value.ndim))
+    worst = assert_elements(name, value, reference, yardstick, dtype, factor, tensor)
+    return max(error / (units * UNIT_ROUNDOFF[dtype]), worst)
+
+
+def assert_elements(name: str, value: Any, reference: Any, yardstick: Any, dtype: str, factor: float,
+                    tensor: str = "out") -> float:
+    """``checks.assert_elementwise`` in the families' layout: a per-token tensor ``[B, T, H]`` (a
+    scalar gate, beta) smooths the yardstick's error along time, the others along the channels.
+    Returns the worst element's error over its bound."""
     from pytest_attnperf.families.checks import assert_elementwise
 
-    axes = axes_of(tensor, value.ndim)
-    error = assert_normwise(name, value, reference, dtype, units, axes)
-    worst = assert_elementwise(name, value, reference, yardstick, dtype=dtype, unit=UNIT_ROUNDOFF[dtype],
-                               factor=factor, yardstick_name="the yardstick's", axes=axes,
-                               axis=1 if value.ndim == 3 else -1)
-    return max(error / (units * UNIT_ROUNDOFF[dtype]), worst.worst_ratio)
+    return assert_elementwise(name, value, reference, yardstick, dtype=dtype, unit=UNIT_ROUNDOFF[dtype],
+                              factor=factor, yardstick_name="the yardstick's", axes=axes_of(tensor, value.ndim),
+                              axis=1 if value.ndim == 3 else -1).worst_ratio
+
+
+def factors(family: str, name: str) -> tuple[float, float]:
+    """The normwise units and the elementwise factor of an output (``out``) or a gradient."""
+    if name == "out":
+        return OUT_UNITS, FAMILY_OUT_FACTOR.get(family, OUT_FACTOR)
+    return GRAD_UNITS, GRAD_FACTOR
 
 
 def check_tensor(family: str, label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
@@ -421,11 +436,16 @@ def check_tensor(family: str, label: str, name: str, value: Any, reference: Any,
     factor. Returns the worst error over its bound (at most 1: it raises ``CheckFailed`` above)."""
     from pytest_attnperf.families.checks import assert_reaches
 
-    if name == "out":
-        return assert_checked(label, value, reference, yardstick, dtype, OUT_UNITS,
-                              FAMILY_OUT_FACTOR.get(family, OUT_FACTOR))
-    assert_reaches(label, value, reference)
-    return assert_checked(label, value, reference, yardstick, dtype, GRAD_UNITS, GRAD_FACTOR, tensor=name)
+    if name != "out":
+        assert_reaches(label, value, reference)
+    units, factor = factors(family, name)
+    return assert_checked(label, value, reference, yardstick, dtype, units, factor, tensor=name)
+
+
+def check_elements(family: str, label: str, name: str, value: Any, reference: Any, yardstick: Any,
+                   dtype: str) -> float:
+    """The elementwise part of ``check_tensor`` alone; returns the worst element's error over its bound."""
+    return assert_elements(label, value, reference, yardstick, dtype, factors(family, name)[1], name)
 
 
 def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:
@@ -461,15 +481,23 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     return Answer(names, tuple(x.detach() for x in got), reference[: len(got)], yardstick[: len(got)], call)
 
 
+def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:
+    """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
+    ``fwdbwd``; every batch and head); return a ``checks.Checked``: the callable to time and
+    each tensor's worst error over its bound."""
+    from pytest_attnperf.families.checks import Checked
+
+    a = answer(family, kernel, case, direction, device, seed)
+    ratios = {name: check_tensor(family, f"{kernel.name} {name}", name, value, ref, yard, case.dtype)
+              for name, value, ref, yard in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
+    return Checked(a.call, ratios)
+
+
 def run_case(
     family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0
 ) -> Callable[[], Any]:
-    """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
-    ``fwdbwd``; every batch and head) and return the zero-argument callable to time."""
-    a = answer(family, kernel, case, direction, device, seed)
-    for name, value, ref, yard in zip(a.names, a.got, a.reference, a.yardstick, strict=True):
-        check_tensor(family, f"{kernel.name} {name}", name, value, ref, yard, case.dtype)
-    call: Callable[[], Any] = a.call
+    """``check_case``, returning the zero-argument callable to time."""
+    call: Callable[[], Any] = check_case(family, kernel, case, direction, device, seed).call
     return call
 
 

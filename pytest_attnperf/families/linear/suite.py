@@ -67,12 +67,16 @@ def fla_missing() -> str | None:
 
 
 def test_linear(
-    case: LinearCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any
+    case: LinearCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Output and gradients against our fp64 recurrence, then device time against the baseline."""
     if kernel.fn.__module__ == linear.__name__ and (why := fla_missing()):  # a built-in, from fla
         pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")
     with reported_plainly(attnperf_seed):  # a wrong answer fails with its message alone
-        timed = linear.run_case(kernel.family, kernel, case, direction, attnperf_device, seed=attnperf_seed)
+        checked = linear.check_case(kernel.family, kernel, case, direction, attnperf_device, seed=attnperf_seed)
+    for name, ratio in checked.properties():  # each tensor's error over its bound: the margin
+        request.node.user_properties.append((name, ratio))
+    timed = checked.call
     cost = linear.cost(kernel.family, kernel, case, direction)
     attnperf.measure(timed, cost=cost, dtype=case.dtype)  # gates the time; fails on a regression

@@ -12,8 +12,10 @@ from typing import Any
 
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
-__all__ = ["AXES", "FAMILY", "SIGNATURE", "TENSORS", "SoftmaxCase", "answer", "check_tensor", "register",
-           "run_case"]
+__all__ = [
+    "AXES", "FAMILY", "SIGNATURE", "SoftmaxCase", "TENSORS", "answer", "check_case", "check_elements",
+    "check_tensor", "register", "run_case",
+]
 
 FAMILY = "softmax"
 SIGNATURE = "fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out"
@@ -218,27 +220,25 @@ TENSORS = ("out", "dq", "dk", "dv")
 def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
     """The family's rule for one output or gradient (``name`` in ``TENSORS``): a gradient reaches
     its input, the largest error (``checks.assert_close``) and every element
-    (``checks.assert_elementwise``) against the fp64 reference, PyTorch's own answer in the
-    case's dtype as the yardstick. Returns the worst error over its bound (at most 1: it raises
-    ``CheckFailed`` above)."""
-    from pytest_attnperf.families.checks import (
-        ELEMENT_FACTOR,
-        ELEMENT_GRAD_FACTOR,
-        FACTOR,
-        GRAD_FACTOR,
-        assert_close,
-        assert_elementwise,
-        assert_reaches,
-    )
+    (``check_elements``) against the fp64 reference, PyTorch's own answer in the case's dtype as
+    the yardstick. Returns the worst error over its bound (at most 1: it raises ``CheckFailed``
+    above)."""
+    from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, assert_close, assert_reaches
 
     output = name == "out"
     if not output:
         assert_reaches(label, value, reference)
     largest = assert_close(label, value, reference, yardstick, dtype, FACTOR if output else GRAD_FACTOR, axes=AXES)
-    each = assert_elementwise(label, value, reference, yardstick, dtype=dtype,
-                              factor=ELEMENT_FACTOR[dtype] if output else ELEMENT_GRAD_FACTOR,
-                              yardstick_name=f"PyTorch's {dtype}", axes=AXES)
-    return max(largest.error / largest.allowed, each.worst_ratio)
+    return max(largest.error / largest.allowed, check_elements(label, name, value, reference, yardstick, dtype))
+
+
+def check_elements(label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
+    """The elementwise part of ``check_tensor`` alone; returns the worst element's error over its bound."""
+    from pytest_attnperf.families.checks import ELEMENT_FACTOR, ELEMENT_GRAD_FACTOR, assert_elementwise
+
+    factor = ELEMENT_FACTOR[dtype] if name == "out" else ELEMENT_GRAD_FACTOR
+    return assert_elementwise(label, value, reference, yardstick, dtype=dtype, factor=factor,
+                              yardstick_name=f"PyTorch's {dtype}", axes=AXES).worst_ratio
 
 
 def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
@@ -270,11 +270,18 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     return Answer(TENSORS[:n], got, p.reference[:n], p.torch_value[:n], call)
 
 
-def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
+def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
     ``fwdbwd``): its return value first (``answer``), then each tensor (``check_tensor``);
-    return the zero-argument callable to time."""
+    return a ``checks.Checked``: the callable to time and each tensor's worst error over its bound."""
+    from pytest_attnperf.families.checks import Checked
+
     a = answer(kernel, case, direction, device, seed)
-    for name, value, ref, mine in zip(a.names, a.got, a.reference, a.yardstick, strict=True):
-        check_tensor(f"{kernel.name} {name}", name, value, ref, mine, case.dtype)
-    return a.call
+    ratios = {name: check_tensor(f"{kernel.name} {name}", name, value, ref, mine, case.dtype)
+              for name, value, ref, mine in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
+    return Checked(a.call, ratios)
+
+
+def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
+    """``check_case``, returning the zero-argument callable to time."""
+    return check_case(kernel, case, direction, device, seed).call

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pytest_attnperf import costs
 from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.registry import Kernel
-from pytest_attnperf.families.softmax.kernels import SoftmaxCase, run_case
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase, check_case
 
 __all__ = ["ATTNPERF_CASES", "ATTNPERF_FAMILY", "CASES", "FAMILY", "test_softmax"]
 
@@ -52,11 +54,15 @@ ATTNPERF_FAMILY, ATTNPERF_CASES = FAMILY, CASES  # what the plugin parametrizes
 
 
 def test_softmax(
-    case: SoftmaxCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any
+    case: SoftmaxCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Output (and gradients for fwdbwd) against fp64, then device time against the baseline."""
     with reported_plainly(attnperf_seed):  # a wrong answer fails with its message alone
-        timed = run_case(kernel, case, direction, attnperf_device, seed=attnperf_seed)
+        checked = check_case(kernel, case, direction, attnperf_device, seed=attnperf_seed)
+    for name, ratio in checked.properties():  # each tensor's error over its bound: the margin
+        request.node.user_properties.append((name, ratio))
+    timed = checked.call
     cost = costs.softmax_attention(
         batch=case.batch, heads=case.heads, kv_heads=case.kv_heads, seq=case.seq,
         head_dim=case.head_dim, dtype=case.dtype, causal=case.causal, window=case.window,
