@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh record-linear | gate | noise | pair | short | full
+#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -119,5 +119,17 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     wait
     keep_cache >/dev/null
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full" >&2; exit 2 ;;
+  check)  # check-only runs of the GPU tables, one per seed of SEEDS (default 0), each with the
+    # kernel zoos of tests/zoo registered (ZOO=0 leaves them out); K selects as -k does. Each
+    # seed's JUnit report goes to $OUT/check-<seed>.xml, then one table of every kernel's counts
+    # and worst passing ratio (tools/power.py --junit)
+    ZOOS=(); [ "${ZOO:-1}" = 1 ] && ZOOS=(-p tests.zoo.softmax -p tests.zoo.linear)
+    for seed in ${SEEDS:-0}; do
+      timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --attnperf-check-only --attnperf-seed="$seed" \
+        "${ZOOS[@]}" ${K:+-k "$K"} --junitxml="$OUT/check-$seed.xml" > "$OUT/check-$seed.log" 2>&1
+      tail -n 3 "$OUT/check-$seed.log"
+    done
+    python3 tools/power.py --junit "$OUT"/check-*.xml ${ZOO:+--zoo tests.zoo.softmax --zoo tests.zoo.linear} \
+      > "$OUT/check-table.md" 2>&1; grep -c . "$OUT/check-table.md" ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check" >&2; exit 2 ;;
 esac

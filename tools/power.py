@@ -250,6 +250,52 @@ def margin_table(rows: list[dict[str, Any]], counts: list[str]) -> str:
     return "\n".join(lines)
 
 
+def junit_table(paths: list[str]) -> str:
+    """Per kernel, over JUnit XML reports of suite runs (``--junitxml``, check-only or not): cases
+    passed, failed and skipped, the worst ``attnperf_check_*`` ratio of its passing cases, and its
+    first failure's first line; zoo kernels' expectation (``zoo-ok``: no failure; ``zoo-bad``: at
+    least one) checked."""
+    import xml.etree.ElementTree as ET
+
+    stats: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = case.get("name", "")
+            found = re.search(r"\[(.*)-(fwd|fwdbwd)\]$", name)
+            if not found:
+                continue
+            kernel = next((k for k in KNOWN if f"-{k}-" in f"-{found.group(1)}-"), found.group(1).split("-")[-1])
+            for prefix in ("zoo-ok-", "zoo-bad-"):
+                if prefix in found.group(1):
+                    kernel = prefix + found.group(1).split(prefix, 1)[1]
+            entry = stats.setdefault(kernel, {"passed": 0, "failed": 0, "skipped": 0, "worst": 0.0, "first": ""})
+            failure = case.find("failure")
+            if failure is None:
+                failure = case.find("error")
+            if case.find("skipped") is not None:
+                entry["skipped"] += 1
+            elif failure is not None:
+                entry["failed"] += 1
+                entry["first"] = entry["first"] or (failure.get("message") or "").splitlines()[0][:150]
+            else:
+                entry["passed"] += 1
+                for prop in case.iter("property"):
+                    if (prop.get("name") or "").startswith("attnperf_check_"):
+                        entry["worst"] = max(entry["worst"], float(prop.get("value") or 0))
+    lines = ["| kernel | passed | failed | skipped | worst passing ratio | as expected | first failure |",
+             "|---|---|---|---|---|---|---|"]
+    for kernel, e in sorted(stats.items()):
+        expected = ("yes" if e["failed"] == 0 else "NO") if kernel.startswith("zoo-ok") else (
+            ("yes" if e["failed"] > 0 else "NO") if kernel.startswith("zoo-bad") else (
+                "yes" if e["failed"] == 0 else "NO"))
+        lines.append(f"| {kernel} | {e['passed']} | {e['failed']} | {e['skipped']} | {e['worst']:.3g} | {expected} | "
+                     f"{e['first']} |")
+    return "\n".join(lines)
+
+
+KNOWN: tuple[str, ...] = ()  # filled in main: every registered kernel's name, longest first
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the table (see the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -265,7 +311,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-pattern", default="", help="regular expression over kernel names")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--neighbours", default=str(checks.NEIGHBOURS))
+    parser.add_argument("--autotune", default="", help="a baselines' <hw>.autotune folder: its Triton choices are used")
+    parser.add_argument("--junit", nargs="+", default=[], help="summarise these JUnit XML reports instead")
     args = parser.parse_args(argv)
+    if args.junit:
+        global KNOWN
+        found = registry(args.zoo)
+        KNOWN = tuple(sorted({k.name for f in args.families.split(",") for k in found.family(f)}, key=len,
+                             reverse=True))
+        print(junit_table(args.junit))
+        return 0
+    if args.autotune:  # before triton is imported: fla's kernels then skip autotuning
+        import os
+        import tempfile
+
+        from pytest_attnperf.store.autotune import install
+
+        cache = Path(tempfile.mkdtemp(prefix="power-triton-"))
+        choices, problems = install(Path(args.autotune), cache)
+        os.environ["TRITON_CACHE_DIR"] = str(cache)
+        print(f"{len(choices)} autotune choices installed into {cache}; {len(problems)} problems", flush=True)
     if args.kernels:
         print(margin_table(margins(args), args.neighbours.split(",")))
     else:
