@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_plugin import CONFTEST, PLUGIN
+from kit import CONFTEST, PLUGIN
 
 from pytest_attnperf.store import autotune
 from pytest_attnperf.store.autotune import AutotuneError

@@ -15,21 +15,18 @@ import shutil
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
+import kit
 import pytest
 import torch
 
-from pytest_attnperf.hw.table import DetectedDevice
 from pytest_attnperf.measure import child as child_run
 from pytest_attnperf.measure import isolation, timing
 from pytest_attnperf.measure.timing import CudaTimer, HostTimer, SamplingPlan
 
-ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:cacheprovider", "--attnperf-ceilings=off")
+PLUGIN = (*kit.PLUGIN, "-p", "no:cacheprovider", "--attnperf-ceilings=off")
 
 OOM_TEXT = (
     "CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
@@ -41,13 +38,9 @@ OOM_TEXT = (
 
 # A fake CPU run whose timer calls the callable once (so its faults show) and, like a capture,
 # builds a reference cycle around it that only the garbage collector frees.
-CONFTEST = '''
+CONFTEST = kit.conftest("cpu", samples=kit.steps(3)) + '''
 import gc
-import os
 import weakref
-
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
 
 TRACKED = []  # weak references to what a case made: none may outlive it
 
@@ -66,19 +59,15 @@ def pytest_unconfigure(config):
     gc.enable()
 
 
-def pytest_attnperf_detect_device(config):
-    return DetectedDevice("cpu", "x86_64")
-
-
-class ScriptedTimer:
+class TrackingTimer(ScriptedTimer):
     def measure(self, fn, plan):
-        fn()
+        measured = super().measure(fn, plan)
         TRACKED.append(weakref.ref(Graph(fn)))
-        return Measurement(tuple(1.0 + 0.001 * (i % 3) for i in range(20)), clock="scripted", mode=plan.mode)
+        return measured
 
 
 def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer()
+    return TrackingTimer()
 '''
 
 COST = "from pytest_attnperf.costs import Cost\nCOST = Cost(flops=1e9, bytes=1e6)\n"
@@ -86,19 +75,12 @@ COST = "from pytest_attnperf.costs import Cost\nCOST = Cost(flops=1e9, bytes=1e6
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest(CONFTEST)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider -p no:benchmark\n")
-    return pytester
+    return kit.make_project(pytester, CONFTEST, addopts="-p no:benchmark")
 
 
 def outcomes(result: pytest.RunResult) -> dict[str, str]:
     """Each test's outcome by its name (``-rA`` lines)."""
-    found: dict[str, str] = {}
-    for line in result.stdout.lines:
-        for word in ("PASSED", "FAILED", "SKIPPED", "ERROR"):
-            if line.startswith(word + " "):
-                found[line.split()[1].split("::")[-1]] = word
-    return found
+    return {nodeid.split("::")[-1]: outcome for nodeid, outcome in kit.outcomes(result).items()}
 
 
 class FaultLedger:
@@ -413,7 +395,7 @@ def test_a_case_stuck_outside_python_ends_the_run_with_every_stack(
 ) -> None:
     """A call that swallows the time limit's exception stands in for one stuck in C: after the
     grace period the watchdog writes why, dumps every thread's stack and ends the process."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    kit.pythonpath(monkeypatch)
     project.makeconftest(CONFTEST + "\nimport pytest_attnperf.measure.isolation\n"
                          "pytest_attnperf.measure.isolation.GRACE_S = 1.0\n")
     project.makepyfile(test_stuck=COST + '''
@@ -491,117 +473,46 @@ def test_gc_paused_leaves_a_collector_that_was_off_off() -> None:
 # -- CudaTimer on fakes: the collector, and the graphs released --------------------------
 
 
-class Clock:
-    now_ms = 0.0
-
-
-class FakeEvent:
-    def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
-        self.at_ms = 0.0
-
-    def record(self) -> None:
-        self.at_ms = Clock.now_ms
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, other: FakeEvent) -> float:
-        return other.at_ms - self.at_ms
-
-
-class FakeGraph:
-    """Captured by the real ``_capture`` (torch.cuda.graph faked); replays its body."""
-
-    made: list[weakref.ref[FakeGraph]] = []
-    resets = 0
-
-    def __init__(self) -> None:
-        self.body: Callable[[], Any] = lambda: None
-        FakeGraph.made.append(weakref.ref(self))
-
-    def pool(self) -> tuple[int, int]:
-        return (0, 1)
-
-    def replay(self) -> None:
-        self.body()
-
-    def reset(self) -> None:
-        FakeGraph.resets += 1
-        self.body = lambda: None  # what torch's reset does: the graph and its memory are gone
-
-
 @pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    FakeGraph.made, FakeGraph.resets = [], 0
-    for name, value in {
-        "Stream": _Stream, "current_stream": _Stream,
-        "stream": lambda s: contextlib.nullcontext(), "synchronize": lambda: None, "Event": FakeEvent,
-        "_sleep": lambda cycles: None, "current_device": lambda: 0, "set_stream": lambda s: None,
-        "CUDAGraph": FakeGraph, "graph": lambda graph, pool=None: contextlib.nullcontext(),
-    }.items():
-        monkeypatch.setattr(torch.cuda, name, value, raising=False)
-    real = timing._capture
-
-    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, str | None]:
-        graph, why = real(fn, calls, pool)  # the real capture: the graph is registered for release
-        if graph is not None:
-            graph.body = lambda: [fn() for _ in range(calls)]
-        return graph, why
-
-    monkeypatch.setattr(timing, "_capture", capture)
-    monkeypatch.setattr(timing, "_time_replay", lambda replay: 0.02)
-    monkeypatch.setattr(CudaTimer, "_peak_mib", staticmethod(lambda fn: 1.0))
-    monkeypatch.setattr(CudaTimer, "_flush_buffer", lambda self: _Flush())
-    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
-    monkeypatch.setattr(timing, "read_violation_ns", lambda index: None)
+def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[kit.FakeGpu]:
+    """A fake GPU whose graphs timing's own ``_capture`` makes (registered for release), its
+    callables' eager figure timed on its events; the collector off while it is in use."""
+    fake = kit.fake_cuda(monkeypatch, real_capture=True, eager_ms=None)
     gc.disable()
     try:
-        yield
+        yield fake
     finally:
         gc.enable()
 
 
-class _Stream:
-    def wait_stream(self, other: Any) -> None:
-        pass
-
-
-class _Flush:
-    def zero_(self) -> None:
-        pass
-
-
-H200 = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
-
-
 @pytest.mark.parametrize("mode", ["cold", "hot"])
-def test_cuda_timer_times_with_the_collector_off_and_releases_its_graphs(fake_cuda: None, mode: str) -> None:
+def test_cuda_timer_times_with_the_collector_off_and_releases_its_graphs(gpu: kit.FakeGpu, mode: str) -> None:
     seen: list[bool] = []
 
     def call() -> None:
         seen.append(gc.isenabled())
-        Clock.now_ms += 0.02
+        gpu.call()
 
     plan = SamplingPlan(mode=mode, min_samples=10, budget_s=0.05, warmup_calls=2, hot_sample_ms=0.2)
-    m = CudaTimer(H200).measure(call, plan)
+    m = CudaTimer(kit.H200).measure(call, plan)
     assert m.median_ms == pytest.approx(0.02)
     assert m.clock in ("cuda-graph-nodes", "cuda-graph")
     assert m.eager_ms == pytest.approx(0.02)
     assert seen[:2] == [False, False]  # warm-up: the collector was left off by the fixture
-    assert FakeGraph.made
-    assert FakeGraph.resets == len(FakeGraph.made)  # every graph reset
-    assert all(ref() is None for ref in FakeGraph.made)  # and none referenced once measured
+    assert gpu.graphs
+    assert gpu.resets == len(gpu.graphs)  # every graph reset
+    assert all(ref() is None for ref in gpu.graphs)  # and none referenced once measured
     assert timing._captured is None
 
 
-def test_cuda_timer_collector_is_off_in_the_timed_calls_only(fake_cuda: None) -> None:
+def test_cuda_timer_collector_is_off_in_the_timed_calls_only(gpu: kit.FakeGpu) -> None:
     gc.enable()  # the fixture turned it off; here it is on, as in a run
     seen: list[bool] = []
     timed: list[bool] = []
 
     def call() -> None:
         seen.append(gc.isenabled())
-        Clock.now_ms += 0.02
+        gpu.call()
 
     def sampled(take_ms: Callable[[], float], plan: SamplingPlan, rounds_of: int = 1) -> list[float]:
         timed.append(gc.isenabled())
@@ -610,29 +521,29 @@ def test_cuda_timer_collector_is_off_in_the_timed_calls_only(fake_cuda: None) ->
     real_sample = timing.sample_adaptively
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(timing, "sample_adaptively", sampled)
-        CudaTimer(H200).measure(call, SamplingPlan(min_samples=10, budget_s=0.05, warmup_calls=2))
+        CudaTimer(kit.H200).measure(call, SamplingPlan(min_samples=10, budget_s=0.05, warmup_calls=2))
     assert seen[:2] == [True, True]
     assert timed == [False]
     assert gc.isenabled()
     assert False in seen  # the eager calls timed by _eager_ms ran with it off
 
 
-def test_cuda_timer_that_fails_mid_sampling_releases_its_graphs_and_the_collector(fake_cuda: None) -> None:
+def test_cuda_timer_that_fails_mid_sampling_releases_its_graphs_and_the_collector(gpu: kit.FakeGpu) -> None:
     gc.enable()
     calls = [0]
 
     def call() -> None:
         calls[0] += 1
-        Clock.now_ms += 0.02
+        gpu.call()
         if calls[0] == 40:
             raise RuntimeError("the kernel failed mid-sampling")
 
     with pytest.raises(RuntimeError, match="mid-sampling"):
-        CudaTimer(H200).measure(call, SamplingPlan(min_samples=200, max_samples=400, budget_s=0.05))
+        CudaTimer(kit.H200).measure(call, SamplingPlan(min_samples=200, max_samples=400, budget_s=0.05))
     assert gc.isenabled()
     assert timing._captured is None
-    assert FakeGraph.made
-    assert FakeGraph.resets == len(FakeGraph.made)
+    assert gpu.graphs
+    assert gpu.resets == len(gpu.graphs)
 
 
 @pytest.fixture
@@ -649,7 +560,7 @@ def python_sigint() -> Iterator[None]:
 
 
 def test_an_interrupt_during_a_graph_capture_is_raised_once_the_capture_has_ended(
-    fake_cuda: None, python_sigint: None, monkeypatch: pytest.MonkeyPatch
+    gpu: kit.FakeGpu, python_sigint: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C (or `timeout -s INT`) while a graph is being captured: raised inside the capture,
     it would leave the stream capturing; held, it is raised after the capture ends, the graph is
@@ -667,18 +578,18 @@ def test_an_interrupt_during_a_graph_capture_is_raised_once_the_capture_has_ende
     monkeypatch.setattr(torch.cuda, "graph", graph)
 
     def call() -> None:
-        Clock.now_ms += 0.02
+        gpu.call()
         if events and events[-1] == "capture begins":
             signal.raise_signal(signal.SIGINT)
             events.append("call after the interrupt")
 
     with pytest.raises(KeyboardInterrupt):
-        CudaTimer(H200).measure(call, SamplingPlan(min_samples=10, budget_s=0.05, warmup_calls=2))
+        CudaTimer(kit.H200).measure(call, SamplingPlan(min_samples=10, budget_s=0.05, warmup_calls=2))
     assert events[:3] == ["capture begins", "call after the interrupt", "capture ends"]
     assert len(events) == 3  # raised there: no second capture
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert FakeGraph.made
-    assert FakeGraph.resets == len(FakeGraph.made)
+    assert gpu.graphs
+    assert gpu.resets == len(gpu.graphs)
 
 
 def test_a_second_interrupt_during_a_held_one_goes_through_at_once(
@@ -749,8 +660,8 @@ def pytest_attnperf_register_kernels(registry, config):
 def test_each_fault_costs_exactly_its_own_case_in_the_softmax_suite(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    shutil.copytree(ROOT / "suites", pytester.path / "suites")
+    kit.pythonpath(monkeypatch)
+    shutil.copytree(kit.ROOT / "suites", pytester.path / "suites")
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
     pytester.makeconftest(FAULTY_KERNELS)
     case = "cpu-b2-h4-t128-d32-causal-fp32"

@@ -21,15 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kit
 import pytest
 import yaml
 
 from pytest_attnperf.store import baselines
 from pytest_attnperf.store.baselines import BaselineError, BaselineFile, LockTimeout, load, save, temporaries, update
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ROOT / "baselines" / "h200.yaml"
-PLUGIN = ("-p", "pytest_attnperf.plugin")
+COMMITTED = kit.ROOT / "baselines" / "h200.yaml"
+PLUGIN = kit.PLUGIN
 COUNTS: Counter[str] = Counter()  # inputs, faults, entries checked, entries lost (see the fixture below)
 ROUNDS = int(os.environ.get("ATTNPERF_STORE_ROUNDS", "20"))  # concurrent-writer rounds per file size
 HUGE_MB = float(os.environ.get("ATTNPERF_STORE_HUGE_MB", "5"))  # the large file's size (50 for the figure)
@@ -245,7 +245,7 @@ for i in range(rounds):  # each round: say ready, wait for the go, update, say d
 
 
 def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(kit.ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
 def wait_for(names: list[Path], writers: list[subprocess.Popen[bytes]]) -> None:
@@ -418,38 +418,7 @@ def test_a_run_cleans_left_temporaries_and_says_so(project: pytest.Pytester) -> 
 
 # -- the plugin: start-up check, bad entries, unwritable folder, full disk ----------------
 
-CONFTEST = '''
-import pytest
-
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
-
-
-def pytest_attnperf_detect_device(config):
-    return DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
-
-
-class Timer:
-    def measure(self, fn, plan):
-        fn()
-        return Measurement(tuple(1.0 + 0.001 * (i % 5) for i in range(20)), clock="scripted", mode=plan.mode,
-                           eager_ms=1.2)
-
-
-def pytest_attnperf_make_timer(config, device):
-    return Timer()
-'''
-
-TESTS = '''
-import pytest
-
-from pytest_attnperf.costs import Cost
-
-
-@pytest.mark.parametrize("name", ["a", "b"])
-def test_case(name, attnperf):
-    attnperf.measure(lambda: None, cost=Cost(flops=1e12, bytes=1e9), dtype="bf16")
-'''
+CONFTEST = kit.conftest(samples=kit.steps(5), eager_ms=1.2)  # a fake H200, a steady scripted timer
 
 CASES = {"test_cases.py::test_case[a]", "test_cases.py::test_case[b]"}
 
@@ -459,18 +428,11 @@ def project(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory,
             monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """Two measured cases on a fake H200 with a steady scripted timer; the temporary folder (where
     an update that cannot write saves its entries) is a fresh one."""
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_cases=TESTS)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider --hw=h200\n")
+    kit.make_project(pytester, CONFTEST, addopts="--hw=h200", test_cases=kit.TESTS)
     spare = tmp_path_factory.mktemp("systemp")
     monkeypatch.setattr(tempfile, "tempdir", str(spare))
     monkeypatch.setenv("TMPDIR", str(spare))
     return pytester
-
-
-def entries_of(project: pytest.Pytester) -> dict[str, Any]:
-    entries: dict[str, Any] = yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
-    return entries
 
 
 def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project: pytest.Pytester) -> None:
@@ -478,11 +440,10 @@ def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project:
     any case runs; the case with the bad entry fails with its cause, the other is gated; an
     update re-records the bad entry and keeps the unrelated one as it was."""
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    path = project.path / "baselines" / "h200.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["entries"]["test_cases.py::test_case[b]"]["eager_ms"] = 0
-    data["entries"]["elsewhere.py::test_x"] = {"median_ms": "soon"}
-    path.write_text(yaml.safe_dump(data))
+    path = kit.baseline_path(project)
+    with kit.editing_baseline(project) as data:
+        data["entries"]["test_cases.py::test_case[b]"]["eager_ms"] = 0
+        data["entries"]["elsewhere.py::test_x"] = {"median_ms": "soon"}
     COUNTS["inputs"] += 1
     COUNTS["faults"] += 2
     result = project.runpytest(*PLUGIN, "-v")
@@ -499,7 +460,7 @@ def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project:
     update_run = project.runpytest(*PLUGIN, "--update-baselines")
     update_run.assert_outcomes(passed=2)
     assert "1 of them unusable and left as they were" in update_run.stdout.str()
-    after = entries_of(project)
+    after = kit.entries(project)
     assert after["test_cases.py::test_case[b]"]["eager_ms"] == 1.2
     assert after["elsewhere.py::test_x"] == {"median_ms": "soon"}
     project.runpytest(*PLUGIN).assert_outcomes(passed=2, failed=0)

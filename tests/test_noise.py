@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kit
 import pytest
 import yaml
 
-from pytest_attnperf.hw.table import DetectedDevice
 from pytest_attnperf.measure.timing import HostTimer, Measurement, SamplingPlan
 from pytest_attnperf.noise import compare as noise_compare
 from pytest_attnperf.noise.benchmark import _stages
@@ -45,14 +45,13 @@ def test_injected_work_adds_its_fraction(monkeypatch: pytest.MonkeyPatch) -> Non
             pass
 
     plan = SamplingPlan(min_samples=15, budget_s=0.1, warmup_calls=1)
-    cpu = DetectedDevice("cpu", "x86_64")
 
     def ratios() -> tuple[float, float, tuple[str, ...]]:
         """(slowed / plain, untouched / plain, the slowed measurement's notes), on the host clock."""
         monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
         plain = HostTimer().measure(work, plan).median_ms
-        slowed = InjectingTimer(HostTimer(), cpu, fraction=0.5, every=1, compare=None).measure(work, plan)
-        untouched = InjectingTimer(HostTimer(), cpu, fraction=0.5, every=10**9, compare=None)
+        slowed = InjectingTimer(HostTimer(), kit.CPU, fraction=0.5, every=1, compare=None).measure(work, plan)
+        untouched = InjectingTimer(HostTimer(), kit.CPU, fraction=0.5, every=10**9, compare=None)
         monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::other (call)")
         return slowed.median_ms / plain, untouched.measure(work, plan).median_ms / plain, slowed.notes
 
@@ -99,8 +98,7 @@ def test_injection_takes_off_the_extra_works_own_cost(
     when asked 5%; asked less than the least, it gets the least and says so. The log has both."""
     log, device, case = tmp_path / "inject.jsonl", Modeled(), a_case(0.05)
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
-    timer = InjectingTimer(device, DetectedDevice("cpu", "x86_64"), fraction=fraction, every=1, compare=None,
-                           log=str(log))
+    timer = InjectingTimer(device, kit.CPU, fraction=fraction, every=1, compare=None, log=str(log))
     measured = timer.measure(case, SamplingPlan())
     assert len(device.timed) == 4  # the case, the least work bare and with a one-cycle spin, the case slowed
     assert timer.measure(case, SamplingPlan()).median_ms == measured.median_ms
@@ -119,7 +117,7 @@ def test_injection_keeps_the_least_to_cases_timed_on_its_clock(monkeypatch: pyte
     host, at a cost the graph-timed least does not tell: nothing taken off, and the note says
     so. A case whose base reads no positive time is not injected (the plugin fails it)."""
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::picked (call)")
-    timer = InjectingTimer(Modeled(), DetectedDevice("cpu", "x86_64"), fraction=0.05, every=1, compare=None)
+    timer = InjectingTimer(Modeled(), kit.CPU, fraction=0.05, every=1, compare=None)
     measured = timer.measure(a_case(0.1, "cuda-events"), SamplingPlan())
     assert measured.median_ms == pytest.approx(0.1 + 0.005 + 0.0012)
     assert measured.notes == ("injected +5% extra work (base 0.1 ms; the extra work's own cost not taken off: "
@@ -157,7 +155,7 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(inject, "read_sm_clock", lambda index: (1980.0, ()))
     out = tmp_path / "compare.jsonl"
-    timer = InjectingTimer(Fixed(), DetectedDevice("cuda", "fake"), fraction=0.0, every=2, compare=str(out))
+    timer = InjectingTimer(Fixed(), kit.H200, fraction=0.0, every=2, compare=str(out))
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::a (call)")
     assert timer.measure(lambda: None, SamplingPlan()).median_ms == 0.2
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::b (call)")
@@ -210,8 +208,7 @@ def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
     monkeypatch.setattr(inject, "read_sm_clock", lambda index: (1980.0, ()))
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::a (call)")
     out = tmp_path / "compare.jsonl"
-    InjectingTimer(Fixed(), DetectedDevice("cuda", "fake"), fraction=0.0, every=2, compare=str(out)).measure(
-        lambda: None, SamplingPlan())
+    InjectingTimer(Fixed(), kit.H200, fraction=0.0, every=2, compare=str(out)).measure(lambda: None, SamplingPlan())
     line = json.loads(out.read_text())
     assert reps == [20] + ([same_rep] if same_rep else [])
     assert line.get("do_bench_same_rep_ms") == same_rep
@@ -235,7 +232,7 @@ def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monke
         pass
 
     out = tmp_path / "compare.jsonl"
-    timer = InjectingTimer(Recording(), DetectedDevice("cuda", "fake"), fraction=0.5, every=1, compare=str(out))
+    timer = InjectingTimer(Recording(), kit.H200, fraction=0.5, every=1, compare=str(out))
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::first (call)")
     measured = timer.measure(add, SamplingPlan(overhead=True))
     assert seen == [add]
@@ -246,34 +243,22 @@ def test_the_sample_floor_is_neither_injected_nor_compared(tmp_path: Path, monke
 
 # -- the script, end to end on a tiny project: fake CPU device, scripted timer -------------------
 
-CONFTEST = '''
-import os
-
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
-
+CONFTEST = kit.conftest("cpu") + '''
 MS = {"big": 1.0, "mid": 0.02, "small": 0.005}
 
 
-def pytest_attnperf_detect_device(config):
-    return DetectedDevice("cpu", "x86_64")
+class SizedTimer(ScriptedTimer):
+    """Around the case's time; slower by the extra work the inject plugin wrapped the callable
+    with, plus 1 us (as a spin kernel's own launch costs about that), so a gate that works
+    catches every injected case."""
 
-
-class ScriptedTimer:
-    """20 samples around the case's time; slower by the extra work the inject plugin wrapped the
-    callable with, plus 1 us (as a spin kernel's own launch costs about that), so a gate that
-    works catches every injected case."""
-
-    def measure(self, fn, plan):
-        fn()
-        case = os.environ["PYTEST_CURRENT_TEST"].split("[")[1].split("]")[0]
-        factor = MS[case] + (1e3 * fn.extra_s + 0.001 if hasattr(fn, "extra_s") else 0)
-        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
-        return Measurement(tuple(factor * (1 + j) for j in jitter), clock="scripted", mode=plan.mode)
+    def factor(self, name, nodeid, fn):
+        case = name.split("[")[1].split("]")[0]
+        return MS[case] + (1e3 * fn.extra_s + 0.001 if hasattr(fn, "extra_s") else 0)
 
 
 def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer()
+    return SizedTimer()
 '''
 
 CASES = '''
@@ -291,8 +276,6 @@ def test_skipped(attnperf):
     pytest.skip("measures nothing: not a picked case")
 '''
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
@@ -304,7 +287,7 @@ def project(tmp_path: Path) -> Path:
 
 def noise(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
     """``python -m pytest_attnperf.noise.benchmark OPTIONS -- <the tiny project's tests>``, in the project."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(kit.ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark", "--workdir", "work", *options,
            "--", "-p", "pytest_attnperf.plugin", "--hw=cpu", "test_cases.py"]
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -736,7 +719,7 @@ def test_an_interrupted_run_gets_one_sigint_and_time_to_write_its_reports(
     import signal
 
     out = tmp_path / "child.txt"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(REPO), CHILD, str(out), mode, str(grace)],
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(kit.ROOT), CHILD, str(out), mode, str(grace)],
                               stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -774,7 +757,7 @@ def test_sigterm_stops_a_call_like_ctrl_c_and_an_ignored_sighup_stays_ignored(tm
     import signal
 
     (tmp_path / "test_slow.py").write_text(SLOW_TEST)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(kit.ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark",
            "--workdir", "work", "--stages", "steady", "--runs", "1",
            "--", "-p", "pytest_attnperf.plugin", "test_slow.py"]
@@ -969,7 +952,7 @@ def test_pytest_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
 
     driver_code = (
         "import os, sys, time\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
+        f"sys.path.insert(0, {str(kit.ROOT)!r})\n"
         "from pytest_attnperf.measure import child as child_run\n"
         "child = child_run.start([sys.executable, '-c', sys.argv[1], sys.argv[2], 'hangs'], dict(os.environ))\n"
         "print(child.pid, flush=True)\n"

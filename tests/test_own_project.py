@@ -3,8 +3,9 @@ a test module with its own shape table, a pyproject.toml placing its baselines) 
 built-in softmax suite with its kernel in it, its own shapes, and records into its own folder.
 
 The page's code blocks are the project's files and its ``pytest`` lines the commands, so the
-page cannot drift from what works. Fake hardware and a scripted timer (``attnperf_fakes``,
-loaded with ``-p``, not part of the page) make the runs quick and the gate deterministic.
+page cannot drift from what works. Fake hardware and a scripted timer (tests/kit.py's, as the
+module ``attnperf_fakes`` loaded with ``-p``, not part of the page) make the runs quick and the
+gate deterministic.
 """
 
 from __future__ import annotations
@@ -12,44 +13,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from pathlib import Path
 
+import kit
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "own-project.md"
+PAGE = kit.ROOT / "docs" / "own-project.md"
 
-FAKES = '''
-import json
-import os
-
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
-
-
-def pytest_attnperf_detect_device(config):
-    return DetectedDevice("cpu", "x86_64")
-
-
-class ScriptedTimer:
-    """20 samples around 1 ms x the factor slow.json gives a case whose node id contains its key."""
-
-    def __init__(self, slow):
-        self.slow = slow
-
-    def measure(self, fn, plan):
-        fn()
-        test = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
-        factors = json.loads(self.slow.read_text()) if self.slow.exists() else {}
-        factor = next((f for key, f in factors.items() if key in test), 1.0)
-        samples = tuple(factor * (1 + 0.001 * (i % 5 - 2)) for i in range(20))
-        return Measurement(samples, clock="scripted", mode=plan.mode)
-
-
-def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer(config.rootpath / "slow.json")
-'''
+FAKES = kit.conftest("cpu", samples=kit.steps(5, centred=True))
 
 HARNESS = ("-p", "pytest_attnperf.plugin", "-p", "attnperf_fakes", "-p", "no:randomly", "-p", "no:cacheprovider",
            "-rA", "-v", "--benchmark-disable")
@@ -79,7 +49,7 @@ def commands() -> list[list[str]]:
 @pytest.fixture
 def own_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     # a subprocess per run: torch's state does not survive pytester's in-process module resets
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join((str(ROOT), str(pytester.path))))  # the fakes, from anywhere
+    kit.pythonpath(monkeypatch, pytester.path)  # the fakes, from anywhere
     for name in [n for n in os.environ if n.startswith("ATTNPERF_")]:
         monkeypatch.delenv(name)
     for path, text in files().items():
@@ -117,7 +87,7 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     gpu_row = "test_my_shapes.py::test_softmax[[]b4-h32-kv8-t4096-d128-causal-bf16-my-attention-fwd[]]"
     result.stdout.fnmatch_lines([f"*{gpu_row} SKIPPED*"])
     assert not (own_project.path / "baselines").exists()
-    written = yaml.safe_load((own_project.path / "perf" / "baselines" / "cpu.yaml").read_text())["entries"]
+    written = kit.entries(own_project, "cpu", folder="perf/baselines")
     assert len(written) == 10
     assert built_in in written
     assert own in written
@@ -130,7 +100,7 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     assert "10 measured cases (10 unchanged)" in again.stdout.str()
     assert not (own_project.path / "tests" / "perf").exists()
 
-    (own_project.path / "slow.json").write_text('{"cpu-b1-h4-t64-d32-fp32-my-attention-fwd]": 1.2}')
+    kit.set_speeds(own_project, {"tests/test_my_shapes.py::test_softmax[cpu-b1-h4-t64-d32-fp32-my-attention-fwd]": 1.2})
     slower = own_project.runpytest_subprocess(*check, *HARNESS)
     slower.assert_outcomes(passed=9, failed=1, skipped=34)
     # two separate matches: how much of the message the short summary line keeps depends on the terminal's width

@@ -1,6 +1,6 @@
 """The plugin end to end under pytester, with fake hardware and a scripted timer.
 
-The scripted timer (in the generated conftest) gives every case 20 per-call samples around
+The scripted timer (tests/kit.py) gives every case 20 per-call samples around
 1 ms times a factor read from ``speed.json``, so a test can make one case 10% slower and
 check that exactly that test fails, with a readable message.
 """
@@ -8,11 +8,23 @@ check that exactly that test fails, with a readable message.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
-import yaml
+from kit import (
+    H200,
+    PLUGIN,
+    TESTS,
+    baseline,
+    benchmarks,
+    cuda_available,
+    editing_baseline,
+    make_project,
+    pythonpath,
+    set_clocks,
+    set_speed,
+    set_speeds,
+)
 
 from pytest_attnperf.noise.runs import _outcomes
 
@@ -20,87 +32,10 @@ if TYPE_CHECKING:
     from pytest_attnperf.measure.timing import SamplingPlan
     from pytest_attnperf.session import AttnPerfSession
 
-PLUGIN = ("-p", "pytest_attnperf.plugin")
-
-CONFTEST = '''
-import json
-import os
-import pathlib
-
-import pytest
-
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
-
-HERE = pathlib.Path(__file__).parent
-DEVICE = os.environ.get("FAKE_DEVICE", "h200")
-DEVICES = {
-    "h200": DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20),
-    "cpu": DetectedDevice("cpu", "x86_64"),
-}
-
-
-def pytest_attnperf_detect_device(config):
-    return DEVICES[DEVICE]
-
-
-class ScriptedTimer:
-    """20 samples around 1 ms x the factor speed.json gives the current test; clock.json may
-    give a test the clocks of its successive measurements (default "scripted"; "cuda-graph x64":
-    that clock, 64 calls a sample)."""
-
-    calls = {}
-
-    def measure(self, fn, plan):
-        fn()
-        plan_seen = {"cold_graphs": plan.cold_graphs, "hot_sample_ms": plan.hot_sample_ms}
-        (HERE / "plan.json").write_text(json.dumps(plan_seen))
-        # the run's sample overhead is timed before any test, under the name "floor" here
-        test = "floor" if plan.overhead else os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
-        speed = HERE / "speed.json"
-        factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
-        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
-        clocks = HERE / "clock.json"
-        sequence = json.loads(clocks.read_text()).get(test, ["scripted"]) if clocks.exists() else ["scripted"]
-        n = self.calls[test] = self.calls.get(test, -1) + 1
-        clock, _, per_sample = sequence[min(n, len(sequence) - 1)].partition(" x")  # "cuda-graph x64"
-        notes = () if clock in ("scripted", "cuda-graph", "cuda-graph-nodes") else (f"scripted fallback to {clock}",)
-        return Measurement(tuple(factor * (1 + j) for j in jitter), clock=clock, mode=plan.mode, notes=notes,
-                           calls_per_sample=int(per_sample or 1))
-
-
-def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer()
-'''
-
-TESTS = '''
-import pytest
-
-from pytest_attnperf.costs import Cost
-
-
-@pytest.mark.parametrize("name", ["a", "b"])
-def test_case(name, attnperf):
-    result = attnperf.measure(lambda: None, cost=Cost(flops=1e12, bytes=1e9), dtype="bf16")
-    assert result.median_ms > 0
-'''
-
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_cases=TESTS)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
-    return pytester
-
-
-def baseline(pytester: pytest.Pytester, hw: str = "h200") -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((pytester.path / "baselines" / f"{hw}.yaml").read_text())
-    return data
-
-
-def set_speed(pytester: pytest.Pytester, **factors: float) -> None:
-    (pytester.path / "speed.json").write_text(json.dumps({f"test_case[{k}]": v for k, v in factors.items()}))
+    return make_project(pytester, test_cases=TESTS)
 
 
 def test_update_then_unchanged_rerun_passes(project: pytest.Pytester) -> None:
@@ -266,8 +201,7 @@ def test_summary_table_has_every_column(project: pytest.Pytester) -> None:
 def test_benchmark_json_carries_device_samples(project: pytest.Pytester) -> None:
     set_speed(project, a=2.0)
     project.runpytest(*PLUGIN, "--benchmark-json=out.json").assert_outcomes(passed=2)
-    data = json.loads((project.path / "out.json").read_text())
-    bench = {b["name"]: b for b in data["benchmarks"]}["test_case[a]"]
+    bench = {b["name"]: b for b in benchmarks(project, "out.json")}["test_case[a]"]
     assert bench["stats"]["median"] == pytest.approx(2.0e-3, rel=0.01)
     assert bench["stats"]["rounds"] == 20
     assert bench["extra_info"]["tflops"] == pytest.approx(500.0, rel=0.01)
@@ -316,11 +250,9 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
     assert len(a["run_medians_ms"]) == 1
     # an entry written before the option (no hot_sample_ms) was taken at 0.5 ms, the only length
     # then: gated at 0.5 ms, not compared at the default
-    path = project.path / "baselines" / "h200.yaml"
-    data = yaml.safe_load(path.read_text())
-    for entry in data["entries"].values():
-        del entry["hot_sample_ms"]
-    path.write_text(yaml.safe_dump(data))
+    with editing_baseline(project) as data:
+        for entry in data["entries"].values():
+            del entry["hot_sample_ms"]
     set_speed(project, a=1.5)
     project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.5ms").assert_outcomes(passed=1, failed=1)
     result = project.runpytest(*PLUGIN, "--attnperf-mode=hot")
@@ -333,10 +265,6 @@ def test_hot_baseline_from_another_sample_length_is_not_compared(project: pytest
     result = project.runpytest(*PLUGIN, "--attnperf-mode=hot", "--attnperf-hot-sample=0.1234567ms")
     result.assert_outcomes(passed=2)
     assert "not compared" not in result.stdout.str()
-
-
-def set_clocks(pytester: pytest.Pytester, **sequences: list[str]) -> None:
-    (pytester.path / "clock.json").write_text(json.dumps({f"test_case[{k}]": v for k, v in sequences.items()}))
 
 
 def test_a_case_whose_clock_changed_fails_naming_both(project: pytest.Pytester) -> None:
@@ -462,7 +390,7 @@ def test_min_capability_skips_older_cards(project: pytest.Pytester) -> None:
 def test_plugin_imports_nothing_heavy_and_writes_nothing(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    pythonpath(monkeypatch)
     pytester.makepyfile(
         test_plain='''
         import sys
@@ -731,9 +659,6 @@ def session_timing_overhead(monkeypatch: pytest.MonkeyPatch, median_ms: float, c
                          notes: tuple[str, ...] = (), plans: list[SamplingPlan] | None = None) -> AttnPerfSession:
     """An ``AttnPerfSession`` on a (faked) CUDA device whose timer gives every measurement,
     the floor's included, these figures (and appends each plan it is given to ``plans``)."""
-    import torch
-
-    from pytest_attnperf.hw.table import DetectedDevice
     from pytest_attnperf.measure.timing import Measurement, SamplingPlan
     from pytest_attnperf.session import AttnPerfSession
 
@@ -746,12 +671,10 @@ def session_timing_overhead(monkeypatch: pytest.MonkeyPatch, median_ms: float, c
             object.__setattr__(m.summary, "median_ms", median_ms)  # NaN and 0 too, which samples cannot give
             return m
 
-    zeros = torch.zeros
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None: zeros(*shape))
+    cuda_available(monkeypatch)
     session = AttnPerfSession.__new__(AttnPerfSession)
     session.overhead = None
-    session.__dict__.update(device=DetectedDevice("cuda", "NVIDIA H200"), timer=Timer(),
+    session.__dict__.update(device=H200, timer=Timer(),
                             plan=lambda mode=None: SamplingPlan(mode=mode or "cold"))
     return session
 
@@ -876,11 +799,9 @@ def test_recordings_of_unknown_machine_do_not_count_as_a_second_machine(
     box: on B, +2.5% at a 1.5% tolerance still gets the between-machines term and passes."""
     for _ in range(3):
         project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
-    path = project.path / "baselines" / "h200.yaml"
-    data = yaml.safe_load(path.read_text())
-    for entry in data["entries"].values():
-        entry["run_machines"] = machines
-    path.write_text(yaml.safe_dump(data))
+    with editing_baseline(project) as data:
+        for entry in data["entries"].values():
+            entry["run_machines"] = machines
     set_speed(project, a=1.025)
     result = project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%", "--attnperf-stdrel=0.05%", "--attnperf-machine=B")
     result.assert_outcomes(passed=2)
@@ -920,18 +841,14 @@ def test_the_sample_overhead_is_measured_once_and_reported(
     plain = project.runpytest(*PLUGIN, "--benchmark-json=plain.json")
     plain.assert_outcomes(passed=2)
     assert "sample overhead" not in plain.stdout.str()
-    assert {b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "plain.json").read_text())[
-        "benchmarks"]} == {None}
-    zeros = torch.zeros
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None: zeros(*shape))
-    (project.path / "speed.json").write_text(json.dumps({"floor": 0.004}))  # timed before any test: 4 us
+    assert {b["extra_info"]["attnperf_floor_ms"] for b in benchmarks(project, "plain.json")} == {None}
+    cuda_available(monkeypatch)
+    set_speeds(project, {"floor": 0.004})  # timed before any test: 4 us
     result = project.runpytest(*PLUGIN, "--benchmark-json=out.json")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         ["sample overhead (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
-    floors = [b["extra_info"]["attnperf_floor_ms"] for b in json.loads((project.path / "out.json").read_text())[
-        "benchmarks"]]
+    floors = [b["extra_info"]["attnperf_floor_ms"] for b in benchmarks(project, "out.json")]
     assert floors == [pytest.approx(0.004), pytest.approx(0.004)]
     # measured without pytest-benchmark too; a failure is named, not raised
     project.runpytest(*PLUGIN, "-p", "no:benchmark").stdout.fnmatch_lines(

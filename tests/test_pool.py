@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from test_plugin import CONFTEST, PLUGIN, TESTS, set_speed
+from kit import CONFTEST, PLUGIN, TESTS, set_speed
 
 from pytest_attnperf.measure.pool import Taken, pool, pool_run_args, read_taken, short_cases, write_taken
 from pytest_attnperf.measure.timing import Measurement

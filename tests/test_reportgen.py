@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import kit
 import pytest
 
 from pytest_attnperf.costs import Cost
@@ -20,7 +21,6 @@ from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 from pytest_attnperf.report import studies as reportgen
 
-ROOT = Path(__file__).resolve().parents[1]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 HARDWARE = {"name": "h200", "peak_tflops": {"bf16": 989.0, "fp32": 67.0}, "hbm_gb_per_s": 4800.0}
@@ -153,46 +153,35 @@ def test_a_report_of_another_schema_is_refused_by_name(tmp_path: Path, capsys: p
     assert reportgen.main([]) == 2
 
 
-SWEEP_CONFTEST = '''
-import os
+SWEEP_CONFTEST = kit.conftest("cpu") + '''
 import re
 
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
 
-
-def pytest_attnperf_detect_device(config):
-    return DetectedDevice("cpu", "x86_64")
-
-
-class ScriptedTimer:
+class SweepTimer(ScriptedTimer):
     """Softmax kernels take 1e-5 T^2 ms (naive 1.5x), linear ones 1e-3 T ms: they meet at T=100;
     forward+backward 3x; peak memory T^2 / 1000 MiB for the softmax ones, T / 10 for linear."""
 
-    def measure(self, fn, plan):
-        fn()
-        test = os.environ["PYTEST_CURRENT_TEST"]
-        t = int(re.search(r"-t(\\d+)-", test).group(1))
-        softmax = "test_sweep_softmax" in test
-        ms = (1e-5 * t * t * (1.5 if "-naive-" in test else 1.0)) if softmax else 1e-3 * t
-        ms *= 3.0 if "fwdbwd" in test else 1.0
-        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
-        return Measurement(tuple(ms * (1 + j) for j in jitter), clock="scripted", mode=plan.mode,
-                           peak_mib=t * t / 1000 if softmax else t / 10)
+    def factor(self, name, nodeid, fn):
+        t = int(re.search(r"-t(\\d+)-", name).group(1))
+        ms = (1e-5 * t * t * (1.5 if "-naive-" in name else 1.0)) if "test_sweep_softmax" in name else 1e-3 * t
+        return ms * (3.0 if "fwdbwd" in name else 1.0)
+
+    def peak_mib(self, name, nodeid):
+        t = int(re.search(r"-t(\\d+)-", name).group(1))
+        return t * t / 1000 if "test_sweep_softmax" in name else t / 10
 
 
 def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer()
+    return SweepTimer()
 '''
 
 
 def test_cpu_sweep_writes_the_report(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU sweep (naive softmax and SDPA math against fla's naive linear attention) through the
     plugin: report.json's studies from the scripted times, report.md, and the PNGs with matplotlib."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    shutil.copytree(ROOT / "suites", pytester.path / "suites")
-    pytester.makeconftest(SWEEP_CONFTEST)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    kit.pythonpath(monkeypatch, os.environ.get("PYTHONPATH", ""))
+    shutil.copytree(kit.ROOT / "suites", pytester.path / "suites")
+    kit.make_project(pytester, SWEEP_CONFTEST)
     result = pytester.runpytest_subprocess(
         "-p", "pytest_attnperf.plugin", "suites/test_sweep.py", "-k", "cpu and (softmax or linear_attn) and not t256",
         "--attnperf-report=out", "--benchmark-disable", "--attnperf-budget=0.01")

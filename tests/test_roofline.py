@@ -1,8 +1,8 @@
 """The roofline: pure functions with known answers, measured and cached ceilings, and floors
 judged end to end under pytester with fake hardware and a scripted timer.
 
-The scripted timer (in the generated conftest) gives a case 20 samples around 1 ms times the
-factor ``speed.json`` gives its test; a ceiling's workload (``fn.ceiling``) takes the time its
+The scripted timer (tests/kit.py's) gives a case 20 samples around 1 ms times the factor
+``speed.json`` gives its test; here, a ceiling's workload (``fn.ceiling``) takes the time its
 work needs at the rate ``rates.json`` gives it (bf16 and fp16 100 TFLOP/s, fp32 10, copy
 1 TB/s by default), and every ceiling it times is counted in ``ceiling_calls.json``.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import kit
 import pytest
 
 from pytest_attnperf.families.registry import Kernel
@@ -38,52 +39,29 @@ from pytest_attnperf.hw.ceilings import Ceilings, Measured, cpu_matmul_side
 from pytest_attnperf.hw.table import TABLE, DetectedDevice, unlisted_spec
 from pytest_attnperf.options import peaks
 
-PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:randomly")
+PLUGIN = (*kit.PLUGIN, "-p", "no:randomly")
 
-CONFTEST = '''
-import json
-import os
-import pathlib
-
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
-
-HERE = pathlib.Path(__file__).parent
-DEVICES = {
-    "h200": DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20),
-    "z9000": DetectedDevice("cuda", "NVIDIA Z9000", (12, 0), 100, 32 * 2**20),
-    "cpu": DetectedDevice("cpu", "x86_64"),
-}
+CONFTEST = kit.conftest("cpu") + '''
 RATES = {"matmul-bf16": 100e12, "matmul-fp16": 100e12, "matmul-fp32": 10e12, "copy": 1e12}
 
 
-def pytest_attnperf_detect_device(config):
-    return DEVICES[os.environ.get("FAKE_DEVICE", "cpu")]
+class RooflineTimer(ScriptedTimer):
+    """The ceilings' callables are never called (nothing is allocated): each is timed at RATES
+    (or rates.json's), and counted in ceiling_calls.json."""
 
-
-def _json(name, default):
-    path = HERE / name
-    return json.loads(path.read_text()) if path.exists() else default
-
-
-class ScriptedTimer:
     def measure(self, fn, plan):
         ceiling = getattr(fn, "ceiling", None)
-        if ceiling is not None:  # never called: nothing is allocated
-            calls = _json("ceiling_calls.json", {})
-            calls[ceiling] = calls.get(ceiling, 0) + 1
-            (HERE / "ceiling_calls.json").write_text(json.dumps(calls))
-            ms = 1e3 * (fn.flops or fn.bytes) / {**RATES, **_json("rates.json", {})}[ceiling]
-            return Measurement((ms,) * plan.min_samples, clock="scripted", mode=plan.mode)
-        fn()
-        test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
-        factor = _json("speed.json", {}).get(test, 1.0)
-        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
-        return Measurement(tuple(factor * (1 + j) for j in jitter), clock="scripted", mode=plan.mode)
+        if ceiling is None:
+            return super().measure(fn, plan)
+        calls = read_json("ceiling_calls.json", {})
+        calls[ceiling] = calls.get(ceiling, 0) + 1
+        (HERE / "ceiling_calls.json").write_text(json.dumps(calls))
+        ms = 1e3 * (fn.flops or fn.bytes) / {**RATES, **read_json("rates.json", {})}[ceiling]
+        return Measurement((ms,) * plan.min_samples, clock="scripted", mode=plan.mode)
 
 
 def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer()
+    return RooflineTimer()
 '''
 
 # 1e11 FLOP and 1e8 bytes (1000 FLOP/B) in 1 ms: 100 TFLOP/s, 100 GB/s. Against the scripted
@@ -125,15 +103,11 @@ def test_plain(attnperf):
 @pytest.fixture
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     monkeypatch.setattr(ceilings, "CPU_MATMUL_N", (64,))  # no probe calls on this machine's CPU
-    monkeypatch.setenv("FAKE_DEVICE", "cpu")
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_cases=TESTS)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
-    return pytester
+    return kit.make_project(pytester, CONFTEST, test_cases=TESTS)
 
 
 def set_speed(pytester: pytest.Pytester, **factors: float) -> None:
-    (pytester.path / "speed.json").write_text(json.dumps({f"test_{k}": v for k, v in factors.items()}))
+    kit.set_speeds(pytester, {f"test_{k}": v for k, v in factors.items()})
 
 
 def ceiling_calls(pytester: pytest.Pytester) -> dict[str, int]:
@@ -395,7 +369,7 @@ def test_floors_are_checked_when_recording_and_a_recording_below_is_not_written(
     set_speed(project, floor=2.5)
     result = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_floor", "test_cases.py::test_plain")
     result.assert_outcomes(passed=1, failed=1)
-    entries = __import__("yaml").safe_load((project.path / "baselines" / "cpu.yaml").read_text())["entries"]
+    entries = kit.entries(project, "cpu")
     assert sorted(entries) == ["test_cases.py::test_plain"]
 
 
@@ -436,8 +410,7 @@ def test_marked(kernel, case, attnperf):
 def test_registration_floors_apply_and_the_built_in_table_and_a_marker_come_first(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     project.makepyfile(test_kernels=KERNEL_TESTS)
-    (project.path / "speed.json").write_text(json.dumps({"test_kernel[strict-c1]": 1.25,
-                                                         "test_marked[strict-c1]": 1.25}))  # 80%
+    kit.set_speeds(project, {"test_kernel[strict-c1]": 1.25, "test_marked[strict-c1]": 1.25})  # 80%
     result = project.runpytest(*PLUGIN, "test_kernels.py")
     result.assert_outcomes(passed=1, failed=1)  # the marker (10%) beats the registration (90%)
     assert "from the registration of kernel 'strict'" in failure(result, "test_kernel[strict-c1]")
@@ -452,7 +425,7 @@ def test_registration_floors_apply_and_the_built_in_table_and_a_marker_come_firs
 def test_the_benchmark_json_carries_the_roofline(project: pytest.Pytester) -> None:
     set_speed(project, floor=1.25)
     project.runpytest(*PLUGIN, "test_cases.py::test_floor", "--benchmark-json=out.json").assert_outcomes(passed=1)
-    info = json.loads((project.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
+    info = kit.benchmarks(project, "out.json")[0]["extra_info"]
     assert info["roofline_frac"] == pytest.approx(0.8, rel=1e-3)
     assert info["roofline_bound"] == "compute"
     assert info["roofline_peak_tflops"] == pytest.approx(100.0)
@@ -475,7 +448,7 @@ def test_a_failing_ceiling_costs_only_itself(monkeypatch: pytest.MonkeyPatch) ->
             return Measurement((1.0,) * plan.min_samples, clock="scripted", mode=plan.mode)
 
     monkeypatch.setattr(ceilings, "CPU_MATMUL_N", (64,))
-    got = ceilings.measure(Timer(), SamplingPlan(), DetectedDevice("cpu", "x86_64"))
+    got = ceilings.measure(Timer(), SamplingPlan(), kit.CPU)
     assert dict(got.flops) == {"bf16": pytest.approx(2 * 64**3 / 1e-3), "fp16": None,
                                "fp32": pytest.approx(2 * 64**3 / 1e-3)}
     assert got.bytes_per_s == pytest.approx(2 * ceilings.CPU_COPY_BYTES / 1e-3)

@@ -13,14 +13,14 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import kit
 import pytest
 
 from pytest_attnperf.options import OPTIONS, read_settings
 
 pytest_plugins = ["pytester"]
 
-ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = ("-p", "pytest_attnperf.plugin")
+PLUGIN = kit.PLUGIN
 HELP_MAX = 110  # characters in one option's help
 
 
@@ -66,7 +66,7 @@ def test_help_from_an_unrelated_folder_through_the_entry_point(tmp_path: Path) -
     if "pytest_attnperf.plugin" not in names:
         pytest.skip("pytest-attnperf is not installed in this interpreter (no pytest11 entry point)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNPERF_", "PYTEST_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(kit.ROOT)
     done = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -181,29 +181,17 @@ def test_a_suite_file_given_on_the_command_line_is_not_collected_twice(pytester:
 
 # -- a shape table of one's own, data out, check-only ------------------------------------------
 
-TOY_CONFTEST = '''
-import os
+TOY_CONFTEST = kit.conftest(samples=kit.steps(5, centred=True)) + '''
 
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
-
-
-def pytest_attnperf_detect_device(config):
-    return DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
-
-
-class ScriptedTimer:
+class CheckingTimer(ScriptedTimer):
     def measure(self, fn, plan):
         if os.environ.get("TIMER_FORBIDDEN"):
             raise AssertionError("timed under --attnperf-check-only")
-        fn()
-        factor = float(os.environ.get("SLOWER", "1"))
-        return Measurement(tuple(factor * (1 + 0.001 * (i % 5 - 2)) for i in range(20)), clock="scripted",
-                           mode=plan.mode)
+        return super().measure(fn, plan)
 
 
 def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer()
+    return CheckingTimer()
 
 
 def pytest_attnperf_register_kernels(registry, config):
@@ -238,10 +226,7 @@ def test_toy(case, kernel, direction, attnperf):
 
 @pytest.fixture
 def toy(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest(TOY_CONFTEST)
-    pytester.makepyfile(test_toy=TOY_TESTS)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider -p no:randomly\n")
-    return pytester
+    return kit.make_project(pytester, TOY_CONFTEST, addopts="-p no:randomly", test_toy=TOY_TESTS)
 
 
 def test_a_module_level_shape_table_needs_no_conftest_code(toy: pytest.Pytester) -> None:
@@ -266,11 +251,11 @@ def test_a_half_declared_shape_table_is_a_usage_error(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["*declares only one of ATTNPERF_FAMILY and ATTNPERF_CASES*"])
 
 
-def test_benchmark_json_holds_plain_data(toy: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_benchmark_json_holds_plain_data(toy: pytest.Pytester) -> None:
     """Parameters as the case's fields, the kernel's name and the direction; the timer by its
     clock; the cost and the baseline comparison in extra_info."""
     toy.runpytest(*PLUGIN, "--update-baselines", "-k", "not wrong").assert_outcomes(passed=6)
-    monkeypatch.setenv("SLOWER", "1.02")
+    kit.set_speeds(toy, {"*": 1.02})
     toy.runpytest(*PLUGIN, "-k", "not wrong", "--benchmark-json=out.json").assert_outcomes(passed=6)
     text = (toy.path / "out.json").read_text()
     assert "UNSERIALIZABLE" not in text
@@ -287,12 +272,11 @@ def test_benchmark_json_holds_plain_data(toy: pytest.Pytester, monkeypatch: pyte
     assert extra["change_pct"] == pytest.approx(2.0, abs=0.05)
 
 
-def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester) -> None:
     toy.runpytest(*PLUGIN, "--update-baselines", "-k", "not wrong").assert_outcomes(passed=6)
-    monkeypatch.setenv("SLOWER", "1.02")
+    kit.set_speeds(toy, {"*": 1.02})
     toy.runpytest(*PLUGIN, "-k", "not wrong", "--junitxml=out.xml").assert_outcomes(passed=6)
-    cases = {c.get("name"): c for c in ET.parse(toy.path / "out.xml").getroot().iter("testcase")}
-    props = {p.attrib["name"]: p.attrib["value"] for p in cases["test_toy[n8-fast-fwd]"].iter("property")}
+    props = kit.junit_properties(toy.path / "out.xml")["test_toy[n8-fast-fwd]"]
     assert set(props) == {"attnperf_median_ms", "attnperf_baseline_ms", "attnperf_change_pct", "attnperf_tflops",
                           "attnperf_mfu", "attnperf_verdict", "attnperf_roofline_pct", "attnperf_bound",
                           "attnperf_ceilings"}
@@ -323,7 +307,7 @@ def test_check_only_checks_everything_and_times_nothing(toy: pytest.Pytester, mo
 def test_linear_suite_without_fla_skips_with_the_install_hint(pytester: pytest.Pytester,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """fla's kernels skip naming the extra to install; nothing fails."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    kit.pythonpath(monkeypatch)
     pytester.makeconftest("import sys\n\nsys.modules['fla'] = None  # import fla now fails\n")
     result = pytester.runpytest_subprocess(*PLUGIN, "--attnperf-suites=linear", "-k", "cpu-b2-h2-t33-d16-fp32",
                                            "--benchmark-disable", "-p", "no:randomly", "-rs")

@@ -3,80 +3,24 @@ driven by a scripted device clock, so the sampling path itself (calls per sample
 inside a cold graph, the hot mode's graph fallback, the clock check and its notes) is tested
 without a GPU.
 
-The fake device has a clock in ms. A kernel call (``Device.call``) advances it by the scripted
-per-call time, the L2 flush by its own time; a fake graph holds what was captured and a replay
-runs it again after a launch latency. Events read the clock when recorded (or, captured in a
-graph, when it replays them). The real timer code does the rest: where the events go, the
-division by calls, the re-measure after a throttled clock.
+The fake device (tests/kit.py's ``FakeGpu``) has a clock in ms. A kernel call (``FakeGpu.call``)
+advances it by the scripted per-call time, the L2 flush by its own time; a fake graph holds what
+was captured and a replay runs it again after a launch latency. Events read the clock when
+recorded (or, captured in a graph, when it replays them). The real timer code does the rest:
+where the events go, the division by calls, the re-measure after a throttled clock.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from kit import H200, FakeEvent, FakeGpu, FakeGraph, HostClock, fake_cuda, host_clock
 
-from pytest_attnperf.hw.table import DetectedDevice
 from pytest_attnperf.measure import nvml, sampling, timing
 from pytest_attnperf.measure.timing import CudaTimer, SamplingPlan
-
-H200 = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
-
-
-class Device:
-    """The scripted GPU: a clock in ms that calls, flushes and graph launches advance."""
-
-    def __init__(self, ms_per_call: float, launch_ms: float = 0.0, flush_ms: float = 0.0) -> None:
-        self.ms_per_call, self.launch_ms, self.flush_ms = ms_per_call, launch_ms, flush_ms
-        self.now_ms, self.replays = 0.0, 0
-
-    def call(self) -> None:
-        """One call of the kernel under test."""
-        self.now_ms += self.ms_per_call
-
-
-class FakeGraph:
-    """The captured work, run again at each replay after the graph's launch latency; its
-    memory pool is its own unless it was captured into another graph's."""
-
-    def __init__(self, device: Device, body: Callable[[], Any], pool: Any = None) -> None:
-        self.device, self.body = device, body
-        self._pool = pool if pool is not None else object()
-
-    def pool(self) -> Any:
-        return self._pool
-
-    def replay(self) -> None:
-        self.device.now_ms += self.device.launch_ms
-        self.body()
-        self.device.replays += 1
-
-
-class FakeFlush:
-    def __init__(self, device: Device) -> None:
-        self.device = device
-
-    def zero_(self) -> None:
-        self.device.now_ms += self.device.flush_ms
-
-
-class FakeEvent:
-    device: Device
-
-    def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
-        self.at_ms = 0.0
-
-    def record(self) -> None:
-        self.at_ms = self.device.now_ms
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, other: FakeEvent) -> float:
-        return other.at_ms - self.at_ms
 
 
 class OldTorchEvent(FakeEvent):
@@ -86,41 +30,16 @@ class OldTorchEvent(FakeEvent):
         super().__init__(enable_timing)
 
 
-class FakeStream:
-    def wait_stream(self, other: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch) -> Device:
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     """A fake device of 0.02 ms per call; graphs of any length capture unless a test says not."""
-    device = Device(0.02)
-    FakeEvent.device = device
-    for name, value in {
-        "Stream": FakeStream, "current_stream": FakeStream, "stream": lambda s: contextlib.nullcontext(),
-        "synchronize": lambda: None, "Event": FakeEvent, "_sleep": lambda cycles: None,
-        "current_device": lambda: 0,
-    }.items():
-        monkeypatch.setattr(torch.cuda, name, value, raising=False)
-
-    def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph, None]:
-        return FakeGraph(device, lambda: [fn() for _ in range(calls)], pool), None
-
-    monkeypatch.setattr(timing, "_capture", capture)
-    monkeypatch.setattr(timing, "_time_replay", lambda replay: device.ms_per_call)
-    monkeypatch.setattr(CudaTimer, "_eager_ms", staticmethod(lambda fn, calls=10, budget_s=0.5: 0.05))
-    monkeypatch.setattr(CudaTimer, "_peak_mib", staticmethod(lambda fn: 1.0))
-    monkeypatch.setattr(CudaTimer, "_flush_buffer", lambda self: FakeFlush(device))
-    monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
-    monkeypatch.setattr(timing, "read_violation_ns", lambda index: {"power": 0, "thermal": 0})
-    monkeypatch.setattr(timing, "cool_down", lambda index: "the GPU idled 0.5 s")
-    return device
+    return fake_cuda(monkeypatch)
 
 
 PLAN = SamplingPlan(min_samples=10, budget_s=0.05)
 
 
-def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: Device) -> None:
+def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: FakeGpu) -> None:
     """A replay costs a 4 us launch and a 30 us flush before the call; neither is in a sample."""
     gpu.launch_ms, gpu.flush_ms = 0.004, 0.03
     m = CudaTimer(H200).measure(gpu.call, PLAN)
@@ -133,7 +52,7 @@ def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: Device) -
     assert m.sm_clock_mhz == 1980.0
 
 
-def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each capture of the same call runs at a speed of its own (the H200's short kernels:
     up to 5% apart): four graphs at +0, +1, +2, +3% are sampled in turn, one sample each,
     whole rounds only, so the median lies between them rather than on whichever was captured;
@@ -167,15 +86,13 @@ def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: Device, monkeypa
     assert m.graphs == 4
 
 
-def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_capture_is_made_once(gpu: FakeGpu, host: HostClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """A host-bound call whose capture takes 0.4 s: past half the 0.5 s budget, so no second
     graph is begun (and no note: the graphs are a means, not a promise)."""
-    now = [0.0]
-    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: now[0])
     made: list[int] = []
 
     def capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[FakeGraph, None]:
-        now[0] += 0.4
+        host.sleep(0.4)
         made.append(calls)
         return FakeGraph(gpu, fn, pool), None
 
@@ -189,7 +106,7 @@ def test_a_slow_capture_is_made_once(gpu: Device, monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
-    gpu: Device, monkeypatch: pytest.MonkeyPatch
+    gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made: list[int] = []
 
@@ -209,7 +126,7 @@ def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
 
 
 def test_without_external_events_cold_samples_hold_the_launch_and_say_so(
-    gpu: Device, monkeypatch: pytest.MonkeyPatch
+    gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Events around the replay of a one-call graph: the flush and spin run before the start
     event, the launch lands inside it; another clock, so the gate never mixes the two."""
@@ -224,7 +141,7 @@ def test_without_external_events_cold_samples_hold_the_launch_and_say_so(
 
 
 def test_events_a_graph_recorded_but_torch_cannot_read_fall_back_too(
-    gpu: Device, monkeypatch: pytest.MonkeyPatch
+    gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     class InsideUnreadable(FakeEvent):
         def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
@@ -247,7 +164,7 @@ def test_events_a_graph_recorded_but_torch_cannot_read_fall_back_too(
 
 
 def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
-    gpu: Device, monkeypatch: pytest.MonkeyPatch
+    gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The capture runs the body once, as torch's does; recording an external event there
     fails (a driver without event record nodes), the call alone captures: events around the
@@ -280,7 +197,7 @@ def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
                        "capturing); events around the replay instead, the graph's launch included",)
 
 
-def test_a_call_that_cannot_be_captured_gets_one_note_not_two(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_call_that_cannot_be_captured_gets_one_note_not_two(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing, "_capture", lambda fn, calls, pool=None: (None, "RuntimeError: capture"))
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.clock == "cuda-events"
@@ -289,7 +206,7 @@ def test_a_call_that_cannot_be_captured_gets_one_note_not_two(gpu: Device, monke
         "overhead included"]
 
 
-def test_hot_mode_divides_a_long_graph_by_its_calls(gpu: Device) -> None:
+def test_hot_mode_divides_a_long_graph_by_its_calls(gpu: FakeGpu) -> None:
     """20 ms samples (the default: do_bench_cudagraph's length) of 0.02 ms calls: graphs of 1000
     calls, one replay per sample."""
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05))
@@ -299,7 +216,7 @@ def test_hot_mode_divides_a_long_graph_by_its_calls(gpu: Device) -> None:
 
 
 def test_hot_mode_replays_the_one_call_graph_when_the_long_capture_fails(
-    gpu: Device, monkeypatch: pytest.MonkeyPatch
+    gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def capture(fn: Any, calls: int, pool: Any = None) -> tuple[Any, str | None]:
         return (FakeGraph(gpu, fn), None) if calls == 1 else (None, "OutOfMemoryError: pool")
@@ -315,7 +232,7 @@ def test_hot_mode_replays_the_one_call_graph_when_the_long_capture_fails(
 
 
 def test_a_callable_that_cannot_be_captured_is_timed_eagerly_and_says_so(
-    gpu: Device, monkeypatch: pytest.MonkeyPatch
+    gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def call() -> None:
         gpu.now_ms += 0.03  # an eager call advances the clock itself
@@ -327,7 +244,7 @@ def test_a_callable_that_cannot_be_captured_is_timed_eagerly_and_says_so(
     assert m.notes[0].startswith("not graph-capturable (RuntimeError: capture)")
 
 
-def test_a_throttled_case_is_measured_again(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_throttled_case_is_measured_again(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sampling ran throttled (0.03 ms per call) and the clock read after it says so;
     the GPU idles, the throttle lifts, and the second sampling runs at 0.02 ms: one re-measure
     after the idle, noted, and the samples kept are the second sampling's."""
@@ -350,7 +267,7 @@ def test_a_throttled_case_is_measured_again(gpu: Device, monkeypatch: pytest.Mon
     assert max(m.samples_ms) == pytest.approx(0.02)
 
 
-def test_still_throttled_and_held_clocks_are_noted(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_still_throttled_and_held_clocks_are_noted(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1890.0, ("sw-power-cap",)))
     counters = iter([{"power": 0}, {"power": 10**10}, {"power": 10**10}, {"power": 2 * 10**10}])
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: next(counters))
@@ -360,78 +277,63 @@ def test_still_throttled_and_held_clocks_are_noted(gpu: Device, monkeypatch: pyt
     assert m.notes[2].startswith("clocks held down while sampling (power 100% of ")
 
 
-class Clock:
-    """time.monotonic and time.sleep of a host whose sleeps take exactly what they ask."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: clock.now)
-    monkeypatch.setattr("pytest_attnperf.measure.timing.time.sleep", clock.sleep)
-    return clock
+def host(monkeypatch: pytest.MonkeyPatch) -> HostClock:
+    """time.monotonic and time.sleep of a host whose sleeps take exactly what they ask."""
+    return host_clock(monkeypatch)
 
 
 def test_cool_down_waits_until_the_cap_lifts_and_the_board_draws_under_half_its_limit(
-    host: Clock, monkeypatch: pytest.MonkeyPatch
+    host: HostClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Capped for the first 1.0 s of idling; the board's (averaged) power falls 100 W every
     0.25 s from 700 W: the wait ends at the first read that finds both, not before."""
     monkeypatch.setattr(nvml, "read_sm_clock",
-                        lambda index: (1980.0, ("sw-power-cap",) if host.now < 1.0 else ()))
-    monkeypatch.setattr(nvml, "read_power_w", lambda index: (700.0 - 400.0 * host.now, 700.0))
+                        lambda index: (1980.0, ("sw-power-cap",) if host.now_s < 1.0 else ()))
+    monkeypatch.setattr(nvml, "read_power_w", lambda index: (700.0 - 400.0 * host.now_s, 700.0))
     note = nvml.cool_down(0)
-    assert 1.0 <= host.now < 1.0 + 0.06  # power under 350 W from 0.875 s, the cap lifted at 1.0 s
+    assert 1.0 <= host.now_s < 1.0 + 0.06  # power under 350 W from 0.875 s, the cap lifted at 1.0 s
     assert note == "the GPU idled 1.0 s, the board at 300 W of 700 W"
 
 
-def test_cool_down_waits_its_least_and_stops_at_its_most(host: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cool_down_waits_its_least_and_stops_at_its_most(host: HostClock, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvml, "read_sm_clock", lambda index: (1980.0, ()))
     monkeypatch.setattr(nvml, "read_power_w", lambda index: (90.0, 700.0))
     assert nvml.cool_down(0) == "the GPU idled 0.5 s, the board at 90 W of 700 W"
-    assert host.now == nvml.COOL_DOWN_MIN_S  # cool at once: the least wait only
+    assert host.now_s == nvml.COOL_DOWN_MIN_S  # cool at once: the least wait only
 
-    host.now = 0.0
+    host.now_s = 0.0
     monkeypatch.setattr(nvml, "read_sm_clock", lambda index: (1700.0, ("hw-thermal",)))
     note = nvml.cool_down(0, max_s=2.0)
-    assert 2.0 <= host.now < 2.06
+    assert 2.0 <= host.now_s < 2.06
     assert note == "the GPU idled 2.0 s, the board at 90 W of 700 W, still hw-thermal"
 
-    host.now = 0.0  # without NVML: nothing to wait for beyond the least
+    host.now_s = 0.0  # without NVML: nothing to wait for beyond the least
     monkeypatch.setattr(nvml, "read_sm_clock", lambda index: (None, ()))
     monkeypatch.setattr(nvml, "read_power_w", lambda index: None)
     assert nvml.cool_down(0) == "the GPU idled 0.5 s"
 
 
-def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (None, ()))
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: None)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.notes == ("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked",)
 
 
-def test_warm_up_stops_after_the_first_call_once_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
-    now = [0.0]
-    monkeypatch.setattr("pytest_attnperf.measure.timing.time.monotonic", lambda: now[0])
-
+def test_warm_up_stops_after_the_first_call_once_the_budget_is_spent(host: HostClock) -> None:
     def slow() -> None:  # a host-bound call of 0.3 s
-        now[0] += 0.3
+        host.sleep(0.3)
 
     plan = SamplingPlan(budget_s=0.5, warmup_calls=3)
     assert sampling.warm_up(slow, plan) == 2  # 0.3 s, then 0.6 s: past the budget
     assert sampling.warm_up(lambda: None, plan) == 3  # quick calls: all three
-    now[0] = 0.0
-    assert sampling.warm_up(lambda: now.__setitem__(0, now[0] + 5.0), plan) == 1  # at least one
+    host.now_s = 0.0
+    assert sampling.warm_up(lambda: host.sleep(5.0), plan) == 1  # at least one
     assert sampling.warm_up(slow, SamplingPlan(warmup_calls=0)) == 0
 
 
-def test_measure_warms_up_before_sampling(gpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_measure_warms_up_before_sampling(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
     warmed: list[int] = []
     real = sampling.warm_up
     for module in (timing, sampling):  # the CUDA timer's and the host timer's

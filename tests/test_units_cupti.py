@@ -10,12 +10,9 @@ from typing import Any
 
 import pytest
 import torch.profiler
+from kit import CPU, H200
 
 from pytest_attnperf import markers
-from pytest_attnperf.hw.table import DetectedDevice
-
-GPU = DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20)
-CPU = DetectedDevice("cpu", "cpu")
 
 
 class FakeProfile:
@@ -50,7 +47,7 @@ def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Any], str 
 
 def test_a_gpu_profile_detaches_cupti_when_it_stops(fake_profiler: list[Any]) -> None:
     assert markers.cupti_attached_note() is None  # nothing profiled yet
-    markers.profile_names(lambda: None, GPU)
+    markers.profile_names(lambda: None, H200)
     (activities, env_at_stop), = fake_profiler
     assert torch.profiler.ProfilerActivity.CUDA in activities
     assert env_at_stop == "1"
@@ -61,7 +58,7 @@ def test_the_users_choice_is_kept_and_every_later_case_says_so(
         fake_profiler: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(markers.CUPTI_ENV, "0")  # e.g. torch.compile's CUDA graphs need it attached
     assert markers.cupti_attached_note() is None  # no profile yet: nothing attached
-    markers.profile_names(lambda: None, GPU)
+    markers.profile_names(lambda: None, H200)
     assert fake_profiler[0][1] == "0"
     note = markers.cupti_attached_note()
     assert note is not None
@@ -72,7 +69,7 @@ def test_the_users_choice_is_kept_and_every_later_case_says_so(
 def test_an_empty_setting_is_kept_and_noted(fake_profiler: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Kineto tears down only on exactly "1"; an empty value is the user's, and leaves CUPTI attached."""
     monkeypatch.setenv(markers.CUPTI_ENV, "")
-    markers.profile_names(lambda: None, GPU)
+    markers.profile_names(lambda: None, H200)
     assert fake_profiler[0][1] == ""
     assert "TEARDOWN_CUPTI was ''" in (markers.cupti_attached_note() or "")
 
@@ -81,11 +78,11 @@ def test_a_setting_changed_while_profiling_is_what_counts(fake_profiler: list[An
     """torch.compile with CUDA graphs sets TEARDOWN_CUPTI=0 itself, possibly inside the profiled
     call: the note follows the value Kineto read when the profile stopped, and a later profile
     under "1" clears it."""
-    markers.profile_names(lambda: os.environ.__setitem__(markers.CUPTI_ENV, "0"), GPU)
+    markers.profile_names(lambda: os.environ.__setitem__(markers.CUPTI_ENV, "0"), H200)
     assert fake_profiler[0][1] == "0"
     assert markers.cupti_attached_note() is not None
     os.environ[markers.CUPTI_ENV] = "1"
-    markers.profile_names(lambda: None, GPU)
+    markers.profile_names(lambda: None, H200)
     assert markers.cupti_attached_note() is None
 
 

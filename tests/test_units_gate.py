@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kit import HostClock
 
 from pytest_attnperf.gate.verdict import MIN_SAMPLES, Summary, Verdict, centre_overhead_ms, judge, median_ci
 from pytest_attnperf.measure import nvml, sampling
@@ -215,16 +216,6 @@ def test_tolerance_is_a_fraction() -> None:
 # (no test_units_timing.py was asked for; the stop rule is the gate's spread measure at work)
 
 
-class FakeClock:
-    """A monotonic clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def monotonic(self) -> float:
-        return self.now_s
-
-
 def counting(values: list[float]) -> tuple[Callable[[], float], list[int]]:
     """A take function that cycles through ``values``, and a one-item list counting its calls."""
     calls = [0]
@@ -256,7 +247,7 @@ def test_noisy_samples_run_to_max_samples() -> None:
 
 def test_noisy_samples_stop_when_the_budget_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each sample costs 10 ms of fake time; a 45 ms budget stops after the fifth."""
-    clock = FakeClock()
+    clock = HostClock()
     monkeypatch.setattr(sampling, "time", clock)
     noisy = iter(draw(4, 1.0, 0.2, 1000))
 
@@ -270,7 +261,7 @@ def test_noisy_samples_stop_when_the_budget_is_spent(monkeypatch: pytest.MonkeyP
 
 def test_budget_never_cuts_below_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget spent before the floor is reached still yields ``min_samples``."""
-    clock = FakeClock()
+    clock = HostClock()
     monkeypatch.setattr(sampling, "time", clock)
     noisy = iter(draw(5, 1.0, 0.2, 1000))
 

@@ -9,26 +9,18 @@ import re
 import tempfile
 from typing import Any
 
+import kit
 import pytest
 import yaml
 
 pytest.importorskip("xdist")
 
-PLUGIN = ("-p", "pytest_attnperf.plugin", "-p", "no:randomly")
+PLUGIN = (*kit.PLUGIN, "-p", "no:randomly")
 
-CONFTEST = '''
+CONFTEST = kit.conftest() + '''
 import fcntl
-import json
-import os
-import pathlib
 import time
 
-import pytest
-
-from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure.timing import Measurement
-
-HERE = pathlib.Path(__file__).parent
 AT_IMPORT = os.environ.get("CUDA_VISIBLE_DEVICES")  # a conftest that touches CUDA while loading sees this
 
 
@@ -39,35 +31,32 @@ def pytest_attnperf_visible_gpus(config):
 
 def pytest_attnperf_detect_device(config):
     if not os.environ.get("FAKE_GPUS", "0,1"):
-        return DetectedDevice("cpu", "x86_64")
+        return DEVICES["cpu"]
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "unpinned")
     if gpu == "1" and os.environ.get("FAKE_MIXED"):  # an H100 beside the H200
         return DetectedDevice("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132, 50 * 2**20, extra={"uuid": "GPU-fake-1"})
     return DetectedDevice("cuda", "NVIDIA H200", (9, 0), 132, 60 * 2**20, extra={"uuid": f"GPU-fake-{gpu}"})
 
 
-class ScriptedTimer:
-    """20 samples around 1 ms x speed.json's factor for the test, the same in any process; each
-    measurement appends its test, worker, pinned GPU and host-clock interval to seen.jsonl."""
+class LoggingTimer(ScriptedTimer):
+    """The kit's timer, the same in any process; each measurement appends its test, worker,
+    pinned GPU and host-clock interval to seen.jsonl."""
 
     def measure(self, fn, plan):
-        fn()
-        test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0].split("@")[0]
         start = time.time()
         time.sleep(float(os.environ.get("FAKE_TIMING_S", "0")))
-        speed = HERE / "speed.json"
-        factor = json.loads(speed.read_text()).get(test, 1.0) if speed.exists() else 1.0
-        seen = {"test": test, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "at_import": AT_IMPORT,
-                "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start, "end": time.time()}
+        measured = super().measure(fn, plan)
+        seen = {"test": current_test()[0], "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                "at_import": AT_IMPORT, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start,
+                "end": time.time()}
         with open(HERE / "seen.jsonl", "a") as out:
             fcntl.flock(out, fcntl.LOCK_EX)
             out.write(json.dumps(seen) + "\\n")
-        jitter = [0.002 * (((7 * i) % 11) - 5) / 5 for i in range(20)]
-        return Measurement(tuple(factor * (1 + j) for j in jitter), clock="scripted", mode=plan.mode)
+        return measured
 
 
 def pytest_attnperf_make_timer(config, device):
-    return ScriptedTimer()
+    return LoggingTimer()
 '''
 
 TESTS = '''
@@ -97,18 +86,10 @@ CASES = [f"test_cases.py::test_case[s{s}-k{k}]" for s in range(4) for k in range
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("FAKE_GPUS", raising=False)
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_cases=TESTS)
-    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n" + INI)
-    return pytester
+    return kit.make_project(pytester, CONFTEST, ini=INI, test_cases=TESTS)
 
 
 INI = "attnperf_baselines = baselines\n"  # a project that configures attnperf
-
-
-def entries(pytester: pytest.Pytester) -> dict[str, Any]:
-    found: dict[str, Any] = yaml.safe_load((pytester.path / "baselines" / "h200.yaml").read_text())["entries"]
-    return found
 
 
 def seen(pytester: pytest.Pytester) -> list[dict[str, Any]]:
@@ -127,17 +108,16 @@ def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester)
     """Two workers, two (fake) GPUs: every entry of a serial --update-baselines is written by a
     parallel one, under the serial keys, with the same figures; an entry of another test stays."""
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
-    serial = entries(project)
+    serial = kit.entries(project)
     assert sorted(serial) == CASES
-    path = project.path / "baselines" / "h200.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["entries"] = {"elsewhere.py::test_x": serial[CASES[0]]}
-    path.write_text(yaml.safe_dump(data))
+    path = kit.baseline_path(project)
+    with kit.editing_baseline(project) as data:
+        data["entries"] = {"elsewhere.py::test_x": serial[CASES[0]]}
     seen(project)
 
     result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
     result.assert_outcomes(passed=9)
-    parallel = entries(project)
+    parallel = kit.entries(project)
     assert sorted(parallel) == sorted([*CASES, "elsewhere.py::test_x"])  # no '@group' suffix in any key
     assert parallel["elsewhere.py::test_x"] == serial[CASES[0]]
     for case in CASES:
@@ -166,7 +146,7 @@ def test_parallel_verdicts_match_the_serial_ones(project: pytest.Pytester) -> No
     """A regressed case fails under -n 2 exactly as it does serially, and nothing is written."""
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
     before = (project.path / "baselines" / "h200.yaml").read_text()
-    (project.path / "speed.json").write_text(json.dumps({"test_case[s1-k1]": 1.2}))
+    kit.set_speeds(project, {"test_case[s1-k1]": 1.2})
     serial = project.runpytest(*PLUGIN)
     serial.assert_outcomes(passed=8, failed=1)
     parallel = project.runpytest(*PLUGIN, "-n", "2")
@@ -221,7 +201,7 @@ def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch:
     assert all(later["start"] >= earlier["end"] for earlier, later in itertools.pairwise(timed))
     assert "no GPU: timing took turns on a lock" in result.stdout.str()
     assert not list(scratch.glob("attnperf-*"))  # the lock file and the group maps, removed at the end
-    assert sorted(yaml.safe_load((project.path / "baselines" / "cpu.yaml").read_text())["entries"]) == CASES
+    assert sorted(kit.entries(project, "cpu")) == CASES
 
 
 def test_pooled_processes_run_on_their_workers_gpu(project: pytest.Pytester) -> None:
@@ -329,9 +309,9 @@ def test_a_worker_that_dies_keeps_the_entries_it_sent(
     result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2", "-rA")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*worker 'gw?' crashed while running*s2-k0*"])
-    passed = {line.split(" ", 1)[1] for line in result.stdout.lines if line.startswith("PASSED ")}
+    passed = {nodeid for nodeid, outcome in kit.outcomes(result).items() if outcome == "PASSED"}
     timed = {t["test"] for t in seen(project)}
     finished = {f"test_cases.py::{test}" for test in timed} - {"test_cases.py::test_case[s2-k0]"}
     assert len(finished) >= 4
-    assert sorted(entries(project)) == sorted(finished)
+    assert sorted(kit.entries(project)) == sorted(finished)
     assert finished <= passed  # each finished case reported as passed, and recorded
