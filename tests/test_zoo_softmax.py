@@ -1,0 +1,255 @@
+"""The softmax zoo (``tests/zoo/softmax.py``) through the softmax suite's CPU table, registered as
+a user's plugin: every right kernel passes every case it takes, every wrong kernel fails at
+least one, and each failure is a wrong number caught by the checks, never a crash.
+
+The zoo runs once, in one pytest subprocess (``-p tests.zoo.softmax``, correctness only), and
+the assertions, one test per kernel, read its JUnit XML. That run is shared by the module, so it
+is made in a module-scoped fixture (pytester is per test) isolated as pytester isolates its
+runs: a folder of its own holding a copy of the suites, its own HOME and cache, the outer run's
+options dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from zoo import softmax as zoo  # tests/ is on the path, as for every test module here
+
+from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.families.softmax.suite import CASES
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_CASES = tuple(c for c in CASES if not c.gpu)
+DIRECTIONS = ("fwd", "fwdbwd")
+# The runs use one CPU thread: these tests run one pytest-xdist worker per core, and two torch
+# threads per worker spin against each other (on 2 busy cores the zoo's run took 63 s of CPU
+# time with two threads, 10 s with one)
+ONE_THREAD = "1"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """The kernel calls made in this process on one thread too, as in the runs (``ONE_THREAD``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(ONE_THREAD))
+    yield
+    torch.set_num_threads(before)
+
+# what the checks say of a wrong number (checks.assert_close, checks.assert_elementwise)
+WRONG_NUMBER = re.compile(
+    r"zoo-bad-[\w-]+ (out|dq|dk|dv): (max \|error\| \S+ against fp64 exceeds|\d+ of \d+ elements outside the "
+    r"elementwise bound|\d+ non-finite elements)"
+)
+# a kernel's own refusal of a case (Kernel.call_or_skip) or of the device (device_kinds)
+REFUSAL = re.compile(r"zoo-ok-[\w-]+ (does not support this case: NotImplementedError|runs on cuda only)")
+
+
+def zoo_kernels() -> dict[str, Kernel]:
+    registry = KernelRegistry()
+    zoo.register(registry)
+    return {k.name: k for k in registry.family("softmax")}
+
+
+KERNELS = zoo_kernels()
+RIGHT = sorted(name for name in KERNELS if name.startswith("zoo-ok-"))
+WRONG = sorted(name for name in KERNELS if name.startswith("zoo-bad-"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One test of the run: ``passed``, ``failed``, ``skipped`` or ``error``, and what it said."""
+
+    outcome: str
+    message: str
+
+
+def parse_junit(path: Path) -> dict[tuple[str, str, str], Outcome]:
+    """(kernel, case, direction) -> outcome of every ``test_softmax`` test in a JUnit XML report."""
+    ids = {f"{case.id}-{name}-{direction}": (name, case.id, direction)
+           for case in CPU_CASES for name in KERNELS for direction in DIRECTIONS}
+    found: dict[tuple[str, str, str], Outcome] = {}
+    for test in ET.parse(path).getroot().iter("testcase"):
+        param = re.fullmatch(r"test_softmax\[(.*)\]", test.get("name", ""))
+        if param is None or param.group(1) not in ids:
+            continue
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            element = test.find(tag)
+            if element is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                message = f"{element.get('message', '')}\n{element.text or ''}"
+                break
+        found[ids[param.group(1)]] = Outcome(outcome, message)
+    return found
+
+
+def run_zoo(where: Path) -> None:
+    """The zoo through the softmax suite's CPU table in a pytest subprocess run in ``where``,
+    its JUnit XML report left there as ``junit.xml``."""
+    shutil.copytree(ROOT / "suites", where / "suites")
+    (where / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("PYTEST_ADDOPTS", "TOX_ENV_DIR") and not name.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONPATH=str(ROOT), HOME=str(where), XDG_CACHE_HOME=str(where / "cache"), PY_COLORS="0",
+               COLUMNS="80", OMP_NUM_THREADS=ONE_THREAD)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_attnperf.plugin", "-p", "tests.zoo.softmax",
+         "suites/test_softmax.py", "-k", "cpu- and zoo-", "--attnperf-check-only", "--junitxml=junit.xml", "-q",
+         "-p", "no:randomly"],
+        cwd=where, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )
+    broke = f"the zoo's run broke (exit {run.returncode}):\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    assert run.returncode in (0, 1), broke
+    assert (where / "junit.xml").exists(), broke
+
+
+@pytest.fixture(scope="module")
+def zoo_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[tuple[str, str, str], Outcome]:
+    """The zoo's run (``run_zoo``), made once per pytest run: pytest-xdist workers share it
+    through the folder above their own temporary ones, the first to come making it."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    where = shared / "zoo-softmax"
+    with open(shared / "zoo-softmax.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (where / "junit.xml").exists():
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir()
+            run_zoo(where)
+    return parse_junit(where / "junit.xml")
+
+
+def runs_of(found: dict[tuple[str, str, str], Outcome], name: str) -> dict[tuple[str, str], Outcome]:
+    return {(case, direction): outcome for (kernel, case, direction), outcome in found.items() if kernel == name}
+
+
+def expected_runs(kernel: Kernel) -> set[tuple[str, str]]:
+    """The kernel's tests on the CPU table: those its ``supports`` and ``backward`` keep."""
+    return {(case.id, direction) for case in CPU_CASES for direction in DIRECTIONS
+            if kernel.supports(case) is None and (direction == "fwd" or kernel.backward)}
+
+
+def test_the_zoo_is_complete() -> None:
+    """Enough kernels of each kind, named by kind, each with a one-line description."""
+    assert len(RIGHT) >= 8, RIGHT
+    assert len(WRONG) >= 10, WRONG
+    assert set(KERNELS) == set(RIGHT) | set(WRONG)
+    for name, kernel in KERNELS.items():
+        assert kernel.description, name
+        assert "\n" not in kernel.description, name
+
+
+@pytest.mark.parametrize("name", RIGHT)
+def test_a_right_kernel_passes_every_case_it_takes(zoo_run: dict[tuple[str, str, str], Outcome], name: str) -> None:
+    runs = runs_of(zoo_run, name)
+    assert set(runs) == expected_runs(KERNELS[name])
+    for (case, direction), outcome in sorted(runs.items()):
+        if outcome.outcome == "skipped":
+            assert REFUSAL.search(outcome.message), (case, direction, outcome.message)
+        else:
+            assert outcome.outcome == "passed", f"{name} on {case} {direction}: {outcome.message}"
+    if "cpu" in KERNELS[name].device_kinds:
+        assert any(o.outcome == "passed" for o in runs.values()), f"{name} passed no case: {runs}"
+
+
+@pytest.mark.parametrize("name", WRONG)
+def test_a_wrong_kernel_fails_with_a_wrong_number(zoo_run: dict[tuple[str, str, str], Outcome], name: str) -> None:
+    runs = runs_of(zoo_run, name)
+    assert set(runs) == expected_runs(KERNELS[name])
+    failures = {key: o for key, o in runs.items() if o.outcome != "passed"}
+    assert failures, f"{name} passed every case of the CPU table"
+    for (case, direction), outcome in sorted(failures.items()):
+        assert outcome.outcome == "failed", (case, direction, outcome)
+        assert WRONG_NUMBER.search(outcome.message), (case, direction, outcome.message)
+
+
+PIECED_CASES = ("cpu-b2-h12-kv3-t64-d32-causal-fp32", "cpu-b1-h4-t256-d32-w32-fp32", "cpu-b2-h4-t128-d32-bf16")
+
+
+@pytest.mark.parametrize("name", [name for name in RIGHT if "cpu" in KERNELS[name].device_kinds])
+def test_a_right_kernel_cut_into_small_pieces_passes_too(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The GPU table's shapes are cut into pieces (runs of batch items, tiles of queries with
+    the keys they see, each recomputed in the backward); the CPU table's only with a tiny
+    budget, given here: tiles of 64 queries, one batch item at a time."""
+    import torch
+
+    from pytest_attnperf.families.softmax.kernels import run_case
+
+    pieces = []
+    run_piece = zoo._run_piece
+
+    def counted(*args: Any) -> Any:
+        pieces.append(args[3])
+        return run_piece(*args)
+
+    monkeypatch.setattr(zoo, "PIECE_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(zoo, "MIN_ROWS", 64)
+    monkeypatch.setattr(zoo, "_run_piece", counted)
+    kernel = KERNELS[name]
+    for case in (c for c in CPU_CASES if c.id in PIECED_CASES and kernel.supports(c) is None):
+        pieces.clear()
+        run_case(kernel, case, "fwdbwd", torch.device("cpu"))
+        assert len(pieces) >= 4, (case.id, pieces)  # two pieces at least, each run again in the backward
+
+
+CONFTEST = "from tests.zoo.softmax import pytest_attnperf_register_kernels  # noqa: F401\n"
+SHAPES = """
+from pytest_attnperf import SoftmaxCase
+from pytest_attnperf.families.softmax.suite import test_softmax  # noqa: F401
+
+ATTNPERF_FAMILY = "softmax"
+ATTNPERF_CASES = (SoftmaxCase("cpu-b2-h3-t24-d16-fp32", 2, 3, 24, 16, "fp32", False, gpu=False),)
+"""
+
+
+def test_the_zoo_registers_from_a_conftest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project's conftest.py that imports the zoo's hook runs it, as ``-p tests.zoo.softmax``
+    does: its kernels join a test module of the project's own shapes."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", ONE_THREAD)
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_shapes=SHAPES)
+    result = pytester.runpytest_subprocess(
+        "-p", "pytest_attnperf.plugin", "-k", "zoo-ok-fp32- or zoo-bad-dq-all-", "--attnperf-check-only",
+    )
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError: zoo-bad-dq-all dq: max |error|*exceeds*"])
+
+
+def test_the_margins_script_reports_each_tensor(tmp_path: Path) -> None:
+    """``python -m tests.zoo.margins`` writes a line per tensor: a right kernel within the
+    bounds, a wrong one beyond them, a kernel for another device reported as such."""
+    import json
+
+    from zoo import margins
+
+    out = tmp_path / "margins.jsonl"
+    margins.main(["--device", "cpu", "--seed", "3", "--out", str(out), "--cases", "cpu-b16-h8-t32-d64-fp32",
+                  "--kernels", "^zoo-(ok-fp32|bad-dv-all|ok-compile-static)$"])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    by = {(x["kernel"], x["direction"], x.get("tensor")): x for x in lines}
+    assert by[("zoo-ok-fp32", "fwdbwd", "dv")]["elementwise_ratio"] < 1
+    assert by[("zoo-ok-fp32", "fwdbwd", "dv")]["status"] == "pass"
+    wrong = by[("zoo-bad-dv-all", "fwdbwd", "dv")]
+    assert wrong["status"] == "fail", wrong
+    assert wrong["elementwise_ratio"] > 1, wrong
+    assert wrong["max_error_ratio"] > 1, wrong
+    assert by[("zoo-bad-dv-all", "fwdbwd", "out")]["status"] == "pass"
+    assert by[("zoo-ok-compile-static", "fwd", None)]["status"] == "unsupported"
+    assert len(lines) == 1 + 4 + 1 + 4 + 2
