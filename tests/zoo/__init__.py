@@ -1,0 +1,1 @@
+"""Kernels for testing the checks: correct ones that round differently, and wrong ones."""
