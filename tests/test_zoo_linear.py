@@ -1,0 +1,125 @@
+"""The linear zoo (``tests/zoo/linear.py``) through the linear suite's CPU table, registered as a
+user registers kernels: every correct kernel passes every case it takes, every wrong one fails
+at least one, and each failure is a correctness check's AssertionError (not a crash).
+
+One subprocess runs the whole zoo (``--attnperf-check-only``: the checks, nothing timed); its
+JUnit report is read once and the assertions are parametrized by kernel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from zoo.linear import FAMILIES, Zoo, zoo  # tests/ is on sys.path, as for every test module here
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = zoo()
+CORRECT = [entry for entry in ZOO if entry.correct]
+WRONG = [entry for entry in ZOO if not entry.correct]
+
+CONFTEST = "from tests.zoo.linear import pytest_attnperf_register_kernels  # noqa: F401\n"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One test of the run: ``passed``, ``failed``, ``error`` or ``skipped``, and the first line of
+    its failure's message."""
+
+    test_id: str
+    status: str
+    message: str = ""
+
+
+@dataclass
+class Run:
+    """The zoo's run: each kernel's tests, the tests no kernel claimed, the exit code and the
+    output's end."""
+
+    by_kernel: dict[str, list[Outcome]] = field(default_factory=dict)
+    unclaimed: list[str] = field(default_factory=list)
+    exit_code: int = 0
+    output: str = ""
+
+
+def _outcome(case: ET.Element) -> Outcome:
+    for tag, status in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+        found = case.find(tag)
+        if found is not None:
+            text = (found.get("message") or found.text or "").strip()
+            return Outcome(case.get("name", ""), status, text.splitlines()[0] if text else "")
+    return Outcome(case.get("name", ""), "passed")
+
+
+def _kernel_of(test_id: str) -> str | None:
+    """The zoo kernel a suite test names (``test_linear[<case>-<family>-<kernel>-<direction>]``)."""
+    for entry in ZOO:
+        if test_id.endswith((f"-{entry.family}-{entry.name}-fwd]", f"-{entry.family}-{entry.name}-fwdbwd]")):
+            return entry.name
+    return None
+
+
+_RUNS: dict[str, Run] = {}  # the one run, shared by the module's tests (pytester is per test)
+
+
+@pytest.fixture
+def zoo_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Run:
+    """The whole zoo on the linear suite's CPU table, run on first use."""
+    if "zoo" in _RUNS:
+        return _RUNS["zoo"]
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny tensors: one thread is several times faster on a busy CPU
+    shutil.copytree(ROOT / "suites", pytester.path / "suites")
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    pytester.makeconftest(CONFTEST)
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess(
+        "-p", "pytest_attnperf.plugin", "suites/test_linear.py", "-k", "zoo- and cpu-", "--attnperf-check-only",
+        f"--junitxml={junit}",
+    )
+    run = Run({entry.name: [] for entry in ZOO}, exit_code=int(result.ret),
+              output="\n".join(result.outlines[-20:] + result.errlines[-20:]))
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = _outcome(case)
+        kernel = _kernel_of(outcome.test_id)
+        if kernel is None:
+            run.unclaimed.append(outcome.test_id)
+        else:
+            run.by_kernel[kernel].append(outcome)
+    _RUNS["zoo"] = run
+    return run
+
+
+def test_the_run_holds_the_zoos_tests_only_and_fails(zoo_run: Run) -> None:
+    assert zoo_run.unclaimed == [], zoo_run.unclaimed
+    assert zoo_run.exit_code == pytest.ExitCode.TESTS_FAILED, zoo_run.output  # the wrong kernels fail
+
+
+@pytest.mark.parametrize("entry", CORRECT, ids=lambda e: e.name)
+def test_a_correct_kernel_passes_every_case_it_takes(zoo_run: Run, entry: Zoo) -> None:
+    outcomes = zoo_run.by_kernel[entry.name]
+    assert outcomes, f"{entry.name} ran no test: {zoo_run.output}"
+    other = [o for o in outcomes if o.status != "passed"]
+    assert other == [], f"{entry.name}: {len(other)} of {len(outcomes)} tests did not pass: {other}"
+
+
+@pytest.mark.parametrize("entry", WRONG, ids=lambda e: e.name)
+def test_a_wrong_kernel_fails_a_correctness_check(zoo_run: Run, entry: Zoo) -> None:
+    outcomes = zoo_run.by_kernel[entry.name]
+    assert outcomes, f"{entry.name} ran no test: {zoo_run.output}"
+    failed = [o for o in outcomes if o.status == "failed"]
+    assert failed, f"{entry.name} failed none of its {len(outcomes)} tests: {outcomes}"
+    crashed = [o for o in outcomes if o.status == "error"
+               or (o.status == "failed" and not o.message.startswith("AssertionError"))]
+    assert crashed == [], f"{entry.name}: failures that are no check's AssertionError: {crashed}"
+
+
+def test_the_zoo_has_three_correct_and_two_wrong_kernels_a_family_at_least() -> None:
+    for family in FAMILIES:
+        assert sum(e.correct for e in ZOO if e.family == family) >= 3, family
+        assert sum(not e.correct for e in ZOO if e.family == family) >= 2, family
+    assert len({e.name for e in ZOO}) == len(ZOO)
+    assert all(e.name.startswith((f"zoo-ok-{e.family}-", f"zoo-bad-{e.family}-")) for e in ZOO)
