@@ -13,7 +13,7 @@ from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.gate import floors, policy
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
-from pytest_attnperf.measure.pool import pool, write_taken
+from pytest_attnperf.measure.pool import PoolRuns, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key
@@ -165,7 +165,8 @@ class Perf:
         if session.settings.pool_out is not None:
             write_taken(session.settings.pool_out, nodeid, measurement)
             return measurement
-        taken = session.pool_for(nodeid)
+        runs = PoolRuns.of(session.config)
+        taken = runs.for_case(nodeid) if runs is not None else []
         return pool(measurement, taken) if taken else measurement
 
     def _record(self, result: PerfResult) -> None:

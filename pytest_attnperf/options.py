@@ -8,17 +8,18 @@ key ``attnperf_tolerance``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 __all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir", "read_settings",
-           "seconds"]
+           "seconds", "settings_data", "settings_from_data"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -129,7 +130,7 @@ class Settings:
     processes_below_ms: float = 0.05
     hot_sample_ms: float = 20.0
     case_timeout_s: float = 300.0  # 0: no limit (isolation.CaseClock)
-    pool_out: Path | None = None  # set in a pool run (see pool.py): where its samples go
+    pool_out: Path | None = None  # set in a pool run (measure/pool.py): where its samples go
     ceilings: str = "cache"  # see --attnperf-ceilings
     peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
     report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
@@ -164,8 +165,11 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(opt.flag, action="store", default=None, dest=f"attnperf_{opt.dest}",
                             metavar=opt.dest.upper(), help=shown)
             parser.addini(opt.ini, help=opt.help, default="")
+    # internal: a pool run of --attnperf-processes, started by its parent (measure/pool.py)
+    everyday.addoption("--attnperf-pool-input", action="store", default=None, dest="attnperf_pool_input",
+                       help=argparse.SUPPRESS)  # its cases and settings, a JSON file
     everyday.addoption("--attnperf-pool-out", action="store", default=None, dest="attnperf_pool_out",
-                    help=argparse.SUPPRESS)  # internal: a pool run of --attnperf-processes
+                       help=argparse.SUPPRESS)  # where its samples go, a line per case
 
 
 def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
@@ -347,23 +351,22 @@ def project_dir(config: pytest.Config) -> Path:
 
 
 def read_settings(config: pytest.Config) -> Settings:
-    """Parse every setting; raises ``pytest.UsageError`` naming the source of a bad one."""
+    """Parse every setting; raises ``pytest.UsageError`` naming the source of a bad one. (A pool
+    run's settings come from its input file instead: ``settings_from_data``.)"""
     hw = _get(config, "hw", str).strip() or None
     folder = Path(_get(config, "baselines", str))
     if not folder.is_absolute():
         folder = project_dir(config) / folder
-    out = config.getoption("attnperf_pool_out")
-    pool_run = out is not None  # a pool run only measures: it gates, records and spawns nothing
     report = _get(config, "report", str).strip()
     check_only = _get(config, "check_only", _bool)
-    update = _get(config, "update_baselines", _bool) and not pool_run
+    update = _get(config, "update_baselines", _bool)
     if check_only and update:
         raise pytest.UsageError("attnperf: --attnperf-check-only times nothing, so --update-baselines has "
                                 "nothing to record; use one or the other")
     return Settings(
         hw=hw.lower() if hw else None,
         update_baselines=update,
-        require_baseline=_get(config, "require_baseline", _bool) and not pool_run,
+        require_baseline=_get(config, "require_baseline", _bool),
         baselines_dir=folder,
         tolerance=_get(config, "tolerance", fraction),
         run_noise=_get(config, "run_noise", fraction),
@@ -377,15 +380,73 @@ def read_settings(config: pytest.Config) -> Settings:
         target_stdrel=_get(config, "stdrel", fraction),
         min_samples=_get(config, "min_samples", _positive_int),
         cold_graphs=_get(config, "cold_graphs", _positive_int),
-        processes=1 if pool_run else _get(config, "processes", _positive_int),
+        processes=_get(config, "processes", _positive_int),
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
         case_timeout_s=_get(config, "case_timeout", seconds),
-        pool_out=Path(out) if pool_run else None,
         ceilings=_get(config, "ceilings", _ceilings),
         peaks=_get(config, "peaks", peaks),
-        report_dir=None if pool_run or not report else Path(config.invocation_params.dir) / report,
+        report_dir=Path(config.invocation_params.dir) / report if report else None,
         suites=_get(config, "suites", _suites),
         check_only=check_only,
         seed=_get(config, "seed", _seed),
     )
+
+
+# a pool run's own: it records, requires, spawns and reports nothing, and writes its samples where
+# its --attnperf-pool-out says; the other settings it takes from its parent (settings_data)
+POOL_RUN_OWN: dict[str, Any] = {"update_baselines": False, "require_baseline": False, "processes": 1,
+                                "report_dir": None, "pool_out": None}
+
+
+def settings_data(settings: Settings) -> dict[str, Any]:
+    """The settings a pool run takes from this run, as JSON data (paths as text, tuples as lists);
+    ``settings_from_data`` reads them back."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        if f.name not in POOL_RUN_OWN:
+            value = getattr(settings, f.name)
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
+            out[f.name] = value
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_FROM_DATA: dict[str, tuple[Callable[[Any], bool], Callable[[Any], Any]]] = {  # a field's type: (check, convert)
+    "bool": (lambda v: isinstance(v, bool), bool),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), int),
+    "float": (_is_number, float),
+    "str": (lambda v: isinstance(v, str), str),
+    "str | None": (lambda v: v is None or isinstance(v, str), lambda v: v),
+    "Path": (lambda v: isinstance(v, str), Path),
+    "tuple[str, ...]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), tuple),
+    "tuple[tuple[str, float], ...]": (
+        lambda v: isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+                                              and _is_number(x[1]) for x in v),
+        lambda v: tuple((str(k), float(x)) for k, x in v)),
+}
+
+
+def settings_from_data(data: Mapping[str, Any], pool_out: Path) -> Settings:
+    """A pool run's settings: those ``settings_data`` wrote, each checked (``ValueError`` naming
+    the key), and its own (``POOL_RUN_OWN``), its samples going to ``pool_out``."""
+    wanted = [f for f in dataclasses.fields(Settings) if f.name not in POOL_RUN_OWN]
+    missing = sorted({f.name for f in wanted} - set(data))
+    unknown = sorted(set(data) - {f.name for f in wanted})
+    problems = [f"missing: {', '.join(missing)}"] if missing else []
+    problems += [f"unknown: {', '.join(unknown)}"] if unknown else []
+    if problems:
+        raise ValueError(f"settings {'; '.join(problems)}")
+    values: dict[str, Any] = {}
+    for f in wanted:
+        check, convert = _FROM_DATA[str(f.type)]
+        if not check(data[f.name]):
+            raise ValueError(f"setting {f.name!r} is {data[f.name]!r}, not of type {f.type}")
+        values[f.name] = convert(data[f.name])
+    return Settings(**values, **{**POOL_RUN_OWN, "pool_out": pool_out})

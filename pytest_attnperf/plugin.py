@@ -6,7 +6,6 @@ the device, and only then.
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Generator
 from typing import Any
@@ -20,13 +19,15 @@ from pytest_attnperf.fixture import PENDING_KEY, Perf
 from pytest_attnperf.hw.detect import detect_device
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
 from pytest_attnperf.measure.isolation import CaseGuard
+from pytest_attnperf.measure.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
 from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
 from pytest_attnperf.parallel import fleet, xdist
 from pytest_attnperf.report import timeline
 from pytest_attnperf.report.summary import summary_lines
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
-from pytest_attnperf.store import autotune
+from pytest_attnperf.store import autotune_plugin
+from pytest_attnperf.store.autotune_plugin import AutotunePlugin
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
 REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
@@ -45,19 +46,44 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers, the timeline, the run's session and the case guard; an explicit
-    ``--hw`` is checked here."""
+    """Register the markers, the timeline, the run's session and the case guard, and the plugins
+    this run needs besides (``_optional_plugins``); an explicit ``--hw`` is checked here."""
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
     config.stash[timeline.KEY] = clock = timeline.Timeline.begin()
-    config.pluginmanager.register(clock, "attnperf-timeline")  # sums the tests' phases from their reports
-    session = AttnPerfSession(config, read_settings(config))
+    config.pluginmanager.register(clock, "attnperf-timeline")  # the run's stages; the tests' phases from their reports
+    pool_run = PoolRun.given(config)  # a pool run of --attnperf-processes: its input file read
+    session = AttnPerfSession(config, pool_run.settings if pool_run is not None else read_settings(config))
     config.stash[SESSION_KEY] = session
     config.stash[suite.RUN_KEY] = session  # what parametrizing reads: the device and the kernels
     xdist.configure(config, session)  # under pytest-xdist: a worker's GPU, before anything starts CUDA
     config.pluginmanager.register(CaseGuard(config, session.settings.case_timeout_s), "attnperf-isolation")
+    for plugin, name in _optional_plugins(config, session, pool_run):
+        config.pluginmanager.register(plugin, name)
     if session.settings.hw is not None and session.fleet is None:  # a controller opens no device: its workers check
         session.hardware  # noqa: B018 - an explicit --hw is checked at start-up
+
+
+def _optional_plugins(
+    config: pytest.Config, session: AttnPerfSession, pool_run: PoolRun | None,
+) -> list[tuple[object, str]]:
+    """The plugin objects of machinery this run uses, each holding its own state: a pool run's
+    input (``PoolRun``), the pool runs of ``--attnperf-processes`` above 1 (``PoolRuns``; not on a
+    pytest-xdist controller, whose workers start them), Triton's cache and its recorded autotune
+    choices (``AutotunePlugin``; not with ``--attnperf-triton-cache=off`` or in a pool run). None
+    of them when only collecting, and no pool runs when only checking."""
+    s = session.settings
+    plugins: list[tuple[object, str]] = []
+    if config.option.collectonly:
+        return [(pool_run, POOL_RUN)] if pool_run is not None else []
+    if pool_run is not None:
+        plugins.append((pool_run, POOL_RUN))
+    elif s.processes > 1 and not s.check_only and not fleet.is_controller(config):
+        plugins.append((PoolRuns(session), POOL_RUNS))
+    root = autotune_plugin.cache_root(config) if pool_run is None else None
+    if root is not None:
+        plugins.append((AutotunePlugin(session, root), autotune_plugin.NAME))
+    return plugins
 
 
 @pytest.hookimpl(trylast=True)
@@ -128,20 +154,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """After collection: Triton's cache and recorded choices, the baseline file's problems and the
-    ``--attnperf-processes`` workers, before any test."""
-    clock = session.config.stash.get(timeline.KEY, None)
-    if clock is not None:
-        clock.collected = time.perf_counter()
-    # Triton's cache and recorded choices, before any worker or test
-    autotune.start(session.config, session.items, get_session(session.config))
+    """After collection, before any test: the baseline file's problems, and the sample overhead
+    and ceilings (Triton's cache comes before, and the pool runs after: their plugins')."""
     state = get_session(session.config)
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
         xdist.prepare(state, session.items)  # the sample overhead and the ceilings, before any test
-        state.start_pool_runs(session.items)  # --attnperf-processes, before any test
-    if clock is not None:
-        clock.prepared = time.perf_counter()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -152,16 +170,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         why = markers.requirement_failure(mark, session.device, session.hardware.name)
         if why:
             pytest.skip(why)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    """Around each test: note the kernels that autotuned in it, on its row."""
-    autotune.case_started(item)
-    try:
-        return (yield)
-    finally:
-        autotune.case_finished(item, get_session(item.config).rows)  # the kernels that autotuned, noted on its row
 
 
 @pytest.hookimpl(wrapper=True)
@@ -194,13 +202,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    """Commit a test's baseline entry once its call and teardown have passed, and account its
-    autotuning; a pytest-xdist worker sends the case to the controller."""
+    """Commit a test's baseline entry once its call and teardown have passed; a pytest-xdist
+    worker sends the case to the controller."""
     report = yield
     passed = report.passed and not hasattr(report, "wasxfail")  # an unexpected pass is no baseline
     if report.when == "call":  # set on every call, so a rerun's earlier attempt never counts
-        autotune.account_call(item, call)
-        autotune.note_skip(item, report.skipped)
         item.stash[CALL_PASSED_KEY] = passed and PENDING_KEY in item.stash
     elif report.when == "teardown":
         state, key, entry = get_session(item.config), fleet.case_key(item), None
@@ -209,40 +215,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             # (a leak check, say) keeps the test's entry out of the baseline
             entry = item.stash[PENDING_KEY]
             state.commit(key, entry)
-        autotune.case_finished(item, state.rows)  # its autotune notes on its row, before the row leaves a worker
-        files = autotune.case_files(item.config, key) if entry is not None and state.seat is not None else {}
-        xdist.attach_case(state, key, report, entry, files)  # a pytest-xdist worker's case, to the controller
+        xdist.attach_case(state, key, report, entry)  # a pytest-xdist worker's case, to the controller
     return report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """At the run's end: the workers' results merged, the baselines and the report written (a
-    pytest-xdist worker sends its share instead), the timeline's last stages read."""
+    pytest-xdist worker sends its share instead)."""
     if SESSION_KEY not in session.config.stash:
         return
-    clock = session.config.stash.get(timeline.KEY, None)
-    if clock is not None:
-        clock.finishing = time.perf_counter()
-    try:
-        _finish_session(session)
-    finally:
-        if clock is not None:
-            clock.finished = time.perf_counter()
-
-
-def _finish_session(session: pytest.Session) -> None:
     config, state = session.config, get_session(session.config)
     if state.seat is not None:  # a pytest-xdist worker: the controller writes for all
-        xdist.worker_output(config, state, autotune.worker_payload(config, state.pending))
+        xdist.worker_output(config, state)
         return
     if state.fleet is not None:
         state.fleet.forget_groups()
-        payloads = [s.finished["autotune"] for s in state.fleet.shares.values() if s.finished]
-        payloads.append({"keep": state.fleet.autotune_keep, "files": state.fleet.autotune_files})  # sent case by case
-        autotune.merge_workers(config, payloads, state.pending)
         state.rows[:] = xdist.rows_in_order(state.rows)
-    else:
-        autotune.finish(config, state.pending)
     state.write_baselines()
     _write_report(config)
 
@@ -264,13 +252,14 @@ def _write_report(config: pytest.Config) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """The attnperf section of the terminal summary: removed combinations, rows, floors, workers,
-    baselines, autotune and the timeline."""
+    pool runs, baselines, autotune and the timeline."""
     state = get_session(config)
     gone = suite.removed(config)
     checked = state.checked_only
     fleet_lines = xdist.summary_lines(state)
-    if not state.rows and state.write_note is None and not gone and state.pool_runs is None and not checked \
-            and not fleet_lines:
+    pool_runs, autotuning = PoolRuns.of(config), AutotunePlugin.of(config)
+    pooled = pool_runs is not None and pool_runs.results is not None
+    if not state.rows and state.write_note is None and not gone and not pooled and not checked and not fleet_lines:
         return
     terminalreporter.section("attnperf")
     for line in fleet_lines:
@@ -293,17 +282,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(f"sample overhead not measured: {how}")
         for refused in sorted(state.overhead_refusals):
             terminalreporter.write_line(f"sample overheads not used: {refused}")
-    if state.pool_runs is not None:
-        for line in state.pool_runs.summary(state.settings.processes_below_ms):
-            terminalreporter.write_line(line)
+    for line in pool_runs.summary_lines() if pool_runs is not None else ():
+        terminalreporter.write_line(line)
     if state.write_note:
         terminalreporter.write_line(f"baselines: {state.write_note}")
-    for line in autotune.summary_lines(config):
-        terminalreporter.write_line(line)
     clock = config.stash.get(timeline.KEY, None)
-    spent = clock.line(distributed=state.fleet is not None) if clock is not None and state.rows else None
-    if spent:
-        terminalreporter.write_line(spent)
+    for line in [clock.measure_line() if clock is not None else None,
+                 *(autotuning.summary_lines() if autotuning is not None else ()),
+                 clock.line(distributed=state.fleet is not None) if clock is not None and state.rows else None]:
+        if line:
+            terminalreporter.write_line(line)
     if REPORT_NOTE_KEY in config.stash:
         terminalreporter.write_line(f"report: {config.stash[REPORT_NOTE_KEY]}")
 
@@ -370,4 +358,4 @@ def attnperf(request: pytest.FixtureRequest) -> Perf:
     returns median device time, TFLOP/s, MFU, GB/s, bandwidth fraction and peak memory, and
     fails the test when the case regressed beyond the tolerance against baselines/<hw>.yaml.
     """
-    return autotune.clock_measure(Perf(request, get_session(request.config)), request.node)
+    return timeline.clock_measure(Perf(request, get_session(request.config)), request.node)

@@ -19,11 +19,10 @@ import pytest
 from pytest_attnperf.families.registry import KernelRegistry
 from pytest_attnperf.gate.policy import GateTerms, Here
 from pytest_attnperf.hw.table import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
-from pytest_attnperf.measure.pool import PoolRuns, Taken, centres_ms, short_cases
 from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer, one_element_add
 from pytest_attnperf.options import Settings
 from pytest_attnperf.outcome import Row
-from pytest_attnperf.parallel.fleet import Fleet, Seat, case_key, group_of
+from pytest_attnperf.parallel.fleet import Fleet, Seat
 from pytest_attnperf.store import baselines as store
 from pytest_attnperf.store import journal as journals
 
@@ -46,10 +45,7 @@ class AttnPerfSession:
     overhead: tuple[float | None, str] | None = None  # see measure_overhead: (ms, how), once measured
     overhead_for_gate_ms: float | None = None  # see gate_overhead_ms
     overhead_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
-    pool_runs: PoolRuns | None = None  # the --attnperf-processes pool runs, once made (see start_pool_runs)
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
-    # a pytest-xdist worker: case -> its group's short cases
-    pool_plan: dict[str, list[str]] = field(default_factory=dict)
     fleet: Fleet | None = None  # a pytest-xdist controller's workers (parallel/xdist.py)
     seat: Seat | None = None  # a pytest-xdist worker's GPU and place in the fleet
 
@@ -175,54 +171,6 @@ class AttnPerfSession:
 
         self.measure_overhead()
         for_session(self)
-
-    def start_pool_runs(self, items: list[pytest.Item]) -> None:
-        """With ``--attnperf-processes`` above 1: run the pool runs over the selected
-        cases whose baseline centre is under ``--attnperf-processes-below`` (pool.py),
-        before any test runs. Only on a CUDA device (the offset is the GPU's; a host clock's
-        samples are noisier than it), and not in a pool run or when only collecting. In a
-        pytest-xdist worker they run later, before the first case of each group
-        (``pool_for``): which groups a worker gets is known only as it gets them."""
-        s = self.settings
-        if s.processes < 2 or s.pool_out is not None or self.config.option.collectonly:
-            return
-        measured = [item for item in items if "attnperf" in getattr(item, "fixturenames", ())]
-        ids = [case_key(item) for item in measured]
-        if not ids:  # no measured case: the device is not even looked up
-            return
-        try:
-            if not self.device.is_gpu:
-                return
-        except Exception:  # noqa: BLE001 - each test that needs the device meets the error, as without pool runs
-            return
-        try:
-            baseline = self.baseline
-        except store.BaselineError as exc:
-            self.pool_runs = PoolRuns({}, processes=s.processes, problems=(f"no pool runs: {exc}",))
-            return
-        chosen = short_cases(ids, centres_ms(baseline) if baseline else {}, s.processes_below_ms)
-        if self.seat is not None:
-            short = set(chosen)
-            groups: dict[str, list[str]] = {}
-            for item, key in zip(measured, ids, strict=True):
-                if key in short:
-                    groups.setdefault(group_of(item) or key, []).append(key)
-            self.pool_plan = {key: group for group in groups.values() for key in group}
-            self.pool_runs = PoolRuns({}, processes=s.processes, when="before each group's first case")
-            return
-        self.pool_runs = PoolRuns.run(self.config, chosen, s.processes)
-
-    def pool_for(self, key: str) -> list[Taken]:
-        """The pool runs' measurements of a case (``--attnperf-processes``); in a
-        pytest-xdist worker, its group's processes run first if they have not."""
-        if self.pool_runs is None:
-            return []
-        group = self.pool_plan.get(key)
-        if group:
-            for other in group:
-                self.pool_plan.pop(other, None)
-            self.pool_runs.add(PoolRuns.run(self.config, group, self.settings.processes))
-        return self.pool_runs.for_case(key)
 
     # -- baselines ------------------------------------------------------------------------
     @cached_property

@@ -1,8 +1,8 @@
 """--attnperf-processes: short cases timed in pool runs too, their samples pooled.
 
-The units (pooling, the pool runs' file, the choice of cases, the pool runs' arguments) on plain
-values; the whole path under pytester, where the scripted timer gives pool runs other
-speeds than the main one, so a test can see the workers' samples reach the gate.
+The units (pooling, the pool runs' file, the choice of cases, a pool run's input and arguments)
+on plain values; the whole path under pytester, where the scripted timer gives pool runs other
+speeds than the main one, so a test can see the pool runs' samples reach the gate.
 """
 
 from __future__ import annotations
@@ -15,8 +15,20 @@ from typing import cast
 import pytest
 from kit import CONFTEST, PLUGIN, TESTS, set_speed
 
-from pytest_attnperf.measure.pool import Taken, pool, pool_run_args, read_taken, short_cases, write_taken
+from pytest_attnperf.measure.pool import (
+    INPUT_FORMAT,
+    PoolRun,
+    Taken,
+    pool,
+    pool_run_args,
+    read_input,
+    read_taken,
+    short_cases,
+    write_input,
+    write_taken,
+)
 from pytest_attnperf.measure.timing import Measurement
+from pytest_attnperf.options import Settings, read_settings
 
 
 def _m(values: list[float], clock: str = "cuda-graph-nodes", calls: int = 1) -> Measurement:
@@ -43,7 +55,7 @@ def test_the_share_takes_whole_rounds_spread_through_the_sequence() -> None:
     main = replace(_m(graph * 8), graphs=8)  # 64 samples, 8 rounds
     pooled = pool(main, [Taken((2.0,) * 8, "cuda-graph-nodes", "cold", 1, graphs=8)])
     assert sorted(pooled.samples_ms) == sorted(graph + [2.0] * 8)
-    main = replace(_m(graph * 4), graphs=8)  # 32 samples, 4 rounds; the worker gives 16
+    main = replace(_m(graph * 4), graphs=8)  # 32 samples, 4 rounds; the pool run gives 16
     pooled = pool(main, [Taken((2.0,) * 16, "cuda-graph-nodes", "cold", 1, graphs=8)])
     assert sorted(v for v in pooled.samples_ms if v < 2) == sorted(graph * 2)
     one = pool(_m([1.0, 2.0] * 5), [Taken((1.5,) * 4, "cuda-graph-nodes", "cold", 1)])  # one graph: samples
@@ -78,7 +90,7 @@ def test_the_pool_runs_file_round_trips_and_skips_a_torn_line(tmp_path: Path) ->
     write_taken(out, "t.py::a", _m([1.0, 1.1], calls=1))
     write_taken(out, "t.py::b", replace(_m([2.0, 2.2], clock="cuda-graph", calls=64), graphs=2, notes=("n",)))
     with open(out, "a", encoding="utf-8") as f:
-        f.write('{"nodeid": "t.py::c", "samples_ms": [1.0')  # a worker killed mid-write
+        f.write('{"nodeid": "t.py::c", "samples_ms": [1.0')  # a pool run killed mid-write
     got = read_taken(out)
     assert sorted(got) == ["t.py::a", "t.py::b"]
     assert got["t.py::b"] == Taken((2.0, 2.2), "cuda-graph", "cold", 64, 2, ("n",))
@@ -91,69 +103,147 @@ def test_only_cases_with_a_centre_under_the_threshold_are_chosen() -> None:
     assert short_cases(["a", "b", "c", "d", "e"], centres, 0.05) == ["a", "b"]  # e: no entry
 
 
-def test_pool_runs_get_the_runs_settings_but_never_write_or_spawn(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATTNPERF_TOLERANCE", "1.5%")  # the worker inherits the environment
-    monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")  # and refuses what is not a worker's business
-    pytester.makepyfile(test_t="def test_a(): pass\ndef test_b(): pass\n")
+def test_a_pool_runs_command_line_names_only_what_loads_its_code(pytester: pytest.Pytester) -> None:
+    """Plugins, rootdir, ini file and ``-o``, the input and output files, and scratch places for
+    what an ini's addopts may write; no other option of the run, attnperf's or not, and no path."""
+    pytester.makepyfile(test_t="def test_a(): pass\ndef test_b(): pass\n",
+                        fake_timeout="def pytest_addoption(parser):\n    parser.addoption('--timeout')\n")
+    pytester.syspathinsert()
     pytester.makeconftest("def pytest_addoption(parser):\n    parser.addoption('--seqlen')\n")
-    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--hw", "h200", "--attnperf-processes=3",
-                                  "--attnperf-budget", "0.2", "--update-baselines", "test_t.py", "--seqlen", "4096",
-                                  "-k", "a or b", "--junitxml=j.xml", "--lf", "-x", "test_t.py::test_b")
+    pytester.makeini("[pytest]\n")
+    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "-p", "fake_timeout", "--timeout=240", "--hw", "h200",
+                                  "--attnperf-processes=3", "--attnperf-budget", "0.2", "--update-baselines",
+                                  "test_t.py", "--seqlen", "4096", "-k", "a or b", "--junitxml=j.xml", "--lf", "-x",
+                                  "-o", "python_functions=test_*", "test_t.py::test_b")
     scratch = pytester.path / "scratch"
-    args = pool_run_args(config, ["test_t.py::test_a", "test_t.py::test_b"], Path("/tmp/w.jsonl"), scratch)
-    assert args[-2:] == [f"{pytester.path}/test_t.py::test_a", f"{pytester.path}/test_t.py::test_b"]
-    assert "--attnperf-pool-out=/tmp/w.jsonl" in args
-    assert args[args.index("--hw") + 1] == "h200"
-    assert args[args.index("--attnperf-budget") + 1] == "0.2"
-    assert args[args.index("pytest_attnperf.plugin") - 1] == "-p"
-    assert args[args.index("--seqlen") + 1] == "4096"  # a project's option
-    assert "-x" in args  # and -x
-    for gone in ("-k", "a or b", "--lf", "--junitxml=j.xml", "test_t.py", "test_t.py::test_b"):
+    args = pool_run_args(config, Path("/tmp/in.json"), Path("/tmp/w.jsonl"), scratch)
+    assert args[-2:] == ["--attnperf-pool-input=/tmp/in.json", "--attnperf-pool-out=/tmp/w.jsonl"]
+    assert args[args.index("pytest_attnperf.plugin") - 1] == args[args.index("fake_timeout") - 1] == "-p"
+    assert args[args.index("--rootdir") + 1] == str(pytester.path)
+    assert args[args.index("-c") + 1] == str(pytester.path / "tox.ini")
+    assert args[args.index("python_functions=test_*") - 1] == "-o"
+    for gone in ("--hw", "h200", "--attnperf-processes=3", "--attnperf-budget", "--update-baselines", "--timeout=240",
+                 "--seqlen", "-k", "--lf", "--junitxml=j.xml", "-x", "test_t.py", "test_t.py::test_b"):
         assert gone not in args, gone
     assert f"--junitxml={scratch / 'junit.xml'}" in args
     assert f"--basetemp={scratch / 'tmp'}" in args
-    worker = pytester.parseconfig(*args[:-2])
-    from pytest_attnperf.options import read_settings
-
-    settings = read_settings(worker)  # --update-baselines (given and inherited) and the processes: refused
-    assert settings.pool_out == Path("/tmp/w.jsonl")
-    assert not settings.update_baselines
-    assert settings.processes == 1
-    assert settings.tolerance == pytest.approx(0.015)
-    assert settings.budget_s == pytest.approx(0.2)
-    assert settings.hw == "h200"
 
 
-WORKER_SPEED = '''
+def _settings(pytester: pytest.Pytester, *args: str) -> Settings:
+    return read_settings(pytester.parseconfig("-p", "pytest_attnperf.plugin", *args))
 
-class WorkerAwareTimer(ScriptedTimer):
-    """In a pool run, the factor comes from worker_speed.json instead of speed.json."""
 
-    def __init__(self, worker):
-        self.worker = worker
+def test_the_pool_runs_input_holds_a_format_the_node_ids_and_the_settings(pytester: pytest.Pytester) -> None:
+    settings = _settings(pytester, "--hw=h200", "--attnperf-budget=0.2s", "--attnperf-peaks=bf16=990,bw=4800",
+                         "--attnperf-suites=softmax", "--update-baselines", "--attnperf-report=rep")
+    given = pytester.path / "in.json"
+    write_input(given, ["t.py::test_a[x-y]", "sub/t.py::test_b"], settings)
+    data = json.loads(given.read_text())
+    assert sorted(data) == ["format", "nodeids", "settings"]
+    assert data["format"] == INPUT_FORMAT == 1
+    assert data["nodeids"] == ["t.py::test_a[x-y]", "sub/t.py::test_b"]
+    got = data["settings"]
+    assert (got["hw"], got["budget_s"], got["suites"]) == ("h200", 0.2, ["softmax"])
+    assert got["baselines_dir"] == str(pytester.path / "baselines")
+    assert got["peaks"] == [["bf16", 9.9e14], ["bw", 4.8e12]]
+    # what a pool run sets itself is not its parent's to give
+    assert not {"update_baselines", "require_baseline", "processes", "report_dir", "pool_out"} & set(got)
+    assert read_input(given) == (data["nodeids"], got)
+
+
+def test_a_pool_run_takes_its_settings_from_its_input_not_its_options(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = _settings(pytester, "--hw=h200", "--attnperf-budget=0.2s", "-o", "attnperf_stdrel=2%",
+                       "--attnperf-peaks=bf16=990", "--attnperf-suites=softmax,linear", "--update-baselines")
+    given = pytester.path / "in.json"
+    write_input(given, ["t.py::test_a"], parent)
+    monkeypatch.setenv("ATTNPERF_TOLERANCE", "9%")  # the pool run inherits the environment, which it does not read
+    monkeypatch.setenv("ATTNPERF_UPDATE_BASELINES", "1")
+    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--attnperf-budget=3s", "--attnperf-processes=4",
+                                  f"--attnperf-pool-input={given}", "--attnperf-pool-out=w.jsonl")
+    run = PoolRun.given(config)
+    assert run is not None
+    assert run.nodeids == ("t.py::test_a",)
+    assert run.settings == replace(parent, update_baselines=False, require_baseline=False, processes=1,
+                                   report_dir=None, pool_out=pytester.path / "w.jsonl")
+
+
+def test_a_pool_run_collects_exactly_its_cases(pytester: pytest.Pytester) -> None:
+    """A file's cases by node id; a built-in suite's through its module, the rest of which is
+    deselected."""
+    pytester.makepyfile(test_t="def test_a(): pass\ndef test_b(): pass\n")
+    listed = pytester.runpytest("-p", "pytest_attnperf.plugin", "--attnperf-suites=softmax", "--co", "-q")
+    in_suite = [line for line in listed.outlines if line.startswith("pytest_attnperf/families/softmax/suite.py::")]
+    assert len(in_suite) > 2
+    chosen = ["test_t.py::test_b", in_suite[1]]
+    given = pytester.path / "in.json"
+    write_input(given, chosen, _settings(pytester, "--attnperf-suites=softmax"))
+    result = pytester.runpytest("-p", "pytest_attnperf.plugin", f"--attnperf-pool-input={given}",
+                                "--attnperf-pool-out=w.jsonl", "--co", "-q")
+    assert sorted(line for line in result.outlines if "::" in line) == sorted(chosen)
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "cannot be read: No such file or directory"),
+    ("{not json", "is not JSON: *"),
+    ('{"format": 2, "nodeids": [], "settings": {}}', "is not a pool run's input of format 1 (format: 2; *"),
+    ('{"format": 1, "nodeids": "t.py::test_a", "settings": {}}', "'nodeids' is not a list of node ids"),
+    ('{"format": 1, "nodeids": [], "settings": {"budget_s": 0.5, "extra": 1}}',
+     "settings missing: baselines_dir, *; unknown: extra"),
+    ("min_samples=ten", "setting 'min_samples' is 'ten', not of type int"),
+], ids=["missing", "not-json", "other-format", "bad-nodeids", "missing-settings", "bad-setting"])
+def test_a_pool_run_with_a_missing_or_bad_input_stops_naming_the_file(
+        pytester: pytest.Pytester, content: str | None, says: str) -> None:
+    given = pytester.path / "in.json"
+    if content == "min_samples=ten":
+        write_input(given, ["t.py::test_a"], _settings(pytester))
+        data = json.loads(given.read_text())
+        data["settings"]["min_samples"] = "ten"
+        content = json.dumps(data)
+    if content is not None:
+        given.write_text(content)
+    result = pytester.runpytest("-p", "pytest_attnperf.plugin", f"--attnperf-pool-input={given}",
+                                "--attnperf-pool-out=w.jsonl")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: attnperf: pool run input {given}: {says}"])
+
+
+def test_a_pool_runs_output_file_alone_is_refused(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("-p", "pytest_attnperf.plugin", "--attnperf-pool-out=w.jsonl")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: attnperf: --attnperf-pool-out is a pool run's, given with "
+                                 "--attnperf-pool-input"])
+
+
+POOL_RUN_SPEED = '''
+
+class PoolRunAwareTimer(ScriptedTimer):
+    """In a pool run, the factor comes from pool_run_speed.json instead of speed.json."""
+
+    def __init__(self, pool_run):
+        self.pool_run = pool_run
 
     def measure(self, fn, plan):
         m = super().measure(fn, plan)
-        if not self.worker:
+        if not self.pool_run:
             return m
         test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
-        skipped = HERE / "worker_skip.json"
+        skipped = HERE / "pool_run_skip.json"
         if skipped.exists() and test in json.loads(skipped.read_text()):
-            pytest.skip("skipped in the worker")
+            pytest.skip("skipped in the pool run")
         speeds = [json.loads(p.read_text()).get(test, 1.0) if p.exists() else 1.0
-                  for p in (HERE / "speed.json", HERE / "worker_speed.json")]
+                  for p in (HERE / "speed.json", HERE / "pool_run_speed.json")]
         scale = speeds[1] / speeds[0]
         return Measurement(tuple(v * scale for v in m.samples_ms), clock=m.clock, mode=m.mode,
                            calls_per_sample=m.calls_per_sample)
 
 
 def pytest_attnperf_make_timer(config, device):
-    return WorkerAwareTimer(config.getoption("attnperf_pool_out") is not None)
+    return PoolRunAwareTimer(config.getoption("attnperf_pool_out") is not None)
 '''
 
 
-def _worker_lines(result: pytest.RunResult) -> list[str]:
+def _pool_run_lines(result: pytest.RunResult) -> list[str]:
     """The summary's lines about pool runs and the notes of pooled cases."""
     return [line for line in result.outlines if " pool runs before the tests" in line
             or line.startswith("pool run ") or "processes pooled" in line]
@@ -161,7 +251,7 @@ def _worker_lines(result: pytest.RunResult) -> list[str]:
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest(CONFTEST + WORKER_SPEED)
+    pytester.makeconftest(CONFTEST + POOL_RUN_SPEED)
     pytester.makepyfile(test_cases=TESTS)
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
     return pytester
@@ -172,7 +262,7 @@ def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
     regresses; pooled over three processes its median is the pool runs' and it passes."""
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     set_speed(project, a=1.10)
-    (project.path / "worker_speed.json").write_text(json.dumps({"test_case[a]": 1.0}))
+    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.0}))
     alone = project.runpytest(*PLUGIN, "--hw=h200")
     alone.assert_outcomes(passed=1, failed=1)
     pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms", "-rA")
@@ -192,7 +282,7 @@ def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
 def test_a_regression_seen_by_every_process_still_fails(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     set_speed(project, b=1.10)
-    (project.path / "worker_speed.json").write_text(json.dumps({"test_case[b]": 1.10}))
+    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[b]": 1.10}))
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*test_case?b?: REGRESSED +10.0% against the baseline*"])
@@ -204,13 +294,13 @@ def test_cases_over_the_threshold_or_without_an_entry_are_timed_here_only(projec
     for asked in ((), ("--attnperf-processes=3",)):
         result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # no baseline file yet
         result.assert_outcomes(passed=2)
-        assert not _worker_lines(result)
+        assert not _pool_run_lines(result)
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "worker_speed.json").write_text("{not json")  # a pool run would fail and be named
+    (project.path / "pool_run_speed.json").write_text("{not json")  # a pool run would fail and be named
     for asked in ((), ("--attnperf-processes=3",)):
         result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # 1 ms cases: over 50 us
         result.assert_outcomes(passed=2)
-        assert not _worker_lines(result)
+        assert not _pool_run_lines(result)
 
 
 def test_the_default_is_three_processes_and_one_turns_it_off(project: pytest.Pytester) -> None:
@@ -226,12 +316,12 @@ def test_no_pool_runs_on_a_cpu(project: pytest.Pytester, monkeypatch: pytest.Mon
     project.runpytest(*PLUGIN, "--hw=cpu", "--update-baselines").assert_outcomes(passed=2)
     result = project.runpytest(*PLUGIN, "--hw=cpu", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
-    assert not _worker_lines(result)
+    assert not _pool_run_lines(result)
 
 
 def test_a_failing_pool_run_is_named_and_the_run_goes_on(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "worker_speed.json").write_text("{not json")  # every worker measurement raises
+    (project.path / "pool_run_speed.json").write_text("{not json")  # every pool run's measurement raises
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["pool run 1: measured 0 of 2 cases (the rest were skipped or failed there, and are "
@@ -242,7 +332,7 @@ def test_a_failing_pool_run_is_named_and_the_run_goes_on(project: pytest.Pyteste
 
 def test_a_case_a_pool_run_skipped_is_counted_not_called_a_failure(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "worker_skip.json").write_text(json.dumps(["test_case[b]"]))
+    (project.path / "pool_run_skip.json").write_text(json.dumps(["test_case[b]"]))
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["pool run 1: measured 1 of 2 cases (the rest were skipped or failed there, *"])
@@ -262,6 +352,35 @@ def test_addopts_that_write_or_select_reach_the_pool_runs_harmlessly(project: py
     assert len(list((project.path / ".benchmarks").rglob("*.json"))) == 1
 
 
+RUN_LOG = '''
+
+def pytest_addoption(parser):
+    parser.addoption("--run-log")
+    parser.addoption("--label")
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("--run-log"):
+        with open(session.config.getoption("--run-log"), "a") as log:
+            log.write(f"{session.config.getoption('--label')}\\n")
+'''
+
+
+def test_the_runs_other_options_stay_out_of_the_pool_runs(project: pytest.Pytester) -> None:
+    """A project option that writes where the run writes (a command line filtered by a list of
+    pytest's own options let it through: each pool run wrote the run's file too), and one whose
+    value is also a path (such a filter dropped the value as a path, and the option took the
+    word after it): the pool runs get neither, and measure every case."""
+    project.makeconftest(CONFTEST + POOL_RUN_SPEED + RUN_LOG)
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms",
+                               "--run-log=log.txt", "--label", "test_cases.py", "test_cases.py")
+    result.assert_outcomes(passed=2)
+    assert "2 cases under 5000 us timed in 3 processes" in result.stdout.str()
+    assert not [line for line in result.outlines if line.startswith("pool run ")]  # each measured both cases
+    assert (project.path / "log.txt").read_text().splitlines() == ["test_cases.py"]  # this run's line alone
+
+
 def test_run_from_a_subfolder_the_pool_runs_find_the_cases(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     sub = project.mkdir("sub")
@@ -276,7 +395,7 @@ def test_run_from_a_subfolder_the_pool_runs_find_the_cases(
 
 def test_recording_with_pool_runs_keeps_the_pooled_figure(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "worker_speed.json").write_text(json.dumps({"test_case[a]": 1.2, "test_case[b]": 1.2}))
+    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.2, "test_case[b]": 1.2}))
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "--attnperf-processes=3",
                       "--attnperf-processes-below=5ms").assert_outcomes(passed=2)
     import yaml
@@ -288,24 +407,15 @@ def test_recording_with_pool_runs_keeps_the_pooled_figure(project: pytest.Pytest
     assert any("3 processes pooled" in n for n in entry["notes"])
 
 
-def test_a_per_test_timeout_reaches_the_workers(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(fake_timeout="def pytest_addoption(parser):\n    parser.addoption('--timeout')\n")
-    pytester.syspathinsert()
-    config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "-p", "fake_timeout", "--timeout=240")
-    args = pool_run_args(config, ["t.py::a"], Path("/tmp/w.jsonl"), pytester.path)
-    assert "--timeout=240" in args
-    assert args[args.index("fake_timeout") - 1] == "-p"
-
-
-@pytest.mark.parametrize("worker", [False, True])
+@pytest.mark.parametrize("pool_run", [False, True])
 def test_a_pool_run_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
-        monkeypatch: pytest.MonkeyPatch, worker: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, pool_run: bool) -> None:
     from pytest_attnperf.hw.table import DetectedDevice
     from pytest_attnperf.noise import inject
 
     class Config:
         def getoption(self, name: str, default: object = None) -> object:
-            return "/tmp/w.jsonl" if worker and name == "attnperf_pool_out" else default
+            return "/tmp/w.jsonl" if pool_run and name == "attnperf_pool_out" else default
 
     def made(inject_env: str | None) -> object:
         if inject_env is not None:
@@ -323,7 +433,7 @@ def test_a_pool_run_injects_like_its_run_but_leaves_the_do_bench_comparison_to_i
     monkeypatch.setenv("ATTNPERF_COMPARE_FILE", "/tmp/compare.jsonl")
     monkeypatch.setenv("ATTNPERF_INJECT_LOG", "/tmp/inject.jsonl")
     compared = made(None)
-    if worker:
+    if pool_run:
         assert compared is inner
     else:
         assert isinstance(compared, inject.InjectingTimer)
@@ -331,12 +441,12 @@ def test_a_pool_run_injects_like_its_run_but_leaves_the_do_bench_comparison_to_i
     injecting = made("0.05")
     assert isinstance(injecting, inject.InjectingTimer)
     assert injecting.fraction == pytest.approx(0.05)
-    assert injecting.compare == (None if worker else "/tmp/compare.jsonl")
-    assert injecting.log == (None if worker else "/tmp/inject.jsonl")  # the run logs what its own process gave
+    assert injecting.compare == (None if pool_run else "/tmp/compare.jsonl")
+    assert injecting.log == (None if pool_run else "/tmp/inject.jsonl")  # the run logs what its own process gave
 
 
 def test_a_device_that_cannot_be_detected_fails_the_tests_not_the_session(project: pytest.Pytester) -> None:
-    project.makeconftest(CONFTEST + WORKER_SPEED + """
+    project.makeconftest(CONFTEST + POOL_RUN_SPEED + """
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_attnperf_detect_device(config):

@@ -315,3 +315,20 @@ def test_a_worker_that_dies_keeps_the_entries_it_sent(
     assert len(finished) >= 4
     assert sorted(kit.entries(project)) == sorted(finished)
     assert finished <= passed  # each finished case reported as passed, and recorded
+
+
+def test_one_predicate_says_why_a_worker_may_not_time() -> None:
+    """``Seat.why_not_timing`` serves both the preparation (skipped) and a case's timing (failed);
+    the device is looked up only for a worker the run gave no GPU."""
+    from pytest_attnperf.parallel.fleet import UNPLANNED, Seat
+
+    def no_lookup() -> bool:
+        raise AssertionError("the device was looked up")
+
+    seat = Seat(worker="gw0", gpu="0", gpus=2, workers=2, testrunuid="t")
+    assert seat.why_not_timing(no_lookup) is None
+    seat.refusal = "3 pytest-xdist workers share 2 GPU(s)"
+    assert seat.why_not_timing(no_lookup) == "3 pytest-xdist workers share 2 GPU(s)"
+    unplanned = Seat(worker="gw1", gpu=None, gpus=0, workers=2, testrunuid="t", unplanned=True)
+    assert unplanned.why_not_timing(lambda: True) == UNPLANNED
+    assert unplanned.why_not_timing(lambda: False) is None

@@ -8,16 +8,21 @@ processes.
 
 With ``--attnperf-processes=N`` (default 3; 1 turns it off) on a CUDA device, before this run's
 tests start, N - 1 pool runs measure the cases whose baseline centre is under
-``--attnperf-processes-below`` (50 us), one after the other, on the same device. A pool runs
-the same tests with the same settings, gates nothing and writes nothing but each measurement's
-samples, a line per case, to a file. When this run measures such a case, its figure pools the
-samples of all N processes, about the same number from each (whole rounds of the cold graphs,
-spread evenly through each process's sequence), so the reported median is taken over N
-processes' offsets and not one. A suspected regression's re-measurement re-times the main
-process only and pools it with the same pool-run samples: it re-checks this process's part. Cases
-with no baseline entry, or at or over the threshold, are timed here only, as without the
-option. What the pooling removes, and what the pool runs cost: docs/evidence.md,
-"--attnperf-processes 3".
+``--attnperf-processes-below`` (50 us), one after the other, on the same device. A pool run
+gets its cases and this run's attnperf settings in a JSON input file (``write_input``), gates
+nothing and writes nothing but each measurement's samples, a line per case, to a file. When
+this run measures such a case, its figure pools the samples of all N processes, about the same
+number from each (whole rounds of the cold graphs, spread evenly through each process's
+sequence), so the reported median is taken over N processes' offsets and not one. A suspected
+regression's re-measurement re-times the main process only and pools it with the same pool-run
+samples: it re-checks this process's part. Cases with no baseline entry, or at or over the
+threshold, are timed here only, as without the option. What the pooling removes, and what the
+pool runs cost: docs/evidence.md, "--attnperf-processes 3".
+
+Two plugin objects, each registered by ``pytest_configure`` only where it is needed:
+``PoolRuns`` in a run with ``--attnperf-processes`` above 1 (it starts the pool runs and holds
+what they measured), ``PoolRun`` in a pool run (it reads the input and collects exactly its
+cases).
 """
 
 from __future__ import annotations
@@ -34,34 +39,25 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_attnperf.gate.verdict import centre_ms
 from pytest_attnperf.measure import child as child_run
 from pytest_attnperf.measure.timing import Measurement
-from pytest_attnperf.store.baselines import BaselineFile
+from pytest_attnperf.options import Settings, settings_data, settings_from_data
+from pytest_attnperf.parallel.fleet import case_key, group_of
+from pytest_attnperf.store.baselines import BaselineError, BaselineFile
 
-__all__ = ["POOL_OUT_FLAG", "Taken", "PoolRuns", "pool", "read_taken", "short_cases", "pool_run_args",
-           "write_taken"]
+__all__ = ["INPUT_FORMAT", "POOL_INPUT_FLAG", "POOL_OUT_FLAG", "PoolResults", "PoolRun", "PoolRuns", "Taken", "pool",
+           "pool_run_args", "read_input", "read_taken", "short_cases", "write_input", "write_taken"]
 
+POOL_INPUT_FLAG = "--attnperf-pool-input"
 POOL_OUT_FLAG = "--attnperf-pool-out"
-# the invocation's options a pool run does not take over: what would make it write where the main
-# run writes, select other cases, stop on cache state, spread over xdist workers or debug. (The
-# attnperf options go over as given, with its environment and ini file: a pool run's settings
-# refuse --update-baselines, --attnperf-require-baseline and more pool runs.) True: takes a value.
-_DROPPED = {
-    "--junitxml": True, "--junit-xml": True, "--junit-prefix": True, "--basetemp": True, "--rootdir": True,
-    "-c": True, "--config-file": True, "-k": True, "-m": True, "--deselect": True, "-n": True,
-    "--numprocesses": True, "--dist": True, "--maxprocesses": True, "--benchmark-json": True,
-    "--benchmark-save": True, "--benchmark-compare-fail": True, "--benchmark-storage": True,
-    "--benchmark-autosave": False, "--lf": False, "--last-failed": False, "--ff": False, "--failed-first": False,
-    "--nf": False, "--new-first": False, "--sw": False, "--stepwise": False, "--sw-skip": False,
-    "--stepwise-skip": False, "--cache-clear": False, "--collect-only": False, "--co": False, "--pdb": False,
-    "--trace": False, "-d": False, "--distload": False, "--tx": True, "--px": True, "--rsyncdir": True,
-}
-
-
+INPUT_FORMAT = 1  # the input file's "format": a pool run refuses any other
+POOL_RUNS = "attnperf-pool-runs"  # the plugins' names
+POOL_RUN = "attnperf-pool-run"
 @dataclass(frozen=True)
 class Taken:
     """One pool run's measurement of a case."""
@@ -152,40 +148,55 @@ def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
                    process_medians_ms=medians)
 
 
-def _invocation_args(config: pytest.Config) -> list[str]:
-    """The invocation's arguments a pool run takes over (plugins, a project's own options, the
-    attnperf options, -x, -W, -o, ...): without its paths and node ids (the pool run gets its
-    own) and ``_DROPPED``. The paths and node ids are the words pytest took as such
-    (``config.args``)."""
-    out: list[str] = []
-    args = list(config.invocation_params.args)
-    paths = set(config.args)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
-        if name in _DROPPED:
-            inline = "=" in arg if arg.startswith("--") else len(arg) > 2
-            i += 2 if _DROPPED[name] and not inline else 1
-            continue
-        if not arg.startswith("-") and arg in paths:
-            i += 1
-            continue
-        out.append(arg)
-        i += 1
-    return out
+# -- a pool run's input and command line -----------------------------------------------------
 
 
-def pool_run_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scratch: Path) -> list[str]:
-    """A pool run's pytest arguments: the invocation's own (``_invocation_args``; the pool run
-    inherits the environment, so the attnperf settings resolve there as here), the rootdir and
-    ini file, the cases by absolute node id, and the places a pool run may write: its cache, JUnit
-    file, temporary folder and benchmark storage, all in ``scratch`` (an ini's or
-    PYTEST_ADDOPTS's --lf, --junitxml or --benchmark-autosave then reach the pool run
-    harmlessly)."""
-    args = [*_invocation_args(config), "--rootdir", str(config.rootpath)]
+def write_input(path: Path, nodeids: Sequence[str], settings: Settings) -> None:
+    """A pool run's input: ``{"format": 1, "nodeids": [...], "settings": {...}}``, the cases by
+    node id (relative to the rootdir) and this run's settings (``options.settings_data``)."""
+    data = {"format": INPUT_FORMAT, "nodeids": list(nodeids), "settings": settings_data(settings)}
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_input(path: Path) -> tuple[list[str], dict[str, Any]]:
+    """A pool run's input file: its node ids and its settings' data; ``ValueError`` saying what
+    is wrong with it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise ValueError(f"is not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != INPUT_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise ValueError(f"is not a pool run's input of format {INPUT_FORMAT} (format: {found!r}; written by "
+                         "another version of pytest-attnperf?)")
+    nodeids, settings = data.get("nodeids"), data.get("settings")
+    if not isinstance(nodeids, list) or not all(isinstance(n, str) for n in nodeids):
+        raise ValueError("'nodeids' is not a list of node ids")
+    if not isinstance(settings, dict):
+        raise ValueError("'settings' is not an object")
+    return nodeids, settings
+
+
+def pool_run_args(config: pytest.Config, input_path: Path, out: Path, scratch: Path) -> list[str]:
+    """A pool run's pytest arguments: what decides which code it loads and how (this run's
+    plugins given with ``-p``, rootdir, ini file, ``-o`` overrides, import mode, conftest
+    options), the places a pool run may write (its cache, JUnit file, temporary folder and
+    benchmark storage, all in ``scratch``: an ini's or PYTEST_ADDOPTS's --lf, --junitxml or
+    --benchmark-autosave then reach it harmlessly), its input file and where its samples go.
+    Nothing else of this run's command line: the cases and the settings are in the input."""
+    option = config.option
+    args = [arg for name in getattr(option, "plugins", None) or [] for arg in ("-p", name)]
+    args += ["--rootdir", str(config.rootpath)]
     if config.inipath is not None:
         args += ["-c", str(config.inipath)]
+    args += [arg for value in getattr(option, "override_ini", None) or [] for arg in ("-o", value)]
+    args.append(f"--import-mode={getattr(option, 'importmode', 'prepend')}")
+    if getattr(option, "noconftest", False):
+        args.append("--noconftest")
+    if getattr(option, "confcutdir", None):
+        args.append(f"--confcutdir={option.confcutdir}")
     if config.pluginmanager.hasplugin("cacheprovider"):
         args += ["-o", f"cache_dir={scratch / 'cache'}"]
     if config.pluginmanager.hasplugin("junitxml"):
@@ -196,8 +207,7 @@ def pool_run_args(config: pytest.Config, nodeids: Sequence[str], out: Path, scra
         args.append(f"--benchmark-storage=file://{scratch / 'benchmarks'}")
     if config.pluginmanager.hasplugin("xdist"):  # an ini's -n must not make the pool run a pytest-xdist controller
         args += ["-n", "0"]
-    args += [f"{POOL_OUT_FLAG}={out}", *(f"{config.rootpath}{os.sep}{n}" for n in nodeids)]
-    return args
+    return [*args, f"{POOL_INPUT_FLAG}={input_path}", f"{POOL_OUT_FLAG}={out}"]
 
 
 def _pool_env() -> dict[str, str]:
@@ -211,8 +221,8 @@ def _pool_env() -> dict[str, str]:
 
 
 @dataclass
-class PoolRuns:
-    """The pool runs of one session, and what they measured."""
+class PoolResults:
+    """What a session's pool runs measured."""
 
     taken: dict[str, list[Taken]]
     cases: int = 0
@@ -226,7 +236,7 @@ class PoolRuns:
         """What each pool run measured for ``nodeid``; empty when none did."""
         return self.taken.get(nodeid, [])
 
-    def add(self, other: PoolRuns) -> None:
+    def add(self, other: PoolResults) -> None:
         """Take in another set of pool runs (a pytest-xdist worker's next group)."""
         for nodeid, taken in other.taken.items():
             self.taken.setdefault(nodeid, []).extend(taken)
@@ -244,28 +254,36 @@ class PoolRuns:
         return lines + [f"pool run {p}" for p in (*self.problems, *self.missing)]
 
     @classmethod
-    def run(cls, config: pytest.Config, nodeids: Sequence[str], processes: int) -> PoolRuns:
-        """Run ``processes - 1`` pool runs over ``nodeids``, one after another, and read what each
-        measured. A pool run that fails (exit status other than 0, or 1 for failed tests, or one
-        that cannot start) is named with its log, which is kept; one that measured fewer cases
-        is counted, with its log when a test failed there. Their cases pool what the others
-        measured."""
+    def run(cls, config: pytest.Config, settings: Settings, nodeids: Sequence[str]) -> PoolResults:
+        """Run ``settings.processes - 1`` pool runs over ``nodeids``, one after another, and read
+        what each measured. A pool run that fails (exit status other than 0, or 1 for failed
+        tests, or one that cannot start) is named with its log, which is kept with its input; one
+        that measured fewer cases is counted, with its log when a test failed there. Their cases
+        pool what the others measured."""
+        processes = settings.processes
         runs = cls(taken={}, cases=len(nodeids), processes=processes)
         if not nodeids or processes < 2:
             return runs
         folder = Path(tempfile.mkdtemp(prefix="attnperf-pool-"))
         started = time.monotonic()
         problems, missing, keep = [], [], False
+        given = folder / "input.json"
+        try:
+            write_input(given, nodeids, settings)
+        except OSError as exc:  # a full disk, say: no pool run
+            runs.problems = (f"s not started: {given} could not be written: {exc}",)
+            shutil.rmtree(folder, ignore_errors=True)
+            return runs
         try:
             for i in range(1, processes):
                 out, log = folder / f"pool{i}.jsonl", folder / f"pool{i}.log"
-                cmd = [sys.executable, "-m", "pytest", *pool_run_args(config, nodeids, out, folder / f"w{i}")]
+                cmd = [sys.executable, "-m", "pytest", *pool_run_args(config, given, out, folder / f"w{i}")]
                 with open(log, "w", encoding="utf-8") as sink:
                     sink.write(shlex.join(cmd) + "\n")
                     sink.flush()
                     try:
                         child = child_run.start(cmd, env=_pool_env(), cwd=config.invocation_params.dir, stdout=sink)
-                    except OSError as exc:  # too many node ids for one command line, say
+                    except OSError as exc:  # no such interpreter any more, or no process to be had
                         problems.append(f"{i}: could not start: {exc} (log: {log})")
                         continue
                     status = child_run.wait_for(child)
@@ -286,6 +304,125 @@ class PoolRuns:
             if not (problems or keep):  # the logs are kept only to be read
                 shutil.rmtree(folder, ignore_errors=True)
         return runs
+
+
+class PoolRuns:
+    """The pool runs of a run with ``--attnperf-processes`` above 1, and what they measured.
+    Registered by ``pytest_configure`` (not in a pool run, a pytest-xdist controller, a
+    check-only or collect-only run). ``session`` is the run's (its settings, device, baseline
+    and pytest-xdist seat)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.results: PoolResults | None = None  # once started
+        self.plan: dict[str, list[str]] = {}  # a pytest-xdist worker: case -> its group's short cases
+
+    @staticmethod
+    def of(config: pytest.Config) -> PoolRuns | None:
+        """The run's registered plugin; None where the run has no pool runs."""
+        plugin = config.pluginmanager.get_plugin(POOL_RUNS)
+        return plugin if isinstance(plugin, PoolRuns) else None
+
+    @pytest.hookimpl(trylast=True)  # after the baseline file's check and the run's preparation
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Before any test: the pool runs over the selected cases whose baseline centre is under
+        ``--attnperf-processes-below``."""
+        self.start(session.items)
+
+    def start(self, items: Sequence[pytest.Item]) -> None:
+        """Run the pool runs over ``items``' short cases. Only on a CUDA device (the offset is the
+        GPU's; a host clock's samples are noisier than it). In a pytest-xdist worker they run
+        later, before the first case of each group (``for_case``): which groups a worker gets is
+        known only as it gets them."""
+        state, s = self.session, self.session.settings
+        measured = [item for item in items if "attnperf" in getattr(item, "fixturenames", ())]
+        ids = [case_key(item) for item in measured]
+        if not ids:  # no measured case: the device is not even looked up
+            return
+        try:
+            if not state.device.is_gpu:
+                return
+        except Exception:  # noqa: BLE001 - each test that needs the device meets the error, as without pool runs
+            return
+        try:
+            baseline = state.baseline
+        except BaselineError as exc:
+            self.results = PoolResults({}, processes=s.processes, problems=(f"no pool runs: {exc}",))
+            return
+        chosen = short_cases(ids, centres_ms(baseline) if baseline else {}, s.processes_below_ms)
+        if state.seat is not None:
+            short = set(chosen)
+            groups: dict[str, list[str]] = {}
+            for item, key in zip(measured, ids, strict=True):
+                if key in short:
+                    groups.setdefault(group_of(item) or key, []).append(key)
+            self.plan = {key: group for group in groups.values() for key in group}
+            self.results = PoolResults({}, processes=s.processes, when="before each group's first case")
+            return
+        self.results = PoolResults.run(state.config, s, chosen)
+
+    def for_case(self, key: str) -> list[Taken]:
+        """The pool runs' measurements of a case; in a pytest-xdist worker, its group's pool runs
+        run first if they have not."""
+        if self.results is None:
+            return []
+        group = self.plan.get(key)
+        if group:
+            for other in group:
+                self.plan.pop(other, None)
+            self.results.add(PoolResults.run(self.session.config, self.session.settings, group))
+        return self.results.for_case(key)
+
+    def summary_lines(self) -> list[str]:
+        """The summary's lines on the pool runs (``PoolResults.summary``); none before they started."""
+        return self.results.summary(self.session.settings.processes_below_ms) if self.results is not None else []
+
+
+class PoolRun:
+    """One pool run: the child pytest ``PoolResults.run`` starts. Registered by
+    ``pytest_configure`` when ``--attnperf-pool-input`` is given: the run's settings come from
+    that file, not from its own options, and it collects exactly the file's cases; the fixture
+    writes each measurement's samples to ``--attnperf-pool-out`` (``write_taken``)."""
+
+    def __init__(self, path: Path, nodeids: Sequence[str], settings: Settings) -> None:
+        self.path = path
+        self.nodeids = tuple(nodeids)
+        self.settings = settings
+
+    @classmethod
+    def given(cls, config: pytest.Config) -> PoolRun | None:
+        """The pool run this process is, its input file read; None in any other run. A missing or
+        unusable input is a usage error naming the file."""
+        given, out = config.getoption("attnperf_pool_input"), config.getoption("attnperf_pool_out")
+        if given is None:
+            if out is not None:
+                raise pytest.UsageError(f"attnperf: {POOL_OUT_FLAG} is a pool run's, given with {POOL_INPUT_FLAG}")
+            return None
+        path = Path(config.invocation_params.dir, given)
+        if out is None:
+            raise pytest.UsageError(f"attnperf: pool run input {path}: no {POOL_OUT_FLAG} to write its samples to")
+        try:
+            nodeids, data = read_input(path)
+            settings = settings_from_data(data, Path(config.invocation_params.dir, out))
+        except ValueError as exc:
+            raise pytest.UsageError(f"attnperf: pool run input {path}: {exc}") from None
+        return cls(path, nodeids, settings)
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        """Collect the input's cases and nothing else: each case of a file under the rootdir by
+        its node id; a built-in suite's (``pytest_attnperf/families/...``, outside a checkout)
+        through ``--attnperf-suites``, whose other cases are deselected."""
+        config.args = [f"{config.rootpath}{os.sep}{n}" for n in self.nodeids
+                       if (config.rootpath / n.split("::", 1)[0]).exists()]
+        config.args_source = pytest.Config.ArgsSource.ARGS
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Only the input's cases (a built-in suite's module brings all of its own)."""
+        chosen = set(self.nodeids)
+        dropped = [item for item in items if case_key(item) not in chosen]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item in items if case_key(item) in chosen]
 
 
 def centres_ms(baseline: BaselineFile) -> dict[str, float]:

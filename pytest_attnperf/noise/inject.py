@@ -200,7 +200,7 @@ def pytest_attnperf_make_timer(config: pytest.Config, device: DetectedDevice) ->
     fraction = float(os.environ.get("ATTNPERF_INJECT", "0") or 0)
     compare = os.environ.get("ATTNPERF_COMPARE_FILE") or None
     log = os.environ.get("ATTNPERF_INJECT_LOG") or None
-    if config.getoption("attnperf_pool_out", None) is not None:  # an --attnperf-processes worker: the
+    if config.getoption("attnperf_pool_out", None) is not None:  # a pool run of --attnperf-processes: the
         compare = log = None  # run it works for compares and logs its own process (the injection applies alike)
     if fraction <= 0 and compare is None:
         return timer

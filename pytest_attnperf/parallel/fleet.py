@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,11 @@ OUTPUT_KEY = "attnperf"  # in a worker's workeroutput: what the controller merge
 
 
 REPORT_ATTR = "attnperf_case"  # on a teardown report: the case's rows and baseline entry
+
+
+
+UNPLANNED = ("this pytest-xdist run gave its workers no GPU each, so they would time on one card at once; name "
+             "the run (--hw=..., or any attnperf option or ini key) and pytest-attnperf gives each worker its own GPU")
 
 
 
@@ -114,8 +120,6 @@ class Fleet:
     specs: list[str] = field(default_factory=list)  # each worker's execnet spec, gw0 first ("popen" for -n)
     testrunuid: str = ""
     planned: bool = True  # False: workers share whatever GPU they see, and may not time on it
-    autotune_files: dict[str, str] = field(default_factory=dict)  # Triton results sent with recorded cases
-    autotune_keep: dict[str, str] = field(default_factory=dict)  # their sources (the cases)
     _groups: dict[str, str] = field(default_factory=dict)
 
     def groups(self) -> dict[str, str]:
@@ -194,6 +198,14 @@ class Seat:
     rows_sent: int = 0
     facts_sent: bool = False
     unplanned: bool = False  # the run gave its workers no GPU each (see planned)
+
+    def why_not_timing(self, sees_gpu: Callable[[], bool]) -> str | None:
+        """Why this worker may not time, or None when it may: the run gave its workers no GPU each
+        and this one sees a GPU (``sees_gpu`` is asked only then: it looks the device up), or
+        ``refusal``."""
+        if self.unplanned and sees_gpu():
+            return UNPLANNED
+        return self.refusal
 
     @property
     def cpu_turns(self) -> bool:

@@ -9,9 +9,10 @@ A worker sets ``CUDA_VISIBLE_DEVICES`` to its GPU in ``pytest_configure``, befor
 initialises CUDA, so ``cuda:0`` is its own card; its ``--attnperf-processes`` runs inherit the
 pin and take turns with it on that card. Each measured case's summary row and baseline entry
 travel to the controller on the case's teardown report as it finishes (a worker that dies later
-keeps what it sent); the worker's hardware, environment, floors and autotune results follow in
-its worker output at its end. The controller alone writes the baseline file (once, under its
-lock), the autotune choices, the summary and the report.
+keeps what it sent); the worker's hardware, environment and floors follow in its worker output
+at its end (its autotune results travel on their own: ``store.autotune_plugin``). The
+controller alone writes the baseline file (once, under its lock), the autotune choices, the
+summary and the report.
 
 More timing workers than GPUs would time two cases at once on one card: with an explicit
 attnperf run (``--hw``, ``--update-baselines``, ``--attnperf-suites``) that is refused at start-up,
@@ -37,6 +38,7 @@ try:
 except ImportError:  # Windows: no flock; the CPU's turns are not taken there
     fcntl = None  # type: ignore[assignment]
 
+from pytest_attnperf.measure.pool import PoolRuns
 from pytest_attnperf.parallel.fleet import (
     INPUT_KEY,
     OUTPUT_KEY,
@@ -239,12 +241,12 @@ def make_scheduler(config: pytest.Config, log: Any, session: AttnPerfSession) ->
 
 def prepare(session: AttnPerfSession, items: list[pytest.Item]) -> None:
     """The run's preparation (``AttnPerfSession.prepare``: the sample overhead and the ceilings),
-    in a worker under a case's rules: none where the worker may not time (its cases fail with the
-    reason), one worker at a time without a GPU."""
+    in a worker under a case's rules: none where the worker may not time (``Seat.why_not_timing``;
+    its cases fail with the reason), one worker at a time without a GPU."""
     seat = session.seat
     if seat is not None:
         try:
-            refused = seat.refusal is not None or (seat.unplanned and session.device.is_gpu)
+            refused = seat.why_not_timing(lambda: session.device.is_gpu) is not None
         except Exception:  # noqa: BLE001 - each measured case meets the error itself
             return
         if refused:
@@ -255,19 +257,16 @@ def prepare(session: AttnPerfSession, items: list[pytest.Item]) -> None:
 
 @contextmanager
 def timing_turn(session: AttnPerfSession) -> Iterator[None]:
-    """Around a case's timing in a worker: fails the case when the worker may not time (its
-    GPU is shared); without a GPU, waits for the other workers' timing to end (a lock file per
-    test run). Elsewhere it does nothing."""
+    """Around a case's timing in a worker: fails the case when the worker may not time
+    (``Seat.why_not_timing``: its GPU is shared, say); without a GPU, waits for the other
+    workers' timing to end (a lock file per test run). Elsewhere it does nothing."""
     seat = session.seat
     if seat is None:
         yield
         return
-    if seat.unplanned and session.device.is_gpu:
-        pytest.fail("attnperf: not timed: this pytest-xdist run gave its workers no GPU each, so they would time "
-                    "on one card at once; name the run (--hw=..., or any attnperf option or ini key) and pytest-"
-                    "attnperf gives each worker its own GPU", pytrace=False)
-    if seat.refusal is not None:
-        pytest.fail(f"attnperf: not timed: {seat.refusal}", pytrace=False)
+    refused = seat.why_not_timing(lambda: session.device.is_gpu)
+    if refused is not None:
+        pytest.fail(f"attnperf: not timed: {refused}", pytrace=False)
     if not seat.cpu_turns or fcntl is None:
         yield
         return
@@ -281,8 +280,7 @@ def timing_turn(session: AttnPerfSession) -> Iterator[None]:
 
 
 
-def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, entry: dict[str, Any] | None,
-                autotune_files: dict[str, str] | None = None) -> None:
+def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, entry: dict[str, Any] | None) -> None:
     """Worker, on a teardown report: the rows this test added and its baseline entry (when it
     passed and the run records), for the controller."""
     seat = session.seat
@@ -292,8 +290,7 @@ def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, e
     seat.rows_sent = len(session.rows)
     if not rows and entry is None:
         return
-    case: dict[str, Any] = {"key": key, "rows": rows, "entry": entry, "worker": seat.worker,
-                            "autotune": autotune_files or {}}
+    case: dict[str, Any] = {"key": key, "rows": rows, "entry": entry, "worker": seat.worker}
     if not seat.facts_sent:  # with the first case: the controller can write even if this worker dies later
         case["facts"] = _facts(session)
         seat.facts_sent = True
@@ -363,29 +360,28 @@ def receive_case(session: AttnPerfSession, report: pytest.TestReport) -> None:
     session.rows.extend(case["rows"])
     if case["entry"] is not None:
         session.commit(case["key"], case["entry"])
-    for rel, text in case.get("autotune", {}).items():
-        session.fleet.autotune_files[rel] = text
-        session.fleet.autotune_keep[rel] = case["key"]
     share = session.fleet.shares.setdefault(case["worker"], WorkerShare(gpu=None))
     share.cases += len(case["rows"])
 
 
 
-def worker_output(config: pytest.Config, session: AttnPerfSession, autotune_payload: Any) -> None:
-    """Worker, at session end: what the controller needs besides the cases."""
+def worker_output(config: pytest.Config, session: AttnPerfSession) -> None:
+    """Worker, at session end: what the controller needs besides the cases (the autotune
+    plugin sends its own part)."""
     if session.seat is None or not hasattr(config, "workeroutput"):
         return
     from pytest_attnperf.families.parametrize import removed
 
     payload: dict[str, Any] = {"worker": session.seat.worker, "checked_only": session.checked_only,
-                               "autotune": autotune_payload, "removed": removed(config)}
+                               "removed": removed(config)}
     if session.rows or session.pending:  # the device was looked up for them: its facts are known and cheap
         payload["facts"] = _facts(session)
         payload["drift"] = session.drift()
         payload["floor"] = session.overhead
         payload["overhead_refusals"] = sorted(session.overhead_refusals)
-    if session.pool_runs is not None:
-        payload["processes"] = session.pool_runs.summary(session.settings.processes_below_ms)
+    pool_runs = PoolRuns.of(config)
+    if pool_runs is not None and pool_runs.results is not None:
+        payload["processes"] = pool_runs.summary_lines()
     config.workeroutput[OUTPUT_KEY] = encode(payload)
 
 
