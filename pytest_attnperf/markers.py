@@ -25,6 +25,9 @@ __all__ = [
     "MARKERS",
     "BackendProofError",
     "backends_seen",
+    "check_marker_args",
+    "check_marker_names",
+    "marker_names",
     "cupti_attached_note",
     "pin_backend",
     "prove_backend",
@@ -222,8 +225,28 @@ def requirement_failure(marker: pytest.Mark, device: DetectedDevice, hw_name: st
     return None
 
 
+def marker_names() -> tuple[str, ...]:
+    """The attnperf markers' names, from ``MARKERS``."""
+    return tuple(line.split("(", 1)[0].split(":", 1)[0] for line in MARKERS)
+
+
+def check_marker_names(item: pytest.Item) -> None:
+    """A usage error for an ``attnperf_*`` mark that is none of the plugin's (a typo would
+    otherwise only warn, and the floor or pin it meant would not apply), naming the closest."""
+    import difflib
+
+    known = marker_names()
+    for mark in item.iter_markers():
+        if mark.name.startswith("attnperf") and mark.name not in known:
+            close = difflib.get_close_matches(mark.name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise pytest.UsageError(f"{item.nodeid}: unknown marker {mark.name}{hint} (attnperf's markers: "
+                                    f"{', '.join(known)})")
+
+
 def check_marker_args(item: pytest.Item) -> None:
     """Usage errors for markers with bad arguments, at collection."""
+    check_marker_names(item)
     for mark in item.iter_markers("attnperf_sdpa_backend"):
         if len(mark.args) != 1 or mark.args[0] not in BACKENDS:
             raise pytest.UsageError(

@@ -112,12 +112,21 @@ def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
-    """``--attnperf-suites``: the built-in suite modules join the session's top-level collectors."""
+    """``--attnperf-suites``: the built-in suite modules join the session's top-level collectors; a
+    module that declares a table but collects no test fails its collection, saying what is missing."""
     report = yield
     if isinstance(collector, pytest.Session) and report.passed:
         names = get_session(collector.config).settings.suites
         if names:
             report.result.extend(suite.suite_modules(collector, names))
+    if isinstance(collector, pytest.Module) and report.passed and not report.result:
+        module = collector.obj  # imported: its collection passed
+        tests = [name for name, value in vars(module).items() if name.startswith("test") and callable(value)]
+        if hasattr(module, "ATTNPERF_CASES") and not tests:  # (not one whose every combination was removed)
+            report.outcome = "failed"
+            report.longrepr = (f"attnperf: {collector.nodeid} declares ATTNPERF_CASES but holds no test to run them: "
+                               "import the family's test function (from pytest_attnperf.families.softmax.suite "
+                               "import test_softmax) or define one taking case, kernel and direction")
     return report
 
 

@@ -231,6 +231,7 @@ class AttnPerfSession:
             path = self.baseline_path  # the device lookup every measured case makes anyway
         except Exception:  # noqa: BLE001 - each measured case meets the error itself
             return
+        missing = self._check_folder()
         try:
             baseline = self.baseline
         except store.BaselineError as exc:
@@ -243,6 +244,7 @@ class AttnPerfSession:
             lines += [f"  {key}: {bad[key].cause}" for key in shown]
             if len(bad) > len(shown):
                 lines.append(f"  ... and {len(bad) - len(shown)} more")
+        lines += [missing] if missing else []
         if not self.settings.update_baselines:
             left, entries = self._left_behind()
             if left:
@@ -255,6 +257,24 @@ class AttnPerfSession:
             reporter.ensure_newline()
             for line in lines:
                 reporter.write_line(line, yellow=True)
+
+    def _check_folder(self) -> str | None:
+        """A gating run whose baselines folder does not exist (a mistyped ``--attnperf-baselines``)
+        gates nothing: every case would pass as new. Returns the warning, naming the resolved
+        path (also issued as a ``PytestConfigWarning``); under ``--attnperf-require-baseline`` it
+        is a usage error."""
+        import warnings
+
+        s = self.settings
+        if s.update_baselines or s.check_only or s.pool_out is not None or s.baselines_dir.is_dir():
+            return None
+        text = (f"attnperf: no baselines folder at {s.baselines_dir} (--attnperf-baselines, ATTNPERF_BASELINES or "
+                "the ini's attnperf_baselines, relative to the ini file's folder)")
+        if s.require_baseline:
+            raise pytest.UsageError(f"{text}; --attnperf-require-baseline needs its entries")
+        text += ": every measured case is new and passes ungated; --update-baselines records them"
+        warnings.warn(pytest.PytestConfigWarning(text), stacklevel=2)
+        return text
 
     @cached_property
     def environment(self) -> dict[str, str | None]:

@@ -24,7 +24,9 @@ import pytest
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.hw.table import DetectedDevice
 
-__all__ = ["DIRECTIONS", "generate", "parametrize", "plain_params", "remove_invalid", "suite_modules"]
+__all__ = [
+    "DIRECTIONS", "DTYPES", "check_cases", "generate", "parametrize", "plain_params", "remove_invalid", "suite_modules",
+]
 
 DIRECTIONS = ("fwd", "fwdbwd")
 REMOVED_KEY = pytest.StashKey[list[str]]()
@@ -104,15 +106,77 @@ def _picked(registry: Any, families: list[str], kernels: Sequence[str | Kernel] 
 
 
 def generate(metafunc: pytest.Metafunc) -> None:
-    """Parametrize a test of a module that declares ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES``."""
+    """Parametrize a test of a module that declares ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES``
+    (its table checked first: ``check_cases``)."""
     module = metafunc.module
     family, cases = getattr(module, "ATTNPERF_FAMILY", None), getattr(module, "ATTNPERF_CASES", None)
     if family is None and cases is None:
+        if {"case", "kernel"} & set(metafunc.fixturenames) and hasattr(module, "FAMILY") and hasattr(module, "CASES"):
+            raise pytest.UsageError(f"attnperf: {module.__name__} declares FAMILY and CASES; the plugin parametrizes "
+                                    "a module that declares ATTNPERF_FAMILY and ATTNPERF_CASES")
         return
     if family is None or cases is None:
         raise pytest.UsageError(f"attnperf: {module.__name__} declares only one of ATTNPERF_FAMILY and "
                                 "ATTNPERF_CASES; a suite needs both")
+    check_cases(module.__name__, cases)
     parametrize(metafunc, family, cases, getattr(module, "ATTNPERF_DIRECTIONS", DIRECTIONS))
+
+
+DTYPES = ("bf16", "fp16", "fp32")
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+                "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+# an id's tokens that state a field: b4 (batch), h16 (heads), t1024 (seq), d64 (head or key dim),
+# kv2 (key/value heads), w128 (window); checked where the letter appears once in the id
+_ID_FIELDS = {"b": ("batch",), "h": ("heads",), "t": ("seq",), "d": ("head_dim", "key_dim"), "kv": ("kv_heads",),
+              "w": ("window",)}
+
+
+def _id_contradictions(case: Any) -> list[str]:
+    import re
+
+    found: dict[str, list[int]] = {}
+    tokens = str(case.id).split("-")
+    for token in tokens:
+        match = re.fullmatch(r"(kv|[bhtdw])(\d+)", token)
+        if match:
+            found.setdefault(match.group(1), []).append(int(match.group(2)))
+    wrong = []
+    for letter, values in found.items():
+        field = next((f for f in _ID_FIELDS[letter] if hasattr(case, f)), None)
+        if field is None or len(values) != 1 or not isinstance(getattr(case, field), int):
+            continue
+        if getattr(case, field) != values[0]:
+            wrong.append(f"'{letter}{values[0]}' but {field}={getattr(case, field)}")
+    dtype = getattr(case, "dtype", None)
+    named = [t for t in tokens if t in DTYPES]
+    if dtype in DTYPES and len(named) == 1 and named[0] != dtype:
+        wrong.append(f"'{named[0]}' but dtype={dtype!r}")
+    if "causal" in tokens and getattr(case, "causal", True) is False:
+        wrong.append("'causal' but causal=False")
+    return wrong
+
+
+def check_cases(where: str, cases: Sequence[Any]) -> None:
+    """A usage error, naming each row and the fix, for a table with rows a run cannot use: a
+    dtype other than bf16, fp16 or fp32, heads that the key/value heads do not divide, two rows
+    of one id (pytest would rename them ``_0``, ``_1`` and their baseline keys would follow the
+    table's order), an id whose tokens contradict the row's fields."""
+    problems, seen = [], set()
+    for case in cases:
+        label = repr(getattr(case, "id", case))
+        if label in seen:
+            problems.append(f"{label}: two rows have this id (each row needs its own: its baseline key)")
+        seen.add(label)
+        dtype = getattr(case, "dtype", None)
+        if dtype is not None and dtype not in DTYPES:
+            fix = f" (write {_DTYPE_NAMES[str(dtype)]!r})" if str(dtype) in _DTYPE_NAMES else ""
+            problems.append(f"{label}: dtype {dtype!r} is none of {', '.join(DTYPES)}{fix}")
+        heads, groups = getattr(case, "heads", None), getattr(case, "n_kv_heads", None)
+        if isinstance(heads, int) and isinstance(groups, int) and (groups < 1 or heads % groups):
+            problems.append(f"{label}: {heads} heads cannot share {groups} key/value heads (it must divide them)")
+        problems += [f"{label}: the id says {wrong}" for wrong in _id_contradictions(case)]
+    if problems:
+        raise pytest.UsageError(f"attnperf: {where}'s ATTNPERF_CASES: " + "; ".join(problems))
 
 
 def suite_modules(session: pytest.Session, names: Sequence[str]) -> list[pytest.Module]:
