@@ -115,3 +115,60 @@ def test_wrong_kernels_fail(
     result = run_cpu_case(suite_copy, name, *where)
     result.assert_outcomes(**outcome)
     result.stdout.fnmatch_lines([message])
+
+
+RESEEDS = '''
+import pytest
+import torch
+import torch.nn.functional as F
+
+RECORDED = {}  # each case's global CPU generator state as its call began
+
+
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="softmax", name="reseeds")
+    def reseeds(q, k, v, *, causal, scale, window=None):
+        torch.manual_seed(123)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def pytest_runtest_call(item):  # inside attnperf's guard, which wraps the call
+    RECORDED[item.name] = torch.get_rng_state()
+
+
+@pytest.fixture
+def recorded():
+    return RECORDED
+'''
+
+AFTER_RESEED = '''
+import torch
+
+
+def test_after(recorded):
+    before = [state for name, state in recorded.items() if "reseeds" in name]
+    assert len(before) == 2 and torch.initial_seed() != 123
+    assert torch.equal(torch.get_rng_state(), before[-1])
+    gen = torch.Generator().manual_seed(0)
+    gen.set_state(before[-1])
+    assert torch.equal(torch.rand(4), torch.rand(4, generator=gen))  # the draw it would have made
+'''
+
+
+def test_a_kernel_that_reseeds_the_global_generator_fails_and_the_next_test_sees_it_unseeded(
+    suite_copy: pytest.Pytester,
+) -> None:
+    suite_copy.makeconftest(RESEEDS)
+    suite_copy.makepyfile(test_after=AFTER_RESEED)
+    result = suite_copy.runpytest_subprocess(
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "test_after.py",
+        "-k", "cpu-b2-h4-t128-d32-causal-fp32 and (reseeds- or sdpa-math-) or test_after",
+        "--attnperf-budget=0.01", "--benchmark-disable", "-rA",
+    )
+    result.assert_outcomes(failed=2, passed=3)  # the built-in sdpa-math's cases and test_after pass
+    result.stdout.fnmatch_lines([
+        "*reseeds-fwd]: the case changed torch's global state, which would carry into every later case; "
+        "set back now:",
+        "*CPU generator's seed (torch.manual_seed; torch.initial_seed): * -> 123",
+    ])
+    assert "sdpa-math-fwd]: the case changed" not in result.stdout.str()

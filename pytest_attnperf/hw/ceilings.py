@@ -85,7 +85,8 @@ class Workload:
                 self._tensors = (src, torch.empty_like(src))
             else:
                 dtype = getattr(torch, _TORCH_DTYPES[self.dtype])
-                a, b = (torch.randn(self.n, self.n, device=self.device).to(dtype) for _ in range(2))
+                gen = torch.Generator(device=self.device).manual_seed(0)  # not the global generator
+                a, b = (torch.randn(self.n, self.n, generator=gen, device=self.device).to(dtype) for _ in range(2))
                 self._tensors = (a, b, torch.empty_like(a))
         if self.dtype is None:
             # an elementwise kernel, not ``dst.copy_(src)``: a device-to-device copy is a memcpy,

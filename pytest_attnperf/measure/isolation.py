@@ -6,7 +6,10 @@ Around the call of each attention case (a test using an ``attnperf*`` fixture), 
   default dtype and device, SDPA backends, deterministic algorithms, cuDNN, TF32 and matmul
   precision, autocast, anomaly mode, CPU threads, the current CUDA device and stream) before
   the call and after it, outside the ``attnperf_sdpa_backend`` pin; a case that changed any is failed,
-  naming each (before -> after), and they are put back for the cases after it;
+  naming each (before -> after), and they are put back for the cases after it. The global random
+  generators' states (the default CPU one, each CUDA device's once CUDA is initialized) are put
+  back too: a case that reseeded one (``torch.manual_seed``) is failed the same way, one that only
+  drew from it (a test making its inputs with ``torch.randn``) is not;
 - **memory**: an out-of-memory error fails the case with the size it tried to allocate and the
   memory left after the case's objects are released; after every attention case its frames are
   cleared, garbage is collected and the CUDA cache emptied (``release_memory``), so the next
@@ -51,7 +54,9 @@ __all__ = [
     "oom_request",
     "release_memory",
     "restore_globals",
+    "restore_rng",
     "snapshot_globals",
+    "snapshot_rng",
     "torch_globals",
 ]
 
@@ -214,6 +219,45 @@ def restore_globals(switches: tuple[GlobalSwitch, ...], before: dict[str, Any]) 
     failed.extend(name for name, *_ in changed_globals(before, snapshot_globals(switches))
                   if not any(f.startswith(name) for f in failed))
     return failed
+
+
+def snapshot_rng() -> dict[str, tuple[int, Any]]:
+    """The seed and state (a ByteTensor) of the default CPU generator and, only once CUDA is
+    initialized (this never initializes it), of every CUDA device's, by generator."""
+    import torch
+
+    cuda: Any = torch.cuda
+    rng = {"CPU": (torch.initial_seed(), torch.get_rng_state())}
+    if cuda.is_initialized():
+        for index, state in enumerate(cuda.get_rng_state_all()):
+            rng[f"cuda:{index}"] = (cuda.default_generators[index].initial_seed(), state)
+    return rng
+
+
+def restore_rng(before: dict[str, tuple[int, Any]]) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+    """Put every generator whose state differs from ``before`` back to it. ``(name, seed before,
+    seed after)`` for each the case reseeded (a draw changes the state, not the seed), and the
+    generators that could not be set back."""
+    import torch
+
+    def differ(now: dict[str, tuple[int, Any]]) -> list[str]:
+        return [name for name, (_, state) in before.items() if name in now and not torch.equal(state, now[name][1])]
+
+    after = snapshot_rng()
+    reseeded = [(f"{name} generator's seed (torch.manual_seed; torch.initial_seed)", seed, after[name][0])
+                for name, (seed, _) in before.items() if name in after and seed != after[name][0]]
+    failed: list[str] = []
+    changed = differ(after)
+    try:
+        if "CPU" in changed:
+            torch.set_rng_state(before["CPU"][1])
+        if any(name != "CPU" for name in changed):
+            torch.cuda.set_rng_state_all([state for name, (_, state) in before.items() if name != "CPU"])
+    except Exception as exc:  # noqa: BLE001 - reported with the case; the run goes on
+        failed.append(f"the global random generators ({type(exc).__name__}: {str(exc)[:80]})")
+    if changed and not failed:
+        failed.extend(f"{name} generator's state (torch.set_rng_state)" for name in differ(snapshot_rng()))
+    return reseeded, failed
 
 
 def describe_changes(changes: list[tuple[str, Any, Any]], not_restored: list[str]) -> str:
@@ -457,12 +501,12 @@ class CaseGuard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: outside the attnperf_sdpa_backend pin
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        """Around an attention case's call: the case time limit, torch's global switches set back and
-        checked, an out-of-memory error reported with the memory state after release."""
+        """Around an attention case's call: the case time limit, torch's global switches and random
+        generators set back and checked, an out-of-memory error reported with the memory state after release."""
         if not is_attention_case(item):
             return (yield)
         switches = torch_globals()
-        before = snapshot_globals(switches)
+        before, rng_before = snapshot_globals(switches), snapshot_rng()
         clock = self._clock(item)
         failure: BaseException | None = None
         try:
@@ -475,6 +519,8 @@ class CaseGuard:
             failure = exc
         changes = changed_globals(before, snapshot_globals(switches))
         not_restored = restore_globals(switches, before) if changes else []
+        reseeded, rng_not_restored = restore_rng(rng_before)
+        changes, not_restored = changes + reseeded, not_restored + rng_not_restored
         if failure is not None and is_out_of_memory(failure):
             raise self._oom_failure(item, failure) from None
         if changes:
