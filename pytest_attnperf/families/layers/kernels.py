@@ -147,7 +147,10 @@ def run_layer(layer: str, case: LadderCase, direction: str, device: Any) -> Call
     if layer not in LAYERS:
         raise ValueError(f"unknown layer {layer!r}; expected one of {LAYERS}")
     gdn = layer == "gdn"
-    with torch.random.fork_rng(devices=[]):  # the weights' draw, seeded, leaves the global generator as it was
+    # the weights' draw, seeded, leaves every global generator as it was (manual_seed seeds the
+    # CUDA ones too, so they are forked as well: case isolation fails a case that reseeds one)
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(zlib.crc32(f"{layer}:{case.id}".encode()))
         module = gdn_module(case) if gdn else attention_module(case)
     module = module.to(device=device, dtype=_torch_dtype(case.dtype))
