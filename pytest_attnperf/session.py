@@ -82,11 +82,15 @@ class AttnPerfSession:
     @cached_property
     def registry(self) -> KernelRegistry:
         """The built-in kernels and those the ``pytest_attnperf_register_kernels`` hooks add."""
-        from pytest_attnperf.families.builtin import register_builtin
+        from pytest_attnperf.families.builtin import CALLS, check_signature, register_builtin
 
         registry = KernelRegistry()
         register_builtin(registry)
         self.config.hook.pytest_attnperf_register_kernels(registry=registry, config=self.config)
+        wrong = [why for family in CALLS for k in registry.family(family)
+                 if (why := check_signature(family, k.name, k.fn)) is not None]
+        if wrong:  # every one of its cases would fail with the same TypeError: say it once, here
+            raise pytest.UsageError("attnperf: " + "\n  ".join(wrong))
         return registry
 
     @cached_property

@@ -102,3 +102,24 @@ def test_a_missing_baselines_folder_is_named_and_refused_when_baselines_are_requ
                                             "--attnperf-baselines=perf/baseline", "--attnperf-require-baseline")
     assert required.ret == pytest.ExitCode.USAGE_ERROR
     required.stderr.fnmatch_lines([f"*no baselines folder at {folder} *--attnperf-require-baseline needs its entries*"])
+
+
+def test_a_kernel_that_cannot_take_its_familys_call_is_a_usage_error_at_start(project: pytest.Pytester) -> None:
+    project.makeconftest('''
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="softmax", name="no-window")
+    def no_window(q, k, v, *, causal, scale):
+        return q
+
+    @registry.kernel(family="gdn", name="no-beta")
+    def no_beta(q, k, v, g, *, scale):
+        return v
+''')
+    project.makepyfile(test_shapes=SHAPES.format(rows=GOOD_ROW))
+    result = run(project)  # the registry is built as collection needs it: conftests below the root may add kernels
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines([
+        "*kernel 'no-window' in family 'softmax' cannot take the family's call fn(q, k, v, *, causal, scale, window): "
+        "got an unexpected keyword argument 'window' (its signature is no-window(q, k, v, *, causal, scale))",
+        "*kernel 'no-beta' in family 'gdn' cannot take the family's call fn(q, k, v, g, beta, *, scale): *",
+    ])

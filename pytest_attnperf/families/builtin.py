@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pytest_attnperf.families.registry import KernelRegistry
 
-__all__ = ["SUITES", "register_builtin"]
+__all__ = ["CALLS", "SUITES", "check_signature", "register_builtin"]
 
 SUITES = ("softmax", "linear")  # families with a built-in suite (families/<name>/suite.py), in the order they run
 
@@ -23,3 +23,35 @@ def register_builtin(registry: KernelRegistry) -> None:
 
     softmax.register(registry)
     linear.register(registry)
+
+
+# how each built-in family calls its kernels: positional inputs, then keyword arguments
+CALLS = {
+    "softmax": (("q", "k", "v"), ("causal", "scale", "window")),
+    "linear_attn": (("q", "k", "v"), ("scale",)),
+    "gla": (("q", "k", "v", "g"), ("scale",)),
+    "simple_gla": (("q", "k", "v", "g"), ("scale",)),
+    "gdn": (("q", "k", "v", "g", "beta"), ("scale",)),
+}
+
+
+def check_signature(family: str, name: str, fn: object) -> str | None:
+    """Why ``fn`` cannot take its family's call (None: it can, or the family or the callable's
+    signature is not known): the call the family makes and what binding it said."""
+    import inspect
+
+    call = CALLS.get(family)
+    if call is None or not callable(fn):
+        return None
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or an extension callable: nothing to read
+        return None
+    inputs, keywords = call
+    try:
+        signature.bind(*inputs, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        wanted = f"fn({', '.join(inputs)}, *, {', '.join(keywords)})"
+        return (f"kernel '{name}' in family '{family}' cannot take the family's call {wanted}: {exc} "
+                f"(its signature is {name}{signature})")
+    return None
