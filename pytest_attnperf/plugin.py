@@ -166,6 +166,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """After collection, before any test: the baseline file's problems, and the sample overhead
     and ceilings (Triton's cache comes before, and the pool runs after: their plugins')."""
     state = get_session(session.config)
+    if "registry" in vars(state):  # built: some module was parametrized (a kernel in a misspelt family joins none)
+        from pytest_attnperf.families.builtin import CALLS
+
+        suite.check_families(session.config, state.registry, tuple(CALLS))
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
         xdist.prepare(state, session.items)  # the sample overhead and the ceilings, before any test

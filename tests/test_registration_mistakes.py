@@ -123,3 +123,28 @@ def pytest_attnperf_register_kernels(registry, config):
         "got an unexpected keyword argument 'window' (its signature is no-window(q, k, v, *, causal, scale))",
         "*kernel 'no-beta' in family 'gdn' cannot take the family's call fn(q, k, v, g, beta, *, scale): *",
     ])
+
+
+def test_a_kernel_in_a_misspelt_family_is_a_usage_error_naming_the_family_meant(project: pytest.Pytester) -> None:
+    project.makeconftest('''
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="linear", name="mine")
+    def mine(q, k, v, *, scale):
+        return v
+''')
+    project.makepyfile(test_shapes=SHAPES.format(rows=GOOD_ROW))
+    result = run(project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*kernel mine is registered in family 'linear', which no suite of this run declares; "
+                                 "did you mean 'linear_attn'*"])
+
+
+def test_a_projects_own_family_is_left_alone(project: pytest.Pytester) -> None:
+    project.makeconftest('''
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="toy", name="mine")
+    def mine(x):
+        return x
+''')
+    project.makepyfile(test_shapes=SHAPES.format(rows=GOOD_ROW))
+    run(project, "-k", "naive").assert_outcomes(passed=2)

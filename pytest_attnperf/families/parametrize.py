@@ -25,11 +25,13 @@ from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.hw.table import DetectedDevice
 
 __all__ = [
-    "DIRECTIONS", "DTYPES", "check_cases", "generate", "parametrize", "plain_params", "remove_invalid", "suite_modules",
+    "DIRECTIONS", "DTYPES", "check_cases", "check_families", "generate", "parametrize", "plain_params",
+    "remove_invalid", "suite_modules",
 ]
 
 DIRECTIONS = ("fwd", "fwdbwd")
 REMOVED_KEY = pytest.StashKey[list[str]]()
+USED_KEY = pytest.StashKey[set[str]]()  # the families this run parametrized
 
 
 class RunKernels(Protocol):
@@ -79,6 +81,7 @@ def parametrize(
     """
     session = metafunc.config.stash[RUN_KEY]
     device = session.device
+    metafunc.config.stash.setdefault(USED_KEY, set()).update([family] if isinstance(family, str) else family)
     if "case" in metafunc.fixturenames:
         chosen = [c for c in cases if c.gpu or not device.is_gpu]
         metafunc.parametrize("case", [_case_param(c) for c in chosen])
@@ -247,3 +250,24 @@ def count_reasons(reasons: list[str]) -> dict[str, int]:
     for reason in reasons:
         counts[reason] = counts.get(reason, 0) + 1
     return counts
+
+
+def check_families(config: pytest.Config, registry: KernelRegistry, builtin: Sequence[str]) -> None:
+    """A usage error for a kernel registered in a family that is not built in, that no test of
+    this run parametrized, and whose name is close to a built-in one's (``linear`` for
+    ``linear_attn``, ``softmx``): it would join nothing, silently. A project's own family (one
+    its own suite declares) is left alone."""
+    import difflib
+
+    used = config.stash.get(USED_KEY, set())
+    wrong = []
+    for family in registry.families():
+        if family in builtin or family in used:
+            continue
+        close = difflib.get_close_matches(family, builtin, n=3, cutoff=0.5)
+        if close:
+            names = ", ".join(k.name for k in registry.family(family))
+            wrong.append(f"kernel {names} is registered in family {family!r}, which no suite of this run declares; "
+                         f"did you mean {' or '.join(map(repr, close))}? (the built-in families: {', '.join(builtin)})")
+    if wrong:
+        raise pytest.UsageError("attnperf: " + "\n  ".join(wrong))

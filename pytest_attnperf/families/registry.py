@@ -134,6 +134,10 @@ class KernelRegistry:
 
         return register
 
+    def families(self) -> list[str]:
+        """The families that have kernels, in registration order."""
+        return list(dict.fromkeys(fam for fam, _ in self._kernels))
+
     def family(self, family: str) -> list[Kernel]:
         """The kernels of ``family``, in registration order."""
         return [k for (fam, _), k in self._kernels.items() if fam == family]
