@@ -155,7 +155,7 @@ def test_after(recorded):
 '''
 
 
-def test_a_kernel_that_reseeds_the_global_generator_fails_and_the_next_test_sees_it_unseeded(
+def test_a_kernel_that_reseeds_the_global_generator_is_reported_and_the_next_test_sees_it_unseeded(
     suite_copy: pytest.Pytester,
 ) -> None:
     suite_copy.makeconftest(RESEEDS)
@@ -165,10 +165,9 @@ def test_a_kernel_that_reseeds_the_global_generator_fails_and_the_next_test_sees
         "-k", "cpu-b2-h4-t128-d32-causal-fp32 and (reseeds- or sdpa-math-) or test_after",
         "--attnperf-budget=0.01", "--benchmark-disable", "-rA",
     )
-    result.assert_outcomes(failed=2, passed=3)  # the built-in sdpa-math's cases and test_after pass
+    result.assert_outcomes(passed=5, warnings=3)  # one per reseeding case, one for the absent baselines folder
     result.stdout.fnmatch_lines([
-        "*reseeds-fwd]: the case changed torch's global state, which would carry into every later case; "
-        "set back now:",
-        "*CPU generator's seed (torch.manual_seed; torch.initial_seed): * -> 123",
+        "*reseeds-fwd]: the case reseeded a global generator (set back now, so later cases draw as they would "
+        "have): *CPU generator's seed (torch.manual_seed; torch.initial_seed): * -> 123*",
     ])
-    assert "sdpa-math-fwd]: the case changed" not in result.stdout.str()
+    assert "sdpa-math-fwd]: the case reseeded" not in result.stdout.str()

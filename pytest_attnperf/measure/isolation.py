@@ -8,8 +8,8 @@ Around the call of each attention case (a test using an ``attnperf*`` fixture), 
   the call and after it, outside the ``attnperf_sdpa_backend`` pin; a case that changed any is failed,
   naming each (before -> after), and they are put back for the cases after it. The global random
   generators' states (the default CPU one, each CUDA device's once CUDA is initialized) are put
-  back too: a case that reseeded one (``torch.manual_seed``) is failed the same way, one that only
-  drew from it (a test making its inputs with ``torch.randn``) is not;
+  back too: a case that reseeded one (``torch.manual_seed``) is reported (a warning naming it),
+  not failed, since a test may seed its own inputs; one that only drew from it is not reported;
 - **memory**: an out-of-memory error fails the case with the size it tried to allocate and the
   memory left after the case's objects are released; after every attention case its frames are
   cleared, garbage is collected and the CUDA cache emptied (``release_memory``), so the next
@@ -520,9 +520,12 @@ class CaseGuard:
         changes = changed_globals(before, snapshot_globals(switches))
         not_restored = restore_globals(switches, before) if changes else []
         reseeded, rng_not_restored = restore_rng(rng_before)
-        changes, not_restored = changes + reseeded, not_restored + rng_not_restored
         if failure is not None and is_out_of_memory(failure):
             raise self._oom_failure(item, failure) from None
+        if reseeded or rng_not_restored:  # put back: reported, not failed (a test may seed its own inputs)
+            seeds = describe_changes(reseeded, rng_not_restored).strip()
+            item.warn(pytest.PytestWarning(f"{item.nodeid}: the case reseeded a global generator (set back now, so "
+                                           f"later cases draw as they would have): {seeds}"))
         if changes:
             described = describe_changes(changes, not_restored)
             if failure is None or isinstance(failure, pytest.skip.Exception):
