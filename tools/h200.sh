@@ -123,13 +123,13 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # kernel zoos of tests/zoo registered (ZOO=0 leaves them out); K selects as -k does. Each
     # seed's JUnit report goes to $OUT/check-<seed>.xml, then one table of every kernel's counts
     # and worst passing ratio (tools/power.py --junit)
-    ZOOS=(); [ "${ZOO:-1}" = 1 ] && ZOOS=(-p tests.zoo.softmax -p tests.zoo.linear)
+    ZOOS=(); [ "${ZOO:-1}" = 1 ] && ZOOS=(-p zoo.softmax -p zoo.linear) && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests"
     for seed in ${SEEDS:-0}; do
       timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --attnperf-check-only --attnperf-seed="$seed" \
         "${ZOOS[@]}" ${K:+-k "$K"} --junitxml="$OUT/check-$seed.xml" > "$OUT/check-$seed.log" 2>&1
       tail -n 3 "$OUT/check-$seed.log"
     done
-    python3 tools/power.py --junit "$OUT"/check-*.xml ${ZOO:+--zoo tests.zoo.softmax --zoo tests.zoo.linear} \
+    python3 tools/power.py --junit "$OUT"/check-*.xml ${ZOOS:+--zoo zoo.softmax --zoo zoo.linear} \
       > "$OUT/check-table.md" 2>&1; grep -c . "$OUT/check-table.md" ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check" >&2; exit 2 ;;
 esac
