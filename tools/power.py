@@ -250,7 +250,7 @@ def margin_table(rows: list[dict[str, Any]], counts: list[str]) -> str:
     return "\n".join(lines)
 
 
-def junit_table(paths: list[str]) -> str:
+def junit_table(paths: list[str], known: tuple[str, ...]) -> str:
     """Per kernel, over JUnit XML reports of suite runs (``--junitxml``, check-only or not): cases
     passed, failed and skipped, the worst ``attnperf_check_*`` ratio of its passing cases, and its
     first failure's first line; zoo kernels' expectation (``zoo-ok``: no failure; ``zoo-bad``: at
@@ -264,7 +264,7 @@ def junit_table(paths: list[str]) -> str:
             found = re.search(r"\[(.*)-(fwd|fwdbwd)\]$", name)
             if not found:
                 continue
-            kernel = next((k for k in KNOWN if f"-{k}-" in f"-{found.group(1)}-"), found.group(1).split("-")[-1])
+            kernel = next((k for k in known if f"-{k}-" in f"-{found.group(1)}-"), found.group(1).split("-")[-1])
             for prefix in ("zoo-ok-", "zoo-bad-"):
                 if prefix in found.group(1):
                     kernel = prefix + found.group(1).split(prefix, 1)[1]
@@ -293,9 +293,6 @@ def junit_table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
-KNOWN: tuple[str, ...] = ()  # filled in main: every registered kernel's name, longest first
-
-
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the table (see the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -315,11 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--junit", nargs="+", default=[], help="summarise these JUnit XML reports instead")
     args = parser.parse_args(argv)
     if args.junit:
-        global KNOWN
         found = registry(args.zoo)
-        KNOWN = tuple(sorted({k.name for f in args.families.split(",") for k in found.family(f)}, key=len,
-                             reverse=True))
-        print(junit_table(args.junit))
+        known = sorted({k.name for f in args.families.split(",") for k in found.family(f)}, key=len, reverse=True)
+        print(junit_table(args.junit, tuple(known)))
         return 0
     if args.autotune:  # before triton is imported: fla's kernels then skip autotuning
         import os

@@ -106,6 +106,16 @@ def _out(o: Tensor, like: Tensor) -> Tensor:
     return o.transpose(1, 2).to(like.dtype).contiguous()
 
 
+def _chunk_output(intra: Tensor, inter: Tensor, partial: bool, bugs: frozenset[str]) -> Tensor:
+    """A chunk's output, the intra-chunk and the state's part, less the one a tail bug drops
+    from the last, partial chunk."""
+    if partial and "tail-intra" in bugs:
+        return inter
+    if partial and "tail-state" in bugs:
+        return intra
+    return intra + inter
+
+
 def _chunks(seq: int, chunk: int) -> list[tuple[int, int, bool]]:
     """``(start, end, partial)`` of each chunk; the last one is as long as ``seq`` leaves it."""
     return [(s, min(s + chunk, seq), min(s + chunk, seq) - s < chunk) for s in range(0, seq, chunk)]
@@ -149,12 +159,7 @@ def _scalar_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: b
             carried = gamma[..., -1].exp()[..., None, None] * state
         intra = rnd(scores) @ vc
         inter = rnd(q_read) @ rnd(state)
-        if partial and "tail-intra" in bugs:
-            outputs.append(scale * inter)
-        elif partial and "tail-state" in bugs:
-            outputs.append(scale * intra)
-        else:
-            outputs.append(scale * (intra + inter))
+        outputs.append(scale * _chunk_output(intra, inter, partial, bugs))
         state = carried + rnd(k_write).mT @ vc
     return _out(torch.cat(outputs, dim=2), q)
 
@@ -231,12 +236,7 @@ def _gla_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: bool
         intra = rnd(_gla_scores(qc, kc, gamma, direct)) @ vc
         q_read = qc if "inter-undecayed" in bugs else qc * gamma.exp()
         inter = rnd(q_read) @ rnd(state)
-        if partial and "tail-intra" in bugs:
-            outputs.append(scale * inter)
-        elif partial and "tail-state" in bugs:
-            outputs.append(scale * intra)
-        else:
-            outputs.append(scale * (intra + inter))
+        outputs.append(scale * _chunk_output(intra, inter, partial, bugs))
         last = gamma[:, :, -1:]
         state = last.mT.exp() * state + rnd(kc * (last - gamma).exp()).mT @ vc
     return _out(torch.cat(outputs, dim=2), q)
@@ -291,12 +291,7 @@ def _gdn_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: bool
         new = rnd(new)
         intra = rnd((qc @ kc.mT) * _decay(gamma)) @ new
         inter = rnd(qc * gamma.exp()[..., None]) @ read
-        if partial and "tail-intra" in bugs:
-            outputs.append(scale * inter)
-        elif partial and "tail-state" in bugs:
-            outputs.append(scale * intra)
-        else:
-            outputs.append(scale * (intra + inter))
+        outputs.append(scale * _chunk_output(intra, inter, partial, bugs))
         last = gamma[..., -1:]
         state = last[..., None].exp() * state + rnd(kc * (last - gamma).exp()[..., None]).mT @ new
     return _out(torch.cat(outputs, dim=2), q)

@@ -590,55 +590,18 @@ def _wrong_grad(which: str, where: str, q: Tensor, k: Tensor, v: Tensor, causal:
     return _fp32(inputs["q"], inputs["k"], inputs["v"], causal=causal, scale=scale, window=window)
 
 
-@_zoo("zoo-bad-dq-head")
-def bad_dq_head(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dq times 1.01 on head 1 only."""
-    return _wrong_grad("q", "head", q, k, v, causal, scale, window)
+def _wrong_grad_kernel(which: str, where: str) -> KernelFn:
+    """The kernel of ``_wrong_grad(which, where, ...)``: forward right, d``which`` times 1.01 at ``where``."""
+
+    def kernel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
+        return _wrong_grad(which, where, q, k, v, causal, scale, window)
+
+    places = {"head": "on head 1 only" if which == "q" else "on K/V head 1 only", "batch": "on batch item 1 only",
+              "all": "everywhere"}
+    kernel.__doc__ = f"Forward right; d{which} times 1.01 {places[where]}."
+    return kernel
 
 
-@_zoo("zoo-bad-dq-batch")
-def bad_dq_batch(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dq times 1.01 on batch item 1 only."""
-    return _wrong_grad("q", "batch", q, k, v, causal, scale, window)
-
-
-@_zoo("zoo-bad-dq-all")
-def bad_dq_all(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dq times 1.01 everywhere."""
-    return _wrong_grad("q", "all", q, k, v, causal, scale, window)
-
-
-@_zoo("zoo-bad-dk-head")
-def bad_dk_head(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dk times 1.01 on K/V head 1 only."""
-    return _wrong_grad("k", "head", q, k, v, causal, scale, window)
-
-
-@_zoo("zoo-bad-dk-batch")
-def bad_dk_batch(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dk times 1.01 on batch item 1 only."""
-    return _wrong_grad("k", "batch", q, k, v, causal, scale, window)
-
-
-@_zoo("zoo-bad-dk-all")
-def bad_dk_all(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dk times 1.01 everywhere."""
-    return _wrong_grad("k", "all", q, k, v, causal, scale, window)
-
-
-@_zoo("zoo-bad-dv-head")
-def bad_dv_head(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dv times 1.01 on K/V head 1 only."""
-    return _wrong_grad("v", "head", q, k, v, causal, scale, window)
-
-
-@_zoo("zoo-bad-dv-batch")
-def bad_dv_batch(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dv times 1.01 on batch item 1 only."""
-    return _wrong_grad("v", "batch", q, k, v, causal, scale, window)
-
-
-@_zoo("zoo-bad-dv-all")
-def bad_dv_all(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
-    """Forward right; dv times 1.01 everywhere."""
-    return _wrong_grad("v", "all", q, k, v, causal, scale, window)
+for _which in "qkv":
+    for _where in ("head", "batch", "all"):
+        _zoo(f"zoo-bad-d{_which}-{_where}")(_wrong_grad_kernel(_which, _where))
