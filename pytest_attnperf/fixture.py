@@ -15,6 +15,8 @@ from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from pytest_attnperf.measure.pool import PoolRuns, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
+from pytest_attnperf.measure.isolation import is_out_of_memory
+from pytest_attnperf.measure.verify import Draws, TimedDiffers
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key
 from pytest_attnperf.parallel.xdist import timing_turn
@@ -91,16 +93,22 @@ class Perf:
         session, node = self._session, self._request.node
         device = session.device
         with pin_backend(pinned) if pinned else nullcontext():
-            if pinned:
-                backend = pinned
-                prove_backend(fn, pinned, device)
-            elif detect_backend:
-                seen = backends_seen(*profile_names(fn, device))
-                backend = "+".join(sorted(seen)) or "-"
-            else:
-                backend = "-"
+            again, problem = _called_again(fn), None
+            try:
+                if pinned:
+                    backend = pinned
+                    prove_backend(again, pinned, device)
+                elif detect_backend:
+                    seen = backends_seen(*profile_names(again, device))
+                    backend = "+".join(sorted(seen)) or "-"
+                else:
+                    backend = "-"
+            except TimedDiffers as exc:
+                problem = str(exc)
+            if problem is not None:  # failed outside the handler: the message alone, no chained traceback
+                pytest.fail(f"{self._key}: {problem}", pytrace=False)
             plan = session.plan(mode)
-            measurement = self._pooled(session.timer.measure(fn, plan))
+            measurement = self._pooled(self._sampled(fn, plan))
             if not measurement.median_ms > 0:
                 pytest.fail(f"{self._key}: the {measurement.clock} clock measured a median of "
                             f"{measurement.median_ms} ms; a time must be positive (did the callable "
@@ -148,10 +156,24 @@ class Perf:
                         "record it with --update-baselines", pytrace=False)
         if not decision.remeasure:
             return decision.verdict, measurement
-        again = self._pooled(session.timer.measure(fn, plan))  # a suspected regression is measured once more
+        again = self._pooled(self._sampled(fn, plan))  # a suspected regression is measured once more
         verdict, kept, refused = policy.decide_again(decision.verdict, measurement, again, summary, terms, here)
         self._refused(refused)
         return verdict, kept
+
+    def _sampled(self, fn: Callable[[], Any], plan: Any) -> Measurement:
+        """The timer's measurement of ``fn``; a timed result that fails its check
+        (``verify.TimedDiffers``) fails the case with its message, and under the
+        ``attnperf_deterministic`` marker so do replays that are not bitwise equal."""
+        try:
+            measurement = self._session.timer.measure(fn, plan)
+        except TimedDiffers as exc:
+            problem: str | None = str(exc)
+        else:
+            problem = _determinism_failure(self._request.node, measurement)
+            if problem is None:
+                return measurement
+        pytest.fail(f"{self._key}: {problem}", pytrace=False)
 
     def _refused(self, refusal: str | None) -> None:
         """Note, for the run's summary, why the sample overheads' difference was not used."""
@@ -199,6 +221,8 @@ class Perf:
                 roofline_frac=result.roofline.fraction if result.roofline else None,
                 ceilings=floors.for_session(self._session),
                 params=_case_params(self._request.node, result.cost),
+                bitwise=m.bitwise,
+                verified=m.verified,
             )
         )
 
@@ -250,6 +274,8 @@ class Perf:
                 "attnperf_mode": result.measurement.mode,
                 "attnperf_graphs": result.measurement.graphs,  # cold graphs sampled in turn
                 "attnperf_processes": result.measurement.processes,  # processes pooled (--attnperf-processes)
+                "attnperf_verified": result.measurement.verified,  # timed draws checked after sampling
+                "attnperf_bitwise": result.measurement.bitwise,  # two replays of one draw: equal bits
                 "attnperf_process_medians_ms": list(result.measurement.process_medians_ms),  # this one first
                 "backend": result.backend,
                 "tflops": result.tflops,
@@ -277,6 +303,40 @@ class Perf:
             bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
         finally:
             REPLAY_CLOCK.finish()
+
+
+def _called_again(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` for the profiled call of the backend proof: for a checked case (``verify.Draws``),
+    an exception from the kernel, which returned on the same inputs when it was checked, is a
+    ``TimedDiffers`` naming that (a kernel that keeps a graph it cannot use twice, say)."""
+    if not isinstance(fn, Draws):
+        return fn
+
+    def call() -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise
+            raise TimedDiffers(f"the kernel raised when called again on the checked inputs, where its checked call "
+                               f"had returned: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+    return call
+
+
+def _determinism_failure(node: Any, measurement: Measurement) -> str | None:
+    """Why a test or kernel marked ``attnperf_deterministic`` fails: its replays differed, or
+    could not be compared (None when it is not marked or they were bitwise equal)."""
+    marked = node.get_closest_marker("attnperf_deterministic") is not None
+    callspec = getattr(node, "callspec", None)
+    kernel = callspec.params.get("kernel") if callspec else None
+    if not (marked or getattr(kernel, "deterministic", False)) or measurement.bitwise:
+        return None
+    if measurement.bitwise is None:
+        return ("attnperf_deterministic: the timed calls' results could not be compared bit for bit "
+                "(the callable returned no tensors)")
+    return (f"attnperf_deterministic: two replays of the same timed draw gave different bits (largest "
+            f"difference {measurement.bitwise_diff:.3g}); the test or kernel is marked as bitwise reproducible")
 
 
 def _case_params(node: Any, cost: Cost) -> dict[str, Any]:
@@ -308,6 +368,9 @@ def _junit_properties(result: PerfResult) -> list[tuple[str, str]]:
         "change_pct": result.verdict.change_pct, "tflops": result.tflops, "mfu": result.mfu,
     }
     found = [(f"attnperf_{name}", f"{value:.6g}") for name, value in figures.items() if value is not None]
-    return [*found, ("attnperf_verdict", result.verdict.status)]
+    m = result.measurement
+    checks = [("attnperf_verified", str(m.verified))] + (
+        [] if m.bitwise is None else [("attnperf_bitwise", "yes" if m.bitwise else "no")])
+    return [*found, *checks, ("attnperf_verdict", result.verdict.status)]
 
 

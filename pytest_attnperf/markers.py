@@ -48,6 +48,8 @@ MARKERS = (
     "a card name with a dict (h200=dict(roofline=0.6)) limits a floor to that card",
     "attnperf_sweep(name, axis='seq'): the case is a point of sweep `name` along the case parameter "
     "`axis`; --attnperf-report fits and plots the sweep's points",
+    "attnperf_deterministic: fail the test unless two replays (calls) of the same timed inputs give the "
+    "same bits; a kernel registered with deterministic=True carries it on every case",
 )
 
 _OPS = {

@@ -77,3 +77,5 @@ class Row:
     roofline_frac: float | None = None  # achieved over attainable (roofline.Position.fraction)
     ceilings: Ceilings | None = None  # what the roofline and MFU were judged against
     params: dict[str, Any] = field(default_factory=dict)  # the case as plain data (reportgen.case_params)
+    bitwise: bool | None = None  # two replays of one timed draw gave equal bits (None: not compared)
+    verified: int = 0  # timed draws checked after sampling

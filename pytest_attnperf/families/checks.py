@@ -64,19 +64,37 @@ class CheckFailed(AssertionError):
 @dataclass(frozen=True)
 class Answer:
     """A kernel's checked call on a case: what it returned (out, then dq, dk, dv for fwdbwd)
-    with the fp64 reference and the yardstick of each, and the zero-argument callable to time."""
+    with the fp64 reference and the yardstick of each, the zero-argument callable to time, and
+    what makes the timed draws (``families.draws.Timed``): ``run_on(inputs, grad_out)``, the
+    same call on other inputs, and the checked call's inputs by name."""
 
     names: tuple[str, ...]
     got: tuple[Any, ...]
     reference: tuple[Any, ...]
     yardstick: tuple[Any, ...]
     call: Any
+    run_on: Any = None
+    inputs: tuple[Any, ...] = ()
+    input_names: tuple[str, ...] = ()
+    grad_out: Any = None
+
+    def timed(self, kernel: str, check: Callable[[str, str, Any, Any, Any], float], seed_text: str,
+              head_axis: int, permute: bool = True) -> Any:
+        """The callable to time: ``call``, with the timed draws and their check (``draws.Timed``;
+        ``permute`` False: signs only, for a reference of a slice of the case)."""
+        from pytest_attnperf.families.draws import Timed
+
+        return Timed(self.call, run_on=self.run_on, inputs=self.inputs, input_names=self.input_names,
+                     grad_out=self.grad_out, names=self.names, reference=self.reference, yardstick=self.yardstick,
+                     check=check, seed_text=seed_text, head_axis=head_axis, kernel=kernel,
+                     shapes=tuple(tuple(x.shape) for x in self.got), permute=permute)
 
 
 @dataclass(frozen=True)
 class Checked:
-    """A case that passed its checks: the callable to time, and each tensor's worst error over
-    its bound (``out``, ``dq``...; at most 1), what the suites record as the kernel's margin."""
+    """A case that passed its checks: the callable to time (a ``families.draws.Timed``, whose
+    timed draws are checked after sampling), and each tensor's worst error over its bound
+    (``out``, ``dq``...; at most 1), what the suites record as the kernel's margin."""
 
     call: Any
     ratios: dict[str, float]

@@ -53,7 +53,8 @@ class Kernel:
     that mean "this kernel refuses this case" (see ``unsupported_reason``). ``form`` tells a
     linear family's cost model which algorithm to count ('chunk' or 'recurrent'). ``floors``
     are its least roofline, MFU or bandwidth fractions, per card or for every card (see
-    ``roofline.Floors.parse`` and ``floors.py``).
+    ``roofline.Floors.parse`` and ``floors.py``). ``deterministic`` makes bitwise equal replays a
+    requirement on each of its cases (as the ``attnperf_deterministic`` marker does).
     """
 
     family: str
@@ -67,6 +68,7 @@ class Kernel:
     unsupported: tuple[str, ...] = ()
     form: str | None = None  # linear families: "chunk" or "recurrent", the cost model's form
     floors: Any = None  # roofline/MFU/bandwidth floors (roofline.Floors.parse's shape); see floors.py
+    deterministic: bool = False  # replays must be bitwise equal (the attnperf_deterministic marker's rule)
 
     def __post_init__(self) -> None:
         try:
@@ -124,12 +126,13 @@ class KernelRegistry:
         unsupported: tuple[str, ...] = (),
         form: str | None = None,
         floors: Any = None,
+        deterministic: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
-                            (fn.__doc__ or "").strip(), unsupported, form, floors))
+                            (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic))
             return fn
 
         return register

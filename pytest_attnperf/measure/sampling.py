@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_attnperf.gate.verdict import Summary
+from pytest_attnperf.measure.verify import Replays
 
 __all__ = ["REPLAY_CLOCK", "HostTimer", "Measurement", "ReplayClock", "SamplingPlan", "Timer", "gc_paused",
            "sample_adaptively", "warm_up"]
@@ -50,6 +51,9 @@ class Measurement:
     graphs: int = 1  # cold graphs sampled in turn (see _capture_cold)
     processes: int = 1  # processes whose samples are pooled (see pool.pool)
     process_medians_ms: tuple[float, ...] = ()  # each pooled process's own median, this one first
+    verified: int = 0  # timed draws whose results were checked after sampling (measure.verify)
+    bitwise: bool | None = None  # two replays (calls) of one timed draw gave equal bits; None: not compared
+    bitwise_diff: float | None = None  # where they did not, the largest difference
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:
@@ -160,18 +164,34 @@ class ReplayClock:
 REPLAY_CLOCK = ReplayClock()
 
 
+HOST_DRAWS = 2  # timed draws the host timer alternates: two, so a result left from the other draw shows
+
+
 class HostTimer:
     """Host clock around synchronous CPU work."""
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
-        """Host-clock samples of ``fn`` after its warm-up, the garbage collector paused."""
-        warm_up(fn, plan)
+        """Host-clock samples of ``fn`` after its warm-up, the garbage collector paused. The
+        samples alternate between ``HOST_DRAWS`` timed draws (``verify.Replays``), each
+        checked after sampling on its last call's result, and a last call of the first is
+        compared bit for bit with the one before."""
+        replays = Replays(fn)
+        calls = [replays.call(index) for index in range(1, HOST_DRAWS + 1)]
+        warm_up(calls[0], plan)
+        turn = [0]
 
         def take_ms() -> float:
+            call = calls[turn[0] % len(calls)]
+            turn[0] += 1
             start = time.perf_counter_ns()
-            fn()
+            call()
             return (time.perf_counter_ns() - start) / 1e6
 
         with gc_paused():
-            samples = sample_adaptively(take_ms, plan)
-        return Measurement(tuple(samples), clock="host", mode="host")
+            samples = sample_adaptively(take_ms, plan, rounds_of=len(calls))
+        for index, call in enumerate(calls, start=1):
+            replays.check(index, "a host-timed call", call)
+        replays.compare(1, calls[0])
+        return Measurement(tuple(samples), clock="host", mode="host", notes=replays.notes(plan.overhead),
+                           verified=replays.verified,
+                           bitwise=replays.bitwise, bitwise_diff=replays.bitwise_diff)

@@ -50,6 +50,7 @@ from pytest_attnperf.measure.sampling import (
     sample_adaptively,
     warm_up,
 )
+from pytest_attnperf.measure.verify import Replays
 
 if TYPE_CHECKING:
     from pytest_attnperf.hw.table import DetectedDevice
@@ -106,11 +107,13 @@ class CudaTimer:
             made, _captured = _captured, outer
             _release_graphs(made)
 
-    def _measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+    def _measure(self, checked: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         import torch
         cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
         notes: list[str] = []
+        replays = Replays(checked)
+        fn = replays.call(1)  # the first timed draw: warm-up, eager time, peak memory, the first graph
         side = cuda.Stream()
         side.wait_stream(cuda.current_stream())
         with cuda.stream(side):  # warm-up off the default stream, as graph capture wants
@@ -119,8 +122,9 @@ class CudaTimer:
         cuda.synchronize()
 
         eager_ms = self._eager_ms(fn, budget_s=plan.budget_s)
+        replays.check(1, "an eager call as timed for eager_ms", fn)
         peak_mib = self._peak_mib(fn)
-        take_ms, clock, calls = self._sampler(fn, plan, notes)
+        take_ms, clock, calls = self._sampler(replays, plan, notes)
         rounds_of = getattr(take_ms, "graphs", 1)
         index = cuda.current_device()
 
@@ -145,6 +149,8 @@ class CudaTimer:
             if throttled:
                 notes.append(f"still throttled ({', '.join(throttled)}) after re-measuring")
         notes.extend([held] if held else [])
+        take_ms.verify(replays)
+        notes.extend(replays.notes(plan.overhead))
 
         return Measurement(
             tuple(samples),
@@ -156,11 +162,14 @@ class CudaTimer:
             notes=tuple(notes),
             sm_clock_mhz=mhz,
             graphs=rounds_of,
+            verified=replays.verified,
+            bitwise=replays.bitwise,
+            bitwise_diff=replays.bitwise_diff,
         )
 
     def _sampler(
-        self, fn: Callable[[], Any], plan: SamplingPlan, notes: list[str],
-    ) -> tuple[Callable[[], float], str, int]:
+        self, replays: Replays, plan: SamplingPlan, notes: list[str],
+    ) -> tuple[Sampler, str, int]:
         """``(take one sample in ms per call, clock name, calls per sample)`` for ``plan``'s
         mode, the graph captured here; why a better clock could not be used goes to ``notes``.
 
@@ -172,9 +181,10 @@ class CudaTimer:
         import torch
         cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
+        fn = replays.call(1)
         flush = self._flush_buffer() if plan.mode == "cold" else None
         if flush is not None:
-            nodes, failure = _capture_cold(fn, flush, plan.cold_graphs, capture_s=plan.budget_s / 2)
+            nodes, failure = _capture_cold(replays.call, flush, plan.cold_graphs, capture_s=plan.budget_s / 2)
             if nodes is not None:
                 if nodes.failure is not None:
                     notes.append(f"{nodes.graphs} of {plan.cold_graphs} cold graphs usable ({nodes.failure}); "
@@ -186,10 +196,13 @@ class CudaTimer:
         if flush is not None and graph is not None:  # the call captures; the events did not
             notes.append(f"no timing events inside the graph ({failure}); events around the replay "
                          "instead, the graph's launch included")
-        calls, replays = 1, 1  # calls per sample; replays of the graph per sample
+        calls, replays_per = 1, 1  # calls per sample; replays of the graph per sample
         if graph is not None and plan.mode == "hot":
             # calls per graph from the device time of one replay, not the eager (host) time
-            graph, calls, replays, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms)
+            one_call, kept = graph, replays.results.get(1)
+            graph, calls, replays_per, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms)
+            if graph is one_call and kept is not None:  # a failed longer capture's outputs are not the graph's
+                replays.results[1] = kept
             notes.extend([note] if note else [])
         if capture_failure:
             notes.append(f"not graph-capturable ({capture_failure}); timed with events around eager "
@@ -199,7 +212,7 @@ class CudaTimer:
         if graph is None:
             run = lambda: [fn() for _ in range(calls)]  # noqa: E731
         else:
-            run = graph.replay if replays == 1 else (lambda: [graph.replay() for _ in range(replays)])
+            run = graph.replay if replays_per == 1 else (lambda: [graph.replay() for _ in range(replays_per)])
         start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
         spin = getattr(cuda, "_sleep", None)
 
@@ -215,8 +228,9 @@ class CudaTimer:
             ms: float = start.elapsed_time(end) / calls
             return ms
 
-        clock = "cuda-events" if graph is None else "cuda-graph" if replays == 1 else "cuda-graph-replays"
-        return take_ms, clock, calls
+        clock = "cuda-events" if graph is None else "cuda-graph" if replays_per == 1 else "cuda-graph-replays"
+        where = "an eager call as timed" if graph is None else f"the {plan.mode} graph"
+        return Sampler([take_ms], [(1, where, graph.replay if graph is not None else fn)]), clock, calls
 
     @staticmethod
     def _eager_ms(fn: Callable[[], Any], calls: int = 10, budget_s: float = 0.5) -> float:
@@ -286,11 +300,14 @@ def hot_graph(
                                     f"replays the one-call graph {calls} times")
 
 
-class _ColdGraphs:
-    """Cold samples from graphs sampled in turn: the call returns the next graph's sample."""
+class Sampler:
+    """Takes one sample (ms per call) per call, going round its graphs in turn (``graphs`` of
+    them: cold mode's captures, or one), and knows what each one timed: ``(timed draw, where,
+    the graph's replay or, timed eagerly, the call)``, to verify them after sampling."""
 
-    def __init__(self, takes: list[Callable[[], float]], failure: str | None) -> None:
-        self.takes, self.failure, self.next = takes, failure, 0
+    def __init__(self, takes: list[Callable[[], float]], timed: list[tuple[int, str, Callable[[], Any]]],
+                 failure: str | None = None) -> None:
+        self.takes, self.timed, self.failure, self.next = takes, timed, failure, 0
 
     @property
     def graphs(self) -> int:
@@ -301,10 +318,18 @@ class _ColdGraphs:
         self.next = (self.next + 1) % len(self.takes)
         return take()
 
+    def verify(self, replays: Replays) -> None:
+        """Each timed draw's result checked after one more replay (or call) over NaN, then one
+        more replay (or call) of the first compared bit for bit (``verify.Replays``)."""
+        for index, where, again in self.timed:
+            replays.check(index, where, again)
+        index, _, again = self.timed[0]
+        replays.compare(index, again)
+
 
 def _capture_cold(
-    fn: Callable[[], Any], flush: Any, graphs: int = 1, capture_s: float = math.inf,
-) -> tuple[_ColdGraphs | None, str | None]:
+    call_for: Callable[[int], Callable[[], Any]], flush: Any, graphs: int = 1, capture_s: float = math.inf,
+) -> tuple[Sampler | None, str | None]:
     """Cold mode's sampler: a graph of an L2 flush, a timing event, one call and a second
     event, the events recorded as nodes of the graph (``torch.cuda.Event(external=True)``), so
     a sample is the call alone: the replay's launch and the flush come before the first event.
@@ -312,9 +337,10 @@ def _capture_cold(
     events, the capture fails, or the events of a first replay cannot be read.
 
     ``graphs`` such graphs are captured (the later ones in the first one's memory pool: they
-    are replayed one at a time, never together) and the sampler goes round them, one sample
-    each in turn. Each capture of the same call has its own median, further apart for a short
-    kernel than one graph's samples over the same time (docs/evidence.md,
+    are replayed one at a time, never together), graph ``i`` over timed draw ``i + 1``
+    (``call_for(i + 1)``: its own inputs, so no graph can return another's answer), and the
+    sampler goes round them, one sample each in turn. Each capture of the same call has its own
+    median, further apart for a short kernel than one graph's samples over the same time (docs/evidence.md,
     "--attnperf-cold-graphs 8"). A run of one graph draws one of those medians; the median over
     ``graphs`` captures averages that part. What remains moves only from one process to the
     next, which a run averages only by timing the case in more processes
@@ -326,6 +352,7 @@ def _capture_cold(
     cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
     takes: list[Callable[[], float]] = []
+    timed: list[tuple[int, str, Callable[[], Any]]] = []
     pool: Any = None
     deadline = time.monotonic() + capture_s
     while len(takes) < max(1, graphs) and (not takes or time.monotonic() < deadline):
@@ -333,20 +360,29 @@ def _capture_cold(
             start, end = (cuda.Event(enable_timing=True, external=True) for _ in range(2))
         except TypeError:
             return None, f"torch {torch.__version__} has no external CUDA events (torch.cuda.Event(external=True))"
-        taken, pool, failure = _one_cold_graph(fn, flush, start, end, pool)
-        if taken is None:
+        index = len(takes) + 1
+        taken, replay, pool, failure = _one_cold_graph(call_for(index), flush, start, end, pool)
+        if taken is None or replay is None:
             if not takes:
                 return None, failure
-            return _ColdGraphs(takes, failure), None
+            return _named(Sampler(takes, timed, failure)), None
         takes.append(taken)
-    return _ColdGraphs(takes, None), None
+        timed.append((index, "cold graph", replay))
+    return _named(Sampler(takes, timed, None)), None
+
+
+def _named(sampler: Sampler) -> Sampler:
+    """The cold graphs named for messages: "cold graph 3 of 8"."""
+    sampler.timed = [(index, f"cold graph {index} of {sampler.graphs}", replay)
+                     for index, _, replay in sampler.timed]
+    return sampler
 
 
 def _one_cold_graph(
     fn: Callable[[], Any], flush: Any, start: Any, end: Any, pool: Any,
-) -> tuple[Callable[[], float] | None, Any, str | None]:
-    """One cold graph, in ``pool`` when given: ``(take one sample, its pool, None)`` or
-    ``(None, pool, why)``."""
+) -> tuple[Callable[[], float] | None, Callable[[], Any] | None, Any, str | None]:
+    """One cold graph, in ``pool`` when given: ``(take one sample, its replay, its pool, None)``
+    or ``(None, None, pool, why)``."""
 
     def body() -> None:
         flush.zero_()
@@ -356,7 +392,7 @@ def _one_cold_graph(
 
     graph, failure = _capture(body, 1, pool=pool)
     if graph is None:
-        return None, pool, failure
+        return None, None, pool, failure
 
     def take_ms() -> float:
         graph.replay()
@@ -367,8 +403,8 @@ def _one_cold_graph(
     try:
         take_ms()
     except Exception as exc:  # noqa: BLE001 - events a graph recorded but torch cannot read: use another clock
-        return None, pool, f"{type(exc).__name__}: {str(exc)[:120]}"
-    return take_ms, graph.pool() if pool is None else pool, None
+        return None, None, pool, f"{type(exc).__name__}: {str(exc)[:120]}"
+    return take_ms, graph.replay, graph.pool() if pool is None else pool, None
 
 
 _captured: list[Any] | None = None  # the graphs of the measurement under way (CudaTimer.measure)

@@ -11,7 +11,7 @@ __all__ = ["summary_lines"]
 
 SHARED_NOTE = 3  # a note on more cases than this, and on most of them, is printed once with its count
 _HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B", "bound",
-           "roof %", "peak MiB", "eager", "eager vs base", "vs baseline")
+           "roof %", "peak MiB", "eager", "eager vs base", "bitwise", "vs baseline")
 _BOUND = {"compute": "cmp", "memory": "mem"}
 
 
@@ -45,7 +45,11 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
 
     "vs baseline" is the gated device-time verdict; "eager vs base" is the eager per-call time
     (host overhead included) against the baseline's, reported and never gated: host time is
-    too noisy to fail a test on, but a kernel author should see which of the two moved."""
+    too noisy to fail a test on, but a kernel author should see which of the two moved.
+
+    "bitwise" says whether two replays of one timed draw gave the same bits (``measure.verify``):
+    "no" is no failure (a kernel with atomics is correct and not reproducible) unless the test
+    or kernel is marked ``attnperf_deterministic``."""
     table = [_HEADER] + [
         (
             _case(r.nodeid),
@@ -62,6 +66,7 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
             "-" if r.peak_mib is None else f"{r.peak_mib:.1f}",
             _time(r.eager_ms),
             "-" if r.eager_change_pct is None else f"{r.eager_change_pct:+.1f}%",
+            "-" if r.bitwise is None else "yes" if r.bitwise else "no",
             _change(r),
         )
         for r in rows

@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
+HEAD_AXIS = 2  # [B, T, H, ...]
 
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
@@ -462,23 +463,25 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     q, v = p.inputs[0], p.inputs[2]
     expected = tuple(v.shape)
 
-    def run(check: bool) -> Any:
-        out = kernel.fn(*p.inputs, scale=case.scale)
+    def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
+        out = kernel.fn(*xs, scale=case.scale)
         if check:
             expect_tensor(kernel.name, out, expected, q.dtype, q.device)
         if not backward:
             return (out,)
         if check:
-            return (out,) + gradients(kernel.name, out, p.inputs, p.names, p.grad_out)
-        return (out,) + tuple(torch.autograd.grad(out, p.inputs, p.grad_out))
+            return (out,) + gradients(kernel.name, out, xs, p.names, grad_out)
+        return (out,) + tuple(torch.autograd.grad(out, xs, grad_out))
 
     def call() -> Any:
-        return run(False)
+        return run_on(p.inputs, p.grad_out)
 
-    got = call_checked(kernel, lambda: run(True), ", ".join(p.names), p.inputs, device)  # a refusal skips here
+    got = call_checked(kernel, lambda: run_on(p.inputs, p.grad_out, True), ", ".join(p.names), p.inputs,
+                       device)  # a refusal skips here
     reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
     names = ("out", *(f"d{n}" for n in p.names))[: len(got)]
-    return Answer(names, tuple(x.detach() for x in got), reference[: len(got)], yardstick[: len(got)], call)
+    return Answer(names, tuple(x.detach() for x in got), reference[: len(got)], yardstick[: len(got)], call,
+                  run_on=run_on, inputs=p.inputs, input_names=p.names, grad_out=p.grad_out if backward else None)
 
 
 def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:
@@ -490,7 +493,11 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     a = answer(family, kernel, case, direction, device, seed)
     ratios = {name: check_tensor(family, f"{kernel.name} {name}", name, value, ref, yard, case.dtype)
               for name, value, ref, yard in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
-    return Checked(a.call, ratios)
+
+    def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
+        return check_tensor(family, label, name, value, reference, yardstick, case.dtype)
+
+    return Checked(a.timed(kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
 
 
 def run_case(

@@ -20,6 +20,7 @@ __all__ = [
 FAMILY = "softmax"
 SIGNATURE = "fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out"
 AXES = "b h t d"  # every tensor of the family: batch, head, position, channel
+HEAD_AXIS = 1
 
 
 @dataclass(frozen=True)
@@ -252,22 +253,26 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
     backward = direction == "fwdbwd"
 
-    def run(check: bool) -> Any:
-        out = kernel.fn(p.q, p.k, p.v, **opts)
+    def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
+        out = kernel.fn(*xs, **opts)
         if check:
-            expect_tensor(kernel.name, out, tuple(p.q.shape), p.q.dtype, p.q.device)
+            expect_tensor(kernel.name, out, tuple(xs[0].shape), xs[0].dtype, xs[0].device)
         if not backward:
             return (out,)
         if check:
-            return (out,) + gradients(kernel.name, out, (p.q, p.k, p.v), ("q", "k", "v"), p.grad_out)
-        return (out,) + tuple(torch.autograd.grad(out, (p.q, p.k, p.v), p.grad_out))
+            return (out,) + gradients(kernel.name, out, xs, ("q", "k", "v"), grad_out)
+        return (out,) + tuple(torch.autograd.grad(out, xs, grad_out))
+
+    inputs = (p.q, p.k, p.v)
 
     def call() -> Any:
-        return run(False)
+        return run_on(inputs, p.grad_out)
 
-    got = tuple(x.detach() for x in call_checked(kernel, lambda: run(True), "q, k, v", (p.q, p.k, p.v), device))
+    got = tuple(x.detach() for x in call_checked(kernel, lambda: run_on(inputs, p.grad_out, True), "q, k, v",
+                                                 inputs, device))
     n = len(got)
-    return Answer(TENSORS[:n], got, p.reference[:n], p.torch_value[:n], call)
+    return Answer(TENSORS[:n], got, p.reference[:n], p.torch_value[:n], call, run_on=run_on, inputs=inputs,
+                  input_names=("q", "k", "v"), grad_out=p.grad_out if backward else None)
 
 
 def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
@@ -279,7 +284,11 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
     a = answer(kernel, case, direction, device, seed)
     ratios = {name: check_tensor(f"{kernel.name} {name}", name, value, ref, mine, case.dtype)
               for name, value, ref, mine in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
-    return Checked(a.call, ratios)
+
+    def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
+        return check_tensor(label, name, value, reference, yardstick, case.dtype)
+
+    return Checked(a.timed(kernel.name, check, f"{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
 
 
 def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:

@@ -4,7 +4,8 @@ At B=4 H=16 T=16384 the fp64 scores alone are 137 GB. Each (batch, head) pair of
 computed on its own, so the kernel runs on the whole case (the call that is timed) and its output
 and gradients are compared, for the first and the last (batch, head) pair only, against the fp64
 reference and PyTorch's own same-dtype answer computed on those two pairs, with the tolerance of
-``checks.assert_close`` (the rule of the softmax suite).
+``checks.assert_close`` (the rule of the softmax suite). The timed draws (``families.draws``)
+are the checked inputs with signs changed only, so those two pairs' references still serve.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
 
     import torch
 
-    from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, assert_close, call_checked
+    from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, Answer, assert_close, call_checked
     from pytest_attnperf.families.softmax.kernels import naive
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 
@@ -51,11 +52,14 @@ def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
     grad_out = draw()
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
 
-    def call() -> Any:
-        out = kernel.fn(q, k, v, **opts)
+    def run_on(xs: tuple[Any, ...], grads: Any) -> Any:
+        out = kernel.fn(*xs, **opts)
         if not backward:
             return (out,)
-        return (out,) + tuple(torch.autograd.grad(out, (q, k, v), grad_out))
+        return (out,) + tuple(torch.autograd.grad(out, xs, grads))
+
+    def call() -> Any:
+        return run_on((q, k, v), grad_out)
 
     got = call_checked(kernel, call, "q, k, v", (q, k, v), device)
 
@@ -69,7 +73,16 @@ def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
 
     exact = both(reference, lambda x: x.double())
     mine = both(naive, lambda x: x)
-    for name, value, ref, own in zip(("out", "dq", "dk", "dv"), got, exact, mine, strict=False):
+
+    def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
         factor = FACTOR if name == "out" else GRAD_FACTOR
-        assert_close(f"{kernel.name} {name}", _pairs(value.detach()), ref, own, case.dtype, factor)
-    return call
+        close = assert_close(label, _pairs(value.detach()), ref, own, case.dtype, factor)
+        return close.error / close.allowed if close.allowed > 0 else 0.0
+
+    names = ("out", "dq", "dk", "dv")[: len(got)]
+    for name, value, ref, own in zip(names, got, exact, mine, strict=True):
+        check(f"{kernel.name} {name}", name, value, ref, own)
+    answer = Answer(names, tuple(x.detach() for x in got), exact[: len(got)], mine[: len(got)], call, run_on=run_on,
+                    inputs=(q, k, v), input_names=("q", "k", "v"), grad_out=grad_out if backward else None)
+    timed: Callable[[], Any] = answer.timed(kernel.name, check, f"sliced:{case.id}:{direction}", 1, permute=False)
+    return timed

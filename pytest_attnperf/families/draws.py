@@ -1,0 +1,179 @@
+"""The timed draws of a case: the checked call's inputs, rearranged so that the answer is known.
+
+A case is checked on one draw of its inputs (draw 0). Its timed calls run on other draws, one
+per cold graph, so that a kernel which returns an answer it kept (by shape, by call count) from
+an earlier call cannot match, and each timed draw's result is checked after sampling
+(``measure.verify``). Computing a new fp64 reference for every draw would cost the reference
+again per graph; instead each timed draw is draw 0 with its batch entries and heads permuted
+and its values negated, transformations under which every family's exact answer moves along
+exactly:
+
+- attention works on each batch entry and head on its own, so permuting batch entries (and
+  heads, query heads moving with their key/value head, so a GQA group stays one group)
+  permutes the outputs and gradients the same way;
+- softmax attention's and every linear family's output is linear in ``v`` (the state starts at
+  zero), and every loss gradient is linear in the output gradient: negating ``v`` negates the
+  output and the gradients of ``q``, ``k``, the gates and ``beta`` (bilinear in ``v`` and the
+  output gradient); negating the output gradient negates every gradient.
+
+Negation and permutation are exact in floating point, so the fp64 reference and the
+same-dtype yardstick of draw d are draw 0's, rearranged (``Transform.apply``), and a correct
+kernel's error on draw d is its error on draw 0's data in another order. Every timed draw
+negates ``v``, so it differs from draw 0 even for a case of one batch entry and one head; the
+permutations (seeded by the case and the draw's number) make the timed draws differ from one
+another where the case has more than one batch entry or head.
+
+What this does not defend against: a kernel written to recognise the harness's
+transformations. It is aimed at stale answers, not at an adversary reading this module.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transform"]
+
+# which tensors change sign when v is negated, and when the output gradient is
+NEGATED_BY_V = frozenset({"v", "out", "dq", "dk", "dg", "dbeta"})
+NEGATED_BY_GRAD = frozenset({"grad_out", "dq", "dk", "dv", "dg", "dbeta"})
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One timed draw's rearrangement of draw 0: ``batch[i]`` is the batch entry that lands at
+    ``i``, ``groups[j]`` the key/value head whose group lands at group ``j``; ``v_sign`` and
+    ``grad_sign`` are each 1 or -1."""
+
+    batch: tuple[int, ...]
+    groups: tuple[int, ...]
+    v_sign: int
+    grad_sign: int
+    head_axis: int
+
+    @classmethod
+    def draw(cls, seed_text: str, index: int, batch: int, groups: int, head_axis: int, backward: bool,
+             permute: bool = True) -> Transform:
+        """Timed draw ``index`` (1 and up) of a case of ``batch`` entries and ``groups``
+        key/value heads, seeded by ``seed_text`` (the case) and the index; signs only where
+        ``permute`` is False."""
+        rng = random.Random(zlib.crc32(f"{seed_text}:{index}".encode()))
+        order_b, order_g = list(range(batch)), list(range(groups))
+        if permute:
+            rng.shuffle(order_b)
+            rng.shuffle(order_g)
+        grad_sign = rng.choice((1, -1)) if backward else 1
+        return cls(tuple(order_b), tuple(order_g), -1, grad_sign, head_axis)
+
+    def describe(self) -> str:
+        """What this draw did to draw 0, in words."""
+        done = []
+        if list(self.batch) != sorted(self.batch):
+            done.append("batch entries permuted")
+        if list(self.groups) != sorted(self.groups):
+            done.append("heads permuted")
+        done.append("v negated")
+        if self.grad_sign < 0:
+            done.append("output gradient negated")
+        return ", ".join(done)
+
+    def sign(self, name: str) -> int:
+        """The sign tensor ``name`` takes (``q``, ``v``, ``grad_out``, ``out``, ``dv``...)."""
+        return (self.v_sign if name in NEGATED_BY_V else 1) * (self.grad_sign if name in NEGATED_BY_GRAD else 1)
+
+    def apply(self, name: str, x: Any) -> Any:
+        """``x`` (tensor ``name`` of draw 0) as it is in this draw: a new tensor."""
+        import torch
+
+        device, out = x.device, x
+        if list(self.batch) != sorted(self.batch):
+            out = out.index_select(0, torch.tensor(self.batch, device=device))
+        if x.ndim > self.head_axis and list(self.groups) != sorted(self.groups):
+            heads = x.shape[self.head_axis]
+            group = heads // len(self.groups)
+            order = [g * group + j for g in self.groups for j in range(group)]
+            out = out.index_select(self.head_axis, torch.tensor(order, device=device))
+        return -out if self.sign(name) < 0 else out
+
+
+class Timed:
+    """A checked case's callable to time (``measure.sampling.Draws``): calling it runs the
+    checked call on draw 0; ``draw(i)`` gives the same call on timed draw ``i``, and
+    ``verify(i, result)`` holds what a call of draw ``i`` returned to the family's rule against
+    draw 0's reference and yardstick, rearranged.
+
+    ``run_on(inputs, grad_out)`` is the family's call on given inputs (the kernel, and the
+    gradients for fwdbwd); ``check(label, name, value, reference, yardstick)`` the family's rule
+    for one tensor, returning its worst error over its bound or raising ``CheckFailed``."""
+
+    def __init__(
+        self, call: Callable[[], Any], *, run_on: Callable[[tuple[Any, ...], Any], Any],
+        inputs: tuple[Any, ...], input_names: tuple[str, ...], grad_out: Any,
+        names: tuple[str, ...], reference: tuple[Any, ...], yardstick: tuple[Any, ...],
+        check: Callable[[str, str, Any, Any, Any], float], seed_text: str, head_axis: int, kernel: str,
+        shapes: tuple[tuple[int, ...], ...] = (), permute: bool = True,
+    ) -> None:
+        self._call, self._run_on, self._check = call, run_on, check
+        self._inputs, self._input_names, self._grad_out = inputs, input_names, grad_out
+        self._names, self._reference, self._yardstick = names, reference, yardstick
+        self._seed_text, self._head_axis, self.kernel = seed_text, head_axis, kernel
+        self._shapes, self._permute = shapes, permute
+        self._transforms: dict[int, Transform] = {}
+
+    def __call__(self) -> Any:
+        """The checked call, on draw 0."""
+        return self._call()
+
+    def transform(self, index: int) -> Transform:
+        """Timed draw ``index``'s rearrangement (the same for the same case and index)."""
+        if index not in self._transforms:
+            x = self._inputs[0]
+            kv = min(t.shape[self._head_axis] for t in self._inputs if t.ndim > self._head_axis)
+            backward = bool(getattr(x, "requires_grad", False))
+            self._transforms[index] = Transform.draw(self._seed_text, index, x.shape[0], kv, self._head_axis, backward,
+                                                     self._permute)
+        return self._transforms[index]
+
+    def draw(self, index: int) -> Callable[[], Any]:
+        """The call on timed draw ``index`` (1 and up), its inputs made now (leaves, requiring
+        grad where draw 0's do)."""
+        t = self.transform(index)
+        inputs = tuple(t.apply(name, x.detach()).requires_grad_(x.requires_grad)
+                       for name, x in zip(self._input_names, self._inputs, strict=True))
+        grad_out = t.apply("grad_out", self._grad_out) if self._grad_out is not None else None
+        run_on = self._run_on
+        return lambda: run_on(inputs, grad_out)
+
+    def verify(self, index: int, result: Any) -> float:
+        """Hold ``result`` (what a call of draw ``index`` returned) to the family's rule: the
+        worst tensor's error over its bound, or ``CheckFailed`` naming the tensor."""
+        from pytest_attnperf.families.checks import CheckFailed
+
+        got = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+        if len(got) != len(self._names):
+            raise CheckFailed(f"{self.kernel}: returned {len(got)} tensors on a timed call, {len(self._names)} "
+                              "on the checked one")
+        t = self.transform(index)
+        worst = 0.0
+        shapes = self._shapes or tuple(tuple(r.shape) for r in self._reference)
+        for name, value, ref, yard, shape in zip(self._names, got, self._reference, self._yardstick, shapes,
+                                                 strict=True):
+            if not hasattr(value, "detach") or tuple(value.shape) != tuple(shape):
+                found = tuple(value.shape) if hasattr(value, "shape") else type(value).__name__
+                raise CheckFailed(f"{self.kernel} {name}: a timed call returned {found}, the checked call "
+                                  f"{tuple(shape)}")
+            value = value.detach()
+            worst = max(worst, self._check(f"{self.kernel} {name}", name, value, t.apply(name, ref),
+                                           t.apply(name, yard)))
+        return worst
+
+    def describe(self, index: int) -> str:
+        """Timed draw ``index`` in words (what it did to the checked inputs)."""
+        return f"draw {index}: the checked inputs with {self.transform(index).describe()}"
+
+    def protected(self) -> tuple[Any, ...]:
+        """Draw 0's inputs, which the case's other kernels share: never to be written."""
+        return self._inputs

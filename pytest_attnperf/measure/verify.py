@@ -1,0 +1,190 @@
+"""The timed work is the checked work: what the timed calls returned, checked after sampling.
+
+A case's correctness check runs on one call of draw 0 of its inputs; its timed calls run on
+other draws (``sampling.Draws``; the suites' ``families.draws.Timed``), one per cold graph, so a
+kernel that keeps an answer from an earlier call (by shape, by call count) cannot return it
+unseen. After sampling, outside the timed region, ``Replays.check`` holds each timed draw's
+result to the family's rule:
+
+- a graph's outputs are overwritten with NaN first and the graph replayed once more, so what is
+  checked is what a replay wrote: a kernel whose replay skips its work, writes only part of its
+  output, or leaves the work to a stream the graph does not hold, leaves NaN behind;
+- an eager or host-timed draw is called once more, its last result overwritten with NaN first
+  (a kernel that returns one buffer per shape writes it again), and checked on what that call
+  returned. The draws are checked one at a time, so a kernel that returns the same buffer for
+  every draw is checked on the draw that wrote it.
+
+A mismatch raises ``TimedDiffers``: the case fails as "the timed computation differs from the
+checked one", naming the graph, the draw and the tensor. A callable that is not a ``Draws`` (a
+test's own ``attnperf.measure(fn)``) is timed as it is and nothing is verified; its replays are
+still compared bit for bit.
+
+``Replays.compare`` says whether one more replay (or call) of a timed draw gives the same bits as
+the one before: the measurement's ``bitwise``, reported per case; the
+``attnperf_deterministic`` marker makes it a requirement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["UNVERIFIED", "Draws", "Replays", "TimedDiffers", "tensors_of"]
+
+UNVERIFIED = ("timed calls not checked: the callable gives no timed draws (attnperf.measure of a plain "
+              "callable; the suites pass their checked case)")
+
+
+@runtime_checkable
+class Draws(Protocol):
+    """A callable to time whose work can be checked: calling it runs the checked call; ``draw(i)``
+    gives the same call on another draw of inputs (``i`` from 1), and ``verify(i, result)`` checks
+    what a call of draw ``i`` returned, raising an ``AssertionError`` that says what is wrong, or
+    returning the worst error over its bound. ``describe(i)`` says what draw ``i`` is, and
+    ``protected()`` the tensors that must never be written (inputs other cases share).
+    ``families.draws.Timed`` is the suites' one."""
+
+    def __call__(self) -> Any:
+        """The checked call."""
+
+    def draw(self, index: int) -> Callable[[], Any]:
+        """The same call on timed draw ``index`` (from 1)."""
+
+    def verify(self, index: int, result: Any) -> float:
+        """Check what a call of draw ``index`` returned."""
+
+    def describe(self, index: int) -> str:
+        """Draw ``index`` in words."""
+
+    def protected(self) -> tuple[Any, ...]:
+        """Tensors never to be written."""
+
+
+class TimedDiffers(AssertionError):
+    """The timed computation differs from the checked one: the message names the graph (or
+    call), the draw and what the check found."""
+
+
+def tensors_of(result: Any) -> list[Any]:
+    """The tensors in a call's result (a tensor, or a tuple or list of them and other things)."""
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return [x for x in items if hasattr(x, "is_floating_point") and hasattr(x, "untyped_storage")]
+
+
+def _capturing() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+class Replays:
+    """The timed draws of one measurement and what each one's calls last returned."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.draws: Draws | None = fn if isinstance(fn, Draws) else None
+        self.results: dict[int, Any] = {}
+        self._calls: dict[int, Callable[[], Any]] = {}
+        self.verified = 0
+        self.bitwise: bool | None = None
+        self.bitwise_diff: float | None = None
+
+    def notes(self, overhead: bool = False) -> tuple[str, ...]:
+        """What the measurement's notes say of its verification: that there was none, for a
+        plain callable (not for the run's sample overhead, ``overhead``)."""
+        return (UNVERIFIED,) if self.draws is None and not overhead else ()
+
+    def call(self, index: int) -> Callable[[], Any]:
+        """The callable of timed draw ``index`` (from 1); its calls' results are kept as the
+        draw's last. A plain callable is the same work for every index. An exception from a
+        timed draw's first call outside a capture (its warm-up, where the checked call had
+        returned) fails as ``TimedDiffers`` naming the draw; in a capture it stays a capture
+        failure, for the timer to fall back on."""
+        if index in self._calls:
+            return self._calls[index]
+        base = self.draws.draw(index) if self.draws is not None else self.fn
+        called = [False]
+
+        def recorded() -> Any:
+            if called[0] or self.draws is None or _capturing():
+                out = base()
+            else:
+                out = self._first(base, index)
+            called[0] = True
+            self.results[index] = out
+            return out
+
+        self._calls[index] = recorded
+        return recorded
+
+    def _first(self, base: Callable[[], Any], index: int) -> Any:
+        from pytest_attnperf.measure.isolation import is_out_of_memory
+
+        assert self.draws is not None
+        try:
+            return base()
+        except Exception as exc:
+            if is_out_of_memory(exc) or isinstance(exc, TimedDiffers):
+                raise
+            raise TimedDiffers(
+                f"the timed computation differs from the checked one: the kernel raised on timed "
+                f"{self.draws.describe(index)} where the checked call had returned: {type(exc).__name__}: "
+                f"{str(exc)[:300]}") from exc
+
+    def check(self, index: int, where: str, again: Callable[[], Any]) -> None:
+        """Hold timed draw ``index``'s result to the family's rule after ``again`` (one more
+        replay of its graph, or one more call) has run over its last result overwritten with
+        NaN: what is checked is what that replay or call wrote. ``where`` names the graph or
+        call in the message ("cold graph 3 of 8")."""
+        if self.draws is None or index not in self.results:
+            return
+        self._poison(self.results[index])
+        again()
+        result = self.results[index]  # a call's new result; a graph's same tensors, rewritten
+        _synchronize(result)
+        try:
+            self.draws.verify(index, result)
+        except AssertionError as exc:
+            raise TimedDiffers(f"the timed computation differs from the checked one: {where}, on timed "
+                               f"{self.draws.describe(index)}: {exc}") from None
+        self.verified += 1
+
+    def _poison(self, result: Any) -> None:
+        """NaN into the floating-point tensors of ``result``, but never into memory the case's
+        other kernels share (a result that is a view of draw 0's inputs)."""
+        import torch
+
+        shared = {x.untyped_storage().data_ptr() for x in tensors_of(self.draws.protected() if self.draws else ())}
+        with torch.no_grad():
+            for x in tensors_of(result):
+                if x.is_floating_point() and x.untyped_storage().data_ptr() not in shared:
+                    x.detach().fill_(math.nan)
+
+    def compare(self, index: int, again: Callable[[], Any]) -> None:
+        """Whether ``again`` (one more replay of the draw's graph, or one more call) leaves timed
+        draw ``index``'s result with the same bits as before it: ``bitwise``, and where not,
+        ``bitwise_diff``, the largest difference."""
+        import torch
+
+        if index not in self.results:
+            return
+        before = [x.detach().clone() for x in tensors_of(self.results[index])]
+        again()
+        after = tensors_of(self.results[index])
+        _synchronize(self.results[index])
+        if not before or len(before) != len(after):
+            return
+        equal = all(a.shape == b.shape and torch.equal(a, b.detach()) for a, b in zip(before, after, strict=True))
+        self.bitwise = equal
+        if not equal:
+            diffs = [float((a.double() - b.detach().double()).abs().max()) for a, b in zip(before, after, strict=True)
+                     if a.shape == b.shape and a.numel()]
+            self.bitwise_diff = max(diffs) if diffs else None
+
+
+def _synchronize(result: Any) -> None:
+    import torch
+
+    if any(x.is_cuda for x in tensors_of(result)):
+        torch.cuda.synchronize()
