@@ -13,9 +13,9 @@ from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.gate import floors, policy
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
+from pytest_attnperf.measure.isolation import is_out_of_memory
 from pytest_attnperf.measure.pool import PoolRuns, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
-from pytest_attnperf.measure.isolation import is_out_of_memory
 from pytest_attnperf.measure.verify import Draws, TimedDiffers
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key

@@ -38,7 +38,8 @@ __all__ = [
     "Answer", "CheckFailed", "Checked", "Closeness", "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "Elementwise", "FACTOR",
     "GRAD_FACTOR",
     "NEIGHBOURS", "PRECISION", "allowance", "assert_close", "assert_elementwise", "assert_finite", "assert_reaches",
-    "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "poison_allocator",
+    "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "own_copies",
+    "poison_allocator",
     "reported_plainly", "smoothed", "ulp", "where",
 ]
 
@@ -388,6 +389,14 @@ def assert_unchanged(names: str, tensors: tuple[Any, ...], snapshots: tuple[Any,
             for now, before in zip(tensors, snapshots, strict=True):
                 now.copy_(before)
         raise CheckFailed(f"the kernel wrote into its input {', '.join(changed)} (restored for the other kernels)")
+
+
+def own_copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Copies of a case's shared inputs for one kernel: leaves, requiring grad as the originals
+    do. Whatever a kernel does to its inputs (writes in a timed call or from a thread after
+    returning, ``requires_grad_(False)``, a resize), the next kernel on the case starts from the
+    case's own draw; a write in the checked call still fails it (``call_checked``)."""
+    return tuple(x.detach().clone().requires_grad_(x.requires_grad) for x in inputs)
 
 
 def call_checked(kernel: Kernel, call: Callable[[], Any], names: str, inputs: tuple[Any, ...], device: Any) -> Any:

@@ -453,10 +453,10 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     """Call ``kernel`` on ``case`` once, checking its contract (a tensor of ``v``'s shape, the
     query's dtype and the inputs' device; a gradient for every input; no writes into the
     inputs), not its numbers: a ``checks.Answer`` with the reference and yardstick of
-    the kernel's form."""
+    the kernel's form. The kernel gets its own copies of the case's inputs (``checks.own_copies``)."""
     import torch
 
-    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients
+    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies
 
     p = prepare(family, case, direction, device, seed)
     backward = direction == "fwdbwd"
@@ -473,15 +473,17 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
             return (out,) + gradients(kernel.name, out, xs, p.names, grad_out)
         return (out,) + tuple(torch.autograd.grad(out, xs, grad_out))
 
-    def call() -> Any:
-        return run_on(p.inputs, p.grad_out)
+    inputs, grad_out = own_copies(p.inputs), p.grad_out.clone()
 
-    got = call_checked(kernel, lambda: run_on(p.inputs, p.grad_out, True), ", ".join(p.names), p.inputs,
+    def call() -> Any:
+        return run_on(inputs, grad_out)
+
+    got = call_checked(kernel, lambda: run_on(inputs, grad_out, True), ", ".join(p.names), inputs,
                        device)  # a refusal skips here
     reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
     names = ("out", *(f"d{n}" for n in p.names))[: len(got)]
     return Answer(names, tuple(x.detach() for x in got), reference[: len(got)], yardstick[: len(got)], call,
-                  run_on=run_on, inputs=p.inputs, input_names=p.names, grad_out=p.grad_out if backward else None)
+                  run_on=run_on, inputs=inputs, input_names=p.names, grad_out=grad_out if backward else None)
 
 
 def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:

@@ -244,10 +244,11 @@ def check_elements(label: str, name: str, value: Any, reference: Any, yardstick:
 
 def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
     """Call ``kernel`` on ``case`` once, checking its contract (a tensor of the query's shape,
-    dtype and device; a gradient for every input; no writes into the inputs), not its numbers."""
+    dtype and device; a gradient for every input; no writes into the inputs), not its numbers.
+    The kernel gets its own copies of the case's inputs (``checks.own_copies``)."""
     import torch
 
-    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients
+    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies
 
     p = prepare(case, direction, device, seed)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
@@ -263,16 +264,16 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
             return (out,) + gradients(kernel.name, out, xs, ("q", "k", "v"), grad_out)
         return (out,) + tuple(torch.autograd.grad(out, xs, grad_out))
 
-    inputs = (p.q, p.k, p.v)
+    inputs, grad_out = own_copies((p.q, p.k, p.v)), p.grad_out.clone()
 
     def call() -> Any:
-        return run_on(inputs, p.grad_out)
+        return run_on(inputs, grad_out)
 
-    got = tuple(x.detach() for x in call_checked(kernel, lambda: run_on(inputs, p.grad_out, True), "q, k, v",
+    got = tuple(x.detach() for x in call_checked(kernel, lambda: run_on(inputs, grad_out, True), "q, k, v",
                                                  inputs, device))
     n = len(got)
     return Answer(TENSORS[:n], got, p.reference[:n], p.torch_value[:n], call, run_on=run_on, inputs=inputs,
-                  input_names=("q", "k", "v"), grad_out=p.grad_out if backward else None)
+                  input_names=("q", "k", "v"), grad_out=grad_out if backward else None)
 
 
 def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
