@@ -162,13 +162,16 @@ class Replays:
                     x.detach().fill_(math.nan)
 
     def compare(self, index: int, again: Callable[[], Any]) -> None:
-        """Whether ``again`` (one more replay of the draw's graph, or one more call) leaves timed
-        draw ``index``'s result with the same bits as before it: ``bitwise``, and where not,
-        ``bitwise_diff``, the largest difference."""
+        """Whether two runs of ``again`` (a replay of the draw's graph, or a call) leave timed
+        draw ``index``'s result with the same bits: ``bitwise``, and where not, ``bitwise_diff``,
+        the largest difference. Both runs are made here, back to back: a result that is one
+        buffer for every draw (a kernel's own) holds the last draw's answer before the first."""
         import torch
 
         if index not in self.results:
             return
+        again()
+        _synchronize(self.results[index])
         before = [x.detach().clone() for x in tensors_of(self.results[index])]
         again()
         after = tensors_of(self.results[index])
