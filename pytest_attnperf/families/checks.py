@@ -66,7 +66,7 @@ class CheckFailed(AssertionError):
 class Answer:
     """A kernel's checked call on a case: what it returned (out, then dq, dk, dv for fwdbwd)
     with the fp64 reference and the yardstick of each, the zero-argument callable to time, and
-    what makes the timed draws (``families.draws.Timed``): ``run_on(inputs, grad_out)``, the
+    what makes the timed draws (``families.draws.timed``): ``run_on(inputs, grad_out)``, the
     same call on other inputs, and the checked call's inputs by name."""
 
     names: tuple[str, ...]
@@ -78,17 +78,6 @@ class Answer:
     inputs: tuple[Any, ...] = ()
     input_names: tuple[str, ...] = ()
     grad_out: Any = None
-
-    def timed(self, kernel: str, check: Callable[[str, str, Any, Any, Any], float], seed_text: str,
-              head_axis: int, permute: bool = True) -> Any:
-        """The callable to time: ``call``, with the timed draws and their check (``draws.Timed``;
-        ``permute`` False: signs only, for a reference of a slice of the case)."""
-        from pytest_attnperf.families.draws import Timed
-
-        return Timed(self.call, run_on=self.run_on, inputs=self.inputs, input_names=self.input_names,
-                     grad_out=self.grad_out, names=self.names, reference=self.reference, yardstick=self.yardstick,
-                     check=check, seed_text=seed_text, head_axis=head_axis, kernel=kernel,
-                     shapes=tuple(tuple(x.shape) for x in self.got), permute=permute)
 
 
 @dataclass(frozen=True)

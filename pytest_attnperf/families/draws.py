@@ -33,9 +33,12 @@ import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transform"]
+if TYPE_CHECKING:
+    from pytest_attnperf.families.checks import Answer
+
+__all__ = ["NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transform", "timed"]
 
 # which tensors change sign when v is negated, and when the output gradient is
 NEGATED_BY_V = frozenset({"v", "out", "dq", "dk", "dg", "dbeta"})
@@ -177,3 +180,13 @@ class Timed:
     def protected(self) -> tuple[Any, ...]:
         """Draw 0's inputs, which the case's other kernels share: never to be written."""
         return self._inputs
+
+
+def timed(answer: Answer, kernel: str, check: Callable[[str, str, Any, Any, Any], float], seed_text: str,
+          head_axis: int, permute: bool = True) -> Timed:
+    """The callable to time for a checked ``answer`` (``checks.Answer``): its call, with the timed
+    draws and their ``check`` (``permute`` False: signs only, for a reference of a slice of the case)."""
+    return Timed(answer.call, run_on=answer.run_on, inputs=answer.inputs, input_names=answer.input_names,
+                 grad_out=answer.grad_out, names=answer.names, reference=answer.reference,
+                 yardstick=answer.yardstick, check=check, seed_text=seed_text, head_axis=head_axis, kernel=kernel,
+                 shapes=tuple(tuple(x.shape) for x in answer.got), permute=permute)

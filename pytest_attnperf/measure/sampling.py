@@ -172,11 +172,11 @@ class HostTimer:
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         """Host-clock samples of ``fn`` after its warm-up, the garbage collector paused. The
-        samples alternate between ``HOST_DRAWS`` timed draws (``verify.Replays``), each
-        checked after sampling on its last call's result, and a last call of the first is
-        compared bit for bit with the one before."""
+        samples alternate between ``HOST_DRAWS`` timed draws (``verify.Replays``; a plain
+        callable is one), each checked after sampling on one more call, and two more calls of
+        the first are compared bit for bit."""
         replays = Replays(fn)
-        calls = [replays.call(index) for index in range(1, HOST_DRAWS + 1)]
+        calls = [replays.call(index) for index in range(1, (HOST_DRAWS if replays.draws else 1) + 1)]
         warm_up(calls[0], plan)
         turn = [0]
 

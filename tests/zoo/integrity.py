@@ -194,6 +194,51 @@ def shape_state() -> Callable[..., torch.Tensor]:
     return fn
 
 
+def writes_inputs_later() -> Callable[..., torch.Tensor]:
+    """The right answer, then, from its second call on a shape, adds 1 to its ``q`` after
+    computing: its own later calls go wrong, and so would another kernel's sharing that ``q``."""
+    state = _PerShape()
+
+    def fn(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+        out = naive(q, k, v, causal=causal, scale=scale, window=window)
+        if state.count(_key(q, k, causal, window)) > 0:
+            with torch.no_grad():
+                q.add_(1)
+        return out
+
+    return fn
+
+
+def drops_requires_grad() -> Callable[..., torch.Tensor]:
+    """The right answer, then, from its second call on a shape, turns off ``requires_grad`` on
+    its ``k`` (a leaf) after computing."""
+    state = _PerShape()
+
+    def fn(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+        out = naive(q, k, v, causal=causal, scale=scale, window=window)
+        if state.count(_key(q, k, causal, window)) > 0 and k.is_leaf:
+            k.requires_grad_(False)
+        return out
+
+    return fn
+
+
+def nudged() -> Callable[..., torch.Tensor]:
+    """The right answer with one element, a different one on each call, moved by one ulp:
+    correct, and not bitwise reproducible."""
+    calls = [0]
+
+    def fn(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+        out = naive(q, k, v, causal=causal, scale=scale, window=window)
+        calls[0] += 1
+        flat = torch.zeros(out.numel(), dtype=out.dtype, device=out.device)
+        flat[(calls[0] * 7919) % out.numel()] = 1
+        step = torch.nextafter(out.detach(), torch.full_like(out.detach(), float("inf"))) - out.detach()
+        return out + step * flat.view_as(out)
+
+    return fn
+
+
 FORWARD_ONLY = {"backward": False}
 ON_CUDA = {"device_kinds": ("cuda",)}
 BAD: dict[str, tuple[Callable[[], Callable[..., Any]], dict[str, Any]]] = {
@@ -204,10 +249,14 @@ BAD: dict[str, tuple[Callable[[], Callable[..., Any]], dict[str, Any]]] = {
     "integrity-bad-lazy-output": (lazy_output, FORWARD_ONLY),
     "integrity-bad-capture-aware": (capture_aware, {**FORWARD_ONLY, **ON_CUDA}),
     "integrity-bad-side-stream": (side_stream, {**FORWARD_ONLY, **ON_CUDA}),
+    "integrity-bad-writes-inputs-later": (writes_inputs_later, {}),
+    "integrity-bad-drops-requires-grad": (drops_requires_grad, {}),
+    "integrity-bad-claims-deterministic": (nudged, {"deterministic": True}),
 }
 OK: dict[str, tuple[Callable[[], Callable[..., Any]], dict[str, Any]]] = {
     "integrity-ok-persistent-output": (persistent_output, FORWARD_ONLY),
     "integrity-ok-shape-state": (shape_state, {}),
+    "integrity-ok-nondeterministic": (nudged, {}),
 }
 CUDA_ONLY = frozenset(name for name, (_, options) in {**BAD, **OK}.items() if options.get("device_kinds"))
 

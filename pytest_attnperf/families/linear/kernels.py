@@ -491,6 +491,7 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     ``fwdbwd``; every batch and head); return a ``checks.Checked``: the callable to time and
     each tensor's worst error over its bound."""
     from pytest_attnperf.families.checks import Checked
+    from pytest_attnperf.families.draws import timed
 
     a = answer(family, kernel, case, direction, device, seed)
     ratios = {name: check_tensor(family, f"{kernel.name} {name}", name, value, ref, yard, case.dtype)
@@ -499,7 +500,7 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
         return check_tensor(family, label, name, value, reference, yardstick, case.dtype)
 
-    return Checked(a.timed(kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
+    return Checked(timed(a, kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
 
 
 def run_case(

@@ -281,6 +281,7 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
     ``fwdbwd``): its return value first (``answer``), then each tensor (``check_tensor``);
     return a ``checks.Checked``: the callable to time and each tensor's worst error over its bound."""
     from pytest_attnperf.families.checks import Checked
+    from pytest_attnperf.families.draws import timed
 
     a = answer(kernel, case, direction, device, seed)
     ratios = {name: check_tensor(f"{kernel.name} {name}", name, value, ref, mine, case.dtype)
@@ -289,7 +290,7 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
         return check_tensor(label, name, value, reference, yardstick, case.dtype)
 
-    return Checked(a.timed(kernel.name, check, f"{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
+    return Checked(timed(a, kernel.name, check, f"{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
 
 
 def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:

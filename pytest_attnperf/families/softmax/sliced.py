@@ -35,6 +35,7 @@ def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
     import torch
 
     from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, Answer, assert_close, call_checked
+    from pytest_attnperf.families.draws import timed
     from pytest_attnperf.families.softmax.kernels import naive
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 
@@ -84,5 +85,4 @@ def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
         check(f"{kernel.name} {name}", name, value, ref, own)
     answer = Answer(names, tuple(x.detach() for x in got), exact[: len(got)], mine[: len(got)], call, run_on=run_on,
                     inputs=(q, k, v), input_names=("q", "k", "v"), grad_out=grad_out if backward else None)
-    timed: Callable[[], Any] = answer.timed(kernel.name, check, f"sliced:{case.id}:{direction}", 1, permute=False)
-    return timed
+    return timed(answer, kernel.name, check, f"sliced:{case.id}:{direction}", 1, permute=False)
