@@ -20,6 +20,7 @@ from pytest_attnperf.measure.verify import Draws, TimedDiffers
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key
 from pytest_attnperf.parallel.xdist import timing_turn
+from pytest_attnperf.report.timeline import VERIFY_S_KEY
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import BaselineError
 
@@ -167,6 +168,8 @@ class Perf:
         ``attnperf_deterministic`` marker so do replays that are not bitwise equal."""
         try:
             measurement = self._session.timer.measure(fn, plan)
+            node = self._request.node
+            node.stash[VERIFY_S_KEY] = node.stash.get(VERIFY_S_KEY, 0.0) + measurement.verify_s
         except TimedDiffers as exc:
             problem: str | None = str(exc)
         else:

@@ -54,6 +54,7 @@ class Measurement:
     verified: int = 0  # timed draws whose results were checked after sampling (measure.verify)
     bitwise: bool | None = None  # two replays (calls) of one timed draw gave equal bits; None: not compared
     bitwise_diff: float | None = None  # where they did not, the largest difference
+    verify_s: float = 0.0  # host seconds the checks of the timed draws took (the harness's cost)
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:
@@ -194,4 +195,4 @@ class HostTimer:
         replays.compare(1, calls[0])
         return Measurement(tuple(samples), clock="host", mode="host", notes=replays.notes(plan.overhead),
                            verified=replays.verified,
-                           bitwise=replays.bitwise, bitwise_diff=replays.bitwise_diff)
+                           bitwise=replays.bitwise, bitwise_diff=replays.bitwise_diff, verify_s=replays.seconds)

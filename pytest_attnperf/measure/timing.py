@@ -165,6 +165,7 @@ class CudaTimer:
             verified=replays.verified,
             bitwise=replays.bitwise,
             bitwise_diff=replays.bitwise_diff,
+            verify_s=replays.seconds,
         )
 
     def _sampler(

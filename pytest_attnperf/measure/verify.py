@@ -27,6 +27,7 @@ the one before: the measurement's ``bitwise``, reported per case; the
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -89,6 +90,7 @@ class Replays:
         self.verified = 0
         self.bitwise: bool | None = None
         self.bitwise_diff: float | None = None
+        self.seconds = 0.0  # host time spent checking and comparing (the harness's cost, for the timeline)
 
     def notes(self, overhead: bool = False) -> tuple[str, ...]:
         """What the measurement's notes say of its verification: that there was none, for a
@@ -139,6 +141,14 @@ class Replays:
         call in the message ("cold graph 3 of 8")."""
         if self.draws is None or index not in self.results:
             return
+        began = time.perf_counter()
+        try:
+            self._check(index, where, again)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def _check(self, index: int, where: str, again: Callable[[], Any]) -> None:
+        assert self.draws is not None
         self._poison(self.results[index])
         again()
         result = self.results[index]  # a call's new result; a graph's same tensors, rewritten
@@ -166,10 +176,17 @@ class Replays:
         draw ``index``'s result with the same bits: ``bitwise``, and where not, ``bitwise_diff``,
         the largest difference. Both runs are made here, back to back: a result that is one
         buffer for every draw (a kernel's own) holds the last draw's answer before the first."""
-        import torch
-
         if index not in self.results:
             return
+        began = time.perf_counter()
+        try:
+            self._compare(index, again)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def _compare(self, index: int, again: Callable[[], Any]) -> None:
+        import torch
+
         again()
         _synchronize(self.results[index])
         before = [x.detach().clone() for x in tensors_of(self.results[index])]

@@ -19,7 +19,8 @@ __all__ = ["Timeline", "clock_measure", "process_age_s"]
 
 KEY = pytest.StashKey["Timeline"]()
 MEASURE_AT_KEY = pytest.StashKey[float]()  # host time (time.time) attnperf.measure was entered
-SPLIT_ATTR = "attnperf_measure_split_s"  # on a call report: (before attnperf.measure, in it), seconds
+SPLIT_ATTR = "attnperf_measure_split_s"  # on a call report: (before attnperf.measure, in it, checking), seconds
+VERIFY_S_KEY = pytest.StashKey[float]()  # host seconds a test's timers spent checking their timed draws
 T = TypeVar("T")
 
 
@@ -63,6 +64,7 @@ class Timeline:
     tests: int = 0
     before_measure_s: float = 0.0  # measured tests' call phases before attnperf.measure (summed likewise)
     in_measure_s: float = 0.0  # and in it
+    checking_s: float = 0.0  # of which checking the timed draws (measure.verify)
     measured: int = 0  # the measured tests
 
     @classmethod
@@ -97,7 +99,8 @@ class Timeline:
         report = yield
         began = item.stash.get(MEASURE_AT_KEY, None)
         if report.when == "call" and began is not None:
-            setattr(report, SPLIT_ATTR, (max(0.0, began - call.start), max(0.0, call.stop - began)))
+            checking = item.stash.get(VERIFY_S_KEY, 0.0)
+            setattr(report, SPLIT_ATTR, (max(0.0, began - call.start), max(0.0, call.stop - began), checking))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -108,6 +111,7 @@ class Timeline:
         if report.when == "call" and split is not None:
             self.before_measure_s += float(split[0])
             self.in_measure_s += float(split[1])
+            self.checking_s += float(split[2]) if len(split) > 2 else 0.0
             self.measured += 1
 
     def measure_line(self) -> str | None:
@@ -116,7 +120,8 @@ class Timeline:
             return None
         return (f"time in {self.measured} measured tests: {self.before_measure_s:.1f} s before attnperf.measure "
                 f"(inputs, checks and the kernels' first calls: compiling, autotuning), "
-                f"{self.in_measure_s:.1f} s in it (warm-up calls, capture, sampling)")
+                f"{self.in_measure_s:.1f} s in it (warm-up calls, capture, sampling; {self.checking_s:.1f} s of it "
+                "checking what the timed calls computed)")
 
     def line(self, distributed: bool) -> str | None:
         """The summary's line of where the run's time went; None before the run has finished, or
