@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.costs import Cost, Metrics
+from pytest_attnperf.gate.physics import PhysicsCheck
 from pytest_attnperf.gate.roofline import FloorOutcome, Position
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.hw.ceilings import Ceilings
@@ -27,6 +28,7 @@ class PerfResult:
     roofline: Position | None = None  # against the measured ceilings (see floors.check)
     floors: FloorOutcome | None = None  # the test's floors judged, if it has any
     dtype: str | None = None
+    physics: PhysicsCheck | None = None  # its speed against the ceilings (see floors.check); None in a pool run
 
     @property
     def median_ms(self) -> float:

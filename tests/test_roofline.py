@@ -486,3 +486,89 @@ def test_the_summary_shows_bound_and_roofline_and_the_ceilings_once() -> None:
         "fp16 989.5 spec, fp32 66.9 spec, copy (GB/s) 4800.0 spec",
         "roofline ridge (bf16): 206.1 FLOP/B from the spec peak and spec bandwidth",
     ]
+
+
+# -- impossible speeds -----------------------------------------------------------------------
+
+# at the factor 1 ms, on the scripted ceilings: test_cached at the bf16 matmul ceiling (100
+# TFLOP/s), test_streaming at the copy bandwidth (1 TB/s), test_honest likewise compute bound
+PHYSICS_TESTS = '''
+from pytest_attnperf.costs import Cost
+
+
+def test_cached(attnperf):
+    attnperf.measure(lambda: None, cost=Cost(flops=1e11, bytes=1e8), dtype="bf16")
+
+
+def test_streaming(attnperf):
+    attnperf.measure(lambda: None, cost=Cost(flops=1e9, bytes=1e9), dtype="bf16")
+
+
+def test_honest(attnperf):
+    attnperf.measure(lambda: None, cost=Cost(flops=1e11, bytes=1e8), dtype="bf16")
+'''
+
+
+@pytest.fixture
+def physics(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """The project on an unlisted GPU, whose ceilings are measured (scripted), with the cases of
+    ``PHYSICS_TESTS``: the first two at twice their ceiling, the third at 80% of it."""
+    import torch
+
+    monkeypatch.setenv("FAKE_DEVICE", "z9000")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the scripted timer allocates nothing
+    project.makepyfile(test_physics=PHYSICS_TESTS)
+    kit.set_speeds(project, {"test_cached": 0.5, "test_streaming": 0.5, "test_honest": 1.25})
+    return project
+
+
+def test_a_speed_above_the_measured_ceilings_fails_as_a_wrong_cost_model_or_timer(physics: pytest.Pytester) -> None:
+    result = physics.runpytest(*PLUGIN, "test_physics.py", "--attnperf-processes=1", "--junitxml=j.xml")
+    result.assert_outcomes(passed=1, failed=2)
+    cached = failure(result, "test_cached")
+    assert "IMPOSSIBLE SPEED: the cost model or the timer is wrong: 200.0% of the roofline, above the 105%" in cached
+    assert "compute: achieved 200.00 TFLOP/s against the bf16 matmul ceiling 100.0 TFLOP/s (measured): 200.0%" in cached
+    assert "memory: achieved 200.0 GB/s against the copy bandwidth ceiling 1000.0 GB/s (measured): 20.0%" in cached
+    assert "cost model: 1e+11 FLOP, 1e+08 bytes; the roofline time is 1 ms, the median 0.5 ms" in cached
+    assert "this run: median 0.5 ms" in cached
+    streaming = failure(result, "test_streaming")
+    assert "memory: achieved 2000.0 GB/s against the copy bandwidth ceiling 1000.0 GB/s (measured): 200.0%" in streaming
+    properties = kit.junit_properties(physics.path / "j.xml")
+    assert properties["test_honest"]["attnperf_physics"] == "possible"
+    assert properties["test_cached"]["attnperf_physics"] == "impossible"
+
+
+def test_an_impossible_speed_is_never_recorded(physics: pytest.Pytester) -> None:
+    result = physics.runpytest(*PLUGIN, "test_physics.py", "--attnperf-processes=1", "--update-baselines")
+    result.assert_outcomes(passed=1, failed=2)
+    assert "IMPOSSIBLE SPEED" in failure(result, "test_streaming")
+    assert sorted(kit.entries(physics, "z9000")) == ["test_physics.py::test_honest"]
+
+
+def test_hot_mode_refuses_a_speed_above_the_matmul_ceiling_only(physics: pytest.Pytester) -> None:
+    """Back-to-back calls may read their inputs from the L2, faster than the copy bandwidth."""
+    result = physics.runpytest(*PLUGIN, "test_physics.py", "--attnperf-processes=1", "--attnperf-mode=hot")
+    result.assert_outcomes(passed=2, failed=1)
+    text = failure(result, "test_cached")
+    assert "IMPOSSIBLE SPEED" in text
+    assert "  memory:" not in text
+
+
+def test_a_speed_above_the_vendor_peak_fails_where_nothing_is_measured(project: pytest.Pytester,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_DEVICE", "h200")  # no CUDA here: the spec's figures
+    project.makepyfile(test_physics=PHYSICS_TESTS)
+    kit.set_speeds(project, {"test_cached": 0.05, "test_streaming": 0.05})  # 2000 TFLOP/s; 20 TB/s
+    result = project.runpytest(*PLUGIN, "test_physics.py", "--hw=h200")
+    result.assert_outcomes(passed=1, failed=2)
+    assert "against the bf16 matmul peak 989.5 TFLOP/s (vendor spec): 202.1%" in failure(result, "test_cached")
+    assert "against the memory bandwidth peak 4800.0 GB/s (vendor spec): 416.7%" in failure(result, "test_streaming")
+
+
+def test_on_the_cpu_the_check_does_not_run_and_the_summary_says_so(project: pytest.Pytester) -> None:
+    project.makepyfile(test_physics=PHYSICS_TESTS)
+    kit.set_speeds(project, {"test_cached": 0.5, "test_streaming": 0.5})
+    result = project.runpytest(*PLUGIN, "test_physics.py")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["note: test_cached: impossible-speed check not run: the CPU's measured ceilings "
+                                 "bound no case*"])

@@ -9,6 +9,7 @@ another card is not applied; a floor without a card applies on every card):
 
 It is judged on the median after timing (``roofline.judge_floor``), with ``--update-baselines``
 too (a recording below its floor fails and is not written), and fails the test, not the session.
+So is a speed above the ceilings (``physics.judge``): on a GPU, against the roofline's ceilings.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from pytest_attnperf.costs import Cost
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.gate import physics
 from pytest_attnperf.gate.roofline import FloorOutcome, Floors, Position, judge_floor, median_sigma
 from pytest_attnperf.hw.ceilings import Ceilings, for_session
 
@@ -108,6 +110,7 @@ def check(item: pytest.Item, session: Any, result: PerfResult, dtype: str) -> Pe
                     "bandwidth": result.bandwidth_frac}
         checks = tuple(judge_floor(metric, achieved[metric], value, sigma) for metric, value in floor.items())
         outcome = FloorOutcome(checks, source, hw)
+    speed = None if session.settings.pool_out is not None else _physics(session, ceilings, result, dtype)
     item.user_properties.extend([
         ("attnperf_roofline_pct", "" if where is None else f"{100 * where.fraction:.2f}"),
         ("attnperf_bound", "" if where is None else where.bound),
@@ -115,7 +118,30 @@ def check(item: pytest.Item, session: Any, result: PerfResult, dtype: str) -> Pe
     ])
     if outcome is not None:
         item.user_properties.append(("attnperf_floor", outcome.status))
-    return replace(result, roofline=where, floors=outcome, dtype=dtype)
+    if speed is not None:
+        item.user_properties.append(("attnperf_physics", speed.status))
+    return replace(result, roofline=where, floors=outcome, dtype=dtype, physics=speed)
+
+
+CPU_REASON = ("the CPU's measured ceilings bound no case (its caches are not flushed between samples, and a busy "
+              "host measures them low), and it has no vendor figures")
+HOT_REASON = "no {dtype} matmul ceiling known (hot mode's data may sit in the L2, so the copy bandwidth bounds nothing)"
+
+
+def _physics(session: Any, ceilings: Ceilings, result: PerfResult, dtype: str) -> physics.PhysicsCheck:
+    """The case's speed against the roofline's ceilings (user > measured > spec): on a GPU only,
+    and in hot mode against the matmul ceiling only (back-to-back calls may read from the L2)."""
+    if not session.device.is_gpu:
+        return physics.not_run(CPU_REASON)
+    peak = ceilings.roofline_peak(dtype)
+    hot = result.measurement.mode == "hot"
+    if hot and peak is None:
+        return physics.not_run(HOT_REASON.format(dtype=dtype))
+    band = None if hot else ceilings.roofline_bandwidth()
+    speed = physics.judge(result.cost.flops, result.cost.bytes, result.median_ms / 1e3, dtype, peak, band)
+    if speed.status == "not run" and ceilings.why:
+        return physics.not_run(f"no ceilings: {ceilings.why}")
+    return speed
 
 
 def _ceiling_text(metric: str, result: PerfResult, ceilings: Ceilings) -> str:
@@ -132,6 +158,15 @@ def _ceiling_text(metric: str, result: PerfResult, ceilings: Ceilings) -> str:
 
 
 def failure_message(result: PerfResult, ceilings: Ceilings) -> str | None:
+    """Why the case's speed is impossible, or it is below a floor, or both; None when neither."""
+    speed = result.physics
+    impossible = f"{speed.message}\n  this run: {result.measurement.summary.describe()}" \
+        if speed is not None and speed.failed else None
+    below = _below_message(result, ceilings)
+    return "\n".join(m for m in (impossible, below) if m) or None
+
+
+def _below_message(result: PerfResult, ceilings: Ceilings) -> str | None:
     """Why the case is below a floor, or None."""
     outcome = result.floors
     if outcome is None or not outcome.failed:
@@ -154,11 +189,13 @@ def failure_message(result: PerfResult, ceilings: Ceilings) -> str | None:
 
 
 def notes(result: PerfResult) -> tuple[str, ...]:
-    """For the summary: a floor met only within noise."""
+    """For the summary: a floor met only within noise, and why the speed was not checked."""
+    speed = result.physics
+    unchecked = (speed.message,) if speed is not None and speed.status == "not run" else ()
     outcome = result.floors
     if outcome is None:
-        return ()
-    return tuple(f"{c.metric} {100 * c.achieved:.1f}% is below its floor {100 * c.floor:.1f}% within noise "
+        return unchecked
+    return unchecked + tuple(f"{c.metric} {100 * c.achieved:.1f}% is below its floor {100 * c.floor:.1f}% within noise "
                  f"(margin {100 * c.margin:.2f}%): passed" for c in outcome.checks
                  if c.status == "within noise" and c.achieved is not None)
 
@@ -177,6 +214,7 @@ def extra_info(result: PerfResult) -> dict[str, Any]:
             "roofline_ridge_flop_per_byte": where.ridge,
             "roofline_ceilings": where.sources,
         })
+    info["physics_check"] = None if result.physics is None else result.physics.status
     info["floor_checks"] = None if outcome is None else [
         {"metric": c.metric, "floor": c.floor, "achieved": c.achieved, "margin": c.margin, "status": c.status}
         for c in outcome.checks]
