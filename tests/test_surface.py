@@ -279,8 +279,9 @@ def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester) -> None:
     props = kit.junit_properties(toy.path / "out.xml")["test_toy[n8-fast-fwd]"]
     assert set(props) == {"attnperf_median_ms", "attnperf_baseline_ms", "attnperf_change_pct", "attnperf_tflops",
                           "attnperf_mfu", "attnperf_verdict", "attnperf_roofline_pct", "attnperf_bound",
-                          "attnperf_ceilings", "attnperf_physics"}
+                          "attnperf_ceilings", "attnperf_physics", "attnperf_verified"}
     assert props["attnperf_physics"] == "possible"
+    assert props["attnperf_verified"] == "0"  # a scripted timer checks no timed draws
     assert float(props["attnperf_median_ms"]) == pytest.approx(1.02, rel=1e-3)
     assert float(props["attnperf_baseline_ms"]) == pytest.approx(1.0, rel=1e-3)
     assert float(props["attnperf_change_pct"]) == pytest.approx(2.0, abs=0.05)
