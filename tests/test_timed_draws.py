@@ -176,3 +176,18 @@ def test_the_suites_timed_callable_is_a_draws() -> None:
                   check=lambda *a: 0.0, seed_text="c", head_axis=1, kernel="k")
     assert isinstance(timed, Draws)
     assert "v negated" in timed.describe(1)
+
+
+def test_a_timed_result_equal_to_the_checked_answer_rearranged_passes_without_the_full_rule() -> None:
+    got = torch.randn(2, 3, 4, 5)
+
+    def full_rule(*args: Any) -> float:
+        raise AssertionError("the full rule ran")
+
+    timed = Timed(lambda: None, run_on=lambda xs, go: xs, inputs=(got,), input_names=("q",), grad_out=None,
+                  names=("out",), reference=(got.double(),), yardstick=(got,), check=full_rule, seed_text="c",
+                  head_axis=1, kernel="k", got=(got,))
+    t = timed.transform(1)
+    assert timed.verify(1, (t.apply("out", got),)) == 0.0
+    with pytest.raises(AssertionError, match="the full rule ran"):  # one bit off: the rule decides
+        timed.verify(1, (torch.nextafter(t.apply("out", got), torch.tensor(9.0)),))
