@@ -167,15 +167,14 @@ def test_a_kernel_that_replaces_torch_functions_fails_naming_them_and_they_are_p
 ) -> None:
     result = run(suite, "patches-torch")
     cost_only_their_own_case(result, "patches-torch")
+    local = "conftest.pytest_attnperf_register_kernels.<locals>.patches_torch.<locals>"
     result.stdout.fnmatch_lines([
         "*patches-torch-fwd]: the case replaced torch functions, which every later case would call in place of "
         "torch's own; put back now:",
-    ])
-    out = result.stdout.str()
-    local = "conftest.pytest_attnperf_register_kernels.<locals>.patches_torch.<locals>"
-    assert f"  torch.matmul: replaced by {local}.doubled_matmul\n" in out
-    assert f"  torch.softmax: replaced by {local}.<lambda>\n" in out
-    assert "  torch.Tensor.__matmul__: replaced by" in out
+        f"  torch.matmul: replaced by {local}.doubled_matmul",
+        f"  torch.softmax: replaced by {local}.<lambda>",
+        f"  torch.Tensor.__matmul__: replaced by {local}.<lambda>",
+    ], consecutive=True)
 
 
 def test_a_kernel_that_leaves_inference_mode_on_fails_naming_it_and_backward_cases_after_it_pass(

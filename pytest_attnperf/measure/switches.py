@@ -328,14 +328,15 @@ def restore_functions(before: dict[str, Slot]) -> list[tuple[str, Any, str | Non
 
 
 def _what(value: Any) -> str:
-    """A replacement as a failure names it: its repr where short, with its module."""
+    """A replacement as a failure names it: a function by its module and qualified name, anything
+    else by its repr where that is short."""
     if value is _MISSING:
         return "nothing (deleted)"
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if isinstance(module, str) and isinstance(name, str):
+        return f"{module}.{name}"
     text = repr(value)
-    if len(text) > 100:
-        text = getattr(value, "__qualname__", None) or f"a {type(value).__name__} object"
-    module = getattr(value, "__module__", None)
-    return f"{text} from {module}" if isinstance(module, str) else text
+    return text if len(text) <= 100 else f"a {type(value).__name__} object"
 
 
 def describe_functions(replaced: list[tuple[str, Any, str | None]]) -> str:
