@@ -78,6 +78,12 @@ def pytest_attnperf_register_kernels(registry, config):
     def calls_os_exit(q, k, v, *, causal, scale, window=None):
         os._exit(0)
 
+    @registry.kernel(family="softmax", name="exits-in-c", backward=False)
+    def exits_in_c(q, k, v, *, causal, scale, window=None):
+        import ctypes
+
+        ctypes.CDLL(None)._exit(0)  # past Python: nothing in the process can stop it
+
     @registry.kernel(family="softmax", name="leaves-children", backward=False)
     def leaves_children(q, k, v, *, causal, scale, window=None):
         if once("leaves-children"):
@@ -200,6 +206,24 @@ def test_a_kernel_that_calls_os_exit_fails_its_case_and_the_run_goes_on_to_its_s
         "run at once with no summary, JUnit file or baselines, and an exit status CI can read as a pass; refused*",
     ])
     assert (suite.path / "junit.xml").exists()
+
+
+def test_a_run_that_dies_past_python_with_status_0_is_named_by_the_next_run(suite: pytest.Pytester) -> None:
+    """A C-level exit cannot be refused: the run ends with exit status 0 and no summary, and
+    leaves its marker, which the next run on the host names with the case it died in."""
+    died = run(suite, "exits-in-c")
+    assert died.ret == 0
+    assert not (suite.path / "junit.xml").exists()
+    after = run(suite, "good")
+    assert after.ret == pytest.ExitCode.OK
+    after.stdout.fnmatch_lines([
+        "attnperf: an earlier run on this host ended without its summary or reports (pid *, started * in *: "
+        "pytest * -p pytest_attnperf.plugin suites/test_softmax.py *), during "
+        f"suites/test_softmax.py::test_softmax?{CASE}-exits-in-c-fwd?: ended where Python cannot stop it (a C-level "
+        "exit, a kill), so its exit status, 0 included, is no pass",
+    ])
+    again = run(suite, "good")
+    assert "an earlier run on this host" not in again.stdout.str()  # named once
 
 
 def _alive(pid: int) -> bool:

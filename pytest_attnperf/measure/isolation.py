@@ -67,6 +67,8 @@ from pytest_attnperf.measure.switches import (
     snapshot_rng,
     torch_globals,
 )
+from pytest_attnperf.options import user_cache
+from pytest_attnperf.store.journal import RunMarker
 
 __all__ = [
     "GRACE_S",
@@ -392,6 +394,8 @@ class CaseGuard:
         self.config, self.limit_s = config, limit_s
         self.stderr_fd: int | None = None  # a copy of stderr as it is now, before any test's capture
         self.froze = False  # objects alive after collection moved out of the collector's reach
+        self.marker: RunMarker | None = None  # this run's, once it has attention cases
+        self.dead_runs: list[dict[str, Any]] = []  # markers runs that died left
         if limit_s > 0:
             try:
                 self.stderr_fd = os.dup(2)
@@ -399,8 +403,10 @@ class CaseGuard:
                 pass
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        """At the run's end: the copy of stderr closed, the objects frozen after collection
-        unfrozen."""
+        """At the run's end, after its summary and reports: the run's marker removed, the copy
+        of stderr closed, the objects frozen after collection unfrozen."""
+        if self.marker is not None:
+            self.marker.remove()
         if self.stderr_fd is not None:
             os.close(self.stderr_fd)
             self.stderr_fd = None
@@ -410,11 +416,29 @@ class CaseGuard:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Once the cases are collected (torch imported, the items made): what is alive now lives
         for the run, so the collector's full pass after each case need not walk it again. The
-        pass then costs microseconds where it cost 0.4 s with torch and fla loaded."""
+        pass then costs microseconds where it cost 0.4 s with torch and fla loaded. The markers
+        of runs that died are read, and this run's written."""
         if any(is_attention_case(item) for item in session.items):
             gc.collect()
             gc.freeze()
             self.froze = True
+            if not session.config.option.collectonly:
+                self.marker = RunMarker(user_cache("pytest-attnperf", "runs"),
+                                        list(session.config.invocation_params.args))
+                self.dead_runs = self.marker.dead_runs()
+                self.marker.write()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """A line for each earlier run on this host that ended without its summary."""
+        for run in self.dead_runs:
+            args = " ".join(map(str, run.get("args") or []))
+            args = args if len(args) <= 300 else args[:297] + "..."
+            terminalreporter.write_line(
+                f"attnperf: an earlier run on this host ended without its summary or reports (pid {run.get('pid')}, "
+                f"started {run.get('started', '?')} in {run.get('cwd', '?')}: pytest {args}), during "
+                f"{run.get('case') or 'no case'}: ended where Python cannot stop it (a C-level exit, a kill), "
+                "so its exit status, 0 included, is no pass",
+                yellow=True)
 
     def _faulthandler_free(self) -> bool:
         try:
@@ -502,6 +526,8 @@ class CaseGuard:
         """After an attention case: its failures' frames cleared and, when it ran, its memory
         released and what it left alive frozen once that is much."""
         attention = is_attention_case(item)  # read now: pytest drops the item's fixtures at its end
+        if attention and self.marker is not None:
+            self.marker.write(item.nodeid)
         result = yield
         if attention:
             _failures_cleared(item.stash.get(FAILED_TRACEBACKS, []))
