@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from pytest_attnperf.measure import child as child_run
-from pytest_attnperf.measure import isolation, timing
+from pytest_attnperf.measure import isolation, switches, timing
 from pytest_attnperf.measure.timing import CudaTimer, HostTimer, SamplingPlan
 
 PLUGIN = (*kit.PLUGIN, "-p", "no:cacheprovider", "--attnperf-ceilings=off")
@@ -330,18 +330,18 @@ def test_e_after():
 
 
 def test_the_global_generator_is_put_back_after_a_draw_silently_and_after_a_reseed_by_name() -> None:
-    before = isolation.snapshot_rng()
+    before = switches.snapshot_rng()
     seed = torch.initial_seed()
     torch.rand(3)  # a test making its inputs: put back, not reported
-    assert isolation.restore_rng(before) == ([], [])
+    assert switches.restore_rng(before) == ([], [])
     assert torch.equal(torch.get_rng_state(), before["CPU"][1])
     torch.manual_seed(123)
     torch.rand(3)
-    assert isolation.restore_rng(before) == (
+    assert switches.restore_rng(before) == (
         [("CPU generator's seed (torch.manual_seed; torch.initial_seed)", seed, 123)], [])
     assert torch.initial_seed() == seed
     assert torch.equal(torch.get_rng_state(), before["CPU"][1])
-    assert isolation.restore_rng(before) == ([], [])
+    assert switches.restore_rng(before) == ([], [])
 
 
 # -- time ----------------------------------------------------------------------------------

@@ -2,14 +2,21 @@
 
 Around the call of each attention case (a test using an ``attnperf*`` fixture), ``CaseGuard``:
 
-- **global state**: snapshots torch's process-wide switches the harness relies on (grad mode,
-  default dtype and device, SDPA backends, deterministic algorithms, cuDNN, TF32 and matmul
-  precision, autocast, anomaly mode, CPU threads, the current CUDA device and stream) before
-  the call and after it, outside the ``attnperf_sdpa_backend`` pin; a case that changed any is failed,
-  naming each (before -> after), and they are put back for the cases after it. The global random
-  generators' states (the default CPU one, each CUDA device's once CUDA is initialized) are put
-  back too: a case that reseeded one (``torch.manual_seed``) is reported (a warning naming it),
-  not failed, since a test may seed its own inputs; one that only drew from it is not reported;
+- **torch's state** (``measure.switches``): snapshots torch's process-wide switches the harness
+  relies on (inference and grad mode, default dtype and device, SDPA backends, deterministic
+  algorithms, cuDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads, the current
+  CUDA device and stream) and the identity of the torch functions the suites and kernels call
+  (``switches.TORCH_FUNCTIONS``) before the call and after it, outside the
+  ``attnperf_sdpa_backend`` pin; a case that changed a switch or replaced a function is failed,
+  naming each, and they are put back for the cases after it (checked again once the case's
+  objects are freed: a guard a kernel kept restores state when it is freed). The global random
+  generators' states are put back too: a case that reseeded one (``torch.manual_seed``) is
+  reported (a warning naming it), not failed, since a test may seed its own inputs;
+- **the process** (``measure.process``): ``os._exit`` and ``os.exec*`` raise during the call
+  (an exit there would end the run with no summary and, often, exit status 0), and a case that
+  called one fails naming the call; live child processes the call started and left are killed
+  (``SIGKILL``) and named; the handlers of ``SIGALRM``, ``SIGINT`` and ``SIGTERM`` and the case
+  time limit's timer are checked and set back;
 - **memory**: an out-of-memory error fails the case with the size it tried to allocate and the
   memory left after the case's objects are released; after every attention case its frames are
   cleared, garbage is collected and the CUDA cache emptied (``release_memory``), so the next
@@ -24,7 +31,7 @@ Around the call of each attention case (a test using an ``attnperf*`` fixture), 
   the report header says so), under pytest-timeout (``--timeout``, its ini key or
   environment variable, or a ``timeout`` marker: it owns the limit then), or off the main thread.
 
-torch is imported only for attention cases.
+docs/isolation.md describes each check. torch is imported only for attention cases.
 """
 
 from __future__ import annotations
@@ -36,28 +43,40 @@ import re
 import signal
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
 import pytest
 
+from pytest_attnperf.measure import process
+from pytest_attnperf.measure.switches import (
+    GlobalSwitch,
+    Slot,
+    changed_globals,
+    describe_changes,
+    describe_functions,
+    restore_functions,
+    restore_globals,
+    restore_rng,
+    snapshot_functions,
+    snapshot_globals,
+    snapshot_rng,
+    torch_globals,
+)
+from pytest_attnperf.options import user_cache
+from pytest_attnperf.store.journal import RunMarker
+
 __all__ = [
     "GRACE_S",
     "CaseGuard",
-    "GlobalSwitch",
-    "changed_globals",
     "is_attention_case",
     "is_out_of_memory",
     "oom_request",
     "release_memory",
-    "restore_globals",
-    "restore_rng",
-    "snapshot_globals",
-    "snapshot_rng",
-    "torch_globals",
 ]
 
 GRACE_S = 60.0  # after the time limit, how long a call stuck outside Python gets before the process ends
@@ -69,203 +88,6 @@ CALLED = pytest.StashKey[bool]()  # the case reached its call phase or failed be
 def is_attention_case(item: pytest.Item) -> bool:
     """Whether the test uses one of attnperf's fixtures (the suites' tests all do)."""
     return any(name.startswith("attnperf") for name in getattr(item, "fixturenames", ()))
-
-
-# -- global state --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """A switch whose getter raised (torch refuses to read TF32 flags set through both its
-    legacy and its new API); equal to another only with the same error."""
-
-    error: str
-
-    def __repr__(self) -> str:
-        return f"<unreadable: {self.error}>"
-
-
-@dataclass(frozen=True)
-class GlobalSwitch:
-    """One process-wide setting: the name a failure shows, how to read it and to set it back."""
-
-    name: str
-    get: Callable[[], Any]
-    set: Callable[[Any], None]
-
-
-def torch_globals() -> tuple[GlobalSwitch, ...]:
-    """The switches a kernel can leave changed, in the order they are set back (the float32
-    matmul precision before the TF32 flags it also sets)."""
-    import torch
-
-    cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
-
-    def attr(owner: Any, name: str, label: str) -> GlobalSwitch:
-        return GlobalSwitch(label, lambda: getattr(owner, name), lambda value: setattr(owner, name, value))
-
-    def set_grad(value: Any) -> None:
-        torch.set_grad_enabled(value)
-
-    switches = [
-        GlobalSwitch("grad mode (torch.is_grad_enabled)", torch.is_grad_enabled, set_grad),
-        GlobalSwitch("default dtype (torch.get_default_dtype)", torch.get_default_dtype, torch.set_default_dtype),
-        GlobalSwitch("SDPA flash backend (torch.backends.cuda.flash_sdp_enabled)",
-                     cuda.flash_sdp_enabled, cuda.enable_flash_sdp),
-        GlobalSwitch("SDPA memory-efficient backend (torch.backends.cuda.mem_efficient_sdp_enabled)",
-                     cuda.mem_efficient_sdp_enabled, cuda.enable_mem_efficient_sdp),
-        GlobalSwitch("SDPA math backend (torch.backends.cuda.math_sdp_enabled)",
-                     cuda.math_sdp_enabled, cuda.enable_math_sdp),
-        GlobalSwitch("deterministic algorithms (torch.are_deterministic_algorithms_enabled)",
-                     lambda: (torch.are_deterministic_algorithms_enabled(),
-                              torch.is_deterministic_algorithms_warn_only_enabled()),
-                     lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1])),
-        GlobalSwitch("float32 matmul precision (torch.get_float32_matmul_precision)",
-                     torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-        attr(cuda.matmul, "allow_tf32", "TF32 matmul (torch.backends.cuda.matmul.allow_tf32)"),
-        attr(cudnn, "allow_tf32", "TF32 cuDNN (torch.backends.cudnn.allow_tf32)"),
-        attr(cuda.matmul, "allow_fp16_reduced_precision_reduction",
-             "fp16 reduced-precision reduction (torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)"),
-        attr(cuda.matmul, "allow_bf16_reduced_precision_reduction",
-             "bf16 reduced-precision reduction (torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)"),
-        attr(cudnn, "enabled", "cuDNN (torch.backends.cudnn.enabled)"),
-        attr(cudnn, "benchmark", "cuDNN benchmark (torch.backends.cudnn.benchmark)"),
-        attr(cudnn, "deterministic", "cuDNN deterministic (torch.backends.cudnn.deterministic)"),
-        GlobalSwitch("anomaly detection (torch.is_anomaly_enabled)", torch.is_anomaly_enabled,
-                     torch.set_anomaly_enabled),
-        GlobalSwitch("CPU threads (torch.get_num_threads)", torch.get_num_threads, torch.set_num_threads),
-    ]
-    if hasattr(cuda, "cudnn_sdp_enabled"):
-        switches.insert(5, GlobalSwitch("SDPA cuDNN backend (torch.backends.cuda.cudnn_sdp_enabled)",
-                                        cuda.cudnn_sdp_enabled, cuda.enable_cudnn_sdp))
-    if hasattr(torch, "get_default_device"):
-        def set_device(value: Any) -> None:  # None, not "cpu": no device mode left on every op
-            torch.set_default_device(None if value == torch.device("cpu") else value)
-
-        switches.insert(2, GlobalSwitch("default device (torch.get_default_device)",
-                                        torch.get_default_device, set_device))
-    for device in ("cpu", "cuda"):
-        switches.append(_autocast(torch, device))
-    switches.extend(_cuda_current(torch))
-    return tuple(switches)
-
-
-def _autocast(torch: Any, device: str) -> GlobalSwitch:
-    def get() -> bool:
-        return bool(torch.is_autocast_enabled(device))
-
-    def put(value: bool) -> None:
-        torch.set_autocast_enabled(device, value)
-
-    return GlobalSwitch(f"{device} autocast (torch.is_autocast_enabled('{device}'))", get, put)
-
-
-class _NotInUse:
-    """CUDA not initialized: nothing to compare (initializing it is no leak)."""
-
-    def __repr__(self) -> str:
-        return "<CUDA not initialized>"
-
-
-NOT_IN_USE = _NotInUse()
-
-
-def _cuda_current(torch: Any) -> list[GlobalSwitch]:
-    """The current CUDA device and stream, read only once CUDA is initialized (a case that
-    leaves a side stream current sends every later case's work to it)."""
-
-    def when_initialized(read: Callable[[], Any]) -> Callable[[], Any]:
-        return lambda: read() if torch.cuda.is_initialized() else NOT_IN_USE
-
-    return [
-        GlobalSwitch("current CUDA device (torch.cuda.current_device)",
-                     when_initialized(torch.cuda.current_device), torch.cuda.set_device),
-        GlobalSwitch("current CUDA stream (torch.cuda.current_stream)",
-                     when_initialized(torch.cuda.current_stream), torch.cuda.set_stream),
-    ]
-
-
-def _read(switch: GlobalSwitch) -> Any:
-    try:
-        return switch.get()
-    except Exception as exc:  # noqa: BLE001 - a switch torch refuses to read is compared as that refusal
-        return Unreadable(f"{type(exc).__name__}: {str(exc)[:80]}")
-
-
-def snapshot_globals(switches: tuple[GlobalSwitch, ...]) -> dict[str, Any]:
-    """The current value of each switch, by name (an ``Unreadable`` where torch refuses to read it)."""
-    return {s.name: _read(s) for s in switches}
-
-
-def changed_globals(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(name, before, after)`` for each switch that differs; one not in use on either side
-    (CUDA not initialized) is not compared."""
-    return [(name, was, after[name]) for name, was in before.items()
-            if name in after and NOT_IN_USE not in (was, after[name]) and was != after[name]]
-
-
-def restore_globals(switches: tuple[GlobalSwitch, ...], before: dict[str, Any]) -> list[str]:
-    """Set every switch that differs from ``before`` back to it; the names of those that could
-    not be set back (or read back equal)."""
-    failed: list[str] = []
-    for switch in switches:
-        was = before.get(switch.name)
-        if isinstance(was, (Unreadable, _NotInUse)) or _read(switch) == was:
-            continue
-        try:
-            switch.set(was)
-        except Exception as exc:  # noqa: BLE001 - reported with the case; the run goes on
-            failed.append(f"{switch.name} ({type(exc).__name__}: {str(exc)[:80]})")
-    failed.extend(name for name, *_ in changed_globals(before, snapshot_globals(switches))
-                  if not any(f.startswith(name) for f in failed))
-    return failed
-
-
-def snapshot_rng() -> dict[str, tuple[int, Any]]:
-    """The seed and state (a ByteTensor) of the default CPU generator and, only once CUDA is
-    initialized (this never initializes it), of every CUDA device's, by generator."""
-    import torch
-
-    cuda: Any = torch.cuda
-    rng = {"CPU": (torch.initial_seed(), torch.get_rng_state())}
-    if cuda.is_initialized():
-        for index, state in enumerate(cuda.get_rng_state_all()):
-            rng[f"cuda:{index}"] = (cuda.default_generators[index].initial_seed(), state)
-    return rng
-
-
-def restore_rng(before: dict[str, tuple[int, Any]]) -> tuple[list[tuple[str, Any, Any]], list[str]]:
-    """Put every generator whose state differs from ``before`` back to it. ``(name, seed before,
-    seed after)`` for each the case reseeded (a draw changes the state, not the seed), and the
-    generators that could not be set back."""
-    import torch
-
-    def differ(now: dict[str, tuple[int, Any]]) -> list[str]:
-        return [name for name, (_, state) in before.items() if name in now and not torch.equal(state, now[name][1])]
-
-    after = snapshot_rng()
-    reseeded = [(f"{name} generator's seed (torch.manual_seed; torch.initial_seed)", seed, after[name][0])
-                for name, (seed, _) in before.items() if name in after and seed != after[name][0]]
-    failed: list[str] = []
-    changed = differ(after)
-    try:
-        if "CPU" in changed:
-            torch.set_rng_state(before["CPU"][1])
-        if any(name != "CPU" for name in changed):
-            torch.cuda.set_rng_state_all([state for name, (_, state) in before.items() if name != "CPU"])
-    except Exception as exc:  # noqa: BLE001 - reported with the case; the run goes on
-        failed.append(f"the global random generators ({type(exc).__name__}: {str(exc)[:80]})")
-    if changed and not failed:
-        failed.extend(f"{name} generator's state (torch.set_rng_state)" for name in differ(snapshot_rng()))
-    return reseeded, failed
-
-
-def describe_changes(changes: list[tuple[str, Any, Any]], not_restored: list[str]) -> str:
-    lines = [f"  {name}: {was!r} -> {now!r}" for name, was, now in changes]
-    text = "\n".join(lines)
-    if not_restored:
-        text += "\n  could not be set back: " + "; ".join(not_restored)
-    return text
 
 
 # -- memory --------------------------------------------------------------------------------
@@ -405,9 +227,13 @@ class CaseClock:
         self._previous: Any = None
         self._watchdog: threading.Timer | None = None
         self._finished = False  # set first on exit: a late alarm or watchdog then does nothing
+        self._fired = False  # the alarm went off (its timer reads 0 then, rightly)
+        self._started = 0.0
+        self.tampered: list[str] = []  # what the call did to the limit's handler and timer
 
     def __enter__(self) -> CaseClock:
         self._previous = signal.signal(signal.SIGALRM, self._expired)
+        self._started = time.monotonic()
         signal.setitimer(signal.ITIMER_REAL, self.limit_s)
         self._watchdog = threading.Timer(self.limit_s + GRACE_S, self._stuck)
         self._watchdog.daemon = True
@@ -419,6 +245,7 @@ class CaseClock:
     def __exit__(self, *exc: object) -> None:
         self._finished = True
         try:
+            self.tampered = self._tampering()
             signal.setitimer(signal.ITIMER_REAL, 0)
         finally:
             signal.signal(signal.SIGALRM, self._previous)
@@ -427,7 +254,27 @@ class CaseClock:
             if self.use_faulthandler:
                 faulthandler.cancel_dump_traceback_later()
 
+    def _tampering(self) -> list[str]:
+        """What the call changed of the limit: its ``SIGALRM`` handler replaced or ignored, its
+        timer cancelled (``signal.alarm(0)``), re-armed later or made periodic (``setitimer``).
+        A timer at 0 is cancelled only while the limit has not passed: one that went off is 0 too."""
+        lines = []
+        handler = signal.getsignal(signal.SIGALRM)
+        if handler != self._expired:
+            lines.append(f"  SIGALRM handler (signal.signal): the case time limit's -> "
+                         f"{process.describe_handler(handler)}")
+        left_s, interval_s = signal.getitimer(signal.ITIMER_REAL)
+        to_go_s = self.limit_s - (time.monotonic() - self._started)
+        if left_s == 0 and not self._fired and to_go_s > 0.05:
+            lines.append("  the case time limit's timer (signal.setitimer(signal.ITIMER_REAL)): cancelled "
+                         "(signal.alarm(0) or signal.setitimer)")
+        elif left_s > to_go_s + 0.5 or interval_s > 0:
+            lines.append(f"  the case time limit's timer (signal.setitimer(signal.ITIMER_REAL)): re-armed, "
+                         f"{left_s:g}s to go (interval {interval_s:g}s) where {max(to_go_s, 0):.3g}s were left")
+        return lines
+
     def _expired(self, signum: int, frame: FrameType | None) -> None:
+        self._fired = True
         if self._finished:
             return
         stack = "".join(traceback.format_stack(frame)[-12:]) if frame is not None else "  (no frame)\n"
@@ -451,7 +298,90 @@ class CaseClock:
             os.write(self.stderr_fd, message.encode())
             faulthandler.dump_traceback(file=self.stderr_fd, all_threads=True)
         finally:
-            os._exit(EXIT_STUCK)
+            process.real_exit(EXIT_STUCK)
+
+
+# -- what a case may leave changed ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseState:
+    """What a case's call may change, read before it."""
+
+    switches: tuple[GlobalSwitch, ...]
+    torch: dict[str, Any]  # torch's switches, by name
+    rng: dict[str, tuple[int, Any]]
+    functions: dict[str, Slot]
+    handlers: dict[str, Any]
+    alarm_armed: bool
+    children: dict[int, str] | None
+
+    @classmethod
+    def take(cls) -> CaseState:
+        switches = torch_globals()
+        return cls(switches, snapshot_globals(switches), snapshot_rng(), snapshot_functions(),
+                   process.snapshot_handlers(), process.alarm_armed(), process.live_children())
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a case did that would carry into later cases, and how it was undone."""
+
+    what: str  # "changed torch's global state"
+    why: str  # "which would carry into every later case"
+    done: str  # "set back now"
+    lines: str  # one indented line per change
+
+    def failure(self, nodeid: str) -> str:
+        return f"{nodeid}: the case {self.what}, {self.why}; {self.done}:\n{self.lines}"
+
+    def section(self) -> str:
+        return f"the case also {self.what}, {self.done}:\n{self.lines}"
+
+
+def undo(before: CaseState, clock: CaseClock | None, exits: process.ExitRefusal) -> list[Finding]:
+    """After a case's call: its left children killed, its replaced torch functions, torch
+    switches and signal handlers put back; a finding for each kind of change."""
+    findings = []
+    if exits.calls:
+        findings.append(Finding(
+            f"called {'; '.join(exits.calls)}",
+            "which would end the run at once with no summary, JUnit file or baselines, and an exit status "
+            "CI can read as a pass", "refused (ExitRefused was raised in its place), and the run goes on",
+            "  a case that must end the process can raise an exception or call pytest.fail instead"))
+    replaced = restore_functions(before.functions)  # first: setting the switches back calls torch
+    changes = changed_globals(before.torch, snapshot_globals(before.switches))
+    if changes:
+        not_restored = restore_globals(before.switches, before.torch)
+        findings.append(Finding("changed torch's global state", "which would carry into every later case",
+                                "set back now", describe_changes(changes, not_restored)))
+    if replaced:
+        findings.append(Finding("replaced torch functions", "which every later case would call in place of "
+                                "torch's own", "put back now", describe_functions(replaced)))
+    signals = (clock.tampered if clock is not None else process.alarm_left(before.alarm_armed))
+    signals = signals + process.restore_handlers(before.handlers)
+    if signals:
+        findings.append(Finding("changed signal handling", "which would switch off the case time limit (SIGALRM) "
+                                "or keep an interrupt (SIGINT, SIGTERM) from ending the run with its summary",
+                                "set back now", "\n".join(signals)))
+    left = process.new_children(before.children)
+    if left:
+        findings.append(Finding("left child processes running", "which could hang the run or hold its memory "
+                                "and devices", "killed (SIGKILL) now", "\n".join(process.kill_children(left))))
+    return findings
+
+
+def release_keeping_state() -> None:
+    """``release_memory``, with torch's switches as they were before it: a guard a case kept
+    (an inference-mode one, say) restores what it saved when it is freed."""
+    if "torch" not in sys.modules:
+        release_memory()
+        return
+    switches = torch_globals()
+    held = snapshot_globals(switches)
+    release_memory()
+    if changed_globals(held, snapshot_globals(switches)):
+        restore_globals(switches, held)
 
 
 # -- the plugin ----------------------------------------------------------------------------
@@ -464,6 +394,8 @@ class CaseGuard:
         self.config, self.limit_s = config, limit_s
         self.stderr_fd: int | None = None  # a copy of stderr as it is now, before any test's capture
         self.froze = False  # objects alive after collection moved out of the collector's reach
+        self.marker: RunMarker | None = None  # this run's, once it has attention cases
+        self.dead_runs: list[dict[str, Any]] = []  # markers runs that died left
         if limit_s > 0:
             try:
                 self.stderr_fd = os.dup(2)
@@ -471,8 +403,10 @@ class CaseGuard:
                 pass
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        """At the run's end: the copy of stderr closed, the objects frozen after collection
-        unfrozen."""
+        """At the run's end, after its summary and reports: the run's marker removed, the copy
+        of stderr closed, the objects frozen after collection unfrozen."""
+        if self.marker is not None:
+            self.marker.remove()
         if self.stderr_fd is not None:
             os.close(self.stderr_fd)
             self.stderr_fd = None
@@ -482,11 +416,29 @@ class CaseGuard:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Once the cases are collected (torch imported, the items made): what is alive now lives
         for the run, so the collector's full pass after each case need not walk it again. The
-        pass then costs microseconds where it cost 0.4 s with torch and fla loaded."""
+        pass then costs microseconds where it cost 0.4 s with torch and fla loaded. The markers
+        of runs that died are read, and this run's written."""
         if any(is_attention_case(item) for item in session.items):
             gc.collect()
             gc.freeze()
             self.froze = True
+            if not session.config.option.collectonly:
+                self.marker = RunMarker(user_cache("pytest-attnperf", "runs"),
+                                        list(session.config.invocation_params.args))
+                self.dead_runs = self.marker.dead_runs()
+                self.marker.write()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """A line for each earlier run on this host that ended without its summary."""
+        for run in self.dead_runs:
+            args = " ".join(map(str, run.get("args") or []))
+            args = args if len(args) <= 300 else args[:297] + "..."
+            terminalreporter.write_line(
+                f"attnperf: an earlier run on this host ended without its summary or reports (pid {run.get('pid')}, "
+                f"started {run.get('started', '?')} in {run.get('cwd', '?')}: pytest {args}), during "
+                f"{run.get('case') or 'no case'}: ended where Python cannot stop it (a C-level exit, a kill), "
+                "so its exit status, 0 included, is no pass",
+                yellow=True)
 
     def _faulthandler_free(self) -> bool:
         try:
@@ -501,39 +453,38 @@ class CaseGuard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: outside the attnperf_sdpa_backend pin
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        """Around an attention case's call: the case time limit, torch's global switches and random
-        generators set back and checked, an out-of-memory error reported with the memory state after release."""
+        """Around an attention case's call: the case time limit, ``os._exit`` refused, torch's
+        state, the signal handlers and the child processes checked and undone, the random
+        generators set back, an out-of-memory error reported with the memory state after release."""
         if not is_attention_case(item):
             return (yield)
-        switches = torch_globals()
-        before, rng_before = snapshot_globals(switches), snapshot_rng()
+        before = CaseState.take()
         clock = self._clock(item)
+        exits = process.ExitRefusal()
         failure: BaseException | None = None
         try:
-            if clock is None:
-                result = yield
-            else:
-                with clock:
+            with exits:
+                if clock is None:
                     result = yield
+                else:
+                    with clock:
+                        result = yield
         except BaseException as exc:  # noqa: BLE001 - re-raised below, or replaced by a clearer failure
             failure = exc
-        changes = changed_globals(before, snapshot_globals(switches))
-        not_restored = restore_globals(switches, before) if changes else []
-        reseeded, rng_not_restored = restore_rng(rng_before)
+        findings = undo(before, clock, exits)
+        reseeded, rng_not_restored = restore_rng(before.rng)
         if failure is not None and is_out_of_memory(failure):
             raise self._oom_failure(item, failure) from None
         if reseeded or rng_not_restored:  # put back: reported, not failed (a test may seed its own inputs)
             seeds = describe_changes(reseeded, rng_not_restored).strip()
             item.warn(pytest.PytestWarning(f"{item.nodeid}: the case reseeded a global generator (set back now, so "
                                            f"later cases draw as they would have): {seeds}"))
-        if changes:
-            described = describe_changes(changes, not_restored)
+        if isinstance(failure, process.ExitRefused):
+            failure = None  # its finding says more
+        if findings:
             if failure is None or isinstance(failure, pytest.skip.Exception):
-                pytest.fail(
-                    f"{item.nodeid}: the case changed torch's global state, which would carry into every "
-                    f"later case; set back now:\n{described}", pytrace=False)
-            item.add_report_section("call", "attnperf", f"the case also changed torch's global state, "
-                                                        f"set back now:\n{described}")
+                pytest.fail("\n".join(finding.failure(item.nodeid) for finding in findings), pytrace=False)
+            item.add_report_section("call", "attnperf", "\n".join(finding.section() for finding in findings))
         if failure is not None:
             raise failure
         return result
@@ -547,7 +498,7 @@ class CaseGuard:
         exc.__traceback__ = None
         size = oom_request(text)
         said = oom_state(text)
-        release_memory()
+        release_keeping_state()
         lines = [
             f"{item.nodeid}: out of memory: the case tried to allocate "
             + (size if size else "an amount torch's message does not give")
@@ -575,12 +526,14 @@ class CaseGuard:
         """After an attention case: its failures' frames cleared and, when it ran, its memory
         released and what it left alive frozen once that is much."""
         attention = is_attention_case(item)  # read now: pytest drops the item's fixtures at its end
+        if attention and self.marker is not None:
+            self.marker.write(item.nodeid)
         result = yield
         if attention:
             _failures_cleared(item.stash.get(FAILED_TRACEBACKS, []))
             item.stash[FAILED_TRACEBACKS] = []
             if item.stash.get(CALLED, False):  # a case skipped before its call made nothing to release,
-                release_memory()  # and a collection costs 0.4 s with torch and fla loaded
+                release_keeping_state()  # and a collection costs 0.4 s with torch and fla loaded
                 self._refreeze()
         return result
 

@@ -3,18 +3,25 @@
 before its end (SIGKILL, a crash, a machine taken back) leaves what it measured. The run removes
 its journal once its entries are written (or saved aside). The next ``--update-baselines`` for
 that hardware on that host merges the journals of runs no longer alive (its own entries win),
-then removes them; a gating run only names them."""
+then removes them; a gating run only names them.
+
+A run's marker (``RunMarker``), kept by every run with attention cases in
+``$XDG_CACHE_HOME/pytest-attnperf/runs/<host>-<pid>.json`` from collection to its clean end,
+says which case it was in: a process that ends where Python cannot stop it (a C-level exit, a
+kill) leaves it, possibly with exit status 0 and no summary, and the next run on that host
+names it."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Journal", "left_behind", "read"]
+__all__ = ["Journal", "RunMarker", "left_behind", "read"]
 
 
 def _host() -> str:
@@ -86,3 +93,45 @@ def left_behind(folder: Path, hw: str) -> list[Path]:
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             found.append(path)
     return found
+
+
+class RunMarker:
+    """A run's marker: written when its attention cases are collected, told each case as it
+    starts, removed at its clean end. A marker whose process is gone is a run that died."""
+
+    def __init__(self, folder: Path, args: list[str]) -> None:
+        self.folder = folder
+        self.path = folder / f"{_host()}-{os.getpid()}.json"
+        self.record: dict[str, Any] = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                       "cwd": os.getcwd(), "args": args, "case": None}
+
+    def write(self, case: str | None = None) -> None:
+        """Write the marker naming ``case`` (atomically; a marker that cannot be written is none)."""
+        self.record["case"] = case
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            part = self.path.with_suffix(".part")
+            part.write_text(json.dumps(self.record), encoding="utf-8")
+            os.replace(part, self.path)
+        except OSError:
+            pass
+
+    def remove(self) -> None:
+        """The run ends cleanly: no marker."""
+        self.path.unlink(missing_ok=True)
+
+    def dead_runs(self) -> list[dict[str, Any]]:
+        """The records of markers that runs on this host left and no longer hold (their process
+        is gone), oldest first; each read is removed, so a dead run is named once."""
+        prefix = f"{_host()}-"
+        found = []
+        for path in sorted(self.folder.glob(f"{prefix}*.json")):
+            pid = path.name[len(prefix):-len(".json")]
+            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            try:
+                found.append(dict(json.loads(path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError, TypeError):
+                found.append({"pid": int(pid)})
+            path.unlink(missing_ok=True)
+        return sorted(found, key=lambda record: str(record.get("started", "")))

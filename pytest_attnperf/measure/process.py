@@ -1,0 +1,265 @@
+"""What a kernel can do to the process around an attention case, and how each is undone.
+
+- **exit**: ``os._exit`` (and ``os.execv``/``os.execve``, which every ``os.exec*`` calls) raise
+  ``ExitRefused`` during the case's call (``ExitRefusal``) instead of ending the process: an
+  exit there ends the run with the kernel's exit status, often 0, and no summary, JUnit file or
+  baselines, so CI would read a kernel's exit as a passing run. A forked child, and the harness's
+  own callers (pytest, pytest-xdist's execnet, this package), still exit;
+- **child processes**: the live children the case's call started and left (``new_children``),
+  killed with ``SIGKILL`` so they cannot hang the run or hold its memory; read from ``/proc``,
+  skipped where there is none. Long-lived helpers torch and multiprocessing start for the run
+  (``HELPERS``) are not counted;
+- **signals**: the handlers of ``GUARDED_SIGNALS`` (the case time limit's ``SIGALRM``, and the
+  interrupts that end a run with its summary) read before and after the call and set back, and
+  an alarm the case left armed cancelled.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
+
+__all__ = [
+    "GUARDED_SIGNALS",
+    "HELPERS",
+    "ExitRefusal",
+    "ExitRefused",
+    "alarm_left",
+    "describe_handler",
+    "kill_children",
+    "live_children",
+    "new_children",
+    "real_exit",
+    "restore_handlers",
+    "snapshot_handlers",
+]
+
+real_exit: Callable[[int], NoReturn] = os._exit
+"""``os._exit`` as it was when the plugin loaded: the harness's watchdog ends the process with it."""
+
+HARNESS_CALLERS = ("_pytest", "pytest", "execnet", "xdist", "pytest_attnperf")
+"""Modules whose own calls of ``os._exit`` go through during a case (execnet ends a worker whose
+controller has gone that way)."""
+
+_EXITS = ("_exit", "execv", "execve")  # os.execl, execvp... call os.execv or os.execve
+
+
+class ExitRefused(BaseException):
+    """Raised in place of ``os._exit`` or ``os.exec*`` during a case's call. A ``BaseException``,
+    as ``SystemExit`` is: a kernel's ``except Exception`` does not swallow it."""
+
+
+def _caller(frame: FrameType | None) -> FrameType | None:
+    """The first frame outside ``os``, ``posix`` and this module: who called the exit."""
+    while frame is not None and frame.f_globals.get("__name__") in ("os", "posix", __name__):
+        frame = frame.f_back
+    return frame
+
+
+def _call_text(name: str, args: tuple[Any, ...]) -> str:
+    text = f"os.{name}({', '.join(repr(a) for a in args)})"
+    return text if len(text) <= 120 else text[:117] + "...)"
+
+
+class ExitRefusal:
+    """During a case's call: ``os._exit`` and ``os.execv``/``os.execve`` (``posix``'s too) raise
+    ``ExitRefused`` and are noted in ``calls``, each with where it was called; put back on exit."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []  # "os._exit(0) at kernels.py:12 in fused"
+        self._pid = os.getpid()
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> ExitRefusal:
+        owners = [os] + ([sys.modules["posix"]] if "posix" in sys.modules else [])
+        for owner in owners:
+            for name in _EXITS:
+                real = getattr(owner, name, None)
+                if real is not None:
+                    self._saved.append((owner, name, real))
+                    setattr(owner, name, self._refuser(name, real))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, real in reversed(self._saved):
+            setattr(owner, name, real)
+        self._saved.clear()
+
+    def _refuser(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            caller = _caller(sys._getframe(1))
+            module = str(caller.f_globals.get("__name__", "")) if caller is not None else ""
+            if os.getpid() != self._pid or module.split(".")[0] in HARNESS_CALLERS:
+                return real(*args, **kwargs)  # a forked child, or the harness: exits
+            where = (f" at {os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno} in "
+                     f"{caller.f_code.co_name}" if caller is not None else "")
+            call = _call_text(name, args)
+            self.calls.append(call + where)
+            raise ExitRefused(f"{call} refused during an attention case: it would end the run with no summary")
+
+        refused.__qualname__ = refused.__name__ = f"refused_{name}"
+        return refused
+
+
+# -- child processes -----------------------------------------------------------------------
+
+HELPERS = ("torch._inductor.compile_worker", "multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Command-line parts of the helper processes torch's compiler and multiprocessing start once and
+keep for the run; a case that started one did not leave it behind."""
+
+
+def _stat(pid: int | str) -> tuple[str, int] | None:
+    """A process's state letter and parent pid from ``/proc/<pid>/stat``; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        return fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _child_pids(me: int) -> set[int] | None:
+    """The pids whose parent is this process: from each thread's ``children`` file where the
+    kernel has them, else by a pass over ``/proc``; None without ``/proc``."""
+    task = f"/proc/{me}/task"
+    if os.path.exists(f"{task}/{me}/children"):
+        pids: set[int] = set()
+        for tid in os.listdir(task):
+            try:
+                with open(f"{task}/{tid}/children", encoding="utf-8") as handle:
+                    pids.update(int(pid) for pid in handle.read().split())
+            except OSError:  # a thread that ended meanwhile
+                continue
+        return pids
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    found = ((entry, _stat(entry)) for entry in entries if entry.isdigit())
+    return {int(entry) for entry, stat in found if stat is not None and stat[1] == me}
+
+
+def command_line(pid: int) -> str:
+    """A process's command line, shortened; ``?`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            text = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def live_children() -> dict[int, str] | None:
+    """The live children of this process (zombies, already ended, left out) and their command lines;
+    None where it cannot be known (no ``/proc``)."""
+    pids = _child_pids(os.getpid())
+    if pids is None:
+        return None
+    children = {}
+    for pid in pids:
+        stat = _stat(pid)
+        if stat is not None and stat[0] not in "ZX":
+            children[pid] = command_line(pid)
+    return children
+
+
+def new_children(before: dict[int, str] | None) -> dict[int, str]:
+    """The live children that were not there ``before``, helpers (``HELPERS``) left out."""
+    if before is None:
+        return {}
+    now = live_children() or {}
+    return {pid: cmd for pid, cmd in sorted(now.items())
+            if pid not in before and not any(helper in cmd for helper in HELPERS)}
+
+
+def kill_children(children: dict[int, str], wait_s: float = 2.0) -> list[str]:
+    """``SIGKILL`` each child and reap it (waiting at most ``wait_s`` in all); a line per child."""
+    lines = []
+    deadline = time.monotonic() + wait_s
+    for pid, cmd in children.items():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            outcome = "killed"
+        except ProcessLookupError:
+            outcome = "ended meanwhile"
+        except OSError as exc:
+            lines.append(f"  pid {pid}: {cmd} (could not be killed: {exc})")
+            continue
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                break
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        lines.append(f"  pid {pid}: {cmd} ({outcome})")
+    return lines
+
+
+# -- signals -------------------------------------------------------------------------------
+
+GUARDED_SIGNALS = ("SIGALRM", "SIGINT", "SIGTERM")
+"""Signals whose handler a case must leave as it found it: ``SIGALRM`` is the case time limit,
+``SIGINT`` and ``SIGTERM`` end a run with its summary and reports."""
+
+
+def snapshot_handlers() -> dict[str, Any]:
+    """Each guarded signal's handler, by name (those this platform has)."""
+    return {name: signal.getsignal(getattr(signal, name)) for name in GUARDED_SIGNALS if hasattr(signal, name)}
+
+
+def describe_handler(handler: Any) -> str:
+    """A handler as a failure names it."""
+    if handler is None:
+        return "a handler not set from Python"
+    if handler == signal.SIG_DFL:
+        return "SIG_DFL (the default action)"
+    if handler == signal.SIG_IGN:
+        return "SIG_IGN (ignored)"
+    module, name = getattr(handler, "__module__", None), getattr(handler, "__qualname__", None)
+    return f"{module}.{name}" if module and name else repr(handler)[:100]
+
+
+def restore_handlers(before: dict[str, Any]) -> list[str]:
+    """Set every guarded signal's handler that differs from ``before`` back (on the main thread,
+    where handlers can be set); a line per changed one."""
+    lines = []
+    for name, was in before.items():
+        number = getattr(signal, name)
+        now = signal.getsignal(number)
+        if now == was:
+            continue
+        line = f"  {name} handler (signal.signal): {describe_handler(was)} -> {describe_handler(now)}"
+        try:
+            if was is None:
+                raise ValueError("it was not set from Python")
+            signal.signal(number, was)
+        except (ValueError, OSError, TypeError) as exc:
+            line += f" (could not be set back: {exc})"
+        lines.append(line)
+    return lines
+
+
+def alarm_left(armed_before: bool) -> list[str]:
+    """Where no alarm was armed before the case (no case time limit) and one is now, cancel it:
+    it would end the process, or fail another case, when it fires."""
+    if armed_before or not hasattr(signal, "getitimer"):
+        return []
+    left_s, interval_s = signal.getitimer(signal.ITIMER_REAL)
+    if left_s == 0 and interval_s == 0:
+        return []
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    return [f"  an alarm (signal.alarm, signal.setitimer) left armed, {left_s:g}s to go: cancelled"]
+
+
+def alarm_armed() -> bool:
+    """Whether the real-time interval timer (``signal.alarm``'s) is armed now."""
+    return hasattr(signal, "getitimer") and signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0)

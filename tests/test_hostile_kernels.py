@@ -1,0 +1,328 @@
+"""A hostile kernel costs only its own case: what it does to torch or the process is named and
+undone, and the correct kernel after it on the same case passes.
+
+Each test runs the real softmax suite on one CPU case with a hostile kernel registered through
+``pytest_attnperf_register_kernels``, then ``good``: naive attention through ``torch.matmul`` and
+``torch.softmax``, forward and backward, which a patched function, inference mode left on or a
+stolen ``SIGALRM`` would break. A hostile kernel misbehaves once only (on its first call), so
+its case's later calls and the cases after it would run clean but for what it left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import kit
+import pytest
+import torch
+
+from pytest_attnperf.measure import switches
+
+CASE = "cpu-b2-h4-t128-d32-causal-fp32"
+
+HOSTILE_KERNELS = '''
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = pathlib.Path(__file__).parent
+DONE = set()  # the kernels that have misbehaved: once each
+HELD = []  # what a kernel keeps alive
+
+
+def once(name):
+    first = name not in DONE
+    DONE.add(name)
+    return first
+
+
+def sdpa(q, k, v, causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="softmax", name="patches-torch", backward=False)
+    def patches_torch(q, k, v, *, causal, scale, window=None):
+        out = sdpa(q, k, v, causal, scale)
+        if once("patches-torch"):
+            real_matmul, real_softmax = torch.matmul, torch.softmax
+
+            def doubled_matmul(a, b, **kwargs):
+                return 2 * real_matmul(a, b, **kwargs)
+
+            torch.matmul = doubled_matmul
+            torch.softmax = lambda x, dim, **kwargs: real_softmax(x, dim=dim, **kwargs)
+            torch.Tensor.__matmul__ = lambda a, b: doubled_matmul(a, b)
+        return out
+
+    @registry.kernel(family="softmax", name="keeps-inference-mode", backward=False)
+    def keeps_inference_mode(q, k, v, *, causal, scale, window=None):
+        out = sdpa(q, k, v, causal, scale)
+        if once("keeps-inference-mode"):
+            HELD.append(torch.inference_mode())
+            HELD[-1].__enter__()  # never left: the guard lives in HELD
+            HELD.append(torch.autograd.grad_mode._enter_inference_mode(True))
+        return out
+
+    @registry.kernel(family="softmax", name="calls-os-exit", backward=False)
+    def calls_os_exit(q, k, v, *, causal, scale, window=None):
+        os._exit(0)
+
+    @registry.kernel(family="softmax", name="exits-in-c", backward=False)
+    def exits_in_c(q, k, v, *, causal, scale, window=None):
+        import ctypes
+
+        ctypes.CDLL(None)._exit(0)  # past Python: nothing in the process can stop it
+
+    @registry.kernel(family="softmax", name="leaves-children", backward=False)
+    def leaves_children(q, k, v, *, causal, scale, window=None):
+        if once("leaves-children"):
+            sleeper = [sys.executable, "-c", "import time; time.sleep(600)  # hostile-sleeper"]
+            child = subprocess.Popen(sleeper, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            HELD.append(child)
+            forked = os.fork()
+            if forked == 0:  # the forked copy sleeps, then leaves without running pytest's exit
+                time.sleep(600)
+                os._exit(0)
+            (HERE / "children.txt").write_text(f"{child.pid} {forked}")
+        return sdpa(q, k, v, causal, scale)
+
+    @registry.kernel(family="softmax", name="takes-sigalrm", backward=False)
+    def takes_sigalrm(q, k, v, *, causal, scale, window=None):
+        if once("takes-sigalrm"):
+            def own_alarm(signum, frame):
+                pass
+
+            signal.signal(signal.SIGALRM, own_alarm)
+        return sdpa(q, k, v, causal, scale)
+
+    @registry.kernel(family="softmax", name="cancels-alarm", backward=False)
+    def cancels_alarm(q, k, v, *, causal, scale, window=None):
+        if once("cancels-alarm"):
+            signal.alarm(0)
+        return sdpa(q, k, v, causal, scale)
+
+    @registry.kernel(family="softmax", name="ignores-sigterm", backward=False)
+    def ignores_sigterm(q, k, v, *, causal, scale, window=None):
+        if once("ignores-sigterm"):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return sdpa(q, k, v, causal, scale)
+
+    @registry.kernel(family="softmax", name="good")
+    def good(q, k, v, *, causal, scale, window=None):
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+        if causal:
+            t = q.shape[-2]
+            keep = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+'''
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """The softmax suite with the hostile kernels and ``good`` registered."""
+    kit.pythonpath(monkeypatch)
+    shutil.copytree(kit.ROOT / "suites", pytester.path / "suites")
+    pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+    pytester.makeconftest(HOSTILE_KERNELS)
+    return pytester
+
+
+def run(suite: pytest.Pytester, hostile: str) -> pytest.RunResult:
+    """The case with ``hostile``, then ``good`` (forward, then forward and backward)."""
+    return suite.runpytest_subprocess(
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{CASE} and ({hostile} or good)",
+        "--attnperf-budget=0.01", "--benchmark-disable", "--attnperf-case-timeout=300", "-v", "-rA",
+        "--junitxml=junit.xml", timeout=300,
+    )
+
+
+def ran(result: pytest.RunResult) -> list[tuple[str, str]]:
+    """The cases in the order they ran (``-v`` lines), each with its outcome."""
+    order = []
+    for line in result.outlines:
+        if line.startswith("suites/test_softmax.py::") and ("PASSED" in line or "FAILED" in line):
+            nodeid, outcome = line.split()[:2]
+            order.append((nodeid.split("[", 1)[1].rstrip("]").removeprefix(f"{CASE}-"), outcome))
+    return order
+
+
+def cost_only_their_own_case(result: pytest.RunResult, *hostile: str) -> None:
+    """Each hostile case failed; ``good`` ran after them and passed, forward and backward; the
+    run ended with its summary and exit status 1."""
+    order = ran(result)
+    assert order == [(f"{name}-fwd", "FAILED") for name in hostile] + [
+        ("good-fwd", "PASSED"), ("good-fwdbwd", "PASSED")], (order, result.ret, result.stdout.str()[-3000:])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"*{len(hostile)} failed, 2 passed*"])
+
+
+def test_a_kernel_that_replaces_torch_functions_fails_naming_them_and_they_are_put_back(
+    suite: pytest.Pytester,
+) -> None:
+    result = run(suite, "patches-torch")
+    cost_only_their_own_case(result, "patches-torch")
+    local = "conftest.pytest_attnperf_register_kernels.<locals>.patches_torch.<locals>"
+    result.stdout.fnmatch_lines([
+        "*patches-torch-fwd]: the case replaced torch functions, which every later case would call in place of "
+        "torch's own; put back now:",
+        f"  torch.matmul: replaced by {local}.doubled_matmul",
+        f"  torch.softmax: replaced by {local}.<lambda>",
+        f"  torch.Tensor.__matmul__: replaced by {local}.<lambda>",
+    ], consecutive=True)
+
+
+def test_a_kernel_that_leaves_inference_mode_on_fails_naming_it_and_backward_cases_after_it_pass(
+    suite: pytest.Pytester,
+) -> None:
+    result = run(suite, "keeps-inference-mode")
+    cost_only_their_own_case(result, "keeps-inference-mode")
+    result.stdout.fnmatch_lines([
+        "*keeps-inference-mode-fwd]: the case changed torch's global state, which would carry into every later "
+        "case; set back now:",
+        "*inference mode (torch.is_inference_mode_enabled): False -> True",
+        "*grad mode (torch.is_grad_enabled): True -> False",
+    ])
+
+
+def test_a_kernel_that_calls_os_exit_fails_its_case_and_the_run_goes_on_to_its_summary(
+    suite: pytest.Pytester,
+) -> None:
+    result = run(suite, "calls-os-exit")
+    cost_only_their_own_case(result, "calls-os-exit")
+    result.stdout.fnmatch_lines([
+        "*calls-os-exit-fwd]: the case called os._exit(0) at conftest.py:* in calls_os_exit, which would end the "
+        "run at once with no summary, JUnit file or baselines, and an exit status CI can read as a pass; refused*",
+    ])
+    assert (suite.path / "junit.xml").exists()
+
+
+def test_a_run_that_dies_past_python_with_status_0_is_named_by_the_next_run(suite: pytest.Pytester) -> None:
+    """A C-level exit cannot be refused: the run ends with exit status 0 and no summary, and
+    leaves its marker, which the next run on the host names with the case it died in."""
+    died = run(suite, "exits-in-c")
+    assert died.ret == 0
+    assert not (suite.path / "junit.xml").exists()
+    after = run(suite, "good")
+    assert after.ret == pytest.ExitCode.OK
+    after.stdout.fnmatch_lines([
+        "attnperf: an earlier run on this host ended without its summary or reports (pid *, started * in *: "
+        "pytest * -p pytest_attnperf.plugin suites/test_softmax.py *), during "
+        f"suites/test_softmax.py::test_softmax?{CASE}-exits-in-c-fwd?: ended where Python cannot stop it (a C-level "
+        "exit, a kill), so its exit status, 0 included, is no pass",
+    ])
+    again = run(suite, "good")
+    assert "an earlier run on this host" not in again.stdout.str()  # named once
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2][:3]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="child processes are read from /proc")
+def test_a_kernel_that_leaves_child_processes_fails_naming_them_and_they_are_killed(suite: pytest.Pytester) -> None:
+    try:
+        result = run(suite, "leaves-children")
+    finally:
+        pids = [int(pid) for pid in (suite.path / "children.txt").read_text().split()]
+        alive = [pid for pid in pids if _alive(pid)]
+        for pid in alive:  # without the check, they would outlive the test
+            os.kill(pid, signal.SIGKILL)
+    assert alive == []
+    cost_only_their_own_case(result, "leaves-children")
+    result.stdout.fnmatch_lines([
+        "*leaves-children-fwd]: the case left child processes running, which could hang the run or hold its "
+        "memory and devices; killed (SIGKILL) now:",
+    ])
+    out = result.stdout.str()
+    popened, forked = pids
+    assert "import time; time.sleep(600)  # hostile-sleeper (killed)" in out
+    assert f"  pid {forked}: " in out
+
+
+def test_a_kernel_that_takes_or_cancels_the_time_limits_signal_fails_naming_it(suite: pytest.Pytester) -> None:
+    result = run(suite, "takes-sigalrm or cancels-alarm or ignores-sigterm")
+    cost_only_their_own_case(result, "takes-sigalrm", "cancels-alarm", "ignores-sigterm")
+    head = ("the case changed signal handling, which would switch off the case time limit (SIGALRM) or keep an "
+            "interrupt (SIGINT, SIGTERM) from ending the run with its summary; set back now:")
+    result.stdout.fnmatch_lines([
+        f"*takes-sigalrm-fwd]: {head}",
+        "*SIGALRM handler (signal.signal): the case time limit's -> "
+        "conftest.pytest_attnperf_register_kernels.<locals>.takes_sigalrm.<locals>.own_alarm",
+    ])
+    result.stdout.fnmatch_lines([
+        f"*cancels-alarm-fwd]: {head}",
+        "*the case time limit's timer (signal.setitimer(signal.ITIMER_REAL)): cancelled*",
+    ])
+    result.stdout.fnmatch_lines([
+        f"*ignores-sigterm-fwd]: {head}",
+        "*SIGTERM handler (signal.signal): SIG_DFL (the default action) -> SIG_IGN (ignored)",
+    ])
+
+
+# -- inference mode, in this process --------------------------------------------------------
+
+
+def _enter_python_guard(held: list[object]) -> None:
+    mode = torch.inference_mode()
+    mode.__enter__()
+    held.append(mode)
+
+
+def _enter_c_guard(held: list[object]) -> None:
+    guard = torch._C._InferenceMode(True)
+    guard.__enter__()
+    held.append(guard)
+
+
+def _enter_helper_guard(held: list[object]) -> None:
+    held.append(torch.autograd.grad_mode._enter_inference_mode(True))
+
+
+@pytest.mark.parametrize("leak", [_enter_python_guard, _enter_c_guard, _enter_helper_guard],
+                         ids=["inference_mode", "_InferenceMode", "_enter_inference_mode"])
+def test_inference_mode_set_back_holds_while_the_kernels_guard_lives_and_after_it_is_freed(
+    leak: Callable[[list[object]], None],
+) -> None:
+    """Set back with a kept guard of its own: off at once, a new tensor differentiable, and still
+    off once the kernel's guard is freed (it restores what it saved: off)."""
+    held: list[object] = []
+    leak(held)
+    assert torch.is_inference_mode_enabled()
+    assert not torch.is_grad_enabled()
+    switches.set_inference_mode(False)
+    for _ in range(2):
+        assert not torch.is_inference_mode_enabled()
+        assert torch.is_grad_enabled()
+        x = torch.ones(3, requires_grad=True)
+        (grad,) = torch.autograd.grad((x * x).sum(), x)
+        assert torch.equal(grad, torch.full((3,), 2.0))
+        assert not x.is_inference()
+        held.clear()  # the kernel's guard freed
+
+
+def test_a_temporary_inference_mode_false_is_not_enough_while_a_guard_lives() -> None:
+    """Why a guard is kept: ``torch.inference_mode(False).__enter__()`` on a temporary is undone
+    as soon as the temporary is freed."""
+    held: list[object] = []
+    _enter_python_guard(held)
+    torch.inference_mode(False).__enter__()
+    assert torch.is_inference_mode_enabled()
+    switches.set_inference_mode(False)
+    held.clear()
+    assert not torch.is_inference_mode_enabled()
