@@ -20,7 +20,14 @@ import torch
 from kit import H200, FakeEvent, FakeGpu, FakeGraph, HostClock, fake_cuda, host_clock
 
 from pytest_attnperf.measure import nvml, sampling, timing
-from pytest_attnperf.measure.timing import CudaTimer, SamplingPlan
+from pytest_attnperf.measure.timing import CudaTimer, Measurement, SamplingPlan
+from pytest_attnperf.measure.verify import UNVERIFIED
+
+
+def own_notes(m: Measurement) -> tuple[str, ...]:
+    """The measurement's notes but the one every plain callable gets (its timed calls not checked)."""
+    assert UNVERIFIED in m.notes  # the fakes time plain callables
+    return tuple(note for note in m.notes if note != UNVERIFIED)
 
 
 class OldTorchEvent(FakeEvent):
@@ -48,7 +55,7 @@ def test_cold_mode_times_one_call_between_events_inside_the_graph(gpu: FakeGpu) 
     assert len(m.samples_ms) >= 10
     assert len(m.samples_ms) % 8 == 0  # whole rounds of the eight graphs
     assert gpu.replays == len(m.samples_ms) + 8  # one replay a sample, and one a graph to check its events read
-    assert m.notes == ()
+    assert own_notes(m) == ()
     assert m.sm_clock_mhz == 1980.0
 
 
@@ -82,7 +89,7 @@ def test_cold_samples_go_round_graphs_of_their_own_medians(gpu: FakeGpu, monkeyp
     assert m.samples_ms[:4] == pytest.approx((0.02, 0.0202, 0.0204, 0.0206))
     assert m.samples_ms[4:8] == pytest.approx(m.samples_ms[:4])
     assert 0.0202 <= m.median_ms <= 0.0204
-    assert m.notes == ()
+    assert own_notes(m) == ()
     assert m.graphs == 4
 
 
@@ -100,7 +107,7 @@ def test_a_slow_capture_is_made_once(gpu: FakeGpu, host: HostClock, monkeypatch:
     m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.5, cold_graphs=8))
     assert made == [1]
     assert m.graphs == 1
-    assert m.notes == ()
+    assert own_notes(m) == ()
     assert m.clock == "cuda-graph-nodes"
     assert len(m.samples_ms) >= 10
 
@@ -122,7 +129,7 @@ def test_a_later_cold_capture_that_fails_keeps_the_graphs_before_it(
     assert m.median_ms == pytest.approx(0.02)
     assert len(m.samples_ms) % 3 == 0
     assert m.graphs == 3
-    assert m.notes == ("3 of 8 cold graphs usable (OutOfMemoryError: CUDA out of memory); samples from those",)
+    assert own_notes(m) == ("3 of 8 cold graphs usable (OutOfMemoryError: CUDA out of memory); samples from those",)
 
 
 def test_without_external_events_cold_samples_hold_the_launch_and_say_so(
@@ -135,7 +142,7 @@ def test_without_external_events_cold_samples_hold_the_launch_and_say_so(
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert (m.clock, m.calls_per_sample) == ("cuda-graph", 1)
     assert m.median_ms == pytest.approx(0.024)
-    assert m.notes == (f"no timing events inside the graph (torch {torch.__version__} has no external CUDA "
+    assert own_notes(m) == (f"no timing events inside the graph (torch {torch.__version__} has no external CUDA "
                        "events (torch.cuda.Event(external=True))); events around the replay instead, the "
                        "graph's launch included",)
 
@@ -158,7 +165,7 @@ def test_events_a_graph_recorded_but_torch_cannot_read_fall_back_too(
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.clock == "cuda-graph"
     assert m.median_ms == pytest.approx(0.024)
-    assert m.notes == ("no timing events inside the graph (RuntimeError: Both events must be recorded before "
+    assert own_notes(m) == ("no timing events inside the graph (RuntimeError: Both events must be recorded before "
                        "calculating elapsed time.); events around the replay instead, the graph's launch "
                        "included",)
 
@@ -193,7 +200,7 @@ def test_events_that_cannot_be_captured_leave_the_call_captured_alone(
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert m.clock == "cuda-graph"
     assert m.median_ms == pytest.approx(0.024)
-    assert m.notes == ("no timing events inside the graph (RuntimeError: operation not permitted when stream is "
+    assert own_notes(m) == ("no timing events inside the graph (RuntimeError: operation not permitted when stream is "
                        "capturing); events around the replay instead, the graph's launch included",)
 
 
@@ -227,7 +234,7 @@ def test_hot_mode_replays_the_one_call_graph_when_the_long_capture_fails(
     assert (m.clock, m.calls_per_sample) == ("cuda-graph-replays", 25)
     assert m.median_ms == pytest.approx(0.02)  # 25 replays of one call, divided by 25
     assert gpu.replays == 25 * len(m.samples_ms)
-    assert m.notes == ("a graph of 25 calls failed (OutOfMemoryError: pool); each sample replays the one-call "
+    assert own_notes(m) == ("a graph of 25 calls failed (OutOfMemoryError: pool); each sample replays the one-call "
                        "graph 25 times",)
 
 
@@ -261,7 +268,7 @@ def test_a_throttled_case_is_measured_again(gpu: FakeGpu, monkeypatch: pytest.Mo
     monkeypatch.setattr(timing, "cool_down", idle)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
     assert idles == [0]
-    assert m.notes == ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured after the GPU idled 1.2 s",)
+    assert own_notes(m) == ("clock throttled (sw-power-cap) at 1700.0 MHz; re-measured after the GPU idled 1.2 s",)
     assert m.sm_clock_mhz == 1980.0
     assert m.median_ms == pytest.approx(0.02)
     assert max(m.samples_ms) == pytest.approx(0.02)
@@ -318,7 +325,7 @@ def test_without_nvml_the_result_says_the_clock_was_not_checked(gpu: FakeGpu, mo
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (None, ()))
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: None)
     m = CudaTimer(H200).measure(gpu.call, PLAN)
-    assert m.notes == ("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked",)
+    assert own_notes(m) == ("SM clock not read (no NVML: pip install nvidia-ml-py); throttling not checked",)
 
 
 def test_warm_up_stops_after_the_first_call_once_the_budget_is_spent(host: HostClock) -> None:
@@ -341,3 +348,56 @@ def test_measure_warms_up_before_sampling(gpu: FakeGpu, monkeypatch: pytest.Monk
     CudaTimer(H200).measure(gpu.call, PLAN)
     timing.HostTimer().measure(lambda: None, SamplingPlan(min_samples=3, budget_s=0.01))
     assert warmed == [3, 3]
+
+
+class Draws:
+    """A checked case's callable on the fake GPU: draw ``i``'s call costs one kernel call and
+    returns ``i``; ``verify`` notes what it was given and refuses draw ``wrong``."""
+
+    def __init__(self, gpu: FakeGpu, wrong: int | None = None) -> None:
+        self.gpu, self.wrong = gpu, wrong
+        self.checked: list[tuple[int, float]] = []
+
+    def __call__(self) -> Any:
+        return self.draw(0)()
+
+    def draw(self, index: int) -> Callable[[], Any]:
+        def call() -> Any:
+            self.gpu.call()
+            return (torch.full((2,), float(index)),)
+        return call
+
+    def verify(self, index: int, result: Any) -> float:
+        self.checked.append((index, float(result[0][0])))
+        if index == self.wrong:
+            raise AssertionError("out: wrong")
+        return 0.0
+
+    def describe(self, index: int) -> str:
+        return f"draw {index}"
+
+    def protected(self) -> tuple[Any, ...]:
+        return ()
+
+
+def test_each_cold_graph_times_a_draw_of_its_own_checked_after_sampling(gpu: FakeGpu) -> None:
+    draws = Draws(gpu)
+    m = CudaTimer(H200).measure(draws, PLAN)
+    checked_graphs = draws.checked[1:]  # the first: the eager calls timed for eager_ms, on draw 1
+    assert draws.checked[0] == (1, 1.0)
+    assert checked_graphs == [(i, float(i)) for i in range(1, 9)]  # graph i wrote draw i's answer
+    assert m.verified == 9
+    assert m.bitwise is True
+    assert UNVERIFIED not in m.notes
+
+
+def test_a_graph_whose_timed_result_fails_its_check_fails_the_measurement_and_is_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_attnperf.measure.verify import TimedDiffers
+
+    gpu = fake_cuda(monkeypatch, real_capture=True)  # graphs registered for release, as on a GPU
+
+    with pytest.raises(TimedDiffers, match=r"differs from the checked one: cold graph 3 of 8, on timed draw 3: out"):
+        CudaTimer(H200).measure(Draws(gpu, wrong=3), PLAN)
+    assert gpu.resets == 8  # every graph captured, reset all the same

@@ -110,7 +110,10 @@ class ExitRefusal:
 
 # -- child processes -----------------------------------------------------------------------
 
-HELPERS = ("torch._inductor.compile_worker", "multiprocessing.resource_tracker", "multiprocessing.forkserver")
+# matched in the whole command line, as module or as path: torch's own start is a path
+# (".../torch/_inductor/compile_worker/__main__.py --pickler=...")
+HELPERS = ("torch._inductor.compile_worker", "torch/_inductor/compile_worker", "multiprocessing.resource_tracker",
+           "multiprocessing.forkserver")
 """Command-line parts of the helper processes torch's compiler and multiprocessing start once and
 keep for the run; a case that started one did not leave it behind."""
 
@@ -146,14 +149,14 @@ def _child_pids(me: int) -> set[int] | None:
     return {int(entry) for entry, stat in found if stat is not None and stat[1] == me}
 
 
-def command_line(pid: int) -> str:
-    """A process's command line, shortened; ``?`` once it is gone."""
+def command_line(pid: int, whole: bool = False) -> str:
+    """A process's command line, shortened unless ``whole``; ``?`` once it is gone."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             text = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
-    return text if len(text) <= 160 else text[:157] + "..."
+    return text if whole or len(text) <= 160 else text[:157] + "..."
 
 
 def live_children() -> dict[int, str] | None:
@@ -176,7 +179,7 @@ def new_children(before: dict[int, str] | None) -> dict[int, str]:
         return {}
     now = live_children() or {}
     return {pid: cmd for pid, cmd in sorted(now.items())
-            if pid not in before and not any(helper in cmd for helper in HELPERS)}
+            if pid not in before and not any(helper in command_line(pid, whole=True) for helper in HELPERS)}
 
 
 def kill_children(children: dict[int, str], wait_s: float = 2.0) -> list[str]:

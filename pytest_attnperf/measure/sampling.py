@@ -177,6 +177,13 @@ class HostTimer:
         callable is one), each checked after sampling on one more call, and two more calls of
         the first are compared bit for bit."""
         replays = Replays(fn)
+        try:
+            return self._measure(replays, plan)
+        finally:
+            replays.release()
+
+    @staticmethod
+    def _measure(replays: Replays, plan: SamplingPlan) -> Measurement:
         calls = [replays.call(index) for index in range(1, (HOST_DRAWS if replays.draws else 1) + 1)]
         warm_up(calls[0], plan)
         turn = [0]

@@ -101,18 +101,19 @@ class CudaTimer:
         """Time ``fn`` on the device as ``plan`` says; the graphs captured for it are released after."""
         global _captured
         outer, _captured = _captured, []
+        replays = Replays(fn)
         try:
-            return self._measure(fn, plan)
+            return self._measure(replays, plan)
         finally:
             made, _captured = _captured, outer
+            replays.release()  # the graphs' outputs first, so their pools can go back with the graphs
             _release_graphs(made)
 
-    def _measure(self, checked: Callable[[], Any], plan: SamplingPlan) -> Measurement:
+    def _measure(self, replays: Replays, plan: SamplingPlan) -> Measurement:
         import torch
         cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
         notes: list[str] = []
-        replays = Replays(checked)
         fn = replays.call(1)  # the first timed draw: warm-up, eager time, peak memory, the first graph
         side = cuda.Stream()
         side.wait_stream(cuda.current_stream())

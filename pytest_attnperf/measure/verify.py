@@ -92,6 +92,13 @@ class Replays:
         self.bitwise_diff: float | None = None
         self.seconds = 0.0  # host time spent checking and comparing (the harness's cost, for the timeline)
 
+    def release(self) -> None:
+        """Drop the timed draws and what they returned now (a graph's outputs hold its memory
+        pool; the calls hold their inputs), not when the collector finds them: the draws' calls
+        and this object refer to each other."""
+        self.results.clear()
+        self._calls.clear()
+
     def notes(self, overhead: bool = False) -> tuple[str, ...]:
         """What the measurement's notes say of its verification: that there was none, for a
         plain callable (not for the run's sample overhead, ``overhead``)."""
@@ -176,8 +183,8 @@ class Replays:
         draw ``index``'s result with the same bits: ``bitwise``, and where not, ``bitwise_diff``,
         the largest difference. Both runs are made here, back to back: a result that is one
         buffer for every draw (a kernel's own) holds the last draw's answer before the first."""
-        if index not in self.results:
-            return
+        if index not in self.results or not tensors_of(self.results[index]):
+            return  # nothing to compare (a callable that returns no tensors)
         began = time.perf_counter()
         try:
             self._compare(index, again)
