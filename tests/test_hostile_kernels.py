@@ -15,6 +15,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import kit
 import pytest
@@ -285,13 +286,14 @@ def _enter_python_guard(held: list[object]) -> None:
 
 
 def _enter_c_guard(held: list[object]) -> None:
-    guard = torch._C._InferenceMode(True)
+    guard: Any = torch._C._InferenceMode(True)  # torch's C guard is unannotated
     guard.__enter__()
     held.append(guard)
 
 
 def _enter_helper_guard(held: list[object]) -> None:
-    held.append(torch.autograd.grad_mode._enter_inference_mode(True))
+    enter: Any = torch.autograd.grad_mode._enter_inference_mode  # unannotated in torch
+    held.append(enter(True))
 
 
 @pytest.mark.parametrize("leak", [_enter_python_guard, _enter_c_guard, _enter_helper_guard],

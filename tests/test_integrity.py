@@ -41,7 +41,10 @@ EXPECTED: dict[str, dict[str, str]] = {
 }
 
 
-def _outcomes(path: Path) -> dict[tuple[str, str], tuple[str, str, dict[str, str]]]:
+Outcomes = dict[tuple[str, str], tuple[str, str, dict[str, str]]]
+
+
+def _outcomes(path: Path) -> Outcomes:
     """(kernel, direction) -> (outcome, message, JUnit properties) of the case's tests."""
     found = {}
     for test in ET.parse(path).getroot().iter("testcase"):
@@ -60,7 +63,7 @@ def _outcomes(path: Path) -> dict[tuple[str, str], tuple[str, str, dict[str, str
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[str, str, dict[str, str]]]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
     where = tmp_path_factory.mktemp("integrity")
     shutil.copytree(ROOT / "suites", where / "suites")
     (where / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
@@ -81,7 +84,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_a_kernel_that_cheats_when_timed_fails_saying_so(run: dict, name: str) -> None:
+def test_a_kernel_that_cheats_when_timed_fails_saying_so(run: Outcomes, name: str) -> None:
     for direction in ("fwd", "fwdbwd"):
         if (name, direction) not in run:
             continue  # a forward-only kernel
@@ -95,7 +98,7 @@ def test_a_kernel_that_cheats_when_timed_fails_saying_so(run: dict, name: str) -
 
 
 @pytest.mark.parametrize("name", sorted(set(integrity.OK) | set(BUILT_IN)))
-def test_a_right_kernel_passes_with_its_timed_draws_verified(run: dict, name: str) -> None:
+def test_a_right_kernel_passes_with_its_timed_draws_verified(run: Outcomes, name: str) -> None:
     mine = {key: value for key, value in run.items() if key[0] == name}
     assert mine, f"{name} did not run"
     for (_, direction), (outcome, message, props) in mine.items():
@@ -107,6 +110,6 @@ def test_the_kernels_are_all_accounted_for() -> None:
     assert set(EXPECTED) == set(integrity.BAD) - integrity.CUDA_ONLY
 
 
-def test_bitwise_reproducibility_is_reported_and_not_required_unless_claimed(run: dict) -> None:
+def test_bitwise_reproducibility_is_reported_and_not_required_unless_claimed(run: Outcomes) -> None:
     assert run[("integrity-ok-nondeterministic", "fwd")][2]["attnperf_bitwise"] == "no"
     assert run[("naive", "fwd")][2]["attnperf_bitwise"] == "yes"

@@ -131,7 +131,7 @@ def set_inference_mode(enabled: bool) -> None:
     """
     import torch
 
-    guard = torch._C._InferenceMode(enabled)
+    guard: Any = torch._C._InferenceMode(enabled)  # torch's C guard is unannotated
     guard.__enter__()
     _HELD_GUARDS.append(guard)
 

@@ -147,7 +147,8 @@ def side_stream() -> Callable[..., torch.Tensor]:
     def fn(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
         if not q.is_cuda:
             return naive(q, k, v, causal=causal, scale=scale, window=window)
-        side = streams.setdefault(str(q.device), torch.cuda.Stream(q.device))
+        cuda: Any = torch.cuda  # torch.cuda.Stream is unannotated
+        side = streams.setdefault(str(q.device), cuda.Stream(q.device))
         capturing = torch.cuda.is_current_stream_capturing()
         if not capturing:
             side.wait_stream(torch.cuda.current_stream())
