@@ -134,7 +134,10 @@ class Timed:
         """Timed draw ``index``'s rearrangement (the same for the same case and index)."""
         if index not in self._transforms:
             x = self._inputs[0]
-            kv = min(t.shape[self._head_axis] for t in self._inputs if t.ndim > self._head_axis)
+            heads = {t.shape[self._head_axis] for t in self._inputs if t.ndim > self._head_axis}
+            kv = min(heads, default=1)
+            if any(h % kv for h in heads):  # no grouping every tensor shares: heads stay where they are
+                kv = 1
             backward = bool(getattr(x, "requires_grad", False))
             self._transforms[index] = Transform.draw(self._seed_text, index, x.shape[0], kv, self._head_axis, backward,
                                                      self._permute)
