@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from pytest_attnperf.report import fits
 from pytest_attnperf.report.params import _plain, case_params
+from pytest_attnperf.report.summary import case_labels
 
 __all__ = [
     "SCHEMA",
@@ -347,12 +348,13 @@ def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: s
          for r in report.get("ladder", [])])
 
     lines += ["## Cases", ""]
+    cases = report.get("cases", [])
     lines += _table(
         ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "peak MiB", "status"),
-        [(c["nodeid"].rsplit("::", 1)[-1], str(c.get("backend")), _ms(c.get("median_ms")),
+        [(label, str(c.get("backend")), _ms(c.get("median_ms")),
           f"{100 * (c.get('stdrel') or 0):.2f}%", _num(c.get("tflops"), ".2f"), _pct(c.get("mfu")),
           _num(c.get("gb_per_s"), ".1f"), _pct(c.get("bandwidth_frac")), _num(c.get("peak_mib"), ".1f"),
-          str(c.get("status"))) for c in report.get("cases", [])])
+          str(c.get("status"))) for c, label in zip(cases, case_labels([c["nodeid"] for c in cases]), strict=True)])
 
     lines += ["## Plots", ""]
     lines += [f"![{name}]({name})" for name in plots]
