@@ -24,7 +24,7 @@ from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
 from pytest_attnperf.parallel import fleet, xdist
 from pytest_attnperf.report import failures, timeline
-from pytest_attnperf.report.summary import summary_lines
+from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
 from pytest_attnperf.store import autotune_plugin
 from pytest_attnperf.store.autotune_plugin import AutotunePlugin
@@ -319,12 +319,28 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
     the kernel's name, the direction) and the timer named by the clock that took the samples."""
     for bench in output_json.get("benchmarks", []):
         extra = bench.get("extra_info") or {}
-        if "attnperf_clock" not in extra:
+        if BENCHMARK_CLOCK not in extra:
             continue
         if isinstance(bench.get("params"), dict):
             bench["params"] = suite.plain_params(bench["params"])  # a new dict: the test's own stays
         if isinstance(bench.get("options"), dict):
             bench["options"] = {**bench["options"], "timer": f"attnperf {extra['attnperf_clock']} clock"}
+
+
+@pytest.hookimpl(wrapper=True, optionalhook=True)
+def pytest_benchmark_group_stats(config: pytest.Config, benchmarks: Any, group_by: str) -> Generator[None, Any, Any]:
+    """pytest-benchmark's terminal table without the cases attnperf's summary shows, unless
+    ``--attnperf-benchmark-table`` or a comparison (``--benchmark-compare``, whose table and
+    ``--benchmark-compare-fail`` check need them) is asked for. pytest-benchmark has no option that
+    hides only attnperf's rows (``--benchmark-quiet`` hides every benchmark's table and its notes
+    of what it wrote), so this is its documented grouping hook: the grouped stats feed the table
+    only, and are made after the JSON and saved runs are written."""
+    groups = yield
+    state = config.stash.get(SESSION_KEY, None)
+    comparing = config.getoption("benchmark_compare", None) or config.getoption("benchmark_compare_fail", None)
+    if state is None or state.settings.benchmark_table or comparing:
+        return groups
+    return outside_summary(list(groups))
 
 
 # -- fixtures ------------------------------------------------------------------------------

@@ -5,15 +5,17 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from pytest_attnperf.outcome import Row
 
-__all__ = ["case_labels", "summary_lines"]
+__all__ = ["BENCHMARK_CLOCK", "case_labels", "outside_summary", "summary_lines"]
 
 SHARED_NOTE = 3  # a note on more cases than this, and on most of them, is printed once with its count
 _HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B", "bound",
            "roof %", "peak MiB", "eager", "eager vs base", "bitwise", "vs baseline")
 _BOUND = {"compute": "cmp", "memory": "mem"}
+BENCHMARK_CLOCK = "attnperf_clock"  # the extra_info key of a pytest-benchmark entry attnperf measured
 
 
 def _time(ms: float | None) -> str:
@@ -122,3 +124,16 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
     if drift:
         lines.append("environment differs from the baseline's header: " + ", ".join(drift))
     return lines
+
+
+BenchmarkGroups = list[tuple[Any, list[dict[str, Any]]]]  # pytest-benchmark's grouped stats: (group, entries)
+
+
+def outside_summary(groups: BenchmarkGroups) -> BenchmarkGroups:
+    """pytest-benchmark's groups less the entries attnperf measured, and less the groups left
+    empty. Those entries are in the attnperf summary already; pytest-benchmark's table would
+    show them again with columns (mean, max, OPS over the replayed device samples) that do not
+    match its figures. A project's own benchmarks stay in its table."""
+    kept = [(name, [b for b in benches if BENCHMARK_CLOCK not in (b.get("extra_info") or {})])
+            for name, benches in groups]
+    return [(name, benches) for name, benches in kept if benches]
