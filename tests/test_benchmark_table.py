@@ -52,3 +52,11 @@ def test_outside_summary_drops_attnperf_entries_and_empty_groups() -> None:
     ours = {"name": "test_case[a]", "extra_info": {"attnperf_clock": "cuda-graph"}}
     theirs = {"name": "test_own", "extra_info": {}}
     assert outside_summary([("a", [ours]), (None, [ours, theirs])]) == [(None, [theirs])]
+
+
+def test_a_comparison_keeps_the_table(project: pytest.Pytester) -> None:
+    """--benchmark-compare shows its comparison in the table, and --benchmark-compare-fail is checked there."""
+    project.runpytest(*PLUGIN, "--benchmark-autosave").assert_outcomes(passed=2)
+    result = project.runpytest(*PLUGIN, "--benchmark-compare")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines([TABLE, "*test_case[[]a[]] (0001*"])
