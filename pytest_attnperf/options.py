@@ -101,6 +101,9 @@ OPTIONS = (
            "your own peaks, e.g. bf16=990,fp16=990,fp32=67 (TFLOP/s),bw=4800 (GB/s) (default: none)"),
     Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
            "folder for report.json, report.md and plots of the run's sweeps (default: none)"),
+    Option("benchmark_table", "--attnperf-benchmark-table", "ATTNPERF_BENCHMARK_TABLE", "attnperf_benchmark_table",
+           "false", "also print pytest-benchmark's table of the measured cases after attnperf's (default: off)",
+           is_flag=True),
     Option("case_timeout", "--attnperf-case-timeout", "ATTNPERF_CASE_TIMEOUT", "attnperf_case_timeout", "300s",
            "time limit of one case (warm-up, checks, timing) before it fails; 0: none (default 300 s)"),
 )
@@ -137,6 +140,7 @@ class Settings:
     suites: tuple[str, ...] = ()  # built-in suites added to the collection (--attnperf-suites)
     check_only: bool = False  # correctness only: nothing timed, gated or recorded
     seed: int = 0  # --attnperf-seed: mixed into every case's input draw (0: the usual draw)
+    benchmark_table: bool = False  # --attnperf-benchmark-table: pytest-benchmark's table keeps attnperf's cases
 
 
 GROUP = ("attnperf: attention kernels' correctness and speed "
@@ -390,6 +394,7 @@ def read_settings(config: pytest.Config) -> Settings:
         suites=_get(config, "suites", _suites),
         check_only=check_only,
         seed=_get(config, "seed", _seed),
+        benchmark_table=_get(config, "benchmark_table", _bool),
     )
 
 

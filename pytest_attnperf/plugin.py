@@ -23,8 +23,8 @@ from pytest_attnperf.measure.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
 from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
 from pytest_attnperf.parallel import fleet, xdist
-from pytest_attnperf.report import timeline
-from pytest_attnperf.report.summary import summary_lines
+from pytest_attnperf.report import failures, timeline
+from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
 from pytest_attnperf.store import autotune_plugin
 from pytest_attnperf.store.autotune_plugin import AutotunePlugin
@@ -52,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     config.stash[timeline.KEY] = clock = timeline.Timeline.begin()
     config.pluginmanager.register(clock, "attnperf-timeline")  # the run's stages; the tests' phases from their reports
+    config.stash[failures.KEY] = failed = failures.Failures()
+    config.pluginmanager.register(failed, failures.NAME)  # the attention cases that failed, for the report
     pool_run = PoolRun.given(config)  # a pool run of --attnperf-processes: its input file read
     session = AttnPerfSession(config, pool_run.settings if pool_run is not None else read_settings(config))
     config.stash[SESSION_KEY] = session
@@ -249,16 +251,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def _write_report(config: pytest.Config) -> None:
-    """``--attnperf-report=DIR``: the studies' report of this run's measured cases (not in a
-    pytest-xdist worker, whose rows are a share of the run's)."""
-    state = get_session(config)
+    """``--attnperf-report=DIR``: the studies' report of this run's measured cases and correctness
+    failures (not in a pytest-xdist worker, whose rows are a share of the run's)."""
+    state, failed = get_session(config), failures.Failures.of(config)
     folder = state.settings.report_dir
-    if folder is None or not state.rows or state.seat is not None:
+    seen = failed.seen if failed is not None else []
+    # a controller that measured nothing has no device facts to write (its workers looked the device up)
+    if folder is None or not (state.rows or (seen and state.fleet is None)) or state.seat is not None:
         return
     from pytest_attnperf.report.studies import write_run
 
     try:
-        config.stash[REPORT_NOTE_KEY] = write_run(state, folder)
+        config.stash[REPORT_NOTE_KEY] = write_run(state, folder, seen)
     except Exception as exc:  # noqa: BLE001 - a report that cannot be written must not hide the results
         config.stash[REPORT_NOTE_KEY] = f"NOT written to {folder}: {type(exc).__name__}: {exc}"
 
@@ -315,12 +319,28 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
     the kernel's name, the direction) and the timer named by the clock that took the samples."""
     for bench in output_json.get("benchmarks", []):
         extra = bench.get("extra_info") or {}
-        if "attnperf_clock" not in extra:
+        if BENCHMARK_CLOCK not in extra:
             continue
         if isinstance(bench.get("params"), dict):
             bench["params"] = suite.plain_params(bench["params"])  # a new dict: the test's own stays
         if isinstance(bench.get("options"), dict):
             bench["options"] = {**bench["options"], "timer": f"attnperf {extra['attnperf_clock']} clock"}
+
+
+@pytest.hookimpl(wrapper=True, optionalhook=True)
+def pytest_benchmark_group_stats(config: pytest.Config, benchmarks: Any, group_by: str) -> Generator[None, Any, Any]:
+    """pytest-benchmark's terminal table without the cases attnperf's summary shows, unless
+    ``--attnperf-benchmark-table`` or a comparison (``--benchmark-compare``, whose table and
+    ``--benchmark-compare-fail`` check need them) is asked for. pytest-benchmark has no option that
+    hides only attnperf's rows (``--benchmark-quiet`` hides every benchmark's table and its notes
+    of what it wrote), so this is its documented grouping hook: the grouped stats feed the table
+    only, and are made after the JSON and saved runs are written."""
+    groups = yield
+    state = config.stash.get(SESSION_KEY, None)
+    comparing = config.getoption("benchmark_compare", None) or config.getoption("benchmark_compare_fail", None)
+    if state is None or state.settings.benchmark_table or comparing:
+        return groups
+    return outside_summary(list(groups))
 
 
 # -- fixtures ------------------------------------------------------------------------------

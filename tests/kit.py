@@ -161,6 +161,32 @@ def test_case(name, attnperf):
 # factor down to 4 us stays under the H200's peaks (a faster figure is refused as impossible)
 
 
+FAILING_CASES = '''
+import pytest
+
+from pytest_attnperf.costs import Cost
+
+COST = Cost(flops=1e9, bytes=1e6)
+
+
+def kernel_that_raises():
+    raise RuntimeError("kernel launch failed: invalid argument")
+
+
+@pytest.mark.parametrize("name", ["ok", "wrong", "raises", "after"])
+def test_case(name, attnperf):
+    if name == "wrong":
+        pytest.fail("o: 12 of 4096 elements outside the bound\\nworst element b=1 h=3", pytrace=False)
+    attnperf.measure(kernel_that_raises if name == "raises" else lambda: None, cost=COST, dtype="bf16")
+    assert name != "after", "failed after it was measured"
+
+
+def test_not_an_attention_case():
+    assert False, "no attnperf fixture"
+'''  # ok and after are measured (after then fails); wrong fails its check, raises inside
+# attnperf.measure: two correctness failures, and a failing test that is no attention case
+
+
 def make_project(pytester: pytest.Pytester, conftest: str = CONFTEST, *, addopts: str = "", ini: str = "",
                  **modules: str) -> pytest.Pytester:
     """``pytester``'s folder as a project: ``conftest``, the test modules given by name, and an ini

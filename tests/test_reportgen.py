@@ -250,3 +250,26 @@ def test_gdn_layer_fp64_evaluation_reads_the_fla_layer() -> None:
     with torch.no_grad():
         module.o_proj.weight.mul_(2.0)  # the output projection is read, not a copy made earlier
     assert torch.allclose(layers.gdn_reference(module, x), 2 * out)
+
+
+
+def test_the_report_lists_correctness_failures(pytester: pytest.Pytester) -> None:
+    """A failed check and a kernel that raised inside attnperf.measure are listed with their first
+    line; a case that failed after its measurement is a row instead, and a test without attnperf's
+    fixtures is not an attention case."""
+    kit.make_project(pytester, test_cases=kit.FAILING_CASES)
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-report=out")
+    result.assert_outcomes(passed=1, failed=4)
+    result.stdout.fnmatch_lines(["report: wrote *report.json, report.md and * plots (2 cases, 2 correctness failures)"])
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert [(f["nodeid"], f["message"]) for f in report["failures"]] == [
+        ("test_cases.py::test_case[raises]", "RuntimeError: kernel launch failed: invalid argument"),
+        ("test_cases.py::test_case[wrong]", "o: 12 of 4096 elements outside the bound"),
+    ]
+    assert report["summary"]["failures"] == 2
+    assert sorted(c["nodeid"] for c in report["cases"]) == ["test_cases.py::test_case[after]",
+                                                            "test_cases.py::test_case[ok]"]
+    md = (pytester.path / "out" / "report.md").read_text()
+    assert "## Correctness failures" in md
+    assert "- `test_cases.py::test_case[wrong]`: o: 12 of 4096 elements outside the bound" in md
+    assert "- `test_cases.py::test_case[raises]`: RuntimeError: kernel launch failed: invalid argument" in md

@@ -333,3 +333,16 @@ def test_one_predicate_says_why_a_worker_may_not_time() -> None:
     unplanned = Seat(worker="gw1", gpu=None, gpus=0, workers=2, testrunuid="t", unplanned=True)
     assert unplanned.why_not_timing(lambda: True) == UNPLANNED
     assert unplanned.why_not_timing(lambda: False) is None
+
+
+def test_the_report_lists_the_workers_correctness_failures(project: pytest.Pytester) -> None:
+    """The workers' failed call reports reach the controller, which lists the cases that failed
+    before they were measured under their keys (no pytest-xdist group suffix)."""
+    project.makepyfile(test_failing=kit.FAILING_CASES)
+    result = project.runpytest(*PLUGIN, "-n", "2", f"--attnperf-report={project.path / 'report'}", "test_failing.py")
+    result.assert_outcomes(passed=1, failed=4)
+    report = json.loads((project.path / "report" / "report.json").read_text())
+    assert [(f["nodeid"], f["message"]) for f in report["failures"]] == [
+        ("test_failing.py::test_case[raises]", "RuntimeError: kernel launch failed: invalid argument"),
+        ("test_failing.py::test_case[wrong]", "o: 12 of 4096 elements outside the bound"),
+    ]

@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from pytest_attnperf.report import fits
+from pytest_attnperf.report import failures, fits
 from pytest_attnperf.report.params import _plain, case_params
+from pytest_attnperf.report.summary import case_labels
 
 __all__ = [
     "SCHEMA",
@@ -251,8 +252,10 @@ def ladder(cases: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any]) -> l
 def build(
     cases: Sequence[Mapping[str, Any]], environment: Mapping[str, Any], hardware: Mapping[str, Any],
     removed: Mapping[str, int] | None = None, ceilings: Sequence[Mapping[str, Any]] | None = None,
+    failures: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The whole report as plain data, studies computed from ``cases``."""
+    """The whole report as plain data, studies computed from ``cases``; ``failures`` are the
+    cases that failed before they were measured (``{nodeid, message}``)."""
     statuses: dict[str, int] = {}
     for c in cases:
         statuses[str(c.get("status"))] = statuses.get(str(c.get("status")), 0) + 1
@@ -262,9 +265,10 @@ def build(
         "environment": dict(environment),
         "hardware": dict(hardware),
         "summary": {"cases": len(cases), "statuses": dict(sorted(statuses.items())),
-                    "removed_at_collection": dict(removed or {})},
+                    "removed_at_collection": dict(removed or {}), "failures": len(failures)},
         "ceilings": list(ceilings) if ceilings is not None else spec_ceilings(hardware, dtypes),
         "cases": list(cases),
+        "failures": [dict(f) for f in failures],
         "scaling": scaling(cases),
         "crossover": crossovers(cases),
         "ladder": ladder(cases, hardware),
@@ -300,6 +304,15 @@ def _crossover_text(entry: Mapping[str, Any]) -> str:
     return str(entry["status"])
 
 
+def _failures_md(failures: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The correctness failures' section: each case's node id and first line; none without failures."""
+    if not failures:
+        return []
+    lines = ["## Correctness failures", "",
+             f"{len(failures)} cases failed before they were measured (their check, or the kernel raised):", ""]
+    return lines + [f"- `{f['nodeid']}`: {f['message']}" for f in failures] + [""]
+
+
 def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: str | None = None) -> str:
     """``report.md``: the run, the scaling, crossover and ladder tables, every case, the plots."""
     env, hw, summary = report.get("environment", {}), report.get("hardware", {}), report.get("summary", {})
@@ -314,6 +327,7 @@ def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: s
     for reason, n in (summary.get("removed_at_collection") or {}).items():
         lines.append(f"- removed at collection: {n} x {reason}")
     lines.append("")
+    lines += _failures_md(report.get("failures") or [])
 
     lines += ["## Scaling", "",
               "Exponent `b` of `y ~ T^b`, log-log least squares with its 95% interval (Student's t, n-2 df), "
@@ -347,12 +361,13 @@ def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: s
          for r in report.get("ladder", [])])
 
     lines += ["## Cases", ""]
+    cases = report.get("cases", [])
     lines += _table(
         ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "peak MiB", "status"),
-        [(c["nodeid"].rsplit("::", 1)[-1], str(c.get("backend")), _ms(c.get("median_ms")),
+        [(label, str(c.get("backend")), _ms(c.get("median_ms")),
           f"{100 * (c.get('stdrel') or 0):.2f}%", _num(c.get("tflops"), ".2f"), _pct(c.get("mfu")),
           _num(c.get("gb_per_s"), ".1f"), _pct(c.get("bandwidth_frac")), _num(c.get("peak_mib"), ".1f"),
-          str(c.get("status"))) for c in report.get("cases", [])])
+          str(c.get("status"))) for c, label in zip(cases, case_labels([c["nodeid"] for c in cases]), strict=True)])
 
     lines += ["## Plots", ""]
     lines += [f"![{name}]({name})" for name in plots]
@@ -483,15 +498,19 @@ def write(report: Mapping[str, Any], outdir: Path, with_json: bool = True) -> li
     return [*written, md, *(outdir / p for p in plots)]
 
 
-def write_run(session: Any, outdir: Path) -> str:
-    """The report of a finished run (its measured rows); the line the terminal summary prints."""
+def write_run(session: Any, outdir: Path, failed: Sequence[failures.Failure] = ()) -> str:
+    """The report of a finished run (its measured rows, and the failures of cases without one);
+    the line the terminal summary prints."""
     from pytest_attnperf.families.parametrize import count_reasons, removed
 
     cases = [dict(_plain(dataclasses.asdict(row))) for row in session.rows]
-    report = build(cases, session.environment, hardware_facts(session.hardware), count_reasons(removed(session.config)))
+    listed = [dataclasses.asdict(f) for f in failures.unmeasured(failed, (row.nodeid for row in session.rows))]
+    report = build(cases, session.environment, hardware_facts(session.hardware), count_reasons(removed(session.config)),
+                   failures=listed)
     written = write(report, outdir)
     plots = sum(1 for p in written if p.suffix == ".png")
-    return f"wrote {outdir / 'report.json'}, report.md and {plots} plots ({len(cases)} cases)"
+    also = f", {len(listed)} correctness failures" if listed else ""
+    return f"wrote {outdir / 'report.json'}, report.md and {plots} plots ({len(cases)} cases{also})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from pytest_attnperf.outcome import Row
 
-__all__ = ["summary_lines"]
+__all__ = ["BENCHMARK_CLOCK", "case_labels", "outside_summary", "summary_lines"]
 
 SHARED_NOTE = 3  # a note on more cases than this, and on most of them, is printed once with its count
 _HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B", "bound",
            "roof %", "peak MiB", "eager", "eager vs base", "bitwise", "vs baseline")
 _BOUND = {"compute": "cmp", "memory": "mem"}
+BENCHMARK_CLOCK = "attnperf_clock"  # the extra_info key of a pytest-benchmark entry attnperf measured
 
 
 def _time(ms: float | None) -> str:
@@ -31,8 +34,32 @@ def _change(row: Row) -> str:
     return f"{row.change_pct:+.1f}% {row.status}"
 
 
-def _case(nodeid: str) -> str:
-    return nodeid.rsplit("::", 1)[-1]
+_SEPARATOR = re.compile(r"(/|::)")  # between a node id's folders, module, class and function
+
+
+def _label(tokens: Sequence[str], params: str, depth: int) -> str:
+    """The node id's last ``depth`` names (folders, module, class, function) and its parameters."""
+    return "".join(tokens[max(0, len(tokens) - 2 * depth + 1):]) + params
+
+
+def case_labels(nodeids: Sequence[str]) -> list[str]:
+    """Each node id as the summary shows it: the test and its parametrize id
+    (``test_softmax[sdpa-b2]``), widened by as many enclosing names as it takes to differ from
+    every other row (``test_a.py::test_softmax[sdpa-b2]``, ``suites/test_a.py::...``), so that two
+    modules' tests with one name and one id are told apart while a unique row stays short. The
+    parametrize id is never split: it may hold ``/`` or ``::`` itself."""
+    split = [nodeid.partition("[") for nodeid in nodeids]
+    tokens = [_SEPARATOR.split(name) for name, _, _ in split]
+    params = [bracket + rest for _, bracket, rest in split]
+    depths = [1] * len(nodeids)
+    while True:
+        labels = [_label(t, p, d) for t, p, d in zip(tokens, params, depths, strict=True)]
+        counts = Counter(labels)
+        widen = [i for i, label in enumerate(labels) if counts[label] > 1 and 2 * depths[i] - 1 < len(tokens[i])]
+        if not widen:  # every row unique, or as long as its node id (the same test measured twice)
+            return labels
+        for i in widen:
+            depths[i] += 1
 
 
 def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) -> list[str]:
@@ -50,9 +77,10 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
     "bitwise" says whether two replays of one timed draw gave the same bits (``measure.verify``):
     "no" is no failure (a kernel with atomics is correct and not reproducible) unless the test
     or kernel is marked ``attnperf_deterministic``."""
+    labels = case_labels([r.nodeid for r in rows])
     table = [_HEADER] + [
         (
-            _case(r.nodeid),
+            label,
             r.backend,
             _time(r.median_ms),
             f"{100 * r.stdrel:.2f}%",
@@ -69,7 +97,7 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
             "-" if r.bitwise is None else "yes" if r.bitwise else "no",
             _change(r),
         )
-        for r in rows
+        for r, label in zip(rows, labels, strict=True)
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
     statuses = Counter(r.status for r in rows)
@@ -80,12 +108,12 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
         lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(cells)))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
-    notes = [(r.nodeid, note) for r in rows for note in r.notes]
+    notes = [(label, note) for r, label in zip(rows, labels, strict=True) for note in r.notes]
     counts = Counter(note for _, note in notes)
     shared = {note for note, n in counts.items() if n > SHARED_NOTE and 2 * n > len(rows)}
-    for nodeid, note in notes:  # a note most cases share (no NVML, say) is printed once
+    for label, note in notes:  # a note most cases share (no NVML, say) is printed once
         if note not in shared:
-            lines.append(f"note: {_case(nodeid)}: {note}")
+            lines.append(f"note: {label}: {note}")
     for note in sorted(shared):
         lines.append(f"note, {counts[note]} of {len(rows)} cases: {note}")
     shown: list[object] = []
@@ -96,3 +124,16 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
     if drift:
         lines.append("environment differs from the baseline's header: " + ", ".join(drift))
     return lines
+
+
+BenchmarkGroups = list[tuple[Any, list[dict[str, Any]]]]  # pytest-benchmark's grouped stats: (group, entries)
+
+
+def outside_summary(groups: BenchmarkGroups) -> BenchmarkGroups:
+    """pytest-benchmark's groups less the entries attnperf measured, and less the groups left
+    empty. Those entries are in the attnperf summary already; pytest-benchmark's table would
+    show them again with columns (mean, max, OPS over the replayed device samples) that do not
+    match its figures. A project's own benchmarks stay in its table."""
+    kept = [(name, [b for b in benches if BENCHMARK_CLOCK not in (b.get("extra_info") or {})])
+            for name, benches in groups]
+    return [(name, benches) for name, benches in kept if benches]
