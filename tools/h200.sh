@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check
+#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -131,5 +131,15 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     done
     python3 tools/power.py --junit "$OUT"/check-*.xml ${ZOOS:+--zoo zoo.softmax --zoo zoo.linear} \
       > "$OUT/check-table.md" 2>&1; grep -c . "$OUT/check-table.md" ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check" >&2; exit 2 ;;
+  integrity)  # the timing-integrity zoo (tests/zoo/integrity.py) through the softmax suite, timed,
+    # on the cases K selects (default three: GQA bf16, causal bf16, fp16); every integrity-bad-*
+    # case should fail ("the timed computation differs from the checked one") and every
+    # integrity-ok-* pass. JUnit to $OUT/integrity.xml, then the counts
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests"
+    timeout -s INT "${BUDGET:-240}" "${PYTEST[@]}" suites/test_softmax.py --hw=h200 -p zoo.integrity \
+      -k "integrity and (${K:-b2-h12-kv3-t1024 or b1-h12-t512 or b2-h8-t512-d64-fp16})" \
+      --junitxml="$OUT/integrity.xml" > "$OUT/integrity.log" 2>&1
+    echo "bad failed: $(grep -c '^FAILED.*integrity-bad' "$OUT/integrity.log"), ok failed: $(grep -c '^FAILED.*integrity-ok' "$OUT/integrity.log")"
+    tail -n 1 "$OUT/integrity.log" ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity" >&2; exit 2 ;;
 esac
