@@ -136,7 +136,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # case should fail ("the timed computation differs from the checked one") and every
     # integrity-ok-* pass. JUnit to $OUT/integrity.xml, then the counts
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests"
-    timeout -s INT "${BUDGET:-240}" "${PYTEST[@]}" suites/test_softmax.py --hw=h200 -p zoo.integrity \
+    timeout -s INT "${BUDGET:-240}" "${PYTEST[@]}" -rfs suites/test_softmax.py --hw=h200 -p zoo.integrity \
       -k "integrity and (${K:-b2-h12-kv3-t1024 or b1-h12-t512 or b2-h8-t512-d64-fp16})" \
       --junitxml="$OUT/integrity.xml" > "$OUT/integrity.log" 2>&1
     echo "bad failed: $(grep -c '^FAILED.*integrity-bad' "$OUT/integrity.log"), ok failed: $(grep -c '^FAILED.*integrity-ok' "$OUT/integrity.log")"
