@@ -261,14 +261,14 @@ def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, 
 
 
 def verdict_notes(verdict: Verdict, terms: GateTerms) -> tuple[str, ...]:
-    """For the summary table: why a case was not compared; why a change beyond the tolerance
-    was judged unchanged (the case's own figures); and that it was judged against another
+    """For the summary table: why a case was not compared; that it was judged against another
     machine's recordings, with what (the same words for every such case, so the table prints
-    them once; a case's other figures are in its verdict message)."""
+    them once); and why a change beyond the tolerance was judged unchanged (the case's own
+    figures; its others are in its verdict message)."""
     if verdict.status == "not compared":
         return (f"not compared: {verdict.message}",)
     held = (f"unchanged: {verdict.held}",) if verdict.held else ()
-    return held + _machine_notes(verdict, terms)
+    return _machine_notes(verdict, terms) + held
 
 
 def _machine_notes(verdict: Verdict, terms: GateTerms) -> tuple[str, ...]:
