@@ -121,7 +121,7 @@ def recording_line(path: Path, counts: Recorded) -> str:
     restarted = sum(counts.restarted.values())
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.restarted.items(), key=lambda kv: (-kv[1], kv[0])))
     held = ", ".join(
-        f"{_entries(n) if i == 0 else n} hold{'s' if i == 0 and n == 1 else ''} {k} recording{'' if k == 1 else 's'}"
+        f"{_entries(n) if i == 0 else n} hold{'s' if n == 1 else ''} {k} recording{'' if k == 1 else 's'}"
         for i, (k, n) in enumerate(counts.recordings.items()))
     return (f"recorded into {path}: {_entries(counts.written)} written, {counts.new} new, {counts.continued} "
             f"continued their history, {restarted} restarted it" + (f" ({why})" if why else "")
