@@ -297,7 +297,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(f"sample overheads not used: {refused}")
     for line in pool_runs.summary_lines() if pool_runs is not None else ():
         terminalreporter.write_line(line)
-    for note in (state.gating_note(), state.write_note, state.record_note):
+    for note in (state.gating_note(), state.write_note, state.record_note, state.ignore_note):
         if note:
             terminalreporter.write_line(f"baselines: {note}")
     clock = config.stash.get(timeline.KEY, None)

@@ -44,6 +44,7 @@ class AttnPerfSession:
     rows: list[Row] = field(default_factory=list)
     write_note: str | None = None
     record_note: str | None = None  # what a recording did with each entry's history (store.tally)
+    ignore_note: str | None = None  # the .gitignore a recording wrote into the baselines folder
     overhead: tuple[float | None, str] | None = None  # see measure_overhead: (ms, how), once measured
     overhead_for_gate_ms: float | None = None  # see gate_overhead_ms
     overhead_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
@@ -331,6 +332,8 @@ class AttnPerfSession:
         self._journals_done(left)
         self.record_note = tally.recording_line(path, tally.recorded(self._entries_read(), measured))
         ignored = store.ignore_transients(path.parent)
+        if ignored is not None:
+            self.ignore_note = f"wrote {ignored}, which keeps the store's lock and temporary files out of git"
         kept = len(merged.entries) + len(merged.unusable) - len(measured)
         unusable = f", {len(merged.unusable)} of them unusable and left as they were" if merged.unusable else ""
         stale = (f"; removed {len(removed)} temporary file{'s' if len(removed) > 1 else ''} an interrupted "
@@ -341,8 +344,6 @@ class AttnPerfSession:
         self.write_note = (
             f"wrote {len(self.pending)} measured entries to {path} ({kept} other entries kept{unusable}){cut}{stale}"
         )
-        if ignored is not None:
-            self.write_note += f"; wrote {ignored}, which keeps the store's lock and temporary files out of git"
         if self.journal is not None and self.journal.problem is not None:
             self.write_note += f"; {self.journal.problem}"
 

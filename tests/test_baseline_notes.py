@@ -74,8 +74,8 @@ def test_a_recording_writes_a_gitignore_for_the_lock_and_temporaries(project: py
     result = project.runpytest(*PLUGIN, "--update-baselines")
     result.assert_outcomes(passed=2)
     ignore = project.path / "baselines" / ".gitignore"
-    result.stdout.fnmatch_lines([f"baselines: wrote 2 measured entries to *; wrote {ignore}, which keeps the store's "
-                                 "lock and temporary files out of git"])
+    result.stdout.fnmatch_lines([f"baselines: wrote {ignore}, which keeps the store's lock and temporary files out "
+                                 "of git"])
     assert {".*.lock", ".*.tmp"} <= set(ignore.read_text().splitlines())
     assert (project.path / "baselines" / ".h200.yaml.lock").exists()
     git = shutil.which("git")

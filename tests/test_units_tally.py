@@ -52,9 +52,10 @@ def test_the_restart_reason_follows_what_changed() -> None:
     assert restart_reason(entry(1.0, mode="hot", hot_sample_ms=20.0),
                           entry(1.0, mode="hot", hot_sample_ms=0.5)) == "measured another way"
     assert restart_reason(entry(1.0, mode="hot"), entry(1.0, mode="hot", hot_sample_ms=0.5)) == "judged a real change"
-    events = {"clock": "cuda-events"}
-    assert restart_reason(entry(1.0, 1.0, **events), entry(1.0, machines=("B",), **events)) == (
+    assert restart_reason(entry(1.0, 1.0, clock="cuda-events"), entry(1.0, clock="cuda-events", machines=("B",))) == (
         "events-timed on another machine")
+    assert restart_reason(entry(1.0, 1.0, clock="cuda-events"), entry(1.0, clock="cuda-events")) == (
+        "judged a real change")
     assert restart_reason({"median_ms": -1}, entry(1.0)) == "the old entry unusable"
 
 
