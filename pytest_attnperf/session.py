@@ -318,6 +318,7 @@ class AttnPerfSession:
             return
         measured = {**recovered, **self.pending}
         path = self.baseline_path
+        before = self._entries_read()  # as the run read it (a pytest-xdist controller reads it here), not as written
         try:
             merged, removed = store.update(path, measured, self.environment, known=self.__dict__.get("baseline"))
         except store.LockTimeout as exc:
@@ -330,7 +331,7 @@ class AttnPerfSession:
             self._not_written(f"cannot write {path}: {exc}", measured, left)
             return
         self._journals_done(left)
-        self.record_note = tally.recording_line(path, tally.recorded(self._entries_read(), measured))
+        self.record_note = tally.recording_line(path, tally.recorded(before, measured))
         ignored = store.ignore_transients(path.parent)
         if ignored is not None:
             self.ignore_note = f"wrote {ignored}, which keeps the store's lock and temporary files out of git"
