@@ -301,8 +301,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(f"sample overheads not used: {refused}")
     for line in pool_runs.summary_lines() if pool_runs is not None else ():
         terminalreporter.write_line(line)
-    if state.write_note:
-        terminalreporter.write_line(f"baselines: {state.write_note}")
+    for note in (state.gating_note(), state.write_note, state.record_note, state.ignore_note):
+        if note:
+            terminalreporter.write_line(f"baselines: {note}")
     clock = config.stash.get(timeline.KEY, None)
     for line in [clock.measure_line() if clock is not None else None,
                  *(autotuning.summary_lines() if autotuning is not None else ()),

@@ -25,6 +25,7 @@ from pytest_attnperf.outcome import Row
 from pytest_attnperf.parallel.fleet import Fleet, Seat
 from pytest_attnperf.store import baselines as store
 from pytest_attnperf.store import journal as journals
+from pytest_attnperf.store import tally
 
 __all__ = ["SESSION_KEY", "AttnPerfSession", "get_session"]
 
@@ -42,6 +43,8 @@ class AttnPerfSession:
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     write_note: str | None = None
+    record_note: str | None = None  # what a recording did with each entry's history (store.tally)
+    ignore_note: str | None = None  # the .gitignore a recording wrote into the baselines folder
     overhead: tuple[float | None, str] | None = None  # see measure_overhead: (ms, how), once measured
     overhead_for_gate_ms: float | None = None  # see gate_overhead_ms
     overhead_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
@@ -315,6 +318,7 @@ class AttnPerfSession:
             return
         measured = {**recovered, **self.pending}
         path = self.baseline_path
+        before = self._entries_read()  # as the run read it (a pytest-xdist controller reads it here), not as written
         try:
             merged, removed = store.update(path, measured, self.environment, known=self.__dict__.get("baseline"))
         except store.LockTimeout as exc:
@@ -327,6 +331,10 @@ class AttnPerfSession:
             self._not_written(f"cannot write {path}: {exc}", measured, left)
             return
         self._journals_done(left)
+        self.record_note = tally.recording_line(path, tally.recorded(before, measured))
+        ignored = store.ignore_transients(path.parent)
+        if ignored is not None:
+            self.ignore_note = f"wrote {ignored}, which keeps the store's lock and temporary files out of git"
         kept = len(merged.entries) + len(merged.unusable) - len(measured)
         unusable = f", {len(merged.unusable)} of them unusable and left as they were" if merged.unusable else ""
         stale = (f"; removed {len(removed)} temporary file{'s' if len(removed) > 1 else ''} an interrupted "
@@ -339,6 +347,32 @@ class AttnPerfSession:
         )
         if self.journal is not None and self.journal.problem is not None:
             self.write_note += f"; {self.journal.problem}"
+
+    def _entries_read(self) -> dict[str, Any]:
+        """The baseline file's entries as this run read them (unusable ones as they were); empty
+        without a file or when it could not be read."""
+        try:
+            baseline = self.baseline
+        except store.BaselineError:
+            return {}
+        if baseline is None:
+            return {}
+        return {**{key: u.raw for key, u in baseline.unusable.items()}, **baseline.entries}
+
+    def gating_note(self) -> str | None:
+        """For the summary of a gating run that measured: the file it read, the entries its
+        cases matched, the cases without one and the entries it did not run (None when
+        recording, in a pool run, or when the file could not be read: its cases said so)."""
+        s = self.settings
+        if s.update_baselines or s.pool_out is not None or not self.rows:
+            return None
+        try:
+            baseline = self.baseline
+        except store.BaselineError:
+            return None
+        keys = [*baseline.entries, *baseline.unusable] if baseline is not None else []
+        counts = tally.gated((row.nodeid for row in self.rows), keys)
+        return tally.gating_line(self.baseline_path, counts, exists=baseline is not None)
 
     def _journals_done(self, left: list[Path]) -> None:
         """The entries are safe (written, or saved aside): this run's journal and those it merged go."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_attnperf.gate.verdict import Summary
 from pytest_attnperf.store import baselines
@@ -66,19 +67,45 @@ def test_load_of_a_missing_file_is_none(tmp_path: Path) -> None:
     assert load(tmp_path / "nothing.yaml") is None
 
 
-def test_saved_file_is_sorted_and_starts_with_format(tmp_path: Path) -> None:
-    """Keys are sorted at every level, so the text order of entries is sorted."""
+def test_saved_file_starts_with_its_header_and_is_sorted_below_it(tmp_path: Path) -> None:
+    """``format`` and ``meta`` come first, then ``entries``; keys are sorted at every level below,
+    so the text order of entries is sorted."""
     path = tmp_path / "h200.yaml"
     save(path, sample_file())
     lines = path.read_text(encoding="utf-8").splitlines()
     top = [line.split(":")[0] for line in lines if line and not line.startswith(" ")]
-    assert top == ["entries", "format", "meta"]
+    assert top == ["format", "meta", "entries"]
+    assert [line.strip().split(":")[0] for line in lines[2:6]] == sorted(sample_file().meta)
     keys = [line.strip().rsplit(":", 1)[0] for line in lines if line.startswith("  suites/")]
     assert keys == sorted(sample_file().entries)
     assert len(keys) == 3
     fields = [line.strip().split(":")[0] for line in lines if line.startswith("    ")]
     assert fields[:5] == sorted(entry(1.0))
     assert "format: 1" in lines
+
+
+def test_a_file_with_its_entries_first_still_loads(tmp_path: Path) -> None:
+    """Files written before the header came first (every key sorted: entries, format, meta) load
+    as they did, and the same as the file saved now."""
+    original = sample_file()
+    old = write(tmp_path / "old.yaml", yaml.safe_dump(
+        {"format": 1, "meta": original.meta, "entries": original.entries}, sort_keys=True))
+    assert old.read_text(encoding="utf-8").startswith("entries:")
+    save(tmp_path / "new.yaml", original)
+    assert load(old) == load(tmp_path / "new.yaml") == original
+
+
+def test_a_gitignore_for_the_stores_own_files_is_written_once(tmp_path: Path) -> None:
+    """The lock, temporaries and journals are named in a ``.gitignore`` the folder did not have;
+    one that exists (the user's) is left alone."""
+    written = baselines.ignore_transients(tmp_path)
+    assert written == tmp_path / ".gitignore"
+    lines = written.read_text(encoding="utf-8").splitlines()
+    assert {".*.lock", ".*.tmp", ".*.recording-*.jsonl"} <= set(lines)
+    assert baselines.lock_path(tmp_path / "h200.yaml").name == ".h200.yaml.lock"  # what ".*.lock" names
+    written.write_text("mine\n", encoding="utf-8")
+    assert baselines.ignore_transients(tmp_path) is None
+    assert written.read_text(encoding="utf-8") == "mine\n"
 
 
 def test_baseline_file_summary() -> None:

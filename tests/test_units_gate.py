@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 from kit import HostClock
 
-from pytest_attnperf.gate.verdict import MIN_SAMPLES, Summary, Verdict, centre_overhead_ms, judge, median_ci
+from pytest_attnperf.gate.verdict import (
+    MIN_SAMPLES,
+    Summary,
+    Verdict,
+    centre_overhead_ms,
+    held_by,
+    judge,
+    median_ci,
+)
 from pytest_attnperf.measure import nvml, sampling
 from pytest_attnperf.measure.timing import ReplayClock, SamplingPlan, hot_graph, sample_adaptively
 
@@ -160,6 +168,37 @@ def test_real_slowdown_within_tolerance_is_unchanged() -> None:
     verdict = judge(current, baseline, tolerance=0.05)
     assert verdict.status == "unchanged"
     assert not verdict.failed
+
+
+def test_a_change_within_the_tolerance_needs_no_reason() -> None:
+    assert held_by(0.03, 0.05, overlap=True, bar=0.10) is None
+    assert held_by(-0.05, 0.05, overlap=False, bar=0.01) is None
+
+
+@pytest.mark.parametrize(("change", "overlap", "bar", "reason"), [
+    (0.08, True, 0.02, "+8.0% is beyond the 5.0% tolerance but the 95% intervals overlap"),
+    (0.08, False, 0.10, "+8.0% is beyond the 5.0% tolerance but within the noise bar of 10.00%"),
+    (6.08, True, 7.0, "+608.0% is beyond the 5.0% tolerance but the 95% intervals overlap and it is within the "
+                      "noise bar of 700.00%"),
+    (-0.08, False, 0.10, "-8.0% is beyond the 5.0% tolerance but within the noise bar of 10.00%"),
+])
+def test_a_change_beyond_the_tolerance_says_which_test_held_it(change: float, overlap: bool, bar: float,
+                                                              reason: str) -> None:
+    assert held_by(change, 0.05, overlap, bar) == reason
+
+
+def test_an_unchanged_verdict_beyond_the_tolerance_carries_its_reason() -> None:
+    """+8% at 5% against a noisy history (sd 5%: a bar of 17%): unchanged, and the verdict says why;
+    +2% needs no reason, and neither does a regression."""
+    from dataclasses import replace
+
+    base = replace(summarise(1, 1.0, 0.001), run_medians_ms=(0.95, 1.0, 1.05))
+    held = judge(summarise(2, 1.08, 0.001), base, 0.05, 0.005)
+    assert held.status == "unchanged"
+    assert held.held is not None
+    assert held.held == "+7.9% is beyond the 5.0% tolerance but within the noise bar of 17.32%"
+    assert judge(summarise(2, 1.02, 0.001), base, 0.05, 0.005).held is None
+    assert judge(summarise(2, 1.3, 0.001), base, 0.05, 0.005).held is None
 
 
 @pytest.mark.parametrize(("shift", "status"), [(1.10, "regressed"), (1.02, "unchanged"), (0.90, "improved")])

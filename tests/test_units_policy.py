@@ -128,6 +128,18 @@ def test_another_machines_recordings_widen_the_bar() -> None:
     assert policy.verdict_notes(judged, TERMS)[0].startswith("judged against recordings from another machine")
 
 
+def test_an_unchanged_case_beyond_the_tolerance_notes_why() -> None:
+    """+7% at 5% against a history whose spread makes a wide bar: unchanged, with a note naming
+    the test that held it; an unchanged case within the tolerance gets no such note."""
+    base = entry_of(timed(1.0, seed=2), medians=(0.94, 1.0, 1.06))
+    judged = decide(timed(1.07, seed=1), base).verdict
+    assert judged.status == "unchanged"
+    assert [n for n in policy.verdict_notes(judged, TERMS) if n.startswith("unchanged: ")] == [
+        f"unchanged: {judged.held}"]
+    assert "beyond the 5.0% tolerance but within the noise bar" in (judged.held or "")
+    assert policy.verdict_notes(decide(timed(1.0, seed=1), base).verdict, TERMS) == ()
+
+
 def test_history_grows_while_unchanged_and_restarts_on_a_change() -> None:
     base = entry_of(timed(1.0, seed=2), medians=(1.0, 1.0, 1.0))
     grown = policy.history(base, timed(1.0, seed=1), TERMS, HERE)

@@ -126,6 +126,8 @@ def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester)
         assert parallel[case]["n_samples"] == serial[case]["n_samples"]
     out = result.stdout.str()
     assert f"wrote 8 measured entries to {path} (1 other entries kept)" in out
+    assert (f"recorded into {path}: 8 entries written, 8 new, 0 continued their history, 0 restarted it; "
+            "8 entries hold 1 recording") in out  # counted against the file as it was, not as written
     assert sorted(table_rows(out)) == [case.split("::")[1] for case in CASES]  # every case once, no '@group'
     assert "loadgroup" not in out
     assert "@attnperf:" not in out

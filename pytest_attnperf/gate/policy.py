@@ -261,11 +261,18 @@ def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, 
 
 
 def verdict_notes(verdict: Verdict, terms: GateTerms) -> tuple[str, ...]:
-    """For the summary table: why a case was not compared, or that it was judged against
-    another machine's recordings, with what (the same words for every such case, so the table
-    prints them once; a case's own figures are in its verdict message)."""
+    """For the summary table: why a case was not compared; that it was judged against another
+    machine's recordings, with what (the same words for every such case, so the table prints
+    them once); and why a change beyond the tolerance was judged unchanged (the case's own
+    figures; its others are in its verdict message)."""
     if verdict.status == "not compared":
         return (f"not compared: {verdict.message}",)
+    held = (f"unchanged: {verdict.held}",) if verdict.held else ()
+    return _machine_notes(verdict, terms) + held
+
+
+def _machine_notes(verdict: Verdict, terms: GateTerms) -> tuple[str, ...]:
+    """The note of a verdict judged against another machine's recordings, with what the bar holds."""
     noise, offset_ms, residual_ms = terms.machine_noise, terms.machine_offset_ms, terms.machine_residual_ms
     against = "judged against recordings from another machine"
     if verdict.machine_shift_ms is not None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "HISTORY_MIN", "HISTORY_ROBUST", "MAX_OVERHEAD_SHIFT_MS", "MIN_SAMPLES", "Summary", "Verdict", "centre_overhead_ms",
-    "centre_ms", "overhead_shift_ms", "judge", "median_ci", "run_noise",
+    "centre_ms", "held_by", "overhead_shift_ms", "judge", "median_ci", "run_noise",
 ]
 
 MIN_SAMPLES = 5
@@ -167,6 +167,7 @@ class Verdict:
     message: str
     machine_noise: float = 0.0  # the between-machines term the noise bar used (0: none, or no bar)
     machine_shift_ms: float | None = None  # the centre's move for this machine (see judge); None: not moved
+    held: str | None = None  # why a change beyond the tolerance was judged unchanged (see ``held_by``)
 
     @property
     def failed(self) -> bool:
@@ -258,6 +259,24 @@ def overhead_shift_ms(baseline: Summary, here_ms: float | None) -> tuple[float |
     return shift, None
 
 
+def held_by(change: float, tolerance: float, overlap: bool, bar: float) -> str | None:
+    """Why a change (a fraction, +0.10 = 10% slower) beyond ``tolerance`` is no regression or
+    improvement: the 95% intervals of the medians overlap, it is within the run-to-run noise bar
+    ``bar`` (a fraction), or both; None for a change within the tolerance, which needs no reason.
+    Without it, ``+608% unchanged`` reads as a gate that did not look."""
+    if abs(change) <= tolerance:
+        return None
+    beyond = f"{100 * change:+.1f}% is beyond the {100 * tolerance:.1f}% tolerance but"
+    noise = f"within the noise bar of {100 * bar:.2f}%"
+    if overlap and abs(change) <= bar:
+        return f"{beyond} the 95% intervals overlap and it is {noise}"
+    if overlap:
+        return f"{beyond} the 95% intervals overlap"
+    if abs(change) <= bar:
+        return f"{beyond} {noise}"
+    return None
+
+
 def judge(
     current: Summary, baseline: Summary | None, tolerance: float, least_noise: float = 0.0,
     machine_noise: float = 0.0, machine_offset_ms: float = 0.0, machine_shift_ms: float | None = None,
@@ -300,7 +319,7 @@ def judge(
     slower = ratio > 1.0 + tolerance
     faster = ratio < 1.0 / (1.0 + tolerance)
     if few:
-        real_slower, real_faster = slower, faster
+        real_slower, real_faster, overlap = slower, faster, False
         test = (
             f"too few samples for the interval test (n={current.n_samples} now, "
             f"{baseline.n_samples} in the baseline, need {MIN_SAMPLES}): judged on the tolerance alone"
@@ -329,4 +348,5 @@ def judge(
         return Verdict("regressed", ratio, "REGRESSED " + body, used, machine_shift_ms)
     if real_faster:
         return Verdict("improved", ratio, "improved " + body, used, machine_shift_ms)
-    return Verdict("unchanged", ratio, "unchanged " + body, used, machine_shift_ms)
+    held = None if few else held_by(ratio - 1.0, tolerance, overlap, bar)  # few: the tolerance alone decided
+    return Verdict("unchanged", ratio, "unchanged " + body, used, machine_shift_ms, held)

@@ -1,6 +1,6 @@
 """Per-hardware baseline files: ``<folder>/<hw>.yaml``.
 
-Layout (sorted keys, rounded floats, so a diff reads well)::
+Layout (the header first, then the entries; sorted keys, rounded floats, so a diff reads well)::
 
     format: 1
     meta: {hardware: h200, device: NVIDIA H200, torch: ..., triton: ..., fla: ..., cuda: ...,
@@ -17,7 +17,9 @@ measurement replaces it.
 ``save`` writes a temporary file in the same folder, flushes it to disk and renames it over the
 old one, so a reader sees the old file or the new one, never half of one. ``update`` reloads,
 merges and saves under an exclusive lock (``locked``), so two runs finishing together each keep
-the other's entries; ``merge`` replaces only the entries that were measured.
+the other's entries; ``merge`` replaces only the entries that were measured. The plugin also
+writes a ``.gitignore`` into a folder that has none (``ignore_transients``): the lock stays beside
+the file, and the folder users commit should hold baselines only.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ except ImportError:  # not on POSIX: updates are not locked (see ``locked``)
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "FORMAT", "LOCK_TIMEOUT_S", "BaselineError", "BaselineFile", "LockTimeout", "Unusable", "load", "lock_path",
+    "FORMAT", "IGNORED", "LOCK_TIMEOUT_S", "BaselineError", "BaselineFile", "LockTimeout", "Unusable",
+    "ignore_transients", "load", "lock_path",
     "locked", "merge", "remove_stale_temporaries", "rounded", "save", "save_unsaved", "temporaries", "update",
     "write_atomic",
 ]
@@ -209,14 +212,16 @@ def save(path: Path, baseline: BaselineFile) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = {**{k: u.raw for k, u in baseline.unusable.items()}, **baseline.entries}
     with _collector_off():
-        text = yaml.dump(
-            {"format": FORMAT, "meta": baseline.meta, "entries": entries},
-            Dumper=_DUMPER,
-            sort_keys=True,
-            default_flow_style=False,
-            width=120,
-        )
+        text = _dumped({"format": FORMAT, "meta": baseline.meta}) + _dumped({"entries": entries})
     write_atomic(path, text)
+
+
+def _dumped(data: Mapping[str, Any]) -> str:
+    """``data`` as YAML with its keys sorted at every level. ``save`` dumps the header and the
+    entries apart so the header (format, meta) comes first, where a reader looks for it; ``load``
+    reads the keys in any order, so files written with ``entries`` first still load."""
+    text: str = yaml.dump(dict(data), Dumper=_DUMPER, sort_keys=True, default_flow_style=False, width=120)
+    return text
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -244,6 +249,26 @@ def lock_path(path: Path) -> Path:
     """The lock file beside ``path``: ``<folder>/.<hw>.yaml.lock`` (left in place: removing it
     would let a waiting process lock a file that a newcomer no longer sees)."""
     return path.with_name(f".{path.name}.lock")
+
+
+IGNORED = (".*.lock", ".*.tmp", ".*.recording-*.jsonl")  # lock_path, temporaries, journal.Journal
+IGNORE_TEXT = ("# pytest-attnperf's lock, interrupted writes' temporary files and recording journals:\n"
+               "# they belong to one machine's runs, not to the baselines\n" + "".join(f"{p}\n" for p in IGNORED))
+
+
+def ignore_transients(folder: Path) -> Path | None:
+    """Write ``<folder>/.gitignore`` naming the store's own files (the lock, which stays, and what
+    a killed run leaves: temporaries, journals), so committing the baselines folder commits only
+    baselines. Only where the folder has no ``.gitignore`` (one there is the user's); returns the
+    file written, None when none was (one exists, or it cannot be written: the baselines are
+    written, and that is what matters)."""
+    ignore = folder / ".gitignore"
+    try:
+        with open(ignore, "x", encoding="utf-8") as handle:
+            handle.write(IGNORE_TEXT)
+    except OSError:
+        return None
+    return ignore
 
 
 def temporaries(path: Path) -> list[Path]:
