@@ -45,7 +45,7 @@ def _label(tokens: Sequence[str], params: str, depth: int) -> str:
 def case_labels(nodeids: Sequence[str]) -> list[str]:
     """Each node id as the summary shows it: the test and its parametrize id
     (``test_softmax[sdpa-b2]``), widened by as many enclosing names as it takes to differ from
-    every other row (``test_a.py::test_softmax[sdpa-b2]``, ``suites/test_a.py::...``), so that two
+    every other row (``test_a.py::test_softmax[sdpa-b2]``, ``a/test_a.py::...``), so that two
     modules' tests with one name and one id are told apart while a unique row stays short. The
     parametrize id is never split: it may hold ``/`` or ``::`` itself."""
     split = [nodeid.partition("[") for nodeid in nodeids]
