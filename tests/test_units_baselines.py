@@ -159,6 +159,107 @@ def test_entry_errors_name_the_entry_and_field(tmp_path: Path) -> None:
         load(path)
 
 
+# -- the strict loader: duplicate keys and aliases ------------------------------------------
+
+HAND_MERGED = {
+    "entry-twice": (f"format: 1\nmeta: {{}}\nentries:\n  t::a: {GOOD_ENTRY}\n  t::b: {GOOD_ENTRY}\n"
+                    f"  t::a: {GOOD_ENTRY}\n", 6, "'t::a'", "first at line 4"),
+    "median-twice": ("format: 1\nmeta: {}\nentries:\n  t::a:\n    median_ms: 1.0\n    ci_low_ms: 0.9\n"
+                     "    median_ms: 1.05\n    ci_high_ms: 1.1\n    stdrel: 0.01\n    n_samples: 20\n",
+                     7, "'median_ms'", "first at line 5"),
+    "median-twice-flow": ("format: 1\nmeta: {}\nentries:\n  t::a: {median_ms: 1.0, ci_low_ms: 0.9, "
+                          "ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20, median_ms: 1.05}\n", 4, "'median_ms'",
+                          "first at line 4"),
+}
+
+
+@pytest.mark.parametrize("name", list(HAND_MERGED))
+def test_a_key_twice_is_refused_naming_the_file_the_line_and_the_key(tmp_path: Path, name: str) -> None:
+    """PyYAML keeps the last of two equal keys silently; the store refuses the file, naming the
+    file, the line of the second key, the key, the first one's line, and that nothing was written."""
+    text, line, key, first = HAND_MERGED[name]
+    path = write(tmp_path / "h200.yaml", text)
+    assert yaml.safe_load(text)["entries"]["t::a"]  # plain PyYAML reads it without a word
+    with pytest.raises(BaselineError) as info:
+        load(path, keep_unusable=True)
+    message = str(info.value)
+    assert f"baseline file {path}, line {line}: key {key} appears twice" in message
+    assert first in message
+    assert "nothing was written" in message
+
+
+ALIASED = {
+    "shared-entry": (f"format: 1\nmeta: {{}}\nentries:\n  t::a: &e {GOOD_ENTRY}\n  t::b: *e\n", 5, "'t::b'"),
+    "shared-value": ("format: 1\nmeta: {}\nentries:\n  t::a: {median_ms: &m 1.0, ci_low_ms: 0.9, ci_high_ms: 1.1,"
+                     " stdrel: 0.01, n_samples: 20}\n  t::b: {median_ms: *m, ci_low_ms: 0.9, ci_high_ms: 1.1,"
+                     " stdrel: 0.01, n_samples: 20}\n", 5, "'median_ms'"),
+    "billion-laughs": ("format: 1\nentries: {}\nmeta:\n  a: &a [x, x, x, x, x, x, x, x, x]\n"
+                       "  b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n  c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+                       "  d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n  e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
+                       "  f: [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n", 5, "item 0 of the list"),
+}
+
+
+@pytest.mark.parametrize("name", list(ALIASED))
+def test_an_alias_is_refused_naming_the_file_and_the_line(tmp_path: Path, name: str) -> None:
+    """An alias makes two places one object (an entry changed through one changes the other) and
+    nests into billions of nodes; the store writes neither, and refuses a file that has one."""
+    text, line, where = ALIASED[name]
+    path = write(tmp_path / "h200.yaml", text)
+    with pytest.raises(BaselineError) as info:
+        load(path, keep_unusable=True)
+    message = str(info.value)
+    assert f"baseline file {path}, line {line}: " in message
+    assert where in message
+    assert "is an alias (*)" in message
+    assert "nothing was written" in message
+
+
+def test_a_list_shared_by_two_entries_is_saved_twice_and_loads(tmp_path: Path) -> None:
+    """PyYAML's dumper writes an object met twice as an anchor and an alias; the store's writes
+    it out twice, so a file it saves is a file it loads."""
+    runs = [1.0, 1.01]
+    path = tmp_path / "h200.yaml"
+    save(path, BaselineFile(entries={"t::a": {**entry(1.0), "run_medians_ms": runs},
+                                     "t::b": {**entry(1.0), "run_medians_ms": runs}}))
+    assert "&" not in path.read_text(encoding="utf-8")
+    loaded = load(path)
+    assert loaded is not None
+    assert loaded.entries["t::a"]["run_medians_ms"] == loaded.entries["t::b"]["run_medians_ms"] == runs
+
+
+def test_an_anchor_nothing_refers_to_loads(tmp_path: Path) -> None:
+    """An anchor alone makes nothing shared: the file loads."""
+    path = write(tmp_path / "h200.yaml", f"format: 1\nmeta: {{}}\nentries:\n  t::a: &e {GOOD_ENTRY}\n")
+    loaded = load(path)
+    assert loaded is not None
+    assert list(loaded.entries) == ["t::a"]
+
+
+def test_a_refusal_quotes_at_most_a_bounded_part_of_the_file(tmp_path: Path) -> None:
+    """A key of a thousand characters, twice: the message names it cut to 200 characters."""
+    key = "t::" + "x" * 1_000
+    path = write(tmp_path / "h200.yaml", f"format: 1\nmeta: {{}}\nentries:\n  {key}: 1\n  {key}: 2\n")
+    with pytest.raises(BaselineError) as info:
+        load(path)
+    assert "appears twice" in str(info.value)
+    assert len(str(info.value)) < 600
+
+
+def test_a_bad_entry_with_a_long_key_is_named_cut_short(tmp_path: Path) -> None:
+    """An unusable entry's message quotes its key and its values bounded, not whole."""
+    key = "t::" + "x" * 1_000
+    runs = ", ".join(["0"] * 5_000)
+    path = write(tmp_path / "h200.yaml", "format: 1\nmeta: {}\nentries:\n"
+                 f"  {key}: {{median_ms: 1.0, ci_low_ms: 0.9, ci_high_ms: 1.1, stdrel: 0.01, n_samples: 20, "
+                 f"run_medians_ms: [{runs}]}}\n")
+    loaded = load(path, keep_unusable=True)
+    assert loaded is not None
+    assert list(loaded.unusable) == [key]  # the entry keeps its whole key
+    assert "run_medians_ms" in loaded.unusable[key].problem
+    assert len(loaded.unusable[key].problem) < 1000
+
+
 # -- merge and rounding ---------------------------------------------------------------------
 
 

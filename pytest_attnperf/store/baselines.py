@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from pytest_attnperf.gate.verdict import Summary
+from pytest_attnperf.store.yamlstrict import QUOTE_CHARS, StrictLoader, StrictYAMLError, UnaliasedDumper, cut
 
 try:
     import fcntl
@@ -57,9 +58,10 @@ __all__ = [
 FORMAT = 1
 LOCK_TIMEOUT_S = 120.0  # an update waits this long for another run's update of the same file
 
-# libyaml's loader and dumper when PyYAML was built with it (about twice as fast on a large file)
-_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_DUMPER: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+# libyaml's loader and dumper when PyYAML was built with it (about twice as fast on a large file),
+# the loader refusing duplicate keys and aliases, the dumper writing no alias (yamlstrict)
+_LOADER: type = StrictLoader
+_DUMPER: type = UnaliasedDumper
 
 
 class BaselineError(Exception):
@@ -139,7 +141,7 @@ def _collector_off() -> Iterator[None]:
 def _parse(text: str) -> Any:
     """The YAML document in ``text``."""
     with _collector_off():
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (yamlstrict.StrictLoader)
 
 
 def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
@@ -158,8 +160,12 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
         raise BaselineError(f"baseline file {path} is empty; remove it or restore it from version control")
     try:
         data = _parse(text)
+    except StrictYAMLError as exc:
+        raise BaselineError(
+            f"baseline file {path}, line {exc.line}: {exc.what}; the file was not used and nothing was written"
+        ) from None
     except yaml.YAMLError as exc:
-        raise BaselineError(f"baseline file {path} is not valid YAML: {exc}") from None
+        raise BaselineError(f"baseline file {path} is not valid YAML: {cut(str(exc), 2 * QUOTE_CHARS)}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BaselineError(
             f"baseline file {path} is not an attnperf baseline (expected a mapping with "
@@ -173,10 +179,11 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
         problem = entry_problem(entry)
         if problem is None:
             loaded.entries[str(key)] = entry
-        elif keep_unusable:
-            loaded.unusable[str(key)] = Unusable(entry, problem, f"baseline file {path}, entry '{key}': {problem}")
-        else:
-            raise BaselineError(f"baseline file {path}, entry '{key}': {problem}")
+            continue
+        where = f"baseline file {path}, entry '{cut(str(key))}': {cut(problem, 2 * QUOTE_CHARS)}"
+        if not keep_unusable:
+            raise BaselineError(where)
+        loaded.unusable[str(key)] = Unusable(entry, problem, where)
     return loaded
 
 
