@@ -181,6 +181,8 @@ BAD_ENTRIES: dict[str, dict[str, Any]] = {
     "median-nan": {**entry(1.0), "median_ms": math.nan},
     "median-text": {**entry(1.0), "median_ms": "fast"},
     "ci-low-zero": {**entry(1.0), "ci_low_ms": 0.0},
+    "ci-swapped": {**entry(1.0), "ci_low_ms": 1.01, "ci_high_ms": 0.99},
+    "ci-too-wide": {**entry(1.0), "ci_low_ms": 0.001, "ci_high_ms": 5.0},
     "stdrel-negative": {**entry(1.0), "stdrel": -0.1},
     "hot-sample-zero": entry(1.0, hot_sample_ms=0),
     "history-zero": entry(1.0, run_medians_ms=[1.0, 0.0]),

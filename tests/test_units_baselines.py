@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,45 @@ def test_entry_errors_name_the_entry_and_field(tmp_path: Path) -> None:
     path = write(tmp_path / "h200.yaml", BAD_FILES["entry-missing-median"])
     with pytest.raises(BaselineError, match=r"entry 'a'.*median_ms"):
         load(path)
+
+
+INTERVAL_FAULTS = {
+    "swapped": ({"ci_low_ms": 1.1, "ci_high_ms": 0.9}, ["'ci_low_ms' 1.1", "'ci_high_ms' 0.9", "'median_ms' 1.0"]),
+    "above-median": ({"ci_low_ms": 1.05, "ci_high_ms": 1.1}, ["'ci_low_ms' 1.05", "does not hold 'median_ms' 1.0"]),
+    "too-wide": ({"ci_low_ms": 0.005, "ci_high_ms": 1.1}, ["'ci_low_ms' 0.005", "'ci_high_ms' 1.1", "220 times"]),
+    "high-inf": ({"ci_high_ms": math.inf}, ["'ci_high_ms' is inf"]),
+    "low-negative": ({"ci_low_ms": -0.9}, ["'ci_low_ms' is -0.9"]),
+}
+
+
+@pytest.mark.parametrize("name", list(INTERVAL_FAULTS))
+def test_an_interval_that_cannot_be_the_medians_makes_only_its_entry_unusable(tmp_path: Path, name: str) -> None:
+    """An interval that does not bracket its median, is not positive and finite, or spans more
+    than 100 times: that entry is set aside, its message naming the fields and their values; the
+    others load, and a save writes it back as it was."""
+    change, expected = INTERVAL_FAULTS[name]
+    bad = {**entry(1.0), "ci_low_ms": 0.9, "ci_high_ms": 1.1, **change}
+    path = tmp_path / "h200.yaml"
+    save(path, BaselineFile(entries={"t::good": entry(2.0)}))
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw["entries"]["t::bad"] = bad
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    loaded = load(path, keep_unusable=True)
+    assert loaded is not None
+    assert list(loaded.entries) == ["t::good"]
+    assert list(loaded.unusable) == ["t::bad"]
+    for text in expected:
+        assert text in loaded.unusable["t::bad"].problem, loaded.unusable["t::bad"].problem
+    save(path, loaded)
+    again = load(path, keep_unusable=True)
+    assert again is not None
+    assert again.unusable["t::bad"].raw == bad
+
+
+def test_an_interval_up_to_the_bound_is_usable() -> None:
+    """A wide interval (a CPU's) within ``INTERVAL_RATIO_MAX`` is a measurement's."""
+    assert baselines.interval_problem({"ci_low_ms": 0.5, "median_ms": 1.0, "ci_high_ms": 49.0}) is None
+    assert baselines.entry_problem({**entry(1.0), "ci_low_ms": 0.5, "ci_high_ms": 49.0}) is None
 
 
 # -- the strict loader: duplicate keys and aliases ------------------------------------------

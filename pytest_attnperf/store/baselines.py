@@ -49,14 +49,16 @@ except ImportError:  # not on POSIX: updates are not locked (see ``locked``)
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "FORMAT", "IGNORED", "LOCK_TIMEOUT_S", "BaselineError", "BaselineFile", "LockTimeout", "Unusable",
-    "ignore_transients", "load", "lock_path",
+    "FORMAT", "IGNORED", "INTERVAL_RATIO_MAX", "LOCK_TIMEOUT_S", "BaselineError", "BaselineFile", "LockTimeout",
+    "Unusable",
+    "ignore_transients", "interval_problem", "load", "lock_path",
     "locked", "merge", "remove_stale_temporaries", "rounded", "save", "save_unsaved", "temporaries", "update",
     "write_atomic",
 ]
 
 FORMAT = 1
 LOCK_TIMEOUT_S = 120.0  # an update waits this long for another run's update of the same file
+INTERVAL_RATIO_MAX = 100.0  # an entry whose ci_high_ms / ci_low_ms is above this is unusable
 
 # libyaml's loader and dumper when PyYAML was built with it (about twice as fast on a large file),
 # the loader refusing duplicate keys and aliases, the dumper writing no alias (yamlstrict)
@@ -113,10 +115,36 @@ def rounded(value: Any, digits: int = 5) -> Any:
     return value
 
 
+def interval_problem(entry: Mapping[str, Any]) -> str | None:
+    """Why the entry's interval cannot be its median's, None when it can (or a field is missing
+    or not a number: ``Summary.from_mapping`` names those): each time positive and finite,
+    ``ci_low_ms <= median_ms <= ci_high_ms``, and ``ci_high_ms / ci_low_ms`` at most
+    ``INTERVAL_RATIO_MAX``. A hand edit that swaps the bounds or drops a digit would otherwise
+    pass the gate, or widen its noise bar without limit."""
+    fields = ("median_ms", "ci_low_ms", "ci_high_ms")
+    values = [entry.get(name) for name in fields]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    for name, value in zip(fields, values, strict=True):
+        if not (math.isfinite(value) and value > 0):
+            return f"ValueError: '{name}' is {value!r}; a time must be positive and finite"
+    median, low, high = values
+    if not low <= median <= high:
+        return (f"ValueError: the interval 'ci_low_ms' {low!r} .. 'ci_high_ms' {high!r} does not hold "
+                f"'median_ms' {median!r}")
+    if high / low > INTERVAL_RATIO_MAX:
+        return (f"ValueError: the interval 'ci_low_ms' {low!r} .. 'ci_high_ms' {high!r} spans "
+                f"{high / low:.3g} times; more than {INTERVAL_RATIO_MAX:g} is not a measurement's")
+    return None
+
+
 def entry_problem(entry: Any) -> str | None:
     """Why ``entry`` cannot be gated against, None when it can."""
     if not isinstance(entry, dict):
         return f"not a mapping but {type(entry).__name__} {entry!r:.60}"
+    problem = interval_problem(entry)
+    if problem is not None:
+        return problem
     try:
         Summary.from_mapping(entry)
     except (KeyError, TypeError, ValueError) as exc:
