@@ -122,9 +122,10 @@ def interval_problem(entry: Mapping[str, Any]) -> str | None:
     ``INTERVAL_RATIO_MAX``. A hand edit that swaps the bounds or drops a digit would otherwise
     pass the gate, or widen its noise bar without limit."""
     fields = ("median_ms", "ci_low_ms", "ci_high_ms")
-    values = [entry.get(name) for name in fields]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    raw = [entry.get(name) for name in fields]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
         return None
+    values = [float(v) for v in raw if isinstance(v, (int, float))]
     for name, value in zip(fields, values, strict=True):
         if not (math.isfinite(value) and value > 0):
             return f"ValueError: '{name}' is {value!r}; a time must be positive and finite"
