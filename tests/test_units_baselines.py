@@ -416,6 +416,30 @@ def test_save_keeps_the_old_files_permissions_and_gives_new_ones_the_umasks(tmp_
     assert stat.S_IMODE(old.stat().st_mode) == 0o640
 
 
+def test_writing_through_a_symlink_replaces_the_file_it_names_and_keeps_the_link(tmp_path: Path) -> None:
+    """A baselines folder whose file is a symlink (to a shared checkout, say): ``save`` and
+    ``update`` replace the target, under the target's lock, and leave the link a link."""
+    target = tmp_path / "shared" / "h200.yaml"
+    save(target, BaselineFile(entries={"t::a": entry(1.0)}))
+    (tmp_path / "baselines").mkdir()
+    link = tmp_path / "baselines" / "h200.yaml"
+    link.symlink_to(target)
+    baselines.update(link, {"t::b": entry(2.0)}, {"hardware": "h200"})
+    assert link.is_symlink()
+    assert link.resolve() == target.resolve()
+    written = load(target)
+    assert written is not None
+    assert sorted(written.entries) == ["t::a", "t::b"]
+    assert (target.parent / ".h200.yaml.lock").exists()
+    assert not (link.parent / ".h200.yaml.lock").exists()
+    save(link, merge(written, {"t::c": entry(3.0)}, {}))
+    assert link.is_symlink()
+    again = load(target)
+    assert again is not None
+    assert sorted(again.entries) == ["t::a", "t::b", "t::c"]
+    assert [p.name for p in link.parent.iterdir()] == ["h200.yaml"]  # no temporary left beside the link
+
+
 def test_merge_since_takes_only_what_another_host_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two hosts update copies of the committed file, each on its own cases; merging each copy
     with --since the committed file keeps both hosts' new entries and nothing stale."""

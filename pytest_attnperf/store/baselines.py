@@ -262,7 +262,9 @@ def _dumped(data: Mapping[str, Any]) -> str:
 
 def write_atomic(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file in the same folder, fsync and rename, so a
-    reader sees the old file or the new one, never half of one; the old file's permissions kept."""
+    reader sees the old file or the new one, never half of one; the old file's permissions kept.
+    A symlink is followed (``resolve``): the file it names is replaced, and the link stays."""
+    path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -386,7 +388,10 @@ def update(
     reload (another run may have written since this one read it; ``known``, the file as this run
     read it, is used instead when the bytes are still the same), merge, save. Returns the merged
     file and the temporaries removed. ``BaselineError`` (unreadable file: nothing is written;
-    ``LockTimeout``) and ``OSError`` (cannot write) pass through."""
+    ``LockTimeout``) and ``OSError`` (cannot write) pass through. A symlinked ``path`` is
+    resolved first, so the lock, the temporaries and the rename are those of the file it names,
+    and two links to one file share one lock."""
+    path = path.resolve()
     with locked(path, timeout_s):
         removed = remove_stale_temporaries(path)
         if known is None or known.digest is None or known.digest != _digest(path):
