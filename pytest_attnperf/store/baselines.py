@@ -9,7 +9,8 @@ Layout (the header first, then the entries; sorted keys, rounded floats, so a di
       suites/test_softmax.py::test_softmax[...]: {median_ms: ..., ci_low_ms: ..., ...}
 
 A file that cannot be read is never overwritten: ``load`` raises ``BaselineError`` naming the
-file and the cause, and an update then writes nothing. An entry that fails validation
+file and the cause, and an update then writes nothing. It is read strictly (``yamlstrict``): a
+key twice in one mapping, or an alias, refuses the file, naming the line. An entry that fails validation
 (``Summary.from_mapping``) is, with ``keep_unusable``, set aside in ``unusable`` with its cause:
 its case fails, the others are gated, and the entry is written back as it was until a
 measurement replaces it.
