@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.store.yamlstrict import UnaliasedDumper
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ("-p", "pytest_attnperf.plugin")
@@ -241,7 +242,7 @@ def editing_baseline(where: pytest.Pytester | Path, hw: str = "h200") -> Iterato
     """The baseline file parsed, and written back as the block left it (as a hand edit would)."""
     data = baseline(where, hw)
     yield data
-    baseline_path(where, hw).write_text(yaml.safe_dump(data))
+    baseline_path(where, hw).write_text(yaml.dump(data, Dumper=UnaliasedDumper))  # a person writes no aliases
 
 
 def benchmarks(where: pytest.Pytester | Path, name: str) -> list[dict[str, Any]]:
