@@ -170,10 +170,11 @@ HOST_DRAWS = 2  # timed draws the host timer alternates: two, so a result left f
 
 
 class HostTimer:
-    """Host clock around synchronous CPU work. ``clock_ns`` and ``load`` (the host's load, read
-    before and after sampling: ``contention.host_load``) may be replaced, for tests."""
+    """Host clock around synchronous CPU work. ``clock_ns`` (``time.perf_counter_ns``, looked up
+    when sampling starts) and ``load`` (the host's load, read before and after sampling:
+    ``contention.host_load``) may be replaced, for tests."""
 
-    def __init__(self, clock_ns: Callable[[], int] = time.perf_counter_ns,
+    def __init__(self, clock_ns: Callable[[], int] | None = None,
                  load: Callable[[], HostLoad | None] = host_load) -> None:
         self._clock_ns, self._load = clock_ns, load
 
@@ -192,14 +193,14 @@ class HostTimer:
     def _measure(self, replays: Replays, plan: SamplingPlan) -> Measurement:
         calls = [replays.call(index) for index in range(1, (HOST_DRAWS if replays.draws else 1) + 1)]
         warm_up(calls[0], plan)
-        turn = [0]
+        turn, clock_ns = [0], self._clock_ns or time.perf_counter_ns
 
         def take_ms() -> float:
             call = calls[turn[0] % len(calls)]
             turn[0] += 1
-            start = self._clock_ns()
+            start = clock_ns()
             call()
-            return (self._clock_ns() - start) / 1e6
+            return (clock_ns() - start) / 1e6
 
         loads = [self._load()]
         with gc_paused():
