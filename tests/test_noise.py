@@ -895,6 +895,16 @@ def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypat
     assert "caught" not in report
 
 
+def test_an_unjudged_case_counts_as_not_compared(tmp_path: Path) -> None:
+    """A CPU case timed on a contended host was judged against nothing: no catch and no miss."""
+    from pytest_attnperf.noise.runs import _outcomes
+
+    verdict = '<properties><property name="attnperf_verdict" value="unjudged"/></properties>'
+    (tmp_path / "a.xml").write_text(f'<testsuites><testsuite><testcase classname="t" name="test_k[0]">{verdict}'
+                                    '</testcase></testsuite></testsuites>')
+    assert _outcomes(tmp_path / "a.xml") == {"t.py::test_k[0]": "not compared"}
+
+
 def test_junit_reports_of_cut_runs(tmp_path: Path) -> None:
     """A run cut by SIGINT writes a nameless testcase for the test it stopped: not a case. A run
     killed while writing leaves a file that is not XML: named, and its counts not taken."""

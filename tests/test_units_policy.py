@@ -178,3 +178,44 @@ def test_the_sample_floor_is_read_only_when_a_rule_needs_it() -> None:
     assert reads == []
     decide(timed(1.0, seed=1), entry_of(timed(1.0, seed=2), machines=("elsewhere",) * 3), here=here)
     assert reads == [1]
+
+
+CONTENDED_NOTE = "host contended: load 5.2 on 2 cores; samples quantised at 8.0 ms"
+
+
+def contended(m: Measurement, note: str = CONTENDED_NOTE) -> Measurement:
+    """``m`` as the host timer gives it when the host was contended while it sampled."""
+    return dataclasses.replace(m, notes=(*m.notes, note))
+
+
+def test_a_contended_host_case_is_unjudged_not_failed_and_says_why() -> None:
+    base = entry_of(timed(0.05, clock="host", mode="host", seed=2))
+    decision = decide(contended(timed(8.35, clock="host", mode="host", seed=1)), base)
+    assert decision.verdict.status == "unjudged"
+    assert not decision.verdict.failed
+    assert not decision.remeasure
+    assert CONTENDED_NOTE in decision.verdict.message
+    assert decision.verdict.change_pct == pytest.approx(16600, rel=0.01)
+    assert policy.verdict_notes(decision.verdict, TERMS)[0].startswith("unjudged: ")
+
+
+def test_a_contended_note_on_a_device_clock_changes_nothing() -> None:
+    base = entry_of(timed(1.0, seed=2))
+    assert decide(contended(timed(1.10, seed=1)), base).verdict.status == "regressed"
+
+
+def test_a_contended_case_without_a_baseline_is_new() -> None:
+    assert decide(contended(timed(1.0, clock="host", mode="host")), None).verdict.status == "new"
+
+
+def test_a_contended_re_measurement_leaves_the_case_unjudged() -> None:
+    base = entry_of(timed(1.0, clock="host", mode="host", seed=2))
+    summary = Summary.from_mapping(base)
+    first = timed(1.10, clock="host", mode="host", seed=1)
+    verdict = decide(first, base).verdict
+    assert verdict.status == "regressed"
+    again = contended(timed(1.10, clock="host", mode="host", seed=3))
+    second, kept, _ = policy.decide_again(verdict, first, again, summary, TERMS, HERE)
+    assert second.status == "unjudged"
+    assert not second.failed
+    assert kept is again

@@ -22,6 +22,7 @@ from pytest_attnperf.gate.verdict import (
     judge,
     overhead_shift_ms,
 )
+from pytest_attnperf.measure.contention import CONTENDED
 from pytest_attnperf.measure.sampling import Measurement
 
 __all__ = ["HISTORY_KEEP", "Decision", "GateTerms", "Here", "History", "decide", "decide_again", "history",
@@ -114,6 +115,25 @@ def _clock_changed(baseline_clock: Any, measurement: Measurement) -> Verdict:
     )
 
 
+def _contended(measurement: Measurement) -> str | None:
+    """The host timer's note that the host was contended while it sampled (``measure.contention``),
+    for a host-clock measurement; None otherwise, and for every device clock."""
+    if measurement.clock != "host":
+        return None
+    return next((note for note in measurement.notes if note.startswith(CONTENDED)), None)
+
+
+def _unjudged(note: str, measurement: Measurement, baseline: Summary) -> Verdict:
+    """A passing verdict for a host-clock case timed on a contended host: its samples hold other
+    work's time slices (scheduler ticks), so against the baseline they say nothing of the kernel,
+    neither a regression to fail nor an unchanged case to pass as such."""
+    return Verdict(
+        "unjudged", measurement.median_ms / centre_ms(baseline),
+        f"UNJUDGED: {note}, so the host clock timed other work too and the case is not judged "
+        f"against its baseline (this run: {measurement.summary.describe()}); rerun it on an idle host",
+    )
+
+
 def _centre_machines(baseline: Summary) -> tuple[str | None, ...]:
     """The machines of the recordings behind ``baseline``'s centre: with fewer than
     ``HISTORY_MIN`` the centre is the latest recording, else the median of them all."""
@@ -199,6 +219,9 @@ def decide(measurement: Measurement, entry: Mapping[str, Any] | None, summary: S
         ))
     if summary is None and terms.require_baseline:
         return Decision(Verdict("new", None, "no baseline entry"), missing=True)
+    contended = _contended(measurement)
+    if summary is not None and contended is not None:  # a failing case on a busy CPU: not the kernel's doing
+        return Decision(_unjudged(contended, measurement, summary))
     if summary is not None and measurement.clock == "cuda-events" and not _all_from_here(summary, here):
         return Decision(Verdict(
             "not compared", measurement.median_ms / centre_ms(summary),
@@ -220,6 +243,9 @@ def decide_again(first: Verdict, measurement: Measurement, again: Measurement, s
                 f"({'; '.join(again.notes) or 'no reason given'}); the {measurement.clock} "
                 "measurement's verdict stands")
         return first, replace(measurement, notes=(*measurement.notes, note)), None
+    contended = _contended(again)
+    if summary is not None and contended is not None:
+        return _unjudged(contended, again, summary), again, None
     second, refused = _judge(again, summary, terms, here)
     note = f"re-measured after a suspected regression ({first.change_pct:+.1f}% first)"
     return second, replace(again, notes=(*again.notes, note)), refused
@@ -261,12 +287,15 @@ def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, 
 
 
 def verdict_notes(verdict: Verdict, terms: GateTerms) -> tuple[str, ...]:
-    """For the summary table: why a case was not compared; that it was judged against another
+    """For the summary table: why a case was not compared or not judged; that it was judged against another
     machine's recordings, with what (the same words for every such case, so the table prints
     them once); and why a change beyond the tolerance was judged unchanged (the case's own
     figures; its others are in its verdict message)."""
     if verdict.status == "not compared":
         return (f"not compared: {verdict.message}",)
+    if verdict.status == "unjudged":  # the measurement's own note names the signals, case by case
+        return ("unjudged: host-clock times taken on a contended host are not judged against the baseline; "
+                "rerun on an idle host",)
     held = (f"unchanged: {verdict.held}",) if verdict.held else ()
     return _machine_notes(verdict, terms) + held
 

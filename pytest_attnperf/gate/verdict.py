@@ -160,7 +160,8 @@ class Summary:
 @dataclass(frozen=True)
 class Verdict:
     """``status`` is one of: new, unchanged, improved, regressed, and (set by the plugin) recorded,
-    not compared (another mode), clock changed (fails: see ``perf._clock_changed``)."""
+    not compared (another mode), clock changed (fails: see ``perf._clock_changed``), unjudged (a
+    host-clock case timed on a contended host: see ``policy._unjudged``)."""
 
     status: str
     ratio: float | None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_attnperf.gate.verdict import Summary
+from pytest_attnperf.measure.contention import HostLoad, contention_note, host_load
 from pytest_attnperf.measure.verify import Replays
 
 __all__ = ["REPLAY_CLOCK", "HostTimer", "Measurement", "ReplayClock", "SamplingPlan", "Timer", "gc_paused",
@@ -169,37 +170,47 @@ HOST_DRAWS = 2  # timed draws the host timer alternates: two, so a result left f
 
 
 class HostTimer:
-    """Host clock around synchronous CPU work."""
+    """Host clock around synchronous CPU work. ``clock_ns`` (``time.perf_counter_ns``, looked up
+    when sampling starts) and ``load`` (the host's load, read before and after sampling:
+    ``contention.host_load``) may be replaced, for tests."""
+
+    def __init__(self, clock_ns: Callable[[], int] | None = None,
+                 load: Callable[[], HostLoad | None] = host_load) -> None:
+        self._clock_ns, self._load = clock_ns, load
 
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         """Host-clock samples of ``fn`` after its warm-up, the garbage collector paused. The
         samples alternate between ``HOST_DRAWS`` timed draws (``verify.Replays``; a plain
         callable is one), each checked after sampling on one more call, and two more calls of
-        the first are compared bit for bit."""
+        the first are compared bit for bit. A contended host (``contention.contention_note``)
+        is noted, so the gate leaves the case unjudged."""
         replays = Replays(fn)
         try:
             return self._measure(replays, plan)
         finally:
             replays.release()
 
-    @staticmethod
-    def _measure(replays: Replays, plan: SamplingPlan) -> Measurement:
+    def _measure(self, replays: Replays, plan: SamplingPlan) -> Measurement:
         calls = [replays.call(index) for index in range(1, (HOST_DRAWS if replays.draws else 1) + 1)]
         warm_up(calls[0], plan)
-        turn = [0]
+        turn, clock_ns = [0], self._clock_ns or time.perf_counter_ns
 
         def take_ms() -> float:
             call = calls[turn[0] % len(calls)]
             turn[0] += 1
-            start = time.perf_counter_ns()
+            start = clock_ns()
             call()
-            return (time.perf_counter_ns() - start) / 1e6
+            return (clock_ns() - start) / 1e6
 
+        loads = [self._load()]
         with gc_paused():
             samples = sample_adaptively(take_ms, plan, rounds_of=len(calls))
+        loads.append(self._load())
         for index, call in enumerate(calls, start=1):
             replays.check(index, "a host-timed call", call)
         replays.compare(1, calls[0])
-        return Measurement(tuple(samples), clock="host", mode="host", notes=replays.notes(plan.overhead),
+        contended = None if plan.overhead else contention_note(samples, loads)  # the run's overhead is no case
+        notes = replays.notes(plan.overhead) + ((contended,) if contended else ())
+        return Measurement(tuple(samples), clock="host", mode="host", notes=notes,
                            verified=replays.verified,
                            bitwise=replays.bitwise, bitwise_diff=replays.bitwise_diff, verify_s=replays.seconds)

@@ -94,11 +94,15 @@ class BadReport(ValueError):
     """A JUnit report that cannot be parsed (a run killed while writing it); names the file."""
 
 
+_NOT_JUDGED = {"not compared", "unjudged"}  # passing verdicts that judged nothing: no catch to count
+
+
 def _outcomes(path: Path) -> dict[str, str]:
     """Node id -> "regressed" (a failure saying REGRESSED), "failed" (any other failure or
     error: a changed clock, a wrong result, a crash), "not compared" (passed, and the plugin's
     verdict says its baseline could not be compared with it, e.g. an events-timed case against
-    another machine's recordings, or a case recorded in another mode) or "passed", from a JUnit
+    another machine's recordings, or a case recorded in another mode; or "unjudged", a CPU case
+    timed on a contended host) or "passed", from a JUnit
     XML report; skipped tests (nothing measured) are left out, and a run that left no report
     gives none. ``BadReport`` when the file is not XML."""
     if not path.exists():
@@ -115,7 +119,7 @@ def _outcomes(path: Path) -> dict[str, str]:
         said = " ".join(b.get("message", "") + (b.text or "") for b in bad)
         verdicts = [p.get("value") for p in case.iter("property") if p.get("name") == "attnperf_verdict"]
         found[testcase_nodeid(case)] = ("regressed" if "REGRESSED" in said else "failed" if bad
-                                        else "not compared" if "not compared" in verdicts else "passed")
+                                        else "not compared" if _NOT_JUDGED & set(verdicts) else "passed")
     return found
 
 
