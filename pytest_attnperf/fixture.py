@@ -13,10 +13,9 @@ from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.gate import floors, policy
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
-from pytest_attnperf.measure.isolation import is_out_of_memory
 from pytest_attnperf.measure.pool import PoolRuns, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
-from pytest_attnperf.measure.verify import Draws, TimedDiffers
+from pytest_attnperf.measure.verify import Draws, TimedDiffers, raised_as_differing
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key
 from pytest_attnperf.parallel.xdist import timing_turn
@@ -316,13 +315,8 @@ def _called_again(fn: Callable[[], Any]) -> Callable[[], Any]:
         return fn
 
     def call() -> Any:
-        try:
-            return fn()
-        except Exception as exc:
-            if is_out_of_memory(exc):
-                raise
-            raise TimedDiffers(f"the kernel raised when called again on the checked inputs, where its checked call "
-                               f"had returned: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        return raised_as_differing(fn, "the kernel raised when called again on the checked inputs, where its checked "
+                                       "call had returned")
 
     return call
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["UNVERIFIED", "Draws", "Replays", "TimedDiffers", "tensors_of"]
+__all__ = ["UNVERIFIED", "Draws", "Replays", "TimedDiffers", "raised_as_differing", "tensors_of"]
 
 UNVERIFIED = ("timed calls not checked: the callable gives no timed draws (attnperf.measure of a plain "
               "callable; the suites pass their checked case)")
@@ -73,6 +73,20 @@ def tensors_of(result: Any) -> list[Any]:
     return [x for x in items if hasattr(x, "is_floating_point") and hasattr(x, "untyped_storage")]
 
 
+def raised_as_differing(call: Callable[[], Any], what: str) -> Any:
+    """``call()``; an exception from it (not running out of memory, which case isolation reports)
+    raised again as a ``TimedDiffers`` saying ``what``: the kernel raised where its checked call
+    returned."""
+    from pytest_attnperf.measure.isolation import is_out_of_memory
+
+    try:
+        return call()
+    except Exception as exc:
+        if is_out_of_memory(exc) or isinstance(exc, TimedDiffers):
+            raise
+        raise TimedDiffers(f"{what}: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
 def _capturing() -> bool:
     import torch
 
@@ -87,6 +101,7 @@ class Replays:
         self.draws: Draws | None = fn if isinstance(fn, Draws) else None
         self.results: dict[int, Any] = {}
         self._calls: dict[int, Callable[[], Any]] = {}
+        self._bases: dict[int, Callable[[], Any]] = {}
         self.verified = 0
         self.bitwise: bool | None = None
         self.bitwise_diff: float | None = None
@@ -98,6 +113,7 @@ class Replays:
         and this object refer to each other."""
         self.results.clear()
         self._calls.clear()
+        self._bases.clear()
 
     def notes(self, overhead: bool = False) -> tuple[str, ...]:
         """What the measurement's notes say of its verification: that there was none, for a
@@ -124,22 +140,20 @@ class Replays:
             self.results[index] = out
             return out
 
-        self._calls[index] = recorded
+        self._calls[index], self._bases[index] = recorded, base
         return recorded
 
-    def _first(self, base: Callable[[], Any], index: int) -> Any:
-        from pytest_attnperf.measure.isolation import is_out_of_memory
+    def bare(self, index: int) -> Callable[[], Any]:
+        """Timed draw ``index``'s call without the recording around it, for a host-timed loop
+        (nothing of the harness between the clock's two reads); its results are not kept, so a
+        draw is called through ``call`` at least once first, and checked through it after."""
+        self.call(index)
+        return self._bases[index]
 
+    def _first(self, base: Callable[[], Any], index: int) -> Any:
         assert self.draws is not None
-        try:
-            return base()
-        except Exception as exc:
-            if is_out_of_memory(exc) or isinstance(exc, TimedDiffers):
-                raise
-            raise TimedDiffers(
-                f"the timed computation differs from the checked one: the kernel raised on timed "
-                f"{self.draws.describe(index)} where the checked call had returned: {type(exc).__name__}: "
-                f"{str(exc)[:300]}") from exc
+        return raised_as_differing(base, f"the timed computation differs from the checked one: the kernel raised on "
+                                         f"timed {self.draws.describe(index)} where the checked call had returned")
 
     def check(self, index: int, where: str, again: Callable[[], Any]) -> None:
         """Hold timed draw ``index``'s result to the family's rule after ``again`` (one more
