@@ -245,6 +245,8 @@ class Perf:
                 verified=m.verified,
                 kernels=m.kernels,
                 kernels_changed=result.kernels_changed,
+                kernels_source=m.kernels_source,
+                inventory_s=m.inventory_s,
             )
         )
 

@@ -84,3 +84,5 @@ class Row:
     verified: int = 0  # timed draws checked after sampling
     kernels: dict[str, int] | None = None  # the kernel inventory of one timed call (measure/inventory.py)
     kernels_changed: str | None = None  # how it differs from the baseline entry's (None: same, or not compared)
+    kernels_source: str | None = None  # how the inventory was read: "graph replay" or "eager call"
+    inventory_s: float = 0.0  # host seconds reading it took

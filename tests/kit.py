@@ -20,8 +20,8 @@ A project that needs more appends code to the text: a subclass of ``ScriptedTime
 returns it; a later definition of a hook replaces the kit's.
 
 ``CudaTimer`` itself runs on the CPU through ``fake_cuda``: torch.cuda's streams, events and
-graphs replaced by fakes on the clock of a ``FakeGpu``, whose kernel names a fake profiler reads. ``HostClock`` is a host clock that moves
-only when told to.
+graphs replaced by fakes on the clock of a ``FakeGpu`` (whose kernels' names a fake profiler
+reads). ``HostClock`` is a host clock that moves only when told to.
 """
 
 from __future__ import annotations

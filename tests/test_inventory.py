@@ -15,8 +15,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kit import CONFTEST, H200, PLUGIN, TESTS, FakeGpu, editing_baseline, entries, fake_cuda, junit_properties, \
-    make_project
+from kit import (
+    CONFTEST,
+    H200,
+    PLUGIN,
+    TESTS,
+    FakeGpu,
+    editing_baseline,
+    entries,
+    fake_cuda,
+    junit_properties,
+    make_project,
+)
 
 from pytest_attnperf.measure import inventory
 from pytest_attnperf.measure.inventory import EAGER, GRAPH, Harness, diff, normalise, per_call, verdict
@@ -93,7 +103,7 @@ def test_the_verdict_compares_only_inventories_read_alike_and_only_where_the_ent
 
 # -- the baseline entry ---------------------------------------------------------------------------
 
-ENTRY = {"median_ms": 1.0, "ci_low_ms": 0.99, "ci_high_ms": 1.01, "stdrel": 0.001, "n_samples": 20}
+ENTRY: dict[str, object] = {"median_ms": 1.0, "ci_low_ms": 0.99, "ci_high_ms": 1.01, "stdrel": 0.001, "n_samples": 20}
 
 
 def _write(path: Path, entry: dict[str, object]) -> Path:
@@ -104,7 +114,8 @@ def _write(path: Path, entry: dict[str, object]) -> Path:
 def test_entries_with_and_without_an_inventory_load(tmp_path: Path) -> None:
     old = baselines.load(_write(tmp_path / "old.yaml", ENTRY))
     new = baselines.load(_write(tmp_path / "new.yaml", {**ENTRY, "kernels": {"flash_fwd": 1}}))
-    assert old is not None and new is not None
+    assert old is not None
+    assert new is not None
     assert "kernels" not in old.entries["t::c"]
     assert new.entries["t::c"]["kernels"] == {"flash_fwd": 1}
 
@@ -114,7 +125,8 @@ def test_an_entry_whose_inventory_is_not_counts_is_unusable(tmp_path: Path, bad:
     with pytest.raises(baselines.BaselineError, match="'kernels'"):
         baselines.load(_write(tmp_path / "bad.yaml", {**ENTRY, "kernels": bad}))
     kept = baselines.load(tmp_path / "bad.yaml", keep_unusable=True)
-    assert kept is not None and "t::c" in kept.unusable
+    assert kept is not None
+    assert "t::c" in kept.unusable
 
 
 # -- the timer reads it ---------------------------------------------------------------------------
