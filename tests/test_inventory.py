@@ -184,6 +184,18 @@ def test_a_hot_graph_of_many_calls_is_counted_per_call(gpu: FakeGpu) -> None:
     assert m.kernels_source == GRAPH
 
 
+def test_a_profile_that_fails_leaves_the_case_without_an_inventory_and_says_why(
+        gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    def busy(fn: object) -> list[str]:
+        raise RuntimeError("Profiler is already enabled on this thread")
+
+    monkeypatch.setattr(CudaTimer, "kernels_of", staticmethod(busy))
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert m.kernels is None
+    assert "kernel inventory not read (RuntimeError: Profiler is already enabled on this thread)" in m.notes
+    assert m.median_ms == pytest.approx(0.02)
+
+
 def test_an_extra_kernel_in_the_timed_graph_shows_in_its_inventory(gpu: FakeGpu) -> None:
     """A kernel that adds a copy to its calls once warm (the graph holds it; the checked call
     did not): the inventory, read from the graph, counts it."""

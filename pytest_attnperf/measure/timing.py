@@ -158,7 +158,7 @@ class CudaTimer:
         notes.extend([held] if held else [])
         take_ms.verify(replays)
         notes.extend(replays.notes(plan.overhead))
-        kernels = self._inventory(take_ms, replays) if plan.inventory and not plan.overhead else None
+        kernels = self._inventory(take_ms, replays, notes) if plan.inventory and not plan.overhead else None
 
         return Measurement(
             tuple(samples),
@@ -179,17 +179,22 @@ class CudaTimer:
             inventory_s=kernels.seconds if kernels else 0.0,
         )
 
-    def _inventory(self, sampler: Sampler, replays: Replays) -> inventory.Inventory:
+    def _inventory(self, sampler: Sampler, replays: Replays, notes: list[str]) -> inventory.Inventory | None:
         """The kernels one timed call launched: one replay of the graph the first timed draw was
         sampled on, profiled, less what the harness launches itself (``inventory.take``); the
-        harness's part is measured on this timer's first case, and its seconds are the case's."""
+        harness's part is measured on this timer's first case, and its seconds are the case's. A
+        profile that fails (another profiler running, say) leaves the case without an inventory,
+        and a note says why."""
         began = time.perf_counter()
-        if self._harness is None:
-            self._harness = self._harness_kernels()
         _, _, again = sampler.timed[0]
-        replay = again if sampler.graphed else None
-        taken = inventory.take(self.kernels_of, self._harness, replay, replays.call(1),
-                               holds_flush=sampler.holds_flush, calls=sampler.calls_per_replay)
+        try:
+            if self._harness is None:
+                self._harness = self._harness_kernels()
+            taken = inventory.take(self.kernels_of, self._harness, again if sampler.graphed else None,
+                                   replays.call(1), holds_flush=sampler.holds_flush, calls=sampler.calls_per_replay)
+        except Exception as exc:  # noqa: BLE001 - the inventory is a report; its failure is not the case's
+            notes.append(f"kernel inventory not read ({type(exc).__name__}: {str(exc)[:120]})")
+            return None
         return replace(taken, seconds=time.perf_counter() - began)
 
     def _harness_kernels(self) -> inventory.Harness:
