@@ -152,14 +152,16 @@ def main() -> int:
     lines.append(f"record: {record_s:.0f} s (exit {record_rc}); gate with swaps: {gate_s:.0f} s (exit {gate_rc}); "
                  f"the swapped alone with --attnperf-fail-on-kernel-change: {fail_s:.0f} s (exit {fail_rc}, "
                  f"{failed})")
-    lines.append("case | source | profiling s | kernels recorded | verdict after the swap")
+    lines.append("case | source | profiling s | kernels recorded | backend, time verdict, kernels after the swaps")
     for case in CASES:
         row, again = recorded.get(case, {}), gated.get(case, {})
         kernels = ", ".join(f"{k} x{n}" for k, n in (row.get("kernels") or {}).items()) or "-"
-        verdict = again.get("kernels_changed") or ("same" if again else "not gated")
+        verdict = again.get("kernels_changed") or ("same" if again.get("kernels") else "none read" if again
+                                                   else "not gated")
         swapped = f" [{SWAPS[case]}]" if case in SWAPS else ""
+        gated_as = f"{again.get('backend', '-')}, {again.get('status', '-')}, " if again else ""
         lines.append(f"{short(case)}{swapped} | {row.get('kernels_source') or '-'} | "
-                     f"{row.get('inventory_s', 0.0):.3f} | {kernels} | {verdict}")
+                     f"{row.get('inventory_s', 0.0):.3f} | {kernels} | {gated_as}{verdict}")
     total = sum(row.get("inventory_s", 0.0) for row in recorded.values())
     lines.append(f"profiling: {total:.2f} s over {len(recorded)} recorded cases "
                  "(the first holds the harness's two profiles)")
