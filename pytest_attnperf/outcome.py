@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.costs import Cost, Metrics
+from pytest_attnperf.gate.memory import MemoryCheck
 from pytest_attnperf.gate.physics import PhysicsCheck
 from pytest_attnperf.gate.roofline import FloorOutcome, Position
 from pytest_attnperf.gate.verdict import Verdict
@@ -81,3 +82,4 @@ class Row:
     params: dict[str, Any] = field(default_factory=dict)  # the case as plain data (reportgen.case_params)
     bitwise: bool | None = None  # two replays of one timed draw gave equal bits (None: not compared)
     verified: int = 0  # timed draws checked after sampling
+    memory: tuple[MemoryCheck, ...] = ()  # the peak against the baseline's and the family's bound (gate.memory)
