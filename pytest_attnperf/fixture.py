@@ -71,7 +71,7 @@ class Perf:
         memory = self._memory(result.measurement)
         self._record(result, memory)
         verdict, measurement = result.verdict, result.measurement
-        node.user_properties.extend(_junit_properties(result, memory))  # JUnit XML; the noise benchmark reads the verdict
+        node.user_properties.extend(_junit_properties(result, memory))  # JUnit XML; the noise benchmark reads it
         self._session.measure_overhead()  # measured before any test (session.prepare); here only if that step could not
         self._feed_benchmark(result)
         breached = [check.message for check in memory if check.failed]

@@ -31,13 +31,17 @@ DEFAULT = Tolerance()  # 1 MiB + 1%
 
 def test_an_unchanged_peak_passes() -> None:
     check = against_baseline(100.0, 100.0, DEFAULT)
-    assert check is not None and not check.failed
-    assert check.status == "unchanged" and check.ratio == 1.0
+    assert check is not None
+    assert not check.failed
+    assert check.status == "unchanged"
+    assert check.ratio == 1.0
 
 
 def test_a_peak_grown_beyond_the_tolerance_fails_with_both_figures() -> None:
     check = against_baseline(102.1, 100.0, DEFAULT)  # allowed: 100 x 1.01 + 1 = 102 MiB
-    assert check is not None and check.failed and check.status == "memory regressed"
+    assert check is not None
+    assert check.failed
+    assert check.status == "memory regressed"
     assert check.message.startswith("memory regressed: peak above the inputs 102.10 MiB, baseline 100.00 MiB (+2.1%)")
     assert "allowed 102.00 MiB (--attnperf-memory-tolerance 1MiB+1%)" in check.message
     assert check.limit_mib == pytest.approx(102.0)
@@ -45,19 +49,25 @@ def test_a_peak_grown_beyond_the_tolerance_fails_with_both_figures() -> None:
 
 def test_a_peak_within_the_tolerance_passes() -> None:
     check = against_baseline(101.9, 100.0, DEFAULT)
-    assert check is not None and not check.failed and check.status == "unchanged"
+    assert check is not None
+    assert not check.failed
+    assert check.status == "unchanged"
 
 
 def test_the_floor_holds_small_peaks_and_only_the_floor() -> None:
     tiny = against_baseline(1.1, 0.2, DEFAULT)  # allowed 1.202: a small workspace's MiB is no share
-    assert tiny is not None and not tiny.failed
+    assert tiny is not None
+    assert not tiny.failed
     grown = against_baseline(1.3, 0.2, DEFAULT)
-    assert grown is not None and grown.failed
+    assert grown is not None
+    assert grown.failed
 
 
 def test_a_peak_that_shrank_is_smaller_and_passes() -> None:
     check = against_baseline(50.0, 100.0, DEFAULT)
-    assert check is not None and not check.failed and check.status == "smaller"
+    assert check is not None
+    assert not check.failed
+    assert check.status == "smaller"
 
 
 @pytest.mark.parametrize("recorded", [None, "100", True, math.nan, math.inf, -1.0])
@@ -76,18 +86,21 @@ def test_no_peak_or_the_tolerance_off_compares_nothing() -> None:
 ])
 def test_the_tolerance_reads_a_floor_and_a_share(text: str, floor: float, share: float) -> None:
     tolerance = Tolerance.parse(text)
-    assert (tolerance.floor_mib, tolerance.share, tolerance.off) == (pytest.approx(floor), pytest.approx(share), False)
+    assert tolerance.floor_mib == pytest.approx(floor)
+    assert tolerance.share == pytest.approx(share)
+    assert not tolerance.off
     assert Tolerance.parse(tolerance.describe()) == tolerance
 
 
 @pytest.mark.parametrize("text", ["", "1", "1GiB", "1MiB+2MiB", "x%", "1%+", "inf%", "-1%"])
 def test_a_bad_tolerance_is_refused(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected off|give each of MiB and % once"):
         Tolerance.parse(text)
 
 
 def test_off_reads_in_any_case() -> None:
-    assert Tolerance.parse("OFF").off and Tolerance.parse("off").describe() == "off"
+    assert Tolerance.parse("OFF").off
+    assert Tolerance.parse("off").describe() == "off"
 
 
 # -- the analytic bound -----------------------------------------------------------------------
@@ -158,13 +171,18 @@ def test_a_state_per_token_is_over_the_linear_bound_at_the_gpu_shape() -> None:
 def test_a_peak_over_the_bound_fails_with_both_figures_and_a_way_out() -> None:
     bound = Bound((("output", 4 * MIB),), 2.0, 16 * MIB)  # 24 MiB
     check = against_bound(100.0, bound, "kernel 'k'")
-    assert check is not None and check.failed and check.status == "over the memory bound"
+    assert check is not None
+    assert check.failed
+    assert check.status == "over the memory bound"
     assert check.message.startswith("over the memory bound: peak above the inputs 100.00 MiB, bound 24.00 MiB "
                                     "= 2 x (output 4.0 MiB) + 16 MiB; kernel 'k' is registered as tiled")
     assert "tiled=False" in check.message
     within = against_bound(24.0, bound)
-    assert within is not None and not within.failed and within.ratio == 1.0
-    assert against_bound(None, bound) is None and against_bound(1.0, None) is None
+    assert within is not None
+    assert not within.failed
+    assert within.ratio == 1.0
+    assert against_bound(None, bound) is None
+    assert against_bound(1.0, None) is None
 
 
 def _kernel(family: str = "softmax", **options: Any) -> Kernel:
@@ -319,3 +337,22 @@ def test_a_bad_memory_tolerance_is_a_usage_error_naming_its_source(pytester: pyt
     result = pytester.runpytest(*kit.PLUGIN, "--attnperf-memory-tolerance=lots")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*bad value 'lots' from --attnperf-memory-tolerance*"])
+
+
+def test_the_memory_zoo_kernel_materialises_scores_while_claiming_to_be_tiled() -> None:
+    """Its registration says tiled; its answer is naive's, so a GPU run can only fail it on memory."""
+    from zoo import memory as zoo
+
+    registry = KernelRegistry()
+    zoo.register(registry)
+    (kernel,) = list(registry)
+    case = next(c for c in SOFTMAX_CASES if c.id == "b32-h16-t1024-d64-causal-bf16")
+    assert kernel.name in zoo.BAD
+    assert kernel.tiled
+    assert bound_for(kernel, case, "fwd") == softmax_bound(case, "fwd")
+    import torch
+
+    from pytest_attnperf.families.softmax.kernels import naive
+
+    q = torch.randn(1, 2, 8, 4)
+    assert torch.equal(kernel.fn(q, q, q, causal=True, scale=0.5), naive(q, q, q, causal=True, scale=0.5))
