@@ -287,6 +287,7 @@ def test_a_kernel_claiming_tiled_whose_peak_exceeds_the_bound_fails(pytester: py
     }
     result.stdout.fnmatch_lines(["*over the memory bound: peak above the inputs 2048.00 MiB, bound 152.00 MiB = 2 x "
                                  "(output 64.0 MiB + row statistics 4.0 MiB) + 16 MiB; kernel 'mine-tiled'*"])
+    result.stdout.fnmatch_lines(["attnperf on h200: 2 measured cases (2 new; 1 over the memory bound)"])
     result.stdout.fnmatch_lines(["*mine-tiled-fwd]*2048.0*-*1347 OVER*new*"])  # the summary's row
 
     kit.set_peaks(pytester, {"*": 100.0})
@@ -296,12 +297,13 @@ def test_a_kernel_claiming_tiled_whose_peak_exceeds_the_bound_fails(pytester: py
 
 
 def _record_then_gate(pytester: pytest.Pytester, recorded: float, peaks: dict[str, float],
-                      *args: str) -> pytest.RunResult:
+                      *args: str, slower: float = 1.0) -> pytest.RunResult:
     kit.make_project(pytester, test_cases=kit.TESTS)
     kit.set_peaks(pytester, {"*": recorded})
     pytester.runpytest(*kit.PLUGIN, "--update-baselines", "--benchmark-disable").assert_outcomes(passed=2)
     assert {e["peak_mib"] for e in kit.entries(pytester).values()} == {recorded}
     kit.set_peaks(pytester, peaks)
+    kit.set_speed(pytester, a=slower)
     return pytester.runpytest(*kit.PLUGIN, "--benchmark-disable", "-rA", *args)
 
 
@@ -316,6 +318,7 @@ def test_a_case_whose_peak_grew_fails_as_memory_regressed_and_an_unchanged_one_p
         "*::test_case?b?: memory regressed: peak above the inputs 150.00 MiB, baseline 100.00 MiB (+50.0%); "
         "allowed 102.00 MiB (--attnperf-memory-tolerance 1MiB+1%)",
     ])
+    result.stdout.fnmatch_lines(["attnperf on h200: 2 measured cases (2 unchanged; 1 memory regressed)"])
     result.stdout.fnmatch_lines(["test_case?a?*100.0*+0.0% unchanged*+0.0% unchanged",
                                  "test_case?b?*150.0*+50.0% REGRESSED*+0.0% unchanged"])
     assert "REGRESSED +" not in result.stdout.str()  # the time did not regress
@@ -356,3 +359,13 @@ def test_the_memory_zoo_kernel_materialises_scores_while_claiming_to_be_tiled() 
 
     q = torch.randn(1, 2, 8, 4)
     assert torch.equal(kernel.fn(q, q, q, causal=True, scale=0.5), naive(q, q, q, causal=True, scale=0.5))
+
+
+def test_a_slower_case_whose_memory_also_grew_fails_with_both(pytester: pytest.Pytester) -> None:
+    """Time and memory are judged apart: a case 20% slower and 50% larger fails with both, and the
+    memory alone fails one whose time is unchanged."""
+    result = _record_then_gate(pytester, 100.0, {"*": 150.0}, slower=1.2)
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "test_case[a]: REGRESSED +20.0%" in out
+    assert out.count("memory regressed: peak above the inputs 150.00 MiB, baseline 100.00 MiB") == 2

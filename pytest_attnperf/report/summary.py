@@ -120,6 +120,8 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
     widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
     statuses = Counter(r.status for r in rows)
     counted = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    breaches = Counter(c.status for r in rows for c in r.memory if c.failed)  # the memory gate's, apart
+    counted += "".join(f"; {n} {s}" for s, n in sorted(breaches.items()))
     lines = [f"attnperf on {hw_name}: {len(rows)} measured cases" + (f" ({counted})" if counted else "")]
     for n, line in enumerate(table):
         cells = zip(line, widths, strict=True)
