@@ -146,10 +146,12 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # the committed baselines: every built-in tiled kernel must stay within its bound (naive and
     # sdpa-math are exempt, their bound shown in brackets) and memory-bad-dense-scores (tests/zoo/memory.py:
     # naive's scores, registered as tiled) must fail "over the memory bound". JUnit to
-    # $OUT/memory.xml; the table (kernel, case, peak above inputs, bound, verdict) to $OUT/memory.md
+    # $OUT/memory.xml; the table (kernel, case, peak above inputs, bound, verdict) to $OUT/memory.md.
+    # Times are sampled briefly and gated loosely (50%): memory is what this mode checks
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests"
     timeout -s INT "${BUDGET:-220}" "${PYTEST[@]}" -rf suites/test_softmax.py --hw=h200 -p zoo.memory \
-      --attnperf-budget=0.2s --attnperf-processes=1 --benchmark-disable \
+      --attnperf-budget=0.2s --attnperf-processes=1 --attnperf-cold-graphs=2 --attnperf-tolerance=50% \
+      --benchmark-disable \
       -k "${K:-b32-h16-t1024 or b1-h12-t2048-d64-causal or b2-h12-kv3-t1024}" \
       --junitxml="$OUT/memory.xml" > "$OUT/memory.log" 2>&1
     tail -n 2 "$OUT/memory.log"
@@ -161,7 +163,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # of the built-in softmax kernels on three GPU cases (CASES, comma-separated ids), REPEATS (20)
     # calls each after warm-up, in two processes; both JSON files and the table to $OUT
     for run in 1 2; do
-      timeout -s INT "${BUDGET:-100}" python3 tools/memory.py noise --repeats "${REPEATS:-20}" \
+      timeout -s INT "${BUDGET:-110}" python3 tools/memory.py noise --repeats "${REPEATS:-20}" \
         ${CASES:+--cases "$CASES"} --out "$OUT/memory-noise-$run.json" > "$OUT/memory-noise-$run.log" 2>&1
       tail -n 1 "$OUT/memory-noise-$run.log"
     done

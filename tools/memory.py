@@ -156,6 +156,7 @@ def noise(cases: Sequence[str], repeats: int, out: Path) -> list[str]:
                         continue
                 found.append({"kernel": kernel.name, "case": case.id, "direction": direction,
                               "peaks_bytes": [round(p * 2**20) for p in peaks]})
+                out.write_text(json.dumps(found, indent=1))  # after each, so a run stopped early keeps its cases
                 torch.cuda.empty_cache()
     out.write_text(json.dumps(found, indent=1))
     return noise_table([out])
