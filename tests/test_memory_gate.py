@@ -296,6 +296,14 @@ def test_a_kernel_claiming_tiled_whose_peak_exceeds_the_bound_fails(pytester: py
     result.stdout.fnmatch_lines(["*mine-tiled-fwd]*100.0*-*66 within*new*"])
 
 
+def test_a_recording_over_the_bound_fails_and_writes_no_entry(pytester: pytest.Pytester) -> None:
+    kit.make_project(pytester, MY_KERNELS, test_memory=TILED_TESTS)
+    kit.set_peaks(pytester, {"*": 2048.0})
+    result = pytester.runpytest(*kit.PLUGIN, "-k", "mine", "--update-baselines", "--benchmark-disable")
+    result.assert_outcomes(passed=1, failed=1)
+    assert [key.split("[")[1] for key in kit.entries(pytester)] == ["b32-h16-t1024-d64-causal-bf16-mine-dense-fwd]"]
+
+
 def _record_then_gate(pytester: pytest.Pytester, recorded: float, peaks: dict[str, float],
                       *args: str, slower: float = 1.0) -> pytest.RunResult:
     kit.make_project(pytester, test_cases=kit.TESTS)
@@ -369,3 +377,19 @@ def test_a_slower_case_whose_memory_also_grew_fails_with_both(pytester: pytest.P
     out = result.stdout.str()
     assert "test_case[a]: REGRESSED +20.0%" in out
     assert out.count("memory regressed: peak above the inputs 150.00 MiB, baseline 100.00 MiB") == 2
+
+
+def test_report_md_shows_each_cases_memory_checks() -> None:
+    from dataclasses import asdict
+
+    from pytest_attnperf.report.studies import build, render_md
+
+    grown = against_baseline(150.0, 100.0, DEFAULT)
+    assert grown is not None
+    case = {"nodeid": "t.py::test_x[a]", "backend": "-", "median_ms": 1.0, "stdrel": 0.0, "tflops": 1.0,
+            "mfu": None, "gb_per_s": 1.0, "bandwidth_frac": None, "peak_mib": 150.0, "status": "unchanged",
+            "params": {}, "memory": [asdict(grown)]}
+    md = render_md(build([case, {**case, "nodeid": "t.py::test_x[b]", "memory": []}], {}, {}))
+    assert "| peak MiB | memory | status |" in md
+    assert "| 150.0 | memory regressed | unchanged |" in md
+    assert "| 150.0 | - | unchanged |" in md
