@@ -382,7 +382,7 @@ def _baseline_ms(result: PerfResult) -> float | None:
 
 def _junit_properties(result: PerfResult, memory: tuple[MemoryCheck, ...] = ()) -> list[tuple[str, str]]:
     """The case's figures as JUnit XML properties (``attnperf_*``); those not known are left out."""
-    bound = next((c.limit_mib for c in memory if c.status in ("within bound", "over the memory bound")), None)
+    bound = next((c.limit_mib for c in memory if c.of_bound), None)
     figures = {
         "median_ms": result.median_ms, "baseline_ms": _baseline_ms(result),
         "change_pct": result.verdict.change_pct, "tflops": result.tflops, "mfu": result.mfu,

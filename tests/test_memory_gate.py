@@ -45,6 +45,7 @@ def test_a_peak_grown_beyond_the_tolerance_fails_with_both_figures() -> None:
     assert check.message.startswith("memory regressed: peak above the inputs 102.10 MiB, baseline 100.00 MiB (+2.1%)")
     assert "allowed 102.00 MiB (--attnperf-memory-tolerance 1MiB+1%)" in check.message
     assert check.limit_mib == pytest.approx(102.0)
+    assert not check.of_bound
 
 
 def test_a_peak_within_the_tolerance_passes() -> None:
@@ -177,6 +178,7 @@ def test_a_peak_over_the_bound_fails_with_both_figures_and_a_way_out() -> None:
     assert check.message.startswith("over the memory bound: peak above the inputs 100.00 MiB, bound 24.00 MiB "
                                     "= 2 x (output 4.0 MiB) + 16 MiB; kernel 'k' is registered as tiled")
     assert "tiled=False" in check.message
+    assert check.of_bound
     within = against_bound(24.0, bound)
     assert within is not None
     assert not within.failed
@@ -393,3 +395,53 @@ def test_report_md_shows_each_cases_memory_checks() -> None:
     assert "| peak MiB | memory | status |" in md
     assert "| 150.0 | memory regressed | unchanged |" in md
     assert "| 150.0 | - | unchanged |" in md
+
+
+def _recorded_peaks() -> list[tuple[Kernel, Any, str, float]]:
+    """The committed H200 recordings of the built-in suites: ``(kernel, case, direction, peak_mib)``."""
+    import re
+
+    import yaml
+
+    from pytest_attnperf.families.builtin import register_builtin
+    from pytest_attnperf.families.linear.suite import CASES as LINEAR_CASES
+
+    registry = KernelRegistry()
+    register_builtin(registry)
+    entries = yaml.safe_load((kit.ROOT / "baselines" / "h200.yaml").read_text())["entries"]
+    found = []
+    for nodeid, entry in entries.items():
+        match = re.search(r"test_(softmax|linear)\.py::test_\w+\[(.+)-(fwd|fwdbwd)\]$", nodeid)
+        if match is None or "peak_mib" not in entry:
+            continue
+        softmax, params, direction = match[1] == "softmax", match[2], match[3]
+        case = max((c for c in (SOFTMAX_CASES if softmax else LINEAR_CASES) if params.startswith(f"{c.id}-")),
+                   key=lambda c: len(c.id))
+        family, name = ("softmax", params[len(case.id) + 1:]) if softmax else params[len(case.id) + 1:].split("-", 1)
+        kernel = next(k for k in registry if (k.family, k.name) == (family, name))
+        found.append((kernel, case, direction, float(entry["peak_mib"])))
+    return found
+
+
+def test_the_committed_h200_peaks_of_the_builtin_tiled_kernels_are_within_their_bounds() -> None:
+    """The margin: every recorded peak of a tiled built-in kernel (flash, efficient, cuDNN, flex,
+    fla's chunk and fused kernels) is within its bound, by a quarter at least."""
+    tiled = [(k, c, d, peak) for k, c, d, peak in _recorded_peaks() if k.tiled]
+    assert len(tiled) >= 150
+    worst = max(peak / softmax_or_linear(k, c, d) for k, c, d, peak in tiled)
+    assert worst < 0.75
+
+
+def test_the_committed_h200_peaks_of_materialised_scores_are_over_the_bound_from_t1024() -> None:
+    """The power: naive's and the math backend's recorded peaks on every case of T >= 1024 are over
+    the bound a tiled kernel would be held to, by 2.5 times at least."""
+    dense = [(k, c, d, peak) for k, c, d, peak in _recorded_peaks()
+             if k.name in ("naive", "sdpa-math") and k.family == "softmax" and c.seq >= 1024]
+    assert len(dense) >= 30
+    assert min(peak / softmax_or_linear(k, c, d) for k, c, d, peak in dense) > 2.5
+
+
+def softmax_or_linear(kernel: Kernel, case: Any, direction: str) -> float:
+    """The bound in MiB the family gives the case, whether the kernel is tiled or not."""
+    bound = softmax_bound(case, direction) if kernel.family == "softmax" else linear_bound(case, direction)
+    return bound.mib

@@ -110,6 +110,11 @@ class MemoryCheck:
         """Whether the check fails the case."""
         return self.status in ("memory regressed", "over the memory bound")
 
+    @property
+    def of_bound(self) -> bool:
+        """Whether this is the check against the bound (else against the baseline)."""
+        return self.status in ("within bound", "over the memory bound")
+
 
 def against_baseline(peak_mib: float | None, baseline_mib: object, tolerance: Tolerance) -> MemoryCheck | None:
     """``peak_mib`` judged against the baseline entry's ``peak_mib``; None where either is not

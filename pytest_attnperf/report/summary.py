@@ -32,7 +32,7 @@ def _memory(row: Row, bound: bool) -> str:
     """The peak against the baseline's ("+0.0% unchanged") or as a share of the family's bound
     ("38 within", "140 OVER"); "-" where not judged."""
     for check in row.memory:
-        if bound != (check.status in ("within bound", "over the memory bound")) or check.ratio is None:
+        if bound != check.of_bound or check.ratio is None:
             continue
         if bound:
             return f"{100 * check.ratio:.0f} " + ("OVER" if check.failed else "within")
