@@ -445,3 +445,46 @@ def softmax_or_linear(kernel: Kernel, case: Any, direction: str) -> float:
     """The bound in MiB the family gives the case, whether the kernel is tiled or not."""
     bound = softmax_bound(case, direction) if kernel.family == "softmax" else linear_bound(case, direction)
     return bound.mib
+
+
+def _memory_tool() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_tool", kit.ROOT / "tools" / "memory.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_memory_tool_reads_the_committed_peaks_against_their_bounds() -> None:
+    lines = _memory_tool().from_baseline(kit.ROOT / "baselines" / "h200.yaml")
+    assert lines[0] == "| kernel | case | dir | peak MiB | bound MiB | peak / bound | kernel is | verdict |"
+    assert "| softmax/naive | b32-h16-t1024-d64-causal-bf16 | fwd | 2113.0 | 152.0 | 13.901 | exempt | OVER |" in lines
+    assert "tiled kernels' worst peak / bound 0.716" in lines[-1]
+
+
+def test_the_memory_tool_tables_a_runs_junit_and_the_noise_runs(tmp_path: Any) -> None:
+    tool, node = _memory_tool(), "test_softmax[b32-h16-t1024-d64-causal-bf16-{}-fwd]"
+    (tmp_path / "run.xml").write_text(
+        '<testsuites><testsuite name="pytest">'
+        f'<testcase classname="suites.test_softmax" name="{node.format("memory-bad-dense-scores")}"><properties>'
+        '<property name="attnperf_peak_mib" value="2113"/><property name="attnperf_memory_bound_mib" value="152"/>'
+        '<property name="attnperf_memory" value="over the memory bound"/></properties>'
+        '<failure message="...: over the memory bound: peak above the inputs">x</failure></testcase>'
+        f'<testcase classname="suites.test_softmax" name="{node.format("naive")}"><properties>'
+        '<property name="attnperf_peak_mib" value="2113"/></properties></testcase>'
+        '</testsuite></testsuites>')
+    rows = tool.from_junit([tmp_path / "run.xml"])
+    assert rows[2:] == [
+        "| memory-bad-dense-scores | b32-h16-t1024-d64-causal-bf16 | fwd | 2113 | 152 | over the memory bound | "
+        "failed over the memory bound |",
+        "| naive | b32-h16-t1024-d64-causal-bf16 | fwd | 2113 | (152.0 exempt) | - | passed |",
+    ]
+    for name, peaks in (("a", [4096, 4096]), ("b", [4096, 4608])):
+        (tmp_path / f"{name}.json").write_text(
+            f'[{{"kernel": "sdpa", "case": "c", "direction": "fwd", "peaks_bytes": {peaks}}}]')
+    table = tool.noise_table([tmp_path / "a.json", tmp_path / "b.json"])
+    assert table[2] == "| sdpa | c | fwd | 0.004 | 2 | 512 | 512 |"
+    assert table[-1] == "largest spread: 512 bytes (0.000 MiB)"
