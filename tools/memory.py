@@ -20,6 +20,7 @@ Each prints a short Markdown table last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -37,7 +38,8 @@ from pytest_attnperf.families.registry import Kernel, KernelRegistry  # noqa: E4
 from pytest_attnperf.families.softmax.memory import memory_bound as softmax_bound  # noqa: E402
 from pytest_attnperf.families.softmax.suite import CASES as SOFTMAX_CASES  # noqa: E402
 
-NODE = re.compile(r"test_(softmax|linear)\.py::test_\w+\[(?P<params>.+)-(?P<direction>fwd|fwdbwd)\]$")
+NODE = re.compile(r"test_(?:sweep\.py::test_sweep_)?(softmax|linear)(?:\.py::test_\w+)?"
+                  r"\[(?P<params>.+)-(?P<direction>fwd|fwdbwd)\]$")  # the softmax, linear and sweep suites' ids
 NOISE_CASES = "b32-h16-t1024-d64-causal-bf16,b1-h12-t2048-d64-causal-bf16,b2-h12-kv3-t1024-d64-causal-bf16"
 
 
@@ -55,7 +57,7 @@ def parse_node(nodeid: str, registry: KernelRegistry) -> tuple[str, str, Any, st
         return None
     params, direction = match["params"], match["direction"]
     softmax = match.group(1) == "softmax"
-    cases = SOFTMAX_CASES if softmax else LINEAR_CASES
+    cases = (SOFTMAX_CASES if softmax else LINEAR_CASES) + _sweep_cases(softmax)
     case = max((c for c in cases if params.startswith(c.id + "-")), key=lambda c: len(c.id), default=None)
     if case is None:
         return None
@@ -65,6 +67,20 @@ def parse_node(nodeid: str, registry: KernelRegistry) -> tuple[str, str, Any, st
         family, _, name = name.partition("-")
     kernel = next((k for k in registry if k.family == family and k.name == name), None)
     return family, name, case, direction, kernel
+
+
+@functools.cache
+def _sweep_cases(softmax: bool) -> tuple[Any, ...]:
+    """The sweep suite's case tables (``suites/test_sweep.py``), read from its file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "suites" / "test_sweep.py"
+    spec = importlib.util.spec_from_file_location("sweep", path)
+    if spec is None or spec.loader is None:
+        return ()
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.SOFTMAX if softmax else module.LINEAR)
 
 
 def bound_mib(family: str, case: Any, direction: str) -> float:
