@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from pytest_attnperf.costs import Cost, metrics
+from pytest_attnperf.families.memory import bound_for
 from pytest_attnperf.gate import floors, policy
+from pytest_attnperf.gate.memory import MemoryCheck, Tolerance, against_baseline, against_bound
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from pytest_attnperf.measure import inventory
@@ -67,11 +69,13 @@ class Perf:
         pinned = marker.args[0] if marker else None
         with timing_turn(session):  # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
             result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
-        self._record(result)
+        memory = self._memory(result.measurement)
+        self._record(result, memory)
         verdict, measurement = result.verdict, result.measurement
-        node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
+        node.user_properties.extend(_junit_properties(result, memory))  # JUnit XML; the noise benchmark reads it
         self._session.measure_overhead()  # measured before any test (session.prepare); here only if that step could not
         self._feed_benchmark(result)
+        breached = [check.message for check in memory if check.failed]
         if verdict.failed:
             drift = session.drift()
             extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
@@ -84,14 +88,31 @@ class Perf:
             if result.kernels_changed:
                 extra += f"\n  {result.kernels_changed}"
             below = floors.failure_message(result, floors.for_session(session))
-            pytest.fail(f"{self._key}: {verdict.message}{extra}" + (f"\n{below}" if below else ""), pytrace=False)
+            more = "".join(f"\n{line}" for line in [below, *breached] if line)
+            pytest.fail(f"{self._key}: {verdict.message}{extra}{more}", pytrace=False)
         below = floors.failure_message(result, floors.for_session(session))
-        if below:
-            pytest.fail(f"{self._key}: {below}", pytrace=False)
+        if below or breached:  # a memory breach fails apart from the time's verdict
+            pytest.fail(f"{self._key}: " + "\n".join(line for line in [*breached, below] if line), pytrace=False)
         if result.kernels_changed and session.settings.fail_on_kernel_change:
             pytest.fail(f"{self._key}: {result.kernels_changed} (against {session.baseline_path}; "
                         "--attnperf-fail-on-kernel-change is set)", pytrace=False)
         return result
+
+    def _memory(self, measurement: Measurement) -> tuple[MemoryCheck, ...]:
+        """The peak above the inputs judged against the family's bound, for a tiled kernel, and
+        against the baseline entry's (not when recording, nor in a pool run); docs/memory.md."""
+        settings = self._session.settings
+        if settings.pool_out is not None or measurement.peak_mib is None:
+            return ()
+        callspec = getattr(self._request.node, "callspec", None)
+        params = callspec.params if callspec else {}
+        kernel = params.get("kernel")
+        bound = bound_for(kernel, params.get("case"), params.get("direction"))
+        checks = [against_bound(measurement.peak_mib, bound, f"kernel '{getattr(kernel, 'name', '?')}'")]
+        if not settings.update_baselines:
+            recorded = (self._baseline_entry() or {}).get("peak_mib")
+            checks.append(against_baseline(measurement.peak_mib, recorded, Tolerance.parse(settings.memory_tolerance)))
+        return tuple(check for check in checks if check is not None)
 
     def _timed(self, fn: Callable[[], Any], cost: Cost, dtype: str, pinned: str | None, detect_backend: bool,
                mode: str | None) -> PerfResult:
@@ -210,7 +231,7 @@ class Perf:
         taken = runs.for_case(nodeid) if runs is not None else []
         return pool(measurement, taken) if taken else measurement
 
-    def _record(self, result: PerfResult) -> None:
+    def _record(self, result: PerfResult, memory: tuple[MemoryCheck, ...] = ()) -> None:
         m, s = result.measurement, result.measurement.summary
         before = self._baseline_entry()
         if self._session.settings.update_baselines:  # the entry is written only then
@@ -247,6 +268,7 @@ class Perf:
                 kernels_changed=result.kernels_changed,
                 kernels_source=m.kernels_source,
                 inventory_s=m.inventory_s,
+                memory=memory,
             )
         )
 
@@ -384,17 +406,20 @@ def _baseline_ms(result: PerfResult) -> float | None:
     return result.median_ms / ratio if ratio else None
 
 
-def _junit_properties(result: PerfResult) -> list[tuple[str, str]]:
+def _junit_properties(result: PerfResult, memory: tuple[MemoryCheck, ...] = ()) -> list[tuple[str, str]]:
     """The case's figures as JUnit XML properties (``attnperf_*``); those not known are left out."""
+    bound = next((c.limit_mib for c in memory if c.of_bound), None)
     figures = {
         "median_ms": result.median_ms, "baseline_ms": _baseline_ms(result),
         "change_pct": result.verdict.change_pct, "tflops": result.tflops, "mfu": result.mfu,
+        "peak_mib": result.peak_mib, "memory_bound_mib": bound,
     }
     found = [(f"attnperf_{name}", f"{value:.6g}") for name, value in figures.items() if value is not None]
     m = result.measurement
     checks = [("attnperf_verified", str(m.verified))] + (
         [] if m.bitwise is None else [("attnperf_bitwise", "yes" if m.bitwise else "no")])
     changed = [("attnperf_kernels_changed", result.kernels_changed)] if result.kernels_changed else []
-    return [*found, *checks, *changed, ("attnperf_verdict", result.verdict.status)]
+    judged = [("attnperf_memory", "; ".join(c.status for c in memory))] if memory else []
+    return [*found, *checks, *changed, *judged, ("attnperf_verdict", result.verdict.status)]
 
 

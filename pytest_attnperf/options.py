@@ -70,6 +70,9 @@ OPTIONS = (
            "--attnperf-machine-offset once the sample overheads' difference is known (default 0.5 us)"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: GPU UUID and boot id)"),
+    Option("memory_tolerance", "--attnperf-memory-tolerance", "ATTNPERF_MEMORY_TOLERANCE",
+           "attnperf_memory_tolerance", "1MiB+1%",
+           "growth of peak memory above the inputs tolerated before a case fails, or off (default 1MiB+1%)"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
            "fail a measured case that has no baseline entry (default: off, it passes as new)", is_flag=True),
@@ -146,6 +149,7 @@ class Settings:
     seed: int = 0  # --attnperf-seed: mixed into every case's input draw (0: the usual draw)
     benchmark_table: bool = False  # --attnperf-benchmark-table: pytest-benchmark's table keeps attnperf's cases
     fail_on_kernel_change: bool = False  # --attnperf-fail-on-kernel-change: a changed inventory fails the case
+    memory_tolerance: str = "1MiB+1%"  # --attnperf-memory-tolerance, as gate.memory.Tolerance.parse reads it
 
 
 GROUP = ("attnperf: attention kernels' correctness and speed "
@@ -334,6 +338,12 @@ def _bool(text: str) -> bool:
     raise ValueError("must be true or false")
 
 
+def _memory_tolerance(text: str) -> str:
+    from pytest_attnperf.gate.memory import Tolerance
+
+    return Tolerance.parse(text).describe()
+
+
 def user_cache(*parts: str) -> Path:
     """``$XDG_CACHE_HOME/<parts>``, or under ``~/.cache`` without it: where the plugin keeps
     what it measured or installed for this user (ceilings, the Triton cache)."""
@@ -401,6 +411,7 @@ def read_settings(config: pytest.Config) -> Settings:
         seed=_get(config, "seed", _seed),
         benchmark_table=_get(config, "benchmark_table", _bool),
         fail_on_kernel_change=_get(config, "fail_on_kernel_change", _bool),
+        memory_tolerance=_get(config, "memory_tolerance", _memory_tolerance),
     )
 
 

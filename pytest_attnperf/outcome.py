@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.costs import Cost, Metrics
+from pytest_attnperf.gate.memory import MemoryCheck
 from pytest_attnperf.gate.physics import PhysicsCheck
 from pytest_attnperf.gate.roofline import FloorOutcome, Position
 from pytest_attnperf.gate.verdict import Verdict
@@ -86,3 +87,4 @@ class Row:
     kernels_changed: str | None = None  # how it differs from the baseline entry's (None: same, or not compared)
     kernels_source: str | None = None  # how the inventory was read: "graph replay" or "eager call"
     inventory_s: float = 0.0  # host seconds reading it took
+    memory: tuple[MemoryCheck, ...] = ()  # the peak against the baseline's and the family's bound (gate.memory)

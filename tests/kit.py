@@ -12,7 +12,8 @@ subprocess, a pool run or a pytest-xdist worker loads it as it would any conftes
   ``speed.json`` gives the current test (by its name, else its node id, else ``"*"``; the run's
   sample overhead, timed before any test, is ``"floor"``), 1 by default; ``clock.json`` may give a
   test the clocks of its successive measurements (a clock other than the graph ones is noted as
-  an eager fallback; ``"cuda-graph x64"``: that clock, 64 calls a sample). Each measurement
+  an eager fallback; ``"cuda-graph x64"``: that clock, 64 calls a sample); ``peak.json`` may give
+  a test its peak memory above the inputs in MiB (none by default, as on a CPU). Each measurement
   writes the plan it was given to ``plan.json``.
 
 A project that needs more appends code to the text: a subclass of ``ScriptedTimer`` (overriding
@@ -129,7 +130,7 @@ class ScriptedTimer:
         return for_test(read_json("speed.json", {}), name, nodeid, 1.0)
 
     def peak_mib(self, name, nodeid):
-        return None
+        return for_test(read_json("peak.json", {}), name, nodeid, None)
 
 
 def pytest_attnperf_make_timer(config, device):
@@ -211,6 +212,12 @@ def set_speeds(where: pytest.Pytester | Path, factors: Mapping[str, float]) -> N
 def set_speed(where: pytest.Pytester | Path, **factors: float) -> None:
     """The factor of each of ``TESTS``' cases named by its parameter: ``set_speed(p, a=1.1)``."""
     set_speeds(where, {f"test_case[{k}]": v for k, v in factors.items()})
+
+
+def set_peaks(where: pytest.Pytester | Path, peaks: Mapping[str, float]) -> None:
+    """The scripted timer's peak memory above the inputs (MiB) for each test named (by name or node
+    id; ``"*"``: any other)."""
+    (_folder(where) / "peak.json").write_text(json.dumps(dict(peaks)))
 
 
 def set_clocks(where: pytest.Pytester | Path, **sequences: list[str]) -> None:
@@ -435,6 +442,38 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu | None = None, *, re
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: {"power": 0, "thermal": 0})
     monkeypatch.setattr(timing, "cool_down", lambda index: "the GPU idled 0.5 s")
     return gpu
+
+
+class FakeAllocator:
+    """torch.cuda's allocator statistics on a scripted allocator: ``hold`` and ``free`` move the
+    bytes allocated, and the high-water mark follows until ``reset_peak_memory_stats``."""
+
+    def __init__(self, allocated_bytes: int = 0) -> None:
+        self.allocated, self.peak = allocated_bytes, allocated_bytes
+
+    def hold(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, nbytes: int) -> None:
+        self.allocated -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+
+
+def fake_allocator(monkeypatch: pytest.MonkeyPatch, allocated_bytes: int = 0) -> FakeAllocator:
+    """``torch.cuda.memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats`` and
+    ``synchronize`` read and reset a new ``FakeAllocator`` holding ``allocated_bytes``, returned."""
+    import torch
+
+    allocator = FakeAllocator(allocated_bytes)
+    for name, value in {"memory_allocated": lambda device=None: allocator.allocated,
+                        "max_memory_allocated": lambda device=None: allocator.peak,
+                        "reset_peak_memory_stats": lambda device=None: allocator.reset_peak(),
+                        "synchronize": lambda device=None: None}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    return allocator
 
 
 class HostClock:

@@ -20,7 +20,8 @@ without the spin, a short kernel's figure depended on whether the host had kept 
 flush: docs/evidence.md, "Cold clock").
 
 CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
-around each call is the measurement.
+around each call is the measurement. The CPU has no allocator statistics to read, so no peak
+memory is measured there (``peak_mib`` None) and the memory gate judges nothing.
 
 Both stop sampling adaptively (``sample_adaptively``): at least ``min_samples``, then until
 the relative standard deviation is under the target or the per-case budget is spent, with
@@ -301,7 +302,13 @@ class CudaTimer:
 
     @staticmethod
     def _peak_mib(fn: Callable[[], Any]) -> float:
-        """Memory one call allocates at its peak, above what was allocated before it."""
+        """The peak memory above the inputs of one eager call, outside any graph capture, in MiB:
+        the caching allocator's high-water mark during the call (``max_memory_allocated``, after
+        ``reset_peak_memory_stats``) less what was allocated before it. What was allocated before
+        is the inputs, the flush buffer, the draw's previous result (the harness keeps it until
+        the call returns) and what warm-up left (autotuning, cuBLAS's workspace); what is left is
+        the call's outputs and its workspace, the figure the memory gate judges (docs/memory.md).
+        Memory a library allocates outside torch's allocator is not seen."""
         import torch
 
         torch.cuda.synchronize()

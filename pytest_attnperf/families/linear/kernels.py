@@ -211,8 +211,8 @@ def register(registry: KernelRegistry) -> None:
         ("gdn", "fla-naive", gdn_naive, "recurrent", ("cuda", "cpu")),
     ):
         registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
-                            supports=_supports(family, name),
-                            description=(fn.__doc__ or "").strip()))
+                            supports=_supports(family, name), description=(fn.__doc__ or "").strip(),
+                            tiled=name != "fla-naive"))  # a torch loop keeps every step's state for autograd
 
 
 # -- running a case -----------------------------------------------------------------------
