@@ -460,8 +460,14 @@ def _model_settings(config: pytest.Config) -> dict[str, Any]:
     if not models:
         return {"models": (), "tp": _get(config, "tp", _degrees)}
     from pytest_attnperf.families.models.cases import parse_prefill, parse_train
+    from pytest_attnperf.families.models.load import check_models
 
-    return {"models": models, "tp": _get(config, "tp", _degrees),
+    tp = _get(config, "tp", _degrees)
+    try:
+        check_models(models, tp)  # each read and split now: a wrong spec or degree stops the run at start-up
+    except ValueError as exc:
+        raise pytest.UsageError(f"attnperf: {exc}") from None
+    return {"models": models, "tp": tp,
             "model_prefill": _get(config, "model_prefill", _model_shapes(parse_prefill)),
             "model_train": _get(config, "model_train", _model_shapes(parse_train))}
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AttentionLayers", "LinearLayers", "LayerSpec", "layer_specs", "split_kv_heads", "split_heads"]
+__all__ = ["AttentionLayers", "LayerSpec", "LinearLayers", "all_specs", "layer_specs", "layer_types", "split_heads",
+           "split_kv_heads"]
 
 # transformers' layer_types -> this module's kinds of softmax layers
 SOFTMAX_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
@@ -117,12 +118,12 @@ def _attention(config: Any, kind: str, layers: tuple[int, ...], tp: int) -> Atte
     heads = int(_get(config, "num_attention_heads"))
     kv = int(_get(config, "num_key_value_heads", heads))
     head_dim = int(_get(config, "head_dim", 0)) or int(_get(config, "hidden_size")) // heads
+    heads_rank = split_heads("query heads", heads, tp)
     kv_rank, replicas = split_kv_heads(kv, tp)
-    window = int(_get(config, "sliding_window")) if kind == "sliding" else None
+    window = _get(config, "sliding_window") if kind == "sliding" else None
     if kind == "sliding" and not window:
         raise ValueError("sliding_attention layers but no sliding_window in the config")
-    return AttentionLayers(kind, layers, tp, split_heads("query heads", heads, tp), kv_rank, head_dim, window,
-                           replicas)
+    return AttentionLayers(kind, layers, tp, heads_rank, kv_rank, head_dim, int(window) if window else None, replicas)
 
 
 def _linear(config: Any, layers: tuple[int, ...], tp: int) -> LinearLayers:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIGS", "INSTALL_HINT", "Model", "ModelError", "committed", "load", "model_name"]
+__all__ = ["CONFIGS", "INSTALL_HINT", "Model", "ModelError", "check_models", "committed", "load", "model_name"]
 
 CONFIGS = Path(__file__).resolve().parent / "configs"  # the committed configs, <name>.json (docs/models.md)
 INSTALL_HINT = "pip install pytest-attnperf[models]"
@@ -98,3 +99,20 @@ def load(spec: str) -> Model:
     except ValueError as exc:  # transformers' own: an unknown model_type, a field its class refuses
         raise ModelError(f"{spec}: transformers cannot read it as a config: {str(exc).splitlines()[0]}") from None
     return Model(model_name(spec), source, config)
+
+
+def check_models(specs: Sequence[str], tps: Sequence[int]) -> None:
+    """Read each spec and split it at each degree; ``ModelError`` naming the spec (and the degree)
+    that fails: at start-up, before any collection."""
+    from pytest_attnperf.families.models.layers import layer_specs
+
+    for spec in specs:
+        try:
+            model = load(spec)
+        except ModelError as exc:
+            raise ModelError(f"--attnperf-model {spec}: {exc}") from None
+        for tp in tps:
+            try:
+                layer_specs(model.config, tp)
+            except ValueError as exc:
+                raise ModelError(f"--attnperf-model {spec} at --attnperf-tp={tp}: {exc}") from None
