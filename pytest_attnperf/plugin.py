@@ -114,8 +114,9 @@ def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
-    """``--attnperf-suites`` (and ``--attnperf-model``): the built-in suite modules join the session's top-level collectors; a
-    module that declares a table but collects no test fails its collection, saying what is missing."""
+    """``--attnperf-suites`` (and ``--attnperf-model``: the models' suite): the built-in suite modules join
+    the session's top-level collectors; a module that declares a table but collects no test fails
+    its collection, saying what is missing."""
     report = yield
     if isinstance(collector, pytest.Session) and report.passed:
         settings = get_session(collector.config).settings

@@ -148,6 +148,7 @@ def test_a_local_folder_and_its_config_json_are_specs(tmp_path: Path) -> None:
         model = model_load.load(spec)
         assert model.name == "my_model"  # the folder's name, '.' taken out: it separates a case id's parts
         (sliding,) = layer_specs(model.config, 2)
+        assert isinstance(sliding, AttentionLayers)
         assert (sliding.kind, sliding.heads, sliding.kv_heads, sliding.head_dim, sliding.window) == (
             "sliding", 8, 2, 16, 32)
 
@@ -196,7 +197,8 @@ def test_case_ids_name_model_layer_kind_degree_and_shape() -> None:
 
 def test_a_case_has_its_layers_shape_at_the_default_shapes() -> None:
     made = gpu_cases("llama3-8b", "qwen3-next-80b-a3b")
-    by_id = {c.id: c for c in (*made.softmax, *made.linear)}
+    every: list[Any] = [*made.softmax, *made.linear]
+    by_id = {c.id: c for c in every}
     llama = by_id["llama3-8b.full.tp8.train-b8-t4096"]
     assert (llama.batch, llama.heads, llama.n_kv_heads, llama.seq, llama.head_dim, llama.dtype, llama.causal) == (
         8, 4, 1, 4096, 128, "bf16", True)

@@ -26,7 +26,7 @@ WHOLE_CHECK_MAX_GB = 4.5  # fp64 scores of the whole case up to this: the family
 
 def scores_gb(case: Any) -> float:
     """The fp64 T x T scores of every (batch, query head) pair of ``case``, in GB."""
-    return 8.0 * case.batch * case.heads * case.seq**2 / 1e9
+    return float(8.0 * case.batch * case.heads * case.seq**2 / 1e9)
 
 
 def fits_whole(case: Any) -> bool:
@@ -42,7 +42,8 @@ def _slices(x: Any, per_group: int) -> Any:
     return torch.stack([x[0, :per_group], x[-1, -per_group:]])
 
 
-def _by_head(fn: Any, q: Any, k: Any, v: Any, grad_out: Any, backward: bool, opts: dict[str, Any]) -> tuple[Any, ...]:
+def _by_head(fn: Any, q: Any, k: Any, v: Any, grad_out: Any, backward: bool, opts: dict[str, Any],
+             ) -> tuple[Any, ...]:
     """``fn`` on each query head of the slices ``q`` ``[2, g, T, d]`` over ``k``, ``v`` ``[2, 1, T, d]``
     in turn: the output and (``backward``) dq per head, dk and dv summed over the group."""
     import torch
@@ -99,9 +100,9 @@ def run_grouped(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
     got = call_checked(kernel, call, "q, k, v", (q, k, v), device)
     names = ("out", "dq", "dk", "dv")[: len(got)]
     widths = {"out": group, "dq": group, "dk": 1, "dv": 1}
-    sliced = [_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group))]
-    exact = _by_head(reference, *(x.double() for x in sliced), backward, opts)
-    mine = _by_head(naive, *sliced, backward, opts)
+    sq, sk, sv, sg = (_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group)))
+    exact = _by_head(reference, sq.double(), sk.double(), sv.double(), sg.double(), backward, opts)
+    mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
 
     def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
         factor = FACTOR if name == "out" else GRAD_FACTOR

@@ -81,7 +81,7 @@ def _source(spec: str) -> tuple[str, bool]:
                      "holding one and no Hugging Face model id (owner/name)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(spec: str) -> Model:
     """The model ``spec`` names, its config read by ``transformers.AutoConfig``; ``ModelError``
     when transformers is missing, the file or folder is not a config, or the hub cannot give it."""

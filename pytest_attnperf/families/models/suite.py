@@ -61,7 +61,7 @@ def built(config: pytest.Config) -> model_cases.ModelCases:
 
 def scores_gb(case: Any) -> float:
     """What a kernel that materialises fp32 scores holds at once on ``case``, in GB (estimated)."""
-    return SCORE_COPIES * 4.0 * case.batch * case.heads * case.seq**2 / 1e9
+    return float(SCORE_COPIES * 4.0 * case.batch * case.heads * case.seq**2 / 1e9)
 
 
 def _capped(kernel: Kernel) -> Kernel:
