@@ -53,15 +53,14 @@ OPTIONS = (
            "built-in suites to add to the run: softmax, linear or all, comma-separated (default: none)"),
     # cases from a model's config (docs/models.md); opt-in: none unless a model is given
     Option("models", "--attnperf-model", "ATTNPERF_MODELS", "attnperf_models", "",
-           "a model whose layers become cases: a committed config (llama3-8b, mistral-7b, qwen3-next-80b-a3b), "
-           "a config.json, its folder or a Hugging Face id; repeatable, comma-separated (default: none)",
+           "a model whose layers become cases: llama3-8b, a config.json, its folder, a hub id; repeatable (default: none)",
            repeat=True),
     Option("tp", "--attnperf-tp", "ATTNPERF_TP", "attnperf_tp", "1",
            "tensor-parallel degrees the models' heads are split for, comma-separated, e.g. 1,8 (default 1)"),
     Option("model_prefill", "--attnperf-model-prefill", "ATTNPERF_MODEL_PREFILL", "attnperf_model_prefill", "",
-           "the models' prefill lengths at B=1, comma-separated, or none (default 4096,16384; 128 on the CPU)"),
+           "the models' prefill lengths at B=1, comma-separated, or none (default 4096,16384; CPU 128)"),
     Option("model_train", "--attnperf-model-train", "ATTNPERF_MODEL_TRAIN", "attnperf_model_train", "",
-           "the models' training shapes BATCHxSEQ, comma-separated, or none (default 8x4096; 2x64 on the CPU)"),
+           "the models' training shapes BATCHxSEQ, comma-separated, or none (default 8x4096; CPU 2x64)"),
     Option("check_only", "--attnperf-check-only", "ATTNPERF_CHECK_ONLY", "attnperf_check_only", "false",
            "run every correctness check but time, gate and record nothing (default: off)", is_flag=True),
     Option("seed", "--attnperf-seed", "ATTNPERF_SEED", "attnperf_seed", "0",

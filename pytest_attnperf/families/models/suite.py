@@ -28,7 +28,6 @@ from pytest_attnperf.families.models import grouped
 from pytest_attnperf.families.models.layers import all_specs
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import suite as softmax_suite
-from pytest_attnperf.session import get_session
 
 __all__ = ["built", "test_models_linear", "test_models_softmax"]
 
@@ -45,7 +44,7 @@ def built(config: pytest.Config) -> model_cases.ModelCases:
         return config.stash[CASES_KEY]
     from pytest_attnperf.families.models.load import load
 
-    session = get_session(config)
+    session = config.stash[suite.RUN_KEY]
     s = session.settings
     models = []
     for spec in s.models:
@@ -120,7 +119,7 @@ def _none(metafunc: pytest.Metafunc, what: str) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     made = built(metafunc.config)
-    registry = get_session(metafunc.config).registry
+    registry = metafunc.config.stash[suite.RUN_KEY].registry
     name = metafunc.function.__name__
     if name == "test_models_softmax":
         if not made.softmax:
