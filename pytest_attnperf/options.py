@@ -53,7 +53,8 @@ OPTIONS = (
            "built-in suites to add to the run: softmax, linear or all, comma-separated (default: none)"),
     # cases from a model's config (docs/models.md); opt-in: none unless a model is given
     Option("models", "--attnperf-model", "ATTNPERF_MODELS", "attnperf_models", "",
-           "a model whose layers become cases: llama3-8b, a config.json, its folder, a hub id; repeatable (default: none)",
+           "a model whose layers become cases: llama3-8b, a config.json, its folder, a hub id; "
+           "repeatable (default: none)",
            repeat=True),
     Option("tp", "--attnperf-tp", "ATTNPERF_TP", "attnperf_tp", "1",
            "tensor-parallel degrees the models' heads are split for, comma-separated, e.g. 1,8 (default 1)"),

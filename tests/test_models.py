@@ -361,7 +361,48 @@ def test_a_split_that_does_not_divide_is_a_usage_error_of_the_run(pytester: pyte
                                  "split over 3 ranks*"])
 
 
-def test_without_a_model_the_models_suite_is_not_collected(pytester: pytest.Pytester) -> None:
+def test_without_a_model_the_models_suite_is_not_collected(pytester: pytest.Pytester,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """And the plugin needs no transformers then; a model without it is a usage error with the fix."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
     kit.make_project(pytester, kit.conftest("cpu"), test_mine="def test_mine():\n    pass\n")
     result = pytester.runpytest(*kit.PLUGIN, "--attnperf-suites=all", "--co", "-q")
+    assert result.ret == pytest.ExitCode.OK
     assert not any("families/models" in line for line in result.stdout.lines)
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-model=llama3-8b", "--co", "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*transformers, which cannot be imported*pip install pytest-attnperf[[]models]*"])
+
+
+def test_on_a_gpu_the_default_shapes_are_collected_and_kernels_that_cannot_hold_them_removed(
+        pytester: pytest.Pytester) -> None:
+    kit.make_project(pytester, kit.conftest("h200"))
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-model=llama3-8b", "--co", "-q")
+    ids = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+    assert "test_models_softmax[llama3-8b.full.tp1.prefill-t16384-sdpa-cudnn-fwdbwd]" in ids
+    assert "test_models_softmax[llama3-8b.full.tp1.prefill-t4096-naive-fwd]" in ids  # 11 GB of scores
+    assert not any("t16384-naive" in i or "train-b8-t4096-sdpa-math" in i for i in ids)
+    assert "test_models_linear[no-linear-attention-layers]" in ids
+    result.stdout.fnmatch_lines(["*naive: materialises T x T scores: about 172 GB at B=1 H=32 T=16384*"])
+
+
+def _refusing(exc: Exception) -> Any:
+    import warnings
+
+    from pytest_attnperf.families.models.suite import _refusing_plainly
+    from pytest_attnperf.families.registry import Kernel
+
+    def fn(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        warnings.warn("Flash attention requires the last dimension to be at most 256", UserWarning, stacklevel=1)
+        raise exc
+
+    return _refusing_plainly(Kernel("softmax", "sdpa-flash", fn, sdpa_backend="flash")).fn
+
+
+def test_an_sdpa_backend_without_a_kernel_for_a_shape_refuses_it_quoting_torch() -> None:
+    q = torch.zeros(1, 2, 8, 512)
+    with pytest.raises(NotImplementedError, match=r"SDPA flash takes no such shape \(q \(1, 2, 8, 512\)\): "
+                                                  "Flash attention requires the last dimension to be at most 256"):
+        _refusing(RuntimeError("No available kernel. Aborting execution."))(q, q, q)
+    with pytest.raises(RuntimeError, match="CUDA error"):  # anything else stays a failure
+        _refusing(RuntimeError("CUDA error: illegal memory access"))(q, q, q)

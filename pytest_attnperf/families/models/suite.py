@@ -111,10 +111,10 @@ def _linear_kernels(registry: Any, families: tuple[str, ...]) -> list[Kernel]:
 
 
 def _none(metafunc: pytest.Metafunc, what: str) -> None:
-    reason = f"no {what} layers in the models given"
-    for name in ("case", "kernel", "direction"):
-        if name in metafunc.fixturenames:
-            metafunc.parametrize(name, [pytest.param(None, id=f"no-{what}", marks=pytest.mark.skip(reason=reason))])
+    """One skipped item, saying why, where the models given have no layer of this family."""
+    names = [n for n in ("case", "kernel", "direction") if n in metafunc.fixturenames]
+    skip = pytest.mark.skip(reason=f"no {what} layers in the models given")
+    metafunc.parametrize(names, [pytest.param(*[None] * len(names), id=f"no-{what}-layers", marks=skip)])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
