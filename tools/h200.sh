@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | models
+#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory
+#   | models
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -141,6 +142,12 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       --junitxml="$OUT/integrity.xml" > "$OUT/integrity.log" 2>&1
     echo "bad failed: $(grep -c '^FAILED.*integrity-bad' "$OUT/integrity.log"), ok failed: $(grep -c '^FAILED.*integrity-ok' "$OUT/integrity.log")"
     tail -n 1 "$OUT/integrity.log" ;;
+  inventory)  # the kernel inventory (tools/inventory.py): what torch.profiler sees of a graph replay,
+    # a few softmax and linear cases recorded into $OUT/inventory/baselines (not the committed file)
+    # with their kernels and profiling time, then gated with two of them changed (SDPA's own dispatch
+    # run as efficient, an extra copy in fla's chunk GLA); about 2 minutes
+    timeout -s INT "${BUDGET:-300}" python3 tools/inventory.py 2>&1 | tee "$OUT/inventory.log" | tail -n 20
+    keep_cache >/dev/null ;;
   models)  # the committed model configs at TP 1 and 8, prefill at T=4096 and 16384, fwd and fwd+bwd,
     # the kernels K selects (default: cuDNN, flash, flex-window, fla's chunk GDN), recorded with
     # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from), stopped
@@ -164,5 +171,5 @@ for name, e in rows:
     print(f"{name:<72} {e['median_ms']:>10.4g} {e.get('tflops') or 0:>8.1f} {e.get('gb_per_s') or 0:>9.0f}")
 PY
     ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|models" >&2; exit 2 ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|models" >&2; exit 2 ;;
 esac
