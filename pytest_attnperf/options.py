@@ -37,6 +37,7 @@ class Option:
     default: str
     help: str
     is_flag: bool = False
+    repeat: bool = False  # the flag may be given more than once; its values join the list
 
 
 OPTIONS = (
@@ -50,6 +51,17 @@ OPTIONS = (
            "baseline folder, relative to the ini file's folder, else to the current one (default baselines)"),
     Option("suites", "--attnperf-suites", "ATTNPERF_SUITES", "attnperf_suites", "",
            "built-in suites to add to the run: softmax, linear or all, comma-separated (default: none)"),
+    # cases from a model's config (docs/models.md); opt-in: none unless a model is given
+    Option("models", "--attnperf-model", "ATTNPERF_MODELS", "attnperf_models", "",
+           "a model whose layers become cases: llama3-8b, a config.json, its folder, a hub id; "
+           "repeatable (default: none)",
+           repeat=True),
+    Option("tp", "--attnperf-tp", "ATTNPERF_TP", "attnperf_tp", "1",
+           "tensor-parallel degrees the models' heads are split for, comma-separated, e.g. 1,8 (default 1)"),
+    Option("model_prefill", "--attnperf-model-prefill", "ATTNPERF_MODEL_PREFILL", "attnperf_model_prefill", "",
+           "the models' prefill lengths at B=1, comma-separated, or none (default 4096,16384; CPU 128)"),
+    Option("model_train", "--attnperf-model-train", "ATTNPERF_MODEL_TRAIN", "attnperf_model_train", "",
+           "the models' training shapes BATCHxSEQ, comma-separated, or none (default 8x4096; CPU 2x64)"),
     Option("check_only", "--attnperf-check-only", "ATTNPERF_CHECK_ONLY", "attnperf_check_only", "false",
            "run every correctness check but time, gate and record nothing (default: off)", is_flag=True),
     Option("seed", "--attnperf-seed", "ATTNPERF_SEED", "attnperf_seed", "0",
@@ -150,6 +162,10 @@ class Settings:
     benchmark_table: bool = False  # --attnperf-benchmark-table: pytest-benchmark's table keeps attnperf's cases
     fail_on_kernel_change: bool = False  # --attnperf-fail-on-kernel-change: a changed inventory fails the case
     memory_tolerance: str = "1MiB+1%"  # --attnperf-memory-tolerance, as gate.memory.Tolerance.parse reads it
+    models: tuple[str, ...] = ()  # --attnperf-model: specs, local paths made absolute (families/models/load.py)
+    tp: tuple[int, ...] = (1,)  # --attnperf-tp: the degrees the models' heads are split for
+    model_prefill: str = ""  # --attnperf-model-prefill, checked ("": the device's defaults)
+    model_train: str = ""  # --attnperf-model-train, checked ("": the device's defaults)
 
 
 GROUP = ("attnperf: attention kernels' correctness and speed "
@@ -171,7 +187,11 @@ def add_options(parser: pytest.Parser) -> None:
     for opt in OPTIONS:
         group = tuning if opt.dest in TUNING else everyday
         shown = opt.help.replace("%", "%%")  # argparse %-formats help strings
-        if opt.is_flag:
+        if opt.repeat:
+            group.addoption(opt.flag, action="append", default=None, dest=f"attnperf_{opt.dest}",
+                            metavar=opt.dest.upper(), help=shown)
+            parser.addini(opt.ini, help=opt.help, default="")
+        elif opt.is_flag:
             group.addoption(opt.flag, action="store_true", default=None, dest=f"attnperf_{opt.dest}", help=shown)
             parser.addini(opt.ini, help=opt.help, type="bool", default=False)
         else:
@@ -189,7 +209,7 @@ def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
     """The value as given and where it came from."""
     cli = config.getoption(f"attnperf_{opt.dest}")
     if cli is not None:
-        return str(cli), opt.flag
+        return ",".join(cli) if isinstance(cli, list) else str(cli), opt.flag
     env = os.environ.get(opt.env)
     if env is not None and env != "":
         return env, f"environment variable {opt.env}"
@@ -319,6 +339,41 @@ def _suites(text: str) -> tuple[str, ...]:
     return tuple(n for n in SUITES if n in names)
 
 
+def _model_specs(config: pytest.Config) -> Callable[[str], tuple[str, ...]]:
+    """'llama3-8b,./my-model' as its specs, a path that exists (from the folder pytest was started
+    in, else the project's) made absolute, so a pool run reads the same file."""
+    bases = (Path(config.invocation_params.dir), project_dir(config))
+
+    def parse(text: str) -> tuple[str, ...]:
+        specs = []
+        for spec in filter(None, (s.strip() for s in text.split(","))):
+            found = next((base / spec for base in bases if (base / spec).exists()), None)
+            specs.append(str(found.resolve()) if found is not None else spec)
+        return tuple(dict.fromkeys(specs))
+
+    return parse
+
+
+def _degrees(text: str) -> tuple[int, ...]:
+    """'1,2,4,8' as (1, 2, 4, 8): whole numbers of at least 1, each once."""
+    degrees = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"{part!r} is not a tensor-parallel degree (a whole number of at least 1)")
+        degrees.append(int(part))
+    if not degrees:
+        raise ValueError("give at least one degree, such as 1 or 1,8")
+    return tuple(dict.fromkeys(degrees))
+
+
+def _model_shapes(parse: Callable[[str], object]) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        parse(text)  # ValueError for a bad value
+        return text.strip()
+
+    return check
+
+
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -412,7 +467,26 @@ def read_settings(config: pytest.Config) -> Settings:
         benchmark_table=_get(config, "benchmark_table", _bool),
         fail_on_kernel_change=_get(config, "fail_on_kernel_change", _bool),
         memory_tolerance=_get(config, "memory_tolerance", _memory_tolerance),
+        **_model_settings(config),
     )
+
+
+def _model_settings(config: pytest.Config) -> dict[str, Any]:
+    """The models' settings; their shapes' parsers load only when a model is given."""
+    models = _get(config, "models", _model_specs(config))
+    if not models:
+        return {"models": (), "tp": _get(config, "tp", _degrees)}
+    from pytest_attnperf.families.models.cases import parse_prefill, parse_train
+    from pytest_attnperf.families.models.load import check_models
+
+    tp = _get(config, "tp", _degrees)
+    try:
+        check_models(models, tp)  # each read and split now: a wrong spec or degree stops the run at start-up
+    except ValueError as exc:
+        raise pytest.UsageError(f"attnperf: {exc}") from None
+    return {"models": models, "tp": tp,
+            "model_prefill": _get(config, "model_prefill", _model_shapes(parse_prefill)),
+            "model_train": _get(config, "model_train", _model_shapes(parse_train))}
 
 
 # a pool run's own: it records, requires, spawns and reports nothing, and writes its samples where
@@ -448,6 +522,8 @@ _FROM_DATA: dict[str, tuple[Callable[[Any], bool], Callable[[Any], Any]]] = {  #
     "str | None": (lambda v: v is None or isinstance(v, str), lambda v: v),
     "Path": (lambda v: isinstance(v, str), Path),
     "tuple[str, ...]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), tuple),
+    "tuple[int, ...]": (lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                              for x in v), tuple),
     "tuple[tuple[str, float], ...]": (
         lambda v: isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
                                               and _is_number(x[1]) for x in v),

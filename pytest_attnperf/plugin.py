@@ -114,11 +114,13 @@ def pytest_attnperf_detect_device(config: pytest.Config) -> DetectedDevice:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
-    """``--attnperf-suites``: the built-in suite modules join the session's top-level collectors; a
-    module that declares a table but collects no test fails its collection, saying what is missing."""
+    """``--attnperf-suites`` (and ``--attnperf-model``: the models' suite): the built-in suite modules join
+    the session's top-level collectors; a module that declares a table but collects no test fails
+    its collection, saying what is missing."""
     report = yield
     if isinstance(collector, pytest.Session) and report.passed:
-        names = get_session(collector.config).settings.suites
+        settings = get_session(collector.config).settings
+        names = settings.suites + (("models",) if settings.models else ())  # --attnperf-model: the models' suite
         if names:
             report.result.extend(suite.suite_modules(collector, names))
     if isinstance(collector, pytest.Module) and report.passed and not report.result:

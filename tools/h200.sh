@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
 #   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory | memory |
-#     memory-noise
+#     memory-noise | models
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -175,5 +175,28 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       tail -n 1 "$OUT/memory-noise-$run.log"
     done
     python3 tools/memory.py noise-table "$OUT"/memory-noise-[12].json --table-out "$OUT/memory-noise.md" ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise" >&2; exit 2 ;;
+  models)  # the committed model configs at TP 1 and 8, prefill at T=4096 and 16384, fwd and fwd+bwd,
+    # the kernels K selects (default: cuDNN, flash, flex-window, fla's chunk GDN), recorded with
+    # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from), stopped
+    # at BUDGET (default 330 s; fla autotunes the GDN heads on a fresh machine); the table last
+    BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
+    timeout -s INT "${BUDGET:-330}" "${PYTEST[@]}" pytest_attnperf/families/models/suite.py --hw=h200 \
+      --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}" \
+      --attnperf-model-train="${TRAIN:-none}" --attnperf-baselines="$BASE" --update-baselines --benchmark-disable \
+      --attnperf-case-timeout=150 -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk}" \
+      > "$OUT/models.log" 2>&1
+    grep -E "passed|failed|skipped" "$OUT/models.log" | tail -n 1
+    grep -E "^SKIPPED|^FAILED" "$OUT/models.log" | cut -c1-160 | sort | uniq -c | head -n 20
+    keep_cache >/dev/null
+    python3 - "$BASE/h200.yaml" <<'PY'
+import sys, yaml
+entries = yaml.safe_load(open(sys.argv[1]))["entries"]
+rows = [(k.split("[", 1)[1].rstrip("]"), e) for k, e in sorted(entries.items()) if "families/models/" in k]
+print(f"{len(rows)} model entries in {sys.argv[1]}")
+print(f"{'case-kernel-direction':<72} {'median_ms':>10} {'tflops':>8} {'gb_per_s':>9}")
+for name, e in rows:
+    print(f"{name:<72} {e['median_ms']:>10.4g} {e.get('tflops') or 0:>8.1f} {e.get('gb_per_s') or 0:>9.0f}")
+PY
+    ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise|models" >&2; exit 2 ;;
 esac

@@ -35,13 +35,17 @@ USED_KEY = pytest.StashKey[set[str]]()  # the families this run parametrized
 
 
 class RunKernels(Protocol):
-    """What parametrizing needs of the run (the plugin's session): its device and its kernels."""
+    """What parametrizing needs of the run (the plugin's session): its device, its kernels, and its
+    settings (``options.Settings``: the models' suite reads its models and shapes there)."""
 
     @property
     def device(self) -> DetectedDevice: ...
 
     @property
     def registry(self) -> KernelRegistry: ...
+
+    @property
+    def settings(self) -> Any: ...
 
 
 RUN_KEY = pytest.StashKey[RunKernels]()  # set by the plugin at configure time

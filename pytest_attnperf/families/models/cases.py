@@ -1,0 +1,127 @@
+"""A model's layer specs as the families' cases: prefill (B=1) and training (B x T) shapes, one case
+per model, layer kind, tensor-parallel degree and shape, with ids such as
+``llama3-8b.full.tp8.prefill-t4096`` (pure but for the case types).
+
+Defaults: prefill at T=4096 and 16384, training at B=8 T=4096 (32K tokens), bf16, on a GPU; on
+the CPU, prefill at T=128 and training at B=2 T=64 in fp32, so a CPU run finishes in seconds.
+A sliding window at least as long as the sequence hides no key: such a case is causal attention
+without a window, as a kernel computes it (its id keeps the layer's kind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.models.layers import AttentionLayers, LayerSpec, LinearLayers
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+
+__all__ = ["ModelCases", "Shapes", "build", "parse_prefill", "parse_train", "shapes"]
+
+GPU_PREFILL, GPU_TRAIN = (4096, 16384), ((8, 4096),)
+CPU_PREFILL, CPU_TRAIN = (128,), ((2, 64),)
+
+
+def _positive(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{what} {text!r} is not a whole number") from None
+    if value < 1:
+        raise ValueError(f"{what} {text!r} must be at least 1")
+    return value
+
+
+def _items(text: str) -> list[str]:
+    return [p.strip().lower() for p in text.split(",") if p.strip()]
+
+
+def parse_prefill(text: str) -> tuple[int, ...] | None:
+    """'4096,16384' as (4096, 16384); 'none' as (): no prefill cases; '' as None (the defaults)."""
+    items = _items(text)
+    if not items:
+        return None
+    return () if items == ["none"] else tuple(_positive(p, "sequence length") for p in items)
+
+
+def parse_train(text: str) -> tuple[tuple[int, int], ...] | None:
+    """'8x4096,4x8192' as ((8, 4096), (4, 8192)), batch by sequence; 'none' as (); '' as None."""
+    items = _items(text)
+    if not items:
+        return None
+    if items == ["none"]:
+        return ()
+    out = []
+    for item in items:
+        batch, sep, seq = item.partition("x")
+        if not sep:
+            raise ValueError(f"{item!r} is not BATCHxSEQ, such as 8x4096")
+        out.append((_positive(batch, "batch"), _positive(seq, "sequence length")))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The shapes every model layer is run at, and their dtype."""
+
+    prefill: tuple[int, ...]
+    train: tuple[tuple[int, int], ...]
+    dtype: str
+    gpu: bool
+
+
+def shapes(prefill: str = "", train: str = "", gpu: bool = True) -> Shapes:
+    """The shapes given (``--attnperf-model-prefill``, ``--attnperf-model-train``), or the device's defaults."""
+    given_prefill, given_train = parse_prefill(prefill), parse_train(train)
+    return Shapes(
+        given_prefill if given_prefill is not None else GPU_PREFILL if gpu else CPU_PREFILL,
+        given_train if given_train is not None else GPU_TRAIN if gpu else CPU_TRAIN,
+        "bf16" if gpu else "fp32", gpu,
+    )
+
+
+@dataclass(frozen=True)
+class ModelCases:
+    """The cases of the models given, by family (``softmax``, ``gdn``...), and each case's layer spec by id."""
+
+    softmax: tuple[SoftmaxCase, ...]
+    linear: tuple[LinearCase, ...]
+    layers: dict[str, tuple[str, LayerSpec]]  # case id -> (model name, the layers it stands for)
+
+
+def _points(s: Shapes) -> list[tuple[str, int, int]]:
+    return ([(f"prefill-t{t}", 1, t) for t in s.prefill]
+            + [(f"train-b{b}-t{t}", b, t) for b, t in s.train])
+
+
+def _softmax(case_id: str, spec: AttentionLayers, batch: int, seq: int, s: Shapes) -> SoftmaxCase:
+    window = spec.window if spec.window is not None and spec.window < seq else None
+    kv = spec.kv_heads if spec.kv_heads != spec.heads else None
+    return SoftmaxCase(case_id, batch, spec.heads, seq, spec.head_dim, s.dtype, True, kv_heads=kv, window=window,
+                       gpu=s.gpu)
+
+
+def _linear(case_id: str, spec: LinearLayers, batch: int, seq: int, s: Shapes) -> LinearCase:
+    """A gated DeltaNet case at the layer's value heads: queries and keys are drawn per value head,
+    as a layer whose key heads serve several value heads feeds them once repeated
+    (docs/models.md, "Linear layers")."""
+    return LinearCase(case_id, batch, spec.value_heads, seq, spec.key_dim, spec.value_dim, s.dtype, gpu=s.gpu)
+
+
+def build(models: Sequence[tuple[str, dict[int, tuple[LayerSpec, ...]]]], s: Shapes) -> ModelCases:
+    """The cases of each ``(model name, layer specs by tensor-parallel degree)`` at the shapes ``s``."""
+    softmax: list[SoftmaxCase] = []
+    linear: list[LinearCase] = []
+    layers: dict[str, tuple[str, LayerSpec]] = {}
+    for name, by_tp in models:
+        for tp, specs in by_tp.items():
+            for spec in specs:
+                for point, batch, seq in _points(s):
+                    case_id = f"{name}.{spec.kind}.tp{tp}.{point}"
+                    layers[case_id] = (name, spec)
+                    if isinstance(spec, AttentionLayers):
+                        softmax.append(_softmax(case_id, spec, batch, seq, s))
+                    else:
+                        linear.append(_linear(case_id, spec, batch, seq, s))
+    return ModelCases(tuple(softmax), tuple(linear), layers)

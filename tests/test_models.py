@@ -1,0 +1,408 @@
+"""Cases from a model's config: the committed configs read through transformers, their layer
+specs split for tensor parallelism, the refusals, a local config, a missing transformers, the
+hub offline, the case ids, the options, the grouped check, and runs of the models' suite on the CPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import kit
+import pytest
+import torch
+
+from pytest_attnperf.families.models import cases as model_cases
+from pytest_attnperf.families.models import load as model_load
+from pytest_attnperf.families.models.layers import AttentionLayers, LinearLayers, layer_specs, split_kv_heads
+from pytest_attnperf.options import OPTIONS, read_settings, settings_data, settings_from_data
+
+transformers = pytest.importorskip("transformers")
+import huggingface_hub.constants  # noqa: E402
+from transformers import LlamaConfig, MistralConfig, Qwen3NextConfig  # noqa: E402  (loaded once, outside pytester)
+
+pytest_plugins = ["pytester"]
+
+TINY_SLIDING = {"model_type": "mistral", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 16,
+                "num_key_value_heads": 4, "head_dim": 16, "sliding_window": 32, "intermediate_size": 128,
+                "vocab_size": 100}
+TINY_HYBRID = {"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 8, "linear_num_value_heads": 16,
+               "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+               "vocab_size": 100}
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ATTNPERF_* variable leaks in; the hub is never asked; each test reads its configs afresh."""
+    for opt in OPTIONS:
+        monkeypatch.delenv(opt.env, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at its import
+    model_load.load.cache_clear()
+
+
+def specs(name: str, tp: int = 1) -> tuple[Any, ...]:
+    return layer_specs(model_load.load(name).config, tp)
+
+
+def tiny_folder(where: Path, name: str = "tiny-sliding", config: dict[str, Any] | None = None) -> Path:
+    folder = where / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_SLIDING if config is None else config))
+    return folder
+
+
+# -- the committed configs ------------------------------------------------------------------------
+
+
+def test_the_committed_configs_are_listed() -> None:
+    assert model_load.committed() == ("llama3-8b", "mistral-7b", "qwen3-next-80b-a3b")
+
+
+@pytest.mark.parametrize(("name", "cls"), [("llama3-8b", LlamaConfig), ("mistral-7b", MistralConfig),
+                                           ("qwen3-next-80b-a3b", Qwen3NextConfig)])
+def test_a_committed_config_is_read_by_its_transformers_class(name: str, cls: type) -> None:
+    model = model_load.load(name)
+    assert isinstance(model.config, cls)
+    assert model.name == name
+
+
+def test_llama3_8b_is_32_query_heads_over_8_kv_heads_of_128_in_32_full_layers() -> None:
+    (full,) = specs("llama3-8b")
+    assert full == AttentionLayers("full", tuple(range(32)), 1, 32, 8, 128, None, 1)
+    assert model_load.load("llama3-8b").config.hidden_size == 4096
+
+
+def test_mistral_7b_is_32_over_8_heads_with_a_4096_window_in_every_layer() -> None:
+    (sliding,) = specs("mistral-7b")
+    assert sliding == AttentionLayers("sliding", tuple(range(32)), 1, 32, 8, 128, 4096, 1)
+
+
+def test_qwen3_next_has_full_attention_every_4th_layer_and_gated_deltanet_in_the_others() -> None:
+    gdn, full = specs("qwen3-next-80b-a3b")
+    assert full == AttentionLayers("full", tuple(range(3, 48, 4)), 1, 16, 2, 256, None, 1)
+    assert gdn == LinearLayers("gdn", tuple(i for i in range(48) if i % 4 != 3), 1, 16, 32, 128, 128)
+    assert gdn.family == "gdn"
+
+
+# -- tensor parallelism ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("tp", "heads", "kv", "replicas"), [(1, 32, 8, 1), (2, 16, 4, 1), (4, 8, 2, 1),
+                                                             (8, 4, 1, 1)])
+def test_llama_and_mistral_split_query_and_kv_heads(tp: int, heads: int, kv: int, replicas: int) -> None:
+    for name in ("llama3-8b", "mistral-7b"):
+        (spec,) = specs(name, tp)
+        assert (spec.tp, spec.heads, spec.kv_heads, spec.kv_replicas) == (tp, heads, kv, replicas)
+
+
+@pytest.mark.parametrize(("tp", "full", "gdn"), [(1, (16, 1, 1), (16, 32)), (2, (8, 1, 1), (8, 16)),
+                                                 (4, (4, 1, 2), (4, 8)), (8, (2, 1, 4), (2, 4))])
+def test_qwen3_next_replicates_its_2_kv_heads_beyond_tp2_and_splits_gdn_heads(
+        tp: int, full: tuple[int, int, int], gdn: tuple[int, int]) -> None:
+    """vLLM's rule: below as many ranks as KV heads they are split; beyond, one a rank, replicated."""
+    linear, attention = specs("qwen3-next-80b-a3b", tp)
+    kv = 2 // tp if tp <= 2 else 1
+    assert (attention.heads, attention.kv_heads, attention.kv_replicas) == (full[0], kv, full[2])
+    assert (linear.key_heads, linear.value_heads, linear.key_dim, linear.value_dim) == (*gdn, 128, 128)
+
+
+@pytest.mark.parametrize(("name", "tp", "message"), [
+    ("llama3-8b", 3, "32 query heads do not split over 3 ranks"),
+    ("llama3-8b", 64, "32 query heads do not split over 64 ranks"),
+    ("qwen3-next-80b-a3b", 32, "16 linear key heads do not split over 32 ranks"),
+])
+def test_a_split_that_does_not_divide_is_refused(name: str, tp: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        specs(name, tp)
+
+
+def test_kv_heads_neither_split_nor_replicated_evenly_are_refused() -> None:
+    assert split_kv_heads(8, 16) == (1, 2)
+    with pytest.raises(ValueError, match="3 key/value heads do not split over 2 ranks"):
+        split_kv_heads(3, 2)
+    with pytest.raises(ValueError, match="4 key/value heads cannot be replicated evenly over 6 ranks"):
+        split_kv_heads(4, 6)
+
+
+def test_a_layer_type_no_family_runs_is_refused() -> None:
+    config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+                             layer_types=["full_attention", "chunked_attention"])
+    with pytest.raises(ValueError, match="layer type 'chunked_attention'"):
+        layer_specs(config)
+    kimi = SimpleNamespace(model_type="kimi_linear", num_attention_heads=4, head_dim=8,
+                           layer_types=["linear_attention"], linear_num_key_heads=4, linear_num_value_heads=4)
+    with pytest.raises(ValueError, match="model type 'kimi_linear': no linear family"):
+        layer_specs(kimi)
+
+
+# -- specs: local, missing transformers, the hub --------------------------------------------------
+
+
+def test_a_local_folder_and_its_config_json_are_specs(tmp_path: Path) -> None:
+    folder = tiny_folder(tmp_path, "My.Model")
+    for spec in (str(folder), str(folder / "config.json")):
+        model = model_load.load(spec)
+        assert model.name == "my_model"  # the folder's name, '.' taken out: it separates a case id's parts
+        (sliding,) = layer_specs(model.config, 2)
+        assert isinstance(sliding, AttentionLayers)
+        assert (sliding.kind, sliding.heads, sliding.kv_heads, sliding.head_dim, sliding.window) == (
+            "sliding", 8, 2, 16, 32)
+
+
+def test_a_folder_without_config_json_and_an_unknown_name_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(model_load.ModelError, match="holds no config.json"):
+        model_load.load(str(tmp_path))
+    with pytest.raises(model_load.ModelError, match=r"'llama9' is no committed config \(llama3-8b, mistral-7b"):
+        model_load.load("llama9")
+
+
+def test_without_transformers_a_model_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    with pytest.raises(model_load.ModelError, match=r"transformers, which cannot be imported .*"
+                                                    r"pip install pytest-attnperf\[models\]"):
+        model_load.load("llama3-8b")
+
+
+def test_a_hub_id_offline_fails_saying_so() -> None:
+    with pytest.raises(model_load.ModelError) as info:
+        model_load.load("some-owner/some-model-that-is-not-here")
+    text = str(info.value)
+    assert "the Hugging Face hub could not give its config (HF_HUB_OFFLINE is set)" in text
+    assert "give a local config.json or the folder holding it" in text
+
+
+# -- cases ----------------------------------------------------------------------------------------
+
+
+def gpu_cases(*names: str, tps: tuple[int, ...] = (1, 8)) -> model_cases.ModelCases:
+    from pytest_attnperf.families.models.layers import all_specs
+
+    models = [(model_load.load(n).name, all_specs(model_load.load(n).config, tps)) for n in names]
+    return model_cases.build(models, model_cases.shapes(gpu=True))
+
+
+def test_case_ids_name_model_layer_kind_degree_and_shape() -> None:
+    made = gpu_cases("llama3-8b", "qwen3-next-80b-a3b")
+    ids = [c.id for c in made.softmax]
+    assert ids[:3] == ["llama3-8b.full.tp1.prefill-t4096", "llama3-8b.full.tp1.prefill-t16384",
+                       "llama3-8b.full.tp1.train-b8-t4096"]
+    assert "qwen3-next-80b-a3b.full.tp8.train-b8-t4096" in ids
+    assert [c.id for c in made.linear][-1] == "qwen3-next-80b-a3b.gdn.tp8.train-b8-t4096"
+    assert len(ids) == len(set(ids)) == 2 * 2 * 3
+
+
+def test_a_case_has_its_layers_shape_at_the_default_shapes() -> None:
+    made = gpu_cases("llama3-8b", "qwen3-next-80b-a3b")
+    every: list[Any] = [*made.softmax, *made.linear]
+    by_id = {c.id: c for c in every}
+    llama = by_id["llama3-8b.full.tp8.train-b8-t4096"]
+    assert (llama.batch, llama.heads, llama.n_kv_heads, llama.seq, llama.head_dim, llama.dtype, llama.causal) == (
+        8, 4, 1, 4096, 128, "bf16", True)
+    assert llama.batch * llama.seq == 32 * 1024
+    gdn = by_id["qwen3-next-80b-a3b.gdn.tp8.prefill-t16384"]
+    assert (gdn.batch, gdn.heads, gdn.seq, gdn.key_dim, gdn.value_dim) == (1, 4, 16384, 128, 128)  # value heads
+    assert made.layers[gdn.id] == ("qwen3-next-80b-a3b", specs("qwen3-next-80b-a3b", 8)[0])
+
+
+def test_a_window_shorter_than_the_sequence_is_kept_and_a_longer_one_dropped() -> None:
+    by_id = {c.id: c for c in gpu_cases("mistral-7b", tps=(1,)).softmax}
+    assert by_id["mistral-7b.sliding.tp1.prefill-t16384"].window == 4096
+    assert by_id["mistral-7b.sliding.tp1.prefill-t4096"].window is None  # 4096 keys back: every key of 4096
+
+
+def test_model_cases_pass_the_tables_checks() -> None:
+    from pytest_attnperf.families import parametrize
+
+    made = gpu_cases("llama3-8b", "mistral-7b", "qwen3-next-80b-a3b", tps=(1, 2, 4, 8))
+    parametrize.check_cases("models", made.softmax)
+    parametrize.check_cases("models", made.linear)
+
+
+def test_shapes_default_by_device_and_parse_what_is_given() -> None:
+    assert model_cases.shapes(gpu=True) == model_cases.Shapes((4096, 16384), ((8, 4096),), "bf16", True)
+    assert model_cases.shapes(gpu=False) == model_cases.Shapes((128,), ((2, 64),), "fp32", False)
+    given = model_cases.shapes("1024, 2048", "none", gpu=True)
+    assert (given.prefill, given.train) == ((1024, 2048), ())
+    assert model_cases.parse_train("4x8192,2x16384") == ((4, 8192), (2, 16384))
+    for bad, message in (("4096x", "sequence length '' is not a whole number"), ("8", "'8' is not BATCHxSEQ")):
+        with pytest.raises(ValueError, match=message):
+            model_cases.parse_train(bad)
+    with pytest.raises(ValueError, match="must be at least 1"):
+        model_cases.parse_prefill("0")
+
+
+# -- options --------------------------------------------------------------------------------------
+
+
+def settings(pytester: pytest.Pytester, *args: str) -> Any:
+    return read_settings(pytester.parseconfig(*kit.PLUGIN, *args))
+
+
+def test_models_are_repeatable_comma_separated_and_local_paths_made_absolute(pytester: pytest.Pytester) -> None:
+    tiny_folder(pytester.path)
+    s = settings(pytester, "--attnperf-model=llama3-8b,tiny-sliding", "--attnperf-model=qwen3-next-80b-a3b",
+                 "--attnperf-tp=1,8,8")
+    assert s.models == ("llama3-8b", str(pytester.path / "tiny-sliding"), "qwen3-next-80b-a3b")
+    assert s.tp == (1, 8)
+    assert settings_from_data(settings_data(s), pytester.path / "out").models == s.models  # a pool run's too
+    assert settings_from_data(settings_data(s), pytester.path / "out").tp == (1, 8)
+
+
+def test_models_from_the_environment_and_the_ini_file(pytester: pytest.Pytester,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makeini("[pytest]\nattnperf_models = mistral-7b\nattnperf_tp = 2\n")
+    assert (settings(pytester).models, settings(pytester).tp) == (("mistral-7b",), (2,))
+    monkeypatch.setenv("ATTNPERF_MODELS", "llama3-8b")
+    assert settings(pytester).models == ("llama3-8b",)
+    assert settings(pytester, "--attnperf-model=qwen3-next-80b-a3b").models == ("qwen3-next-80b-a3b",)
+
+
+def test_no_model_by_default_and_bad_values_name_their_source(pytester: pytest.Pytester) -> None:
+    s = settings(pytester)
+    assert (s.models, s.tp, s.model_prefill, s.model_train) == ((), (1,), "", "")
+    for args, message in ((("--attnperf-tp=0",), "bad value '0' from --attnperf-tp: '0' is not a tensor-parallel"),
+                          (("--attnperf-model=llama3-8b", "--attnperf-model-train=8"), "'8' is not BATCHxSEQ"),
+                          (("--attnperf-model=llama3-8b", "--attnperf-model-prefill=4k"), "'4k' is not a whole")):
+        with pytest.raises(pytest.UsageError, match=message):
+            settings(pytester, *args)
+
+
+# -- the grouped check ----------------------------------------------------------------------------
+
+
+def _grouped(fn: Any, heads: int = 4, kv: int = 2, batch: int = 2) -> Any:
+    from pytest_attnperf.families.models import grouped
+    from pytest_attnperf.families.registry import Kernel
+    from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+
+    case = SoftmaxCase("g", batch, heads, 48, 16, "fp32", True, kv_heads=kv, window=24)
+    return grouped.run_grouped(Kernel("softmax", "k", fn), case, "fwdbwd", torch.device("cpu"))
+
+
+def test_the_grouped_check_passes_a_correct_kernel_and_returns_the_call_to_time() -> None:
+    from pytest_attnperf.families.softmax.kernels import naive, sdpa_dense_window
+
+    for fn in (naive, sdpa_dense_window):
+        timed = _grouped(fn)
+        out = timed()
+        assert tuple(out[0].shape) == (2, 4, 48, 16)
+
+
+def test_the_grouped_check_fails_a_kernel_wrong_in_the_last_group_only() -> None:
+    """The last batch entry's last group is checked, its key/value gradients summed over the group."""
+    from pytest_attnperf.families.checks import CheckFailed
+    from pytest_attnperf.families.softmax.kernels import naive
+
+    def last_head_scaled(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+        out = naive(q, k, v, causal=causal, scale=scale, window=window)
+        bump = q.new_ones(q.shape[0], q.shape[1], 1, 1)
+        bump[-1, -1] = 1.01
+        return out * bump
+
+    def wrong_group(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+        return naive(q, k.flip(1), v.flip(1), causal=causal, scale=scale, window=window)  # groups swapped
+
+    for fn in (last_head_scaled, wrong_group):
+        with pytest.raises(CheckFailed):
+            _grouped(fn)
+
+
+# -- the models' suite on the CPU -----------------------------------------------------------------
+
+WRONG_KERNEL = '''
+
+def pytest_attnperf_register_kernels(registry, config):
+    from pytest_attnperf.families.softmax.kernels import naive
+
+    @registry.kernel(family="softmax", name="mine-off-by-2pc")
+    def off(q, k, v, *, causal, scale, window=None):
+        return naive(q, k, v, causal=causal, scale=scale, window=window) * 1.02
+'''
+
+
+def test_the_models_suite_checks_times_and_records_model_cases(pytester: pytest.Pytester) -> None:
+    """On the CPU at TP 8: Llama-3-8B and a local sliding config through the softmax family (a
+    project's own wrong kernel joins and fails), Qwen3-Next's full attention (head dim 256), and a
+    local hybrid's gated DeltaNet layers through fla's naive recurrence; every passing case is
+    recorded under its model id."""
+    kit.make_project(pytester, kit.conftest("cpu") + WRONG_KERNEL)
+    tiny_folder(pytester.path)
+    tiny_folder(pytester.path, "tiny-hybrid", TINY_HYBRID)
+    result = pytester.runpytest(
+        *kit.PLUGIN, "--attnperf-model=llama3-8b,tiny-sliding", "--attnperf-model=qwen3-next-80b-a3b,tiny-hybrid",
+        "--attnperf-tp=8", "--attnperf-model-train=none", "--update-baselines", "--attnperf-ceilings=off",
+        "-p", "no:randomly", "-rA", "-W", "ignore::UserWarning",
+        "-k", "(llama3 and (sdpa-flash or mine)) or (tiny-sliding and (dense or mine)) or (tiny-hybrid and gdn) "
+              "or (qwen and full and sdpa-math and fwd and not fwdbwd)")
+    got = kit.outcomes(result)
+    prefix = "pytest_attnperf/families/models/suite.py::"
+    assert got[f"{prefix}test_models_softmax[llama3-8b.full.tp8.prefill-t128-sdpa-flash-fwdbwd]"] == "PASSED"
+    assert got[f"{prefix}test_models_softmax[tiny-sliding.sliding.tp8.prefill-t128-sdpa-dense-window-fwd]"] == "PASSED"
+    assert got[f"{prefix}test_models_softmax[qwen3-next-80b-a3b.full.tp8.prefill-t128-sdpa-math-fwd]"] == "PASSED"
+    assert got[f"{prefix}test_models_linear[tiny-hybrid.gdn.tp8.prefill-t128-fla-naive-fwdbwd]"] == "PASSED"
+    failed = sorted(k for k, v in got.items() if v == "FAILED")
+    assert failed == [f"{prefix}test_models_softmax[{c}.prefill-t128-mine-off-by-2pc-{d}]"
+                      for c in ("llama3-8b.full.tp8", "tiny-sliding.sliding.tp8") for d in ("fwd", "fwdbwd")]
+    recorded = kit.entries(pytester, "cpu")
+    passed = {k for k, v in got.items() if v == "PASSED"}
+    assert len(passed) == 7
+    assert passed <= set(recorded)
+
+
+def test_a_split_that_does_not_divide_is_a_usage_error_of_the_run(pytester: pytest.Pytester) -> None:
+    kit.make_project(pytester, kit.conftest("cpu"))
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-model=llama3-8b", "--attnperf-tp=3", "--co", "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*attnperf: --attnperf-model llama3-8b at --attnperf-tp=3: 32 query heads do not "
+                                 "split over 3 ranks*"])
+
+
+def test_without_a_model_the_models_suite_is_not_collected(pytester: pytest.Pytester,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """And the plugin needs no transformers then; a model without it is a usage error with the fix."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    kit.make_project(pytester, kit.conftest("cpu"), test_mine="def test_mine():\n    pass\n")
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-suites=all", "--co", "-q")
+    assert result.ret == pytest.ExitCode.OK
+    assert not any("families/models" in line for line in result.stdout.lines)
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-model=llama3-8b", "--co", "-q")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*transformers, which cannot be imported*pip install pytest-attnperf[[]models]*"])
+
+
+def test_on_a_gpu_the_default_shapes_are_collected_and_kernels_that_cannot_hold_them_removed(
+        pytester: pytest.Pytester) -> None:
+    kit.make_project(pytester, kit.conftest("h200"))
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-model=llama3-8b", "--co", "-q")
+    ids = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+    assert "test_models_softmax[llama3-8b.full.tp1.prefill-t16384-sdpa-cudnn-fwdbwd]" in ids
+    assert "test_models_softmax[llama3-8b.full.tp1.prefill-t4096-naive-fwd]" in ids  # 11 GB of scores
+    assert not any("t16384-naive" in i or "train-b8-t4096-sdpa-math" in i for i in ids)
+    assert "test_models_linear[no-linear-attention-layers]" in ids
+    result.stdout.fnmatch_lines(["*naive: materialises T x T scores: about 172 GB at B=1 H=32 T=16384*"])
+
+
+def _refusing(exc: Exception) -> Any:
+    import warnings
+
+    from pytest_attnperf.families.models.suite import _refusing_plainly
+    from pytest_attnperf.families.registry import Kernel
+
+    def fn(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        warnings.warn("Flash attention requires the last dimension to be at most 256", UserWarning, stacklevel=1)
+        raise exc
+
+    return _refusing_plainly(Kernel("softmax", "sdpa-flash", fn, sdpa_backend="flash")).fn
+
+
+def test_an_sdpa_backend_without_a_kernel_for_a_shape_refuses_it_quoting_torch() -> None:
+    q = torch.zeros(1, 2, 8, 512)
+    with pytest.raises(NotImplementedError, match=r"SDPA flash takes no such shape \(q \(1, 2, 8, 512\)\): "
+                                                  "Flash attention requires the last dimension to be at most 256"):
+        _refusing(RuntimeError("No available kernel. Aborting execution."))(q, q, q)
+    with pytest.raises(RuntimeError, match="CUDA error"):  # anything else stays a failure
+        _refusing(RuntimeError("CUDA error: illegal memory access"))(q, q, q)
