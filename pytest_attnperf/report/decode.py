@@ -28,7 +28,8 @@ def rows(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not _is_decode(p) or not c.get("median_ms"):
             continue
         out.append({
-            "nodeid": c["nodeid"], "family": p.get("family"), "kernel": p.get("kernel"), "backend": c.get("backend"),
+            "nodeid": c["nodeid"], "case": p.get("case"), "family": p.get("family"), "kernel": p.get("kernel"),
+            "backend": c.get("backend"), "bytes": p.get("bytes"),
             "batch": p.get("batch"), "heads": p.get("heads"), "kv_heads": p.get("kv_heads"), "queries": p.get("seq"),
             "kv_seq": p.get("kv_seq"), "window": p.get("window"), "dtype": p.get("dtype"),
             "median_ms": float(c["median_ms"]), "gb_per_s": c.get("gb_per_s"), "bandwidth_frac": c.get("roofline_frac"),
