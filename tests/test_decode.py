@@ -5,17 +5,18 @@ models' arithmetic, the report's table, and a project's own decode kernel throug
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import kit
 import pytest
 import torch
+from zoo import decode as zoo_decode
 
 from pytest_attnperf import costs
 from pytest_attnperf.families.checks import CheckFailed
 from pytest_attnperf.families.linear import costs as linear_costs
 from pytest_attnperf.families.linear import decode as linear_decode
+from pytest_attnperf.families.linear import kernels as linear_kernels
 from pytest_attnperf.families.linear import reference as linear_ref
 from pytest_attnperf.families.linear.decode import LinearDecodeCase
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
@@ -24,7 +25,6 @@ from pytest_attnperf.families.softmax.decode import CPU, decode_case
 from pytest_attnperf.families.softmax.reference import attention_mask, softmax_attention
 from pytest_attnperf.markers import pin_backend
 from pytest_attnperf.report import decode as report_decode
-from zoo import decode as zoo_decode
 
 CPU_DEVICE = torch.device("cpu")
 
@@ -92,9 +92,11 @@ def test_fewer_keys_than_queries_are_refused() -> None:
 def test_a_decode_case_names_its_cache_and_draws_a_longer_kv() -> None:
     """``kv_seq`` gives K and V their length; the queries keep ``seq``."""
     case = decode_case(2, 4, 96, heads=4, kv_heads=2, head_dim=16, dtype="fp32", gpu=False)
-    assert case.id == "b2-h4-kv2-t4-cache96-d16-causal-fp32" and case.decode
+    assert case.id == "b2-h4-kv2-t4-cache96-d16-causal-fp32"
+    assert case.decode
     p = softmax.prepare(case, "fwd", CPU_DEVICE)
-    assert tuple(p.q.shape) == (2, 4, 4, 16) and tuple(p.k.shape) == (2, 2, 96, 16)
+    assert tuple(p.q.shape) == (2, 4, 4, 16)
+    assert tuple(p.k.shape) == (2, 2, 96, 16)
     assert not decode_case(1, 8, 8, gpu=False).decode
 
 
@@ -201,15 +203,15 @@ def test_a_step_from_a_state_continues_the_sequence(family: str) -> None:
     state its final state: the decode reference is the recurrence, token by token."""
     base = linear_decode.BASE[family]
     whole = LinearDecodeCase("cpu-b2-h3-t7-d8-fp32", 2, 3, 7, 8, 6, "fp32", gpu=False).whole()
-    inputs = [x.detach().double() for x in __import__("pytest_attnperf.families.linear.kernels",
-                                                      fromlist=["_inputs"])._inputs(base, whole, "cpu", False)]
+    inputs = [x.detach().double() for x in linear_kernels._inputs(base, whole, CPU_DEVICE, False)]
     fn = {"linear_attn": linear_ref.linear_attention, "gla": linear_ref.gla, "simple_gla": linear_ref.simple_gla,
           "gdn": linear_ref.gated_delta_rule}[base]
     out, final = fn(*inputs, scale=0.4, final_state=True)  # type: ignore[operator]
     history = [x[:, :4] for x in inputs]
     _, state = fn(*history, scale=0.4, final_state=True)  # type: ignore[operator]
     steps, new = fn(*[x[:, 4:] for x in inputs], scale=0.4, initial_state=state, final_state=True)  # type: ignore[operator]
-    assert torch.allclose(steps, out[:, 4:], atol=1e-12) and torch.allclose(new, final, atol=1e-12)
+    assert torch.allclose(steps, out[:, 4:], atol=1e-12)
+    assert torch.allclose(new, final, atol=1e-12)
 
 
 @pytest.mark.parametrize("family", linear_decode.FAMILIES)
@@ -327,4 +329,3 @@ def test_a_projects_own_decode_kernel_runs_through_the_hook(pytester: pytest.Pyt
     out = result.stdout.str()
     assert "PASSED test_my_decode.py::test_softmax_decode[b2-h4-kv2-t3-cache80-d16-causal-fp32-my-decode-fwd]" in out
     result.stdout.fnmatch_lines(["FAILED test_my_decode.py::test_softmax_decode[[]*-my-upper-left-fwd[]]*"])
-    assert math.isfinite(1.0)

@@ -45,8 +45,8 @@ def upper_left(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, w
 
 def reads_twice(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None) -> Tensor:
     """The built-in SDPA twice over the whole cache, the two (equal) answers averaged: exact, at twice the bytes."""
-    first = sdpa(q, k, v, causal=causal, scale=scale)
-    second = sdpa(q, k, v, causal=causal, scale=scale)
+    first: Tensor = sdpa(q, k, v, causal=causal, scale=scale)
+    second: Tensor = sdpa(q, k, v, causal=causal, scale=scale)
     return (first + second) / 2
 
 
