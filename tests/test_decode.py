@@ -89,6 +89,16 @@ def test_fewer_keys_than_queries_are_refused() -> None:
         attention_mask(5, True, None, "cpu", 3)
 
 
+def test_a_table_with_fewer_keys_than_queries_is_a_usage_error() -> None:
+    """A row whose cache is shorter than its queries is refused at collection, naming the row."""
+    from pytest_attnperf.families.parametrize import check_cases
+
+    short = softmax.SoftmaxCase("b1-h4-t8-d16-causal-fp32", 1, 4, 8, 16, "fp32", True, gpu=False, kv_seq=4)
+    with pytest.raises(pytest.UsageError, match="'b1-h4-t8-d16-causal-fp32': kv_seq=4 keys for seq=8 queries"):
+        check_cases("mine", [short])
+    check_cases("mine", CPU)
+
+
 def test_a_decode_case_names_its_cache_and_draws_a_longer_kv() -> None:
     """``kv_seq`` gives K and V their length; the queries keep ``seq``."""
     case = decode_case(2, 4, 96, heads=4, kv_heads=2, head_dim=16, dtype="fp32", gpu=False)
@@ -304,6 +314,27 @@ def pytest_attnperf_register_kernels(registry, config):
     @registry.kernel(family="softmax", name="my-upper-left", backward=False)
     def my_upper_left(q, k, v, *, causal, scale, window=None):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+
+    @registry.kernel(family="gdn_decode", name="my-step", backward=False)
+    def my_step(q, k, v, g, beta, *, scale, initial_state):
+        import torch
+
+        state, outs = initial_state.clone(), []
+        for t in range(q.shape[1]):
+            qt, kt, vt = (x[:, t].float() for x in (q, k, v))
+            state = state * g[:, t].exp()[..., None, None]
+            u = beta[:, t].float()[..., None] * (vt - torch.einsum("bhk,bhkv->bhv", kt, state))
+            state = state + kt[..., :, None] * u[..., None, :]
+            outs.append(scale * torch.einsum("bhk,bhkv->bhv", qt, state))
+        return torch.stack(outs, 1).to(q.dtype), state
+'''
+
+OWN_STEPS = '''
+from pytest_attnperf.families.linear.decode import LinearDecodeCase, test_linear_decode
+
+ATTNPERF_FAMILY = "gdn_decode"
+ATTNPERF_CASES = (LinearDecodeCase("cpu-b2-h2-t2-d16-fp32", 2, 2, 2, 16, 16, "fp32", gpu=False),)
+ATTNPERF_DIRECTIONS = ("fwd",)
 '''
 
 OWN_SHAPES = '''
@@ -317,15 +348,17 @@ ATTNPERF_DIRECTIONS = ("fwd",)
 
 def test_a_projects_own_decode_kernel_runs_through_the_hook(pytester: pytest.Pytester,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """A project registers decode kernels from its conftest.py and declares its own decode shapes
-    with the decode suite's test: the right kernel passes, the upper-left one fails its check."""
+    """A project registers decode kernels from its conftest.py (a softmax one, a GDN step) and declares
+    its own decode shapes with the decode suites' tests: the right kernels pass, the upper-left one
+    fails its check."""
     kit.pythonpath(monkeypatch, pytester.path)
     (pytester.path / "attnperf_fakes.py").write_text(kit.conftest("cpu", samples=kit.steps(5, centred=True)))
     pytester.makeconftest(OWN_CONFTEST)
-    pytester.makepyfile(test_my_decode=OWN_SHAPES)
+    pytester.makepyfile(test_my_decode=OWN_SHAPES, test_my_steps=OWN_STEPS)
     result = pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-p", "attnperf_fakes", "-p", "no:randomly",
                                            "-p", "no:cacheprovider", "--benchmark-disable", "-rA", "-k", "my-")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=1)
     out = result.stdout.str()
     assert "PASSED test_my_decode.py::test_softmax_decode[b2-h4-kv2-t3-cache80-d16-causal-fp32-my-decode-fwd]" in out
+    assert "PASSED test_my_steps.py::test_linear_decode[cpu-b2-h2-t2-d16-fp32-my-step-fwd]" in out
     result.stdout.fnmatch_lines(["FAILED test_my_decode.py::test_softmax_decode[[]*-my-upper-left-fwd[]]*"])
