@@ -43,7 +43,8 @@ def suggested(entries: Sequence[Mapping[str, Any]], margin: float, min_bytes: fl
     return floors
 
 
-def builtin_lines(entries: Sequence[Mapping[str, Any]], floors: Mapping[str, Mapping[str, float]], hw: str) -> list[str]:
+def builtin_lines(entries: Sequence[Mapping[str, Any]], floors: Mapping[str, Mapping[str, float]],
+                  hw: str) -> list[str]:
     """``gate/floors.py`` ``BUILTIN`` lines for the built-in kernels' floors."""
     families = {(str(e["kernel"]), str(e["case"])): str(e["family"]) for e in entries}
     return [f'    ("{families[(k, c)]}", "{k}", "{c}", "fwd"): {{"{hw}": {{"roofline": {v:.2f}}}}},'
@@ -61,6 +62,7 @@ def table(entries: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def suggest(argv: Sequence[str]) -> int:
+    """The ``suggest`` command: write the floors file, print the BUILTIN lines and the table."""
     parser = argparse.ArgumentParser(prog="decode_floors.py suggest")
     parser.add_argument("report", type=Path)
     parser.add_argument("--out", type=Path, required=True)
