@@ -1,7 +1,7 @@
 """Decode: softmax attention over a KV cache (``pytest_attnperf.families.softmax.decode``) and
 linear attention's recurrent step from a state (``pytest_attnperf.families.linear.decode``),
 forward only. The GPU tables: the cache from 1K to 128K at B=1 and 1K to 32K at B=32, and one
-and four recurrent steps at B=1 and 32; the CPU tables run in seconds. On the CPU, flex-window
+and four recurrent steps; the CPU tables run in seconds. On the CPU, flex-window
 is left out (compiling it costs about 20 s a shape; the softmax suite runs it)."""
 
 from __future__ import annotations
