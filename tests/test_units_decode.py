@@ -362,3 +362,38 @@ def test_a_projects_own_decode_kernel_runs_through_the_hook(pytester: pytest.Pyt
     assert "PASSED test_my_decode.py::test_softmax_decode[b2-h4-kv2-t3-cache80-d16-causal-fp32-my-decode-fwd]" in out
     assert "PASSED test_my_steps.py::test_linear_decode[cpu-b2-h2-t2-d16-fp32-my-step-fwd]" in out
     result.stdout.fnmatch_lines(["FAILED test_my_decode.py::test_softmax_decode[[]*-my-upper-left-fwd[]]*"])
+
+
+# -- the floors tool ------------------------------------------------------------------------
+
+
+def _floors_tool() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decode_floors", kit.ROOT / "tools" / "decode_floors.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_suggested_floors_sit_below_what_was_measured_on_cases_beyond_the_l2() -> None:
+    """70% of the measured fraction, rounded down; cases moving less than the threshold and failed
+    cases get none; a slowed kernel is held to its model's floor, not its own."""
+    tool = _floors_tool()
+    entries = [{"kernel": "sdpa-flash", "case": "big", "family": "softmax", "bandwidth_frac": 0.619, "bytes": 2e9,
+                "status": "new", "median_ms": 1.0},
+               {"kernel": "sdpa-flash", "case": "small", "family": "softmax", "bandwidth_frac": 0.2, "bytes": 1e6,
+                "status": "new", "median_ms": 0.01},
+               {"kernel": "sdpa-math", "case": "big", "family": "softmax", "bandwidth_frac": 0.5, "bytes": 2e9,
+                "status": "failed", "median_ms": 2.0},
+               {"kernel": "zoo-bad-decode-reads-twice", "case": "big", "family": "softmax", "bandwidth_frac": 0.31,
+                "bytes": 2e9, "status": "new", "median_ms": 2.0}]
+    floors = tool.suggested(entries, 0.7, 64 * 2**20)
+    assert floors == {"sdpa-flash": {"big": 0.43}, "zoo-bad-decode-reads-twice": {"big": 0.21}}
+    data = {"floors": floors, "held_to": {"zoo-bad-decode-reads-twice": "sdpa-flash"}}
+    assert tool.floor_for(data, "zoo-bad-decode-reads-twice", "big") == 0.43
+    assert tool.floor_for(data, "sdpa-flash", "small") is None
+    assert tool.builtin_lines(entries, floors, "h200") == [
+        '    ("softmax", "sdpa-flash", "big", "fwd"): {"h200": {"roofline": 0.43}},']

@@ -166,6 +166,6 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     echo "below floor: sdpa-flash $(grep -c 'sdpa-flash-fwd\]: BELOW FLOOR' "$G"), reads-twice" \
       "$(grep -c 'reads-twice-fwd\]: BELOW FLOOR' "$G") (of $(grep -c '"sdpa-flash"' "$OUT/decode-floors.txt") sdpa-flash floors);" \
       "FAILED: upper-left $(grep -c '^FAILED.*upper-left' "$G"), split-kv $(grep -c '^FAILED.*split-kv' "$G")"
-    cat "$OUT/decode-floors.txt" ;;
+    keep_cache >/dev/null; cat "$OUT/decode-floors.txt" ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|decode" >&2; exit 2 ;;
 esac
