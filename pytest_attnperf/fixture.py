@@ -13,6 +13,7 @@ from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.gate import floors, policy
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
+from pytest_attnperf.measure import inventory
 from pytest_attnperf.measure.pool import PoolRuns, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.measure.verify import Draws, TimedDiffers, raised_as_differing
@@ -80,11 +81,16 @@ class Perf:
             earlier = (self._baseline_entry() or {}).get("notes")
             if isinstance(earlier, list) and earlier:
                 extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
+            if result.kernels_changed:
+                extra += f"\n  {result.kernels_changed}"
             below = floors.failure_message(result, floors.for_session(session))
             pytest.fail(f"{self._key}: {verdict.message}{extra}" + (f"\n{below}" if below else ""), pytrace=False)
         below = floors.failure_message(result, floors.for_session(session))
         if below:
             pytest.fail(f"{self._key}: {below}", pytrace=False)
+        if result.kernels_changed and session.settings.fail_on_kernel_change:
+            pytest.fail(f"{self._key}: {result.kernels_changed} (against {session.baseline_path}; "
+                        "--attnperf-fail-on-kernel-change is set)", pytrace=False)
         return result
 
     def _timed(self, fn: Callable[[], Any], cost: Cost, dtype: str, pinned: str | None, detect_backend: bool,
@@ -126,7 +132,15 @@ class Perf:
             backend=backend,
         )
         result = floors.check(node, session, result, dtype)  # roofline position and floors, JUnit properties
-        return result
+        return replace(result, kernels_changed=self._kernels_changed(measurement))
+
+    def _kernels_changed(self, measurement: Measurement) -> str | None:
+        """How the measurement's kernel inventory differs from the baseline entry's, in a run that
+        gates (``inventory.verdict``; None when it agrees or either has none)."""
+        settings = self._session.settings
+        if settings.update_baselines or settings.pool_out is not None:
+            return None
+        return inventory.verdict(self._baseline_entry(), measurement.kernels, measurement.kernels_source)
 
     def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
         """The verdict on ``measurement`` (``policy.decide``), after timing once more where it
@@ -156,10 +170,12 @@ class Perf:
                         "record it with --update-baselines", pytrace=False)
         if not decision.remeasure:
             return decision.verdict, measurement
-        again = self._pooled(self._sampled(fn, plan))  # a suspected regression is measured once more
+        # a suspected regression is measured once more; its kernels were read the first time
+        again = self._pooled(self._sampled(fn, replace(plan, inventory=False)))
         verdict, kept, refused = policy.decide_again(decision.verdict, measurement, again, summary, terms, here)
         self._refused(refused)
-        return verdict, kept
+        return verdict, replace(kept, kernels=measurement.kernels, kernels_source=measurement.kernels_source,
+                                inventory_s=measurement.inventory_s)
 
     def _sampled(self, fn: Callable[[], Any], plan: Any) -> Measurement:
         """The timer's measurement of ``fn``; a timed result that fails its check
@@ -168,7 +184,8 @@ class Perf:
         try:
             measurement = self._session.timer.measure(fn, plan)
             node = self._request.node
-            node.stash[VERIFY_S_KEY] = node.stash.get(VERIFY_S_KEY, 0.0) + measurement.verify_s
+            checking_s = measurement.verify_s + measurement.inventory_s  # the harness's checks, and the inventory
+            node.stash[VERIFY_S_KEY] = node.stash.get(VERIFY_S_KEY, 0.0) + checking_s
         except TimedDiffers as exc:
             problem: str | None = str(exc)
         else:
@@ -219,12 +236,17 @@ class Perf:
                 status=result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
-                notes=m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result),
+                notes=(m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result)
+                       + ((result.kernels_changed,) if result.kernels_changed else ())),
                 roofline_frac=result.roofline.fraction if result.roofline else None,
                 ceilings=floors.for_session(self._session),
                 params=_case_params(self._request.node, result.cost),
                 bitwise=m.bitwise,
                 verified=m.verified,
+                kernels=m.kernels,
+                kernels_changed=result.kernels_changed,
+                kernels_source=m.kernels_source,
+                inventory_s=m.inventory_s,
             )
         )
 
@@ -249,6 +271,10 @@ class Perf:
             entry["peak_mib"] = m.peak_mib
         if m.eager_ms is not None:
             entry["eager_ms"] = m.eager_ms
+        if m.kernels is not None:  # the kernels one timed call launched (measure/inventory.py)
+            entry["kernels"] = dict(m.kernels)
+            if m.kernels_source != inventory.GRAPH:
+                entry["kernels_source"] = m.kernels_source
         if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
             entry["notes"] = list(m.notes)
         past = policy.history(before, m, self._session.gate_terms, self._session.here)
@@ -368,6 +394,7 @@ def _junit_properties(result: PerfResult) -> list[tuple[str, str]]:
     m = result.measurement
     checks = [("attnperf_verified", str(m.verified))] + (
         [] if m.bitwise is None else [("attnperf_bitwise", "yes" if m.bitwise else "no")])
-    return [*found, *checks, ("attnperf_verdict", result.verdict.status)]
+    changed = [("attnperf_kernels_changed", result.kernels_changed)] if result.kernels_changed else []
+    return [*found, *checks, *changed, ("attnperf_verdict", result.verdict.status)]
 
 

@@ -73,6 +73,10 @@ OPTIONS = (
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
            "fail a measured case that has no baseline entry (default: off, it passes as new)", is_flag=True),
+    Option("fail_on_kernel_change", "--attnperf-fail-on-kernel-change", "ATTNPERF_FAIL_ON_KERNEL_CHANGE",
+           "attnperf_fail_on_kernel_change", "false",
+           "fail a case whose kernel inventory differs from its baseline entry's, not only report it (default: off)",
+           is_flag=True),
     # sampling; the evidence behind each default is in docs/measurement.md
     Option("mode", "--attnperf-mode", "ATTNPERF_MODE", "attnperf_mode", "cold",
            "cold: L2 flushed before every sample; hot: back-to-back calls (default cold)"),
@@ -141,6 +145,7 @@ class Settings:
     check_only: bool = False  # correctness only: nothing timed, gated or recorded
     seed: int = 0  # --attnperf-seed: mixed into every case's input draw (0: the usual draw)
     benchmark_table: bool = False  # --attnperf-benchmark-table: pytest-benchmark's table keeps attnperf's cases
+    fail_on_kernel_change: bool = False  # --attnperf-fail-on-kernel-change: a changed inventory fails the case
 
 
 GROUP = ("attnperf: attention kernels' correctness and speed "
@@ -395,6 +400,7 @@ def read_settings(config: pytest.Config) -> Settings:
         check_only=check_only,
         seed=_get(config, "seed", _seed),
         benchmark_table=_get(config, "benchmark_table", _bool),
+        fail_on_kernel_change=_get(config, "fail_on_kernel_change", _bool),
     )
 
 

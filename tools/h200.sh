@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | decode
+#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory | decode
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -141,6 +141,12 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       --junitxml="$OUT/integrity.xml" > "$OUT/integrity.log" 2>&1
     echo "bad failed: $(grep -c '^FAILED.*integrity-bad' "$OUT/integrity.log"), ok failed: $(grep -c '^FAILED.*integrity-ok' "$OUT/integrity.log")"
     tail -n 1 "$OUT/integrity.log" ;;
+  inventory)  # the kernel inventory (tools/inventory.py): what torch.profiler sees of a graph replay,
+    # a few softmax and linear cases recorded into $OUT/inventory/baselines (not the committed file)
+    # with their kernels and profiling time, then gated with two of them changed (SDPA's own dispatch
+    # run as efficient, an extra copy in fla's chunk GLA); about 2 minutes
+    timeout -s INT "${BUDGET:-300}" python3 tools/inventory.py 2>&1 | tee "$OUT/inventory.log" | tail -n 20
+    keep_cache >/dev/null ;;
   decode)  # the decode suite's GPU tables (suites/test_decode.py) recorded into a temporary copy of
     # baselines/ (the committed files untouched; the recorded file comes back as
     # $OUT/decode-h200.yaml), with the report's decode table ($OUT/decode-report/report.md); floors
@@ -167,5 +173,5 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       "$(grep -c 'reads-twice-fwd\]: BELOW FLOOR' "$G") (of $(grep -c '"sdpa-flash"' "$OUT/decode-floors.txt") sdpa-flash floors);" \
       "FAILED: upper-left $(grep -c '^FAILED.*upper-left' "$G"), split-kv $(grep -c '^FAILED.*split-kv' "$G")"
     keep_cache >/dev/null; cat "$OUT/decode-floors.txt" ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|decode" >&2; exit 2 ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|decode" >&2; exit 2 ;;
 esac

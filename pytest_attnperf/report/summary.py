@@ -121,6 +121,10 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
         if r.ceilings is not None and r.ceilings not in shown:
             shown.append(r.ceilings)
             lines.extend(r.ceilings.lines())
+    changed = sum(1 for r in rows if r.kernels_changed)
+    if changed:
+        lines.append(f"kernels changed in {changed} of {len(rows)} cases against their baseline entries (their notes "
+                     "say how; docs/measurement.md, \"The kernel inventory\")")
     if drift:
         lines.append("environment differs from the baseline's header: " + ", ".join(drift))
     return lines
