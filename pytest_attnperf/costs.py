@@ -10,13 +10,18 @@ Conventions (the ones FlashAttention's papers and ``torch.utils.flop_counter`` u
   (2.5x the forward), as ``flop_counter`` counts the fused SDPA backward.
 * Bytes are the floor a kernel must move through device memory: every input read once,
   every output written once. Grouped-query attention reads ``kv_heads`` K/V heads.
+* Decode and chunked prefill: ``Tq`` queries over ``Tk >= Tq`` keys (the KV cache), causal
+  aligned lower-right (query ``i`` sees keys ``0 .. Tk - Tq + i``). The forward's bytes are
+  then dominated by the cache read, ``2 * B * kv_heads * Tk * d`` elements (K and V), plus
+  ``Q`` and ``O``; with a causal window of ``w`` only the keys some query sees are counted,
+  ``min(Tk, Tq + w - 1)`` of them (all ``Tk`` when the lengths are equal).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DTYPE_BYTES", "Cost", "Metrics", "metrics", "softmax_attention", "visible_pairs"]
+__all__ = ["DTYPE_BYTES", "Cost", "Metrics", "keys_read", "metrics", "softmax_attention", "visible_pairs"]
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 
@@ -56,18 +61,36 @@ class Metrics:
         return "compute" if self.intensity_flop_per_byte >= self.ridge_flop_per_byte else "memory"
 
 
+def _window_sum(n: int, window: int | None) -> int:
+    """``sum(min(m, window) for m in 1..n)``: the keys queries at positions ``0 .. n-1`` see."""
+    if window is None or window >= n:
+        return n * (n + 1) // 2
+    return window * (window + 1) // 2 + (n - window) * window
+
+
 def visible_pairs(seq: int, causal: bool, window: int | None = None, seq_k: int | None = None) -> int:
-    """Query/key pairs a mask leaves visible, per (batch, head)."""
+    """Query/key pairs a mask leaves visible, per (batch, head): ``seq`` queries over ``seq_k``
+    keys (default ``seq``), causal aligned lower-right, so query ``i`` sees
+    ``min(seq_k - seq + i + 1, window)`` keys."""
     seq_k = seq if seq_k is None else seq_k
     if window is not None and not causal:
         raise ValueError("a sliding window is modelled for causal attention only")
+    if window is not None and window < 1:
+        raise ValueError(f"a window holds at least one key, got {window}")
     if not causal:
         return seq * seq_k
-    if seq != seq_k:
-        raise ValueError("causal attention is modelled for equal query and key lengths")
-    if window is None or window >= seq:
-        return seq * (seq + 1) // 2
-    return window * (window + 1) // 2 + (seq - window) * window
+    if seq_k < seq:
+        raise ValueError(f"causal attention of {seq} queries needs at least as many keys, got {seq_k}")
+    return _window_sum(seq_k, window) - _window_sum(seq_k - seq, window)
+
+
+def keys_read(seq: int, causal: bool, window: int | None = None, seq_k: int | None = None) -> int:
+    """Key positions some query sees, per (batch, head): all ``seq_k`` keys, but under a causal
+    window only the last ``seq + window - 1`` (at most ``seq_k``)."""
+    seq_k = seq if seq_k is None else seq_k
+    if causal and window is not None:
+        return min(seq_k, seq + window - 1)
+    return seq_k
 
 
 def softmax_attention(
@@ -81,13 +104,15 @@ def softmax_attention(
     kv_heads: int | None = None,
     window: int | None = None,
     backward: bool = False,
+    kv_seq: int | None = None,
 ) -> Cost:
-    """Softmax attention, forward or forward+backward (``backward=True``)."""
+    """Softmax attention, forward or forward+backward (``backward=True``); ``kv_seq`` keys
+    (default ``seq``) for decode and chunked prefill."""
     kv_heads = heads if kv_heads is None else kv_heads
-    pairs = visible_pairs(seq, causal, window)
+    pairs = visible_pairs(seq, causal, window, kv_seq)
     elem = DTYPE_BYTES[dtype]
     q_like = batch * heads * seq * head_dim * elem  # Q, O, dO, dQ
-    kv_like = batch * kv_heads * seq * head_dim * elem  # K, V, dK, dV
+    kv_like = batch * kv_heads * keys_read(seq, causal, window, kv_seq) * head_dim * elem  # K, V, dK, dV
     fwd = Cost(flops=4.0 * batch * heads * pairs * head_dim, bytes=2.0 * q_like + 2.0 * kv_like)
     if not backward:
         return fwd

@@ -95,10 +95,10 @@ def test_window_without_causal_is_refused() -> None:
         visible_pairs(16, causal=False, window=4)
 
 
-def test_causal_with_unequal_lengths_is_refused() -> None:
-    """Causal attention is modelled for equal query and key lengths only."""
-    with pytest.raises(ValueError, match="equal"):
-        visible_pairs(16, causal=True, seq_k=32)
+def test_causal_with_fewer_keys_than_queries_is_refused() -> None:
+    """Lower-right causal attention needs at least as many keys as queries (else a query sees none)."""
+    with pytest.raises(ValueError, match="at least as many keys"):
+        visible_pairs(32, causal=True, seq_k=16)
 
 
 # -- FLOPs against torch.utils.flop_counter ------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
 #   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory | memory |
-#     memory-noise | models
+#     memory-noise | models | decode
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -198,5 +198,31 @@ for name, e in rows:
     print(f"{name:<72} {e['median_ms']:>10.4g} {e.get('tflops') or 0:>8.1f} {e.get('gb_per_s') or 0:>9.0f}")
 PY
     ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise|models" >&2; exit 2 ;;
+  decode)  # the decode suite's GPU tables (suites/test_decode.py) recorded into a temporary copy of
+    # baselines/ (the committed files untouched; the recorded file comes back as
+    # $OUT/decode-h200.yaml), with the report's decode table ($OUT/decode-report/report.md); floors
+    # suggested at 70% of each case's measured bandwidth (roofline) fraction (tools/decode_floors.py:
+    # $OUT/decode-floors.json, and BUILTIN lines in $OUT/decode-floors.txt); then a gate run against
+    # that recording of sdpa-flash with those floors and of the decode zoo (tests/zoo/decode.py):
+    # reads-twice, held to sdpa-flash's floors, must fail them; upper-left must fail its check
+    TMPB=$(mktemp -d); cp baselines/*.yaml "$TMPB/" 2>/dev/null
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests:$PWD/tools"
+    start=$(date +%s)
+    timeout -s INT "${BUDGET:-300}" "${PYTEST[@]}" suites/test_decode.py --hw=h200 --update-baselines \
+      --attnperf-baselines="$TMPB" --attnperf-report="$OUT/decode-report" --benchmark-disable ${K:+-k "$K"} \
+      > "$OUT/decode-record.log" 2>&1
+    echo "decode suite: $(( $(date +%s) - start )) s; $(tail -n 1 "$OUT/decode-record.log")"
+    cp "$TMPB/h200.yaml" "$OUT/decode-h200.yaml" 2>/dev/null
+    python3 tools/decode_floors.py suggest "$OUT/decode-report/report.json" --out "$OUT/decode-floors.json" \
+      --hold zoo-bad-decode-reads-twice=sdpa-flash > "$OUT/decode-floors.txt" 2>&1
+    ATTNPERF_DECODE_FLOORS="$OUT/decode-floors.json" timeout -s INT "${GATE_BUDGET:-100}" "${PYTEST[@]}" -rfs \
+      suites/test_decode.py --hw=h200 --attnperf-baselines="$TMPB" -p zoo.decode -p decode_floors --benchmark-disable \
+      -k "test_softmax_decode and (sdpa-flash or zoo-)" --junitxml="$OUT/decode-gate.xml" > "$OUT/decode-gate.log" 2>&1
+    echo "gate: $(tail -n 1 "$OUT/decode-gate.log")"
+    G="$OUT/decode-gate.log"
+    echo "below floor: sdpa-flash $(grep -c 'sdpa-flash-fwd\]: BELOW FLOOR' "$G"), reads-twice" \
+      "$(grep -c 'reads-twice-fwd\]: BELOW FLOOR' "$G") (of $(grep -c '"sdpa-flash"' "$OUT/decode-floors.txt") sdpa-flash floors);" \
+      "FAILED: upper-left $(grep -c '^FAILED.*upper-left' "$G"), split-kv $(grep -c '^FAILED.*split-kv' "$G")"
+    keep_cache >/dev/null; cat "$OUT/decode-floors.txt" ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise|models|decode" >&2; exit 2 ;;
 esac

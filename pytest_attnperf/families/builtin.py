@@ -18,11 +18,13 @@ SUITES = ("softmax", "linear")  # families with a built-in suite (families/<name
 
 def register_builtin(registry: KernelRegistry) -> None:
     """Register every built-in kernel of every family."""
+    from pytest_attnperf.families.linear import decode as linear_decode
     from pytest_attnperf.families.linear import kernels as linear
     from pytest_attnperf.families.softmax import kernels as softmax
 
     softmax.register(registry)
     linear.register(registry)
+    linear_decode.register(registry)
 
 
 # how each built-in family calls its kernels: positional inputs, then keyword arguments
@@ -32,6 +34,11 @@ CALLS = {
     "gla": (("q", "k", "v", "g"), ("scale",)),
     "simple_gla": (("q", "k", "v", "g"), ("scale",)),
     "gdn": (("q", "k", "v", "g", "beta"), ("scale",)),
+    # decode: a few recurrent steps from a state, returning (o, final_state)
+    "linear_attn_decode": (("q", "k", "v"), ("scale", "initial_state")),
+    "gla_decode": (("q", "k", "v", "g"), ("scale", "initial_state")),
+    "simple_gla_decode": (("q", "k", "v", "g"), ("scale", "initial_state")),
+    "gdn_decode": (("q", "k", "v", "g", "beta"), ("scale", "initial_state")),
 }
 
 

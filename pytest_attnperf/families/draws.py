@@ -14,7 +14,10 @@ exactly:
 - softmax attention's and every linear family's output is linear in ``v`` (the state starts at
   zero), and every loss gradient is linear in the output gradient: negating ``v`` negates the
   output and the gradients of ``q``, ``k``, the gates and ``beta`` (bilinear in ``v`` and the
-  output gradient); negating the output gradient negates every gradient.
+  output gradient); negating the output gradient negates every gradient;
+- a recurrent step from a given state (``h0``) is linear in ``v`` and ``h0`` together: negating
+  both negates the output and the new state (``ht``). A state keeps its heads on its own axis
+  (``head_axes`` names it per tensor).
 
 Negation and permutation are exact in floating point, so the fp64 reference and the
 same-dtype yardstick of draw d are draw 0's, rearranged (``Transform.apply``), and a correct
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transform", "timed"]
 
 # which tensors change sign when v is negated, and when the output gradient is
-NEGATED_BY_V = frozenset({"v", "out", "dq", "dk", "dg", "dbeta"})
+NEGATED_BY_V = frozenset({"v", "out", "dq", "dk", "dg", "dbeta", "h0", "ht"})
 NEGATED_BY_GRAD = frozenset({"grad_out", "dq", "dk", "dv", "dg", "dbeta"})
 
 
@@ -56,10 +59,15 @@ class Transform:
     v_sign: int
     grad_sign: int
     head_axis: int
+    axes: tuple[tuple[str, int], ...] = ()  # tensors whose heads are on another axis than head_axis
+
+    def axis(self, name: str) -> int:
+        """The head axis of tensor ``name``."""
+        return dict(self.axes).get(name, self.head_axis)
 
     @classmethod
     def draw(cls, seed_text: str, index: int, batch: int, groups: int, head_axis: int, backward: bool,
-             permute: bool = True) -> Transform:
+             permute: bool = True, axes: tuple[tuple[str, int], ...] = ()) -> Transform:
         """Timed draw ``index`` (1 and up) of a case of ``batch`` entries and ``groups``
         key/value heads, seeded by ``seed_text`` (the case) and the index; signs only where
         ``permute`` is False."""
@@ -69,7 +77,7 @@ class Transform:
             rng.shuffle(order_b)
             rng.shuffle(order_g)
         grad_sign = rng.choice((1, -1)) if backward else 1
-        return cls(tuple(order_b), tuple(order_g), -1, grad_sign, head_axis)
+        return cls(tuple(order_b), tuple(order_g), -1, grad_sign, head_axis, axes)
 
     def describe(self) -> str:
         """What this draw did to draw 0, in words."""
@@ -91,14 +99,14 @@ class Transform:
         """``x`` (tensor ``name`` of draw 0) as it is in this draw: a new tensor."""
         import torch
 
-        device, out = x.device, x
+        device, out, axis = x.device, x, self.axis(name)
         if list(self.batch) != sorted(self.batch):
             out = out.index_select(0, torch.tensor(self.batch, device=device))
-        if x.ndim > self.head_axis and list(self.groups) != sorted(self.groups):
-            heads = x.shape[self.head_axis]
+        if x.ndim > axis and list(self.groups) != sorted(self.groups):
+            heads = x.shape[axis]
             group = heads // len(self.groups)
             order = [g * group + j for g in self.groups for j in range(group)]
-            out = out.index_select(self.head_axis, torch.tensor(order, device=device))
+            out = out.index_select(axis, torch.tensor(order, device=device))
         return -out if self.sign(name) < 0 else out
 
 
@@ -118,12 +126,14 @@ class Timed:
         names: tuple[str, ...], reference: tuple[Any, ...], yardstick: tuple[Any, ...],
         check: Callable[[str, str, Any, Any, Any], float], seed_text: str, head_axis: int, kernel: str,
         shapes: tuple[tuple[int, ...], ...] = (), permute: bool = True, got: tuple[Any, ...] = (),
+        head_axes: tuple[tuple[str, int], ...] = (),
     ) -> None:
         self._call, self._run_on, self._check = call, run_on, check
         self._inputs, self._input_names, self._grad_out = inputs, input_names, grad_out
         self._names, self._reference, self._yardstick = names, reference, yardstick
         self._seed_text, self._head_axis, self.kernel = seed_text, head_axis, kernel
         self._shapes, self._permute, self._got = shapes, permute, got
+        self._head_axes = head_axes
         self._transforms: dict[int, Transform] = {}
 
     def __call__(self) -> Any:
@@ -133,14 +143,15 @@ class Timed:
     def transform(self, index: int) -> Transform:
         """Timed draw ``index``'s rearrangement (the same for the same case and index)."""
         if index not in self._transforms:
-            x = self._inputs[0]
-            heads = {t.shape[self._head_axis] for t in self._inputs if t.ndim > self._head_axis}
+            x, axes = self._inputs[0], dict(self._head_axes)
+            heads = {t.shape[axes.get(n, self._head_axis)] for n, t in zip(self._input_names, self._inputs, strict=True)
+                     if t.ndim > axes.get(n, self._head_axis)}
             kv = min(heads, default=1)
             if any(h % kv for h in heads):  # no grouping every tensor shares: heads stay where they are
                 kv = 1
             backward = bool(getattr(x, "requires_grad", False))
             self._transforms[index] = Transform.draw(self._seed_text, index, x.shape[0], kv, self._head_axis, backward,
-                                                     self._permute)
+                                                     self._permute, self._head_axes)
         return self._transforms[index]
 
     def draw(self, index: int) -> Callable[[], Any]:
@@ -204,10 +215,12 @@ class Timed:
 
 
 def timed(answer: Answer, kernel: str, check: Callable[[str, str, Any, Any, Any], float], seed_text: str,
-          head_axis: int, permute: bool = True) -> Timed:
+          head_axis: int, permute: bool = True, head_axes: tuple[tuple[str, int], ...] = ()) -> Timed:
     """The callable to time for a checked ``answer`` (``checks.Answer``): its call, with the timed
-    draws and their ``check`` (``permute`` False: signs only, for a reference of a slice of the case)."""
+    draws and their ``check`` (``permute`` False: signs only, for a reference of a slice of the case;
+    ``head_axes``: tensors by name whose heads are not on ``head_axis``, a recurrent state's)."""
     return Timed(answer.call, run_on=answer.run_on, inputs=answer.inputs, input_names=answer.input_names,
                  grad_out=answer.grad_out, names=answer.names, reference=answer.reference,
                  yardstick=answer.yardstick, check=check, seed_text=seed_text, head_axis=head_axis, kernel=kernel,
-                 shapes=tuple(tuple(x.shape) for x in answer.got), permute=permute, got=answer.got)
+                 shapes=tuple(tuple(x.shape) for x in answer.got), permute=permute, got=answer.got,
+                 head_axes=head_axes)

@@ -167,7 +167,8 @@ def check_cases(where: str, cases: Sequence[Any]) -> None:
     """A usage error, naming each row and the fix, for a table with rows a run cannot use: a
     dtype other than bf16, fp16 or fp32, heads that the key/value heads do not divide, two rows
     of one id (pytest would rename them ``_0``, ``_1`` and their baseline keys would follow the
-    table's order), an id whose tokens contradict the row's fields."""
+    table's order), an id whose tokens contradict the row's fields, fewer keys (``kv_seq``) than
+    queries."""
     problems, seen = [], set()
     for case in cases:
         label = repr(getattr(case, "id", case))
@@ -181,6 +182,10 @@ def check_cases(where: str, cases: Sequence[Any]) -> None:
         heads, groups = getattr(case, "heads", None), getattr(case, "n_kv_heads", None)
         if isinstance(heads, int) and isinstance(groups, int) and (groups < 1 or heads % groups):
             problems.append(f"{label}: {heads} heads cannot share {groups} key/value heads (it must divide them)")
+        seq, kv_seq = getattr(case, "seq", None), getattr(case, "kv_seq", None)
+        if isinstance(seq, int) and isinstance(kv_seq, int) and kv_seq < seq:
+            problems.append(f"{label}: kv_seq={kv_seq} keys for seq={seq} queries (the queries are the last seq of "
+                            "kv_seq positions: kv_seq must be at least seq)")
         problems += [f"{label}: the id says {wrong}" for wrong in _id_contradictions(case)]
     if problems:
         raise pytest.UsageError(f"attnperf: {where}'s ATTNPERF_CASES: " + "; ".join(problems))

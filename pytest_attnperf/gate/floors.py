@@ -38,7 +38,9 @@ MARKER = "attnperf_floor"
 # the shape Floors.parse reads, e.g.
 #   ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.5}},
 # set at about 70% of a measured roofline fraction (docs/roofline.md, "Setting floors").
-# The h200 floors' measured fractions and ceilings: docs/roofline.md, "Built-in floors".
+# The h200 floors' measured fractions and ceilings: docs/roofline.md, "Built-in floors". Decode
+# cases' bandwidth floors are roofline floors too (memory bound), from ``bash tools/h200.sh decode``
+# (docs/decode.md, "Floors and the report").
 BUILTIN: dict[tuple[str, str, str, str | None], Mapping[str, Any]] = {
     ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwd"): {"h200": {"roofline": 0.30}},
     ("softmax", "sdpa-cudnn", "b32-h16-t1024-d64-causal-bf16", "fwdbwd"): {"h200": {"roofline": 0.24}},

@@ -6,7 +6,7 @@ plots from a saved ``report.json``. The JSON keeps every number as data (schema 
 docs/reports.md)::
 
     {"schema": 1, "environment": {...}, "hardware": {...}, "summary": {...}, "ceilings": [...],
-     "cases": [...], "scaling": [...], "crossover": [...], "ladder": [...]}
+     "cases": [...], "scaling": [...], "crossover": [...], "ladder": [...], "decode": [...]}
 
 A case joins a sweep through the ``attnperf_sweep(name, axis="seq")`` marker; its ``params``
 (the test's case, kernel and direction, flattened) give the axis value. Plots need matplotlib,
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from pytest_attnperf.report import failures, fits
+from pytest_attnperf.report import decode, failures, fits
 from pytest_attnperf.report.params import _plain, case_params
 from pytest_attnperf.report.summary import case_labels
 
@@ -272,6 +272,7 @@ def build(
         "scaling": scaling(cases),
         "crossover": crossovers(cases),
         "ladder": ladder(cases, hardware),
+        "decode": decode.rows(cases),
     }))
 
 
@@ -359,6 +360,8 @@ def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: s
           _pct(r["bandwidth_frac"]), _num(r["intensity"], ".0f"), _num(r["ridge"], ".0f"),
           _num(r["vs_best_attention"], ".2f"), _num(r["layer_formula_t"], "d"), _num(r["layer_model_t"], "d"))
          for r in report.get("ladder", [])])
+
+    lines += decode.markdown(report.get("decode") or [])
 
     lines += ["## Cases", ""]
     cases = report.get("cases", [])

@@ -66,10 +66,22 @@ def _zoo(name: str, **options: Any) -> Callable[[KernelFn], KernelFn]:
     return add
 
 
+def _equal_lengths(supports: Callable[[Any], str | None] | None) -> Callable[[Any], str | None]:
+    """``supports``, refusing decode cases first: the zoo's masks assume as many keys as queries."""
+
+    def check(case: Any) -> str | None:
+        if getattr(case, "decode", False):
+            return "the zoo's kernels take equal query and key lengths (tests/zoo/decode.py has decode kernels)"
+        return supports(case) if supports is not None else None
+
+    return check
+
+
 def register(registry: KernelRegistry) -> None:
-    """Add every zoo kernel to ``registry`` in family ``softmax``."""
+    """Add every zoo kernel to ``registry`` in family ``softmax`` (decode cases refused)."""
     for kernel in KERNELS:
-        options = {"tiled": False, **kernel.options}  # pieces of materialised scores: no memory bound
+        options = {"tiled": False, **kernel.options,  # pieces of materialised scores: no memory bound
+                   "supports": _equal_lengths(kernel.options.get("supports"))}
         registry.kernel(family=FAMILY, name=kernel.name, **options)(kernel.fn)
 
 

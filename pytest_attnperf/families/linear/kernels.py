@@ -397,7 +397,10 @@ def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: fl
 
 
 def axes_of(name: str, ndim: int) -> str:
-    """The axis letters of a tensor of the families' layout: ``b t h d`` (a GLA gate's last is ``k``)."""
+    """The axis letters of a tensor of the families' layout: ``b t h d`` (a GLA gate's last is ``k``,
+    a state, ``h0`` or ``ht``, is ``b h k v``)."""
+    if name in ("h0", "ht") and ndim == 4:
+        return "b h k v"
     return {4: "b t h k" if name in ("g", "dg") else "b t h d", 3: "b t h"}.get(ndim, "")
 
 

@@ -2,7 +2,14 @@
 
 Signature of every kernel in the family (torch SDPA layout, K/V may have fewer heads)::
 
-    fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out  # [B, H, T, d]
+    fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out  # [B, H, Tq, d]
+
+Query and key lengths may differ: ``q.shape[2]`` (``Tq``) new tokens over ``k.shape[2]``
+(``Tk >= Tq``) keys, as in decode (``Tq = 1``) and chunked prefill. ``causal`` is then aligned
+to the end of the keys (lower-right, as flash-attention and ``causal_lower_right`` align it;
+torch SDPA's ``is_causal`` aligns upper-left): query ``i`` sees keys ``0 .. Tk - Tq + i``, and
+a window of ``w`` the last ``w`` of those. A case with ``kv_seq`` set (``SoftmaxCase``) is a
+decode case; the decode suite runs it forward only.
 """
 
 from __future__ import annotations
@@ -37,6 +44,17 @@ class SoftmaxCase:
     kv_heads: int | None = None
     window: int | None = None
     gpu: bool = True  # True: the GPU shape table; False: the CPU table
+    kv_seq: int | None = None  # keys (the KV cache) when they outnumber the queries: decode
+
+    @property
+    def n_kv_seq(self) -> int:
+        """The key/value positions: ``kv_seq``, or ``seq`` when the lengths are equal."""
+        return self.seq if self.kv_seq is None else self.kv_seq
+
+    @property
+    def decode(self) -> bool:
+        """Whether the queries are the last ``seq`` of ``kv_seq`` positions (decode, chunked prefill)."""
+        return self.kv_seq is not None and self.kv_seq != self.seq
 
     @property
     def n_kv_heads(self) -> int:
@@ -61,19 +79,27 @@ def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | N
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    mask = attention_mask(q.shape[2], causal, window, q.device)
+    mask = attention_mask(q.shape[2], causal, window, q.device, k.shape[2])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
-    """torch.nn.functional.scaled_dot_product_attention with ``is_causal`` (GQA native)."""
+    """torch.nn.functional.scaled_dot_product_attention with ``is_causal`` (GQA native); with
+    fewer queries than keys, causal goes as ``causal_lower_right`` (``is_causal`` would align it
+    upper-left), which torch runs on flash or efficient where they take it and otherwise as a
+    materialised mask."""
     import torch.nn.functional as F
 
     if window is not None:
         raise ValueError("plain SDPA has no sliding window")
     gqa = q.shape[1] != k.shape[1]
+    if causal and q.shape[2] != k.shape[2]:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(q.shape[2], k.shape[2])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
@@ -90,12 +116,12 @@ def sdpa_dense_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, win
 
     from pytest_attnperf.families.softmax.reference import attention_mask
 
-    mask = attention_mask(q.shape[2], causal, window, q.device)
+    mask = attention_mask(q.shape[2], causal, window, q.device, k.shape[2])
     gqa = q.shape[1] != k.shape[1]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
-_flex: dict[tuple[int, int, str], Any] = {}
+_flex: dict[tuple[int, int, int, str], Any] = {}
 
 
 def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
@@ -104,15 +130,15 @@ def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: i
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    seq = q.shape[2]
-    key = (seq, int(window or seq), str(q.device))
+    seq, kv_seq = q.shape[2], k.shape[2]
+    key = (seq, kv_seq, int(window or kv_seq), str(q.device))
     if key not in _flex:
-        width = key[1]
+        width, offset = key[2], kv_seq - seq  # lower-right: query i sits at position offset + i
 
         def in_window(b: Any, h: Any, qi: Any, ki: Any) -> Any:
-            return (ki <= qi) & (qi - ki < width)
+            return (ki <= qi + offset) & (qi + offset - ki < width)
 
-        block_mask = create_block_mask(in_window, None, None, seq, seq, device=q.device)
+        block_mask = create_block_mask(in_window, None, None, seq, kv_seq, device=q.device)
         _flex[key] = (torch.compile(flex_attention, dynamic=False), block_mask)
     compiled, block_mask = _flex[key]
     gqa = q.shape[1] != k.shape[1]
@@ -194,7 +220,7 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     gen = torch.Generator(device=device).manual_seed(_seed(case.id if not seed else f"{case.id}:{seed}"))
     shape_q = (case.batch, case.heads, case.seq, case.head_dim)
-    shape_kv = (case.batch, case.n_kv_heads, case.seq, case.head_dim)
+    shape_kv = (case.batch, case.n_kv_heads, case.n_kv_seq, case.head_dim)
     backward = direction == "fwdbwd"
 
     def draw(shape: tuple[int, ...]) -> Any:

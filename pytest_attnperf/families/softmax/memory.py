@@ -8,7 +8,7 @@ to their tile):
 
 - forward: the output ``B*H*T*d*e``; row statistics ``2*B*H*Tp*4`` (log-sum-exp and one more
   per-row figure, fp32); for grouped K/V, K and V expanded to the query heads ``2*B*H*T*d*e``
-  (what a kernel without native GQA does);
+  (what a kernel without native GQA does), over the cache's ``Tk`` keys in a decode case;
 - forward and backward, also: the gradients ``(B*H + 2*B*Hkv)*T*d*e``; an fp32 dq accumulator
   ``B*H*Tp*d*4``; one more row statistic (``rowsum(dO * O)``) ``B*H*Tp*4``; for grouped K/V,
   per-query-head dk and dv before the group sum, fp32, ``2*B*H*Tp*d*4``.
@@ -41,8 +41,8 @@ def memory_bound(case: SoftmaxCase, direction: str) -> Bound:
     grouped, backward = kv != h, direction == "fwdbwd"
     terms: list[tuple[str, float]] = [("output", b * h * t * d * e),
                                       ("row statistics", (3 if backward else 2) * rows * FP32)]
-    if grouped:
-        terms.append(("K/V expanded to the query heads", 2 * b * h * t * d * e))
+    if grouped:  # over the whole cache where the keys outnumber the queries (decode)
+        terms.append(("K/V expanded to the query heads", 2 * b * h * case.n_kv_seq * d * e))
     if backward:
         terms += [("gradients", (b * h + 2 * b * kv) * t * d * e), ("fp32 dq accumulator", rows * d * FP32)]
         if grouped:

@@ -66,6 +66,6 @@ def test_softmax(
     cost = costs.softmax_attention(
         batch=case.batch, heads=case.heads, kv_heads=case.kv_heads, seq=case.seq,
         head_dim=case.head_dim, dtype=case.dtype, causal=case.causal, window=case.window,
-        backward=direction == "fwdbwd",
+        backward=direction == "fwdbwd", kv_seq=case.kv_seq,
     )
     attnperf.measure(timed, cost=cost, dtype=case.dtype, detect_backend=kernel.sdpa_backend is None)

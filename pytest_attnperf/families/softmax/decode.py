@@ -1,0 +1,85 @@
+"""Softmax decode and chunked prefill: ``Tq`` new query tokens (1 to 16) over a KV cache of ``Tk``
+keys, causal aligned to the end of the cache (lower-right), forward only.
+
+The cases are ordinary ``SoftmaxCase`` rows with ``kv_seq`` set, so every kernel of the
+``softmax`` family runs on them with the family's call; a kernel tells the lengths apart by
+``q.shape[2]`` (``Tq``) and ``k.shape[2]`` (``Tk``). The GPU table is Llama-3-8B's attention (32
+query heads over 8 K/V heads of 128, bf16): one token over caches of 1K, 32K and 128K at B=1 and
+1K, 8K and 32K at B=32, chunks of 16 tokens, and Mistral's 4096-token window. Decode reads the whole cache
+for a few FLOPs per byte, so it is bandwidth bound: its cost model's bytes are the cache read
+(``costs.softmax_attention`` with ``kv_seq``), and the report's decode table gives its bandwidth
+against the measured copy ceiling (docs/decode.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_attnperf import costs
+from pytest_attnperf.families.checks import reported_plainly
+from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase, check_case
+
+__all__ = ["ATTNPERF_CASES", "ATTNPERF_DIRECTIONS", "ATTNPERF_FAMILY", "CASES", "CPU", "DIRECTIONS", "FAMILY", "GPU",
+           "cost", "decode_case", "test_softmax_decode"]
+
+FAMILY = "softmax"
+DIRECTIONS = ("fwd",)  # serving runs no backward
+
+
+def decode_case(batch: int, queries: int, cache: int, *, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+                dtype: str = "bf16", causal: bool = True, window: int | None = None, gpu: bool = True,
+                prefix: str = "") -> SoftmaxCase:
+    """A decode row with a readable id: ``b32-h32-kv8-t1-cache32k-d128-causal-bf16``."""
+    size = f"{cache // 1024}k" if cache % 1024 == 0 else str(cache)
+    parts = [prefix + f"b{batch}", f"h{heads}", f"kv{kv_heads}", f"t{queries}", f"cache{size}", f"d{head_dim}"]
+    parts += [f"w{window}"] if window else []
+    parts += ["causal"] if causal and not window else []
+    return SoftmaxCase("-".join(parts + [dtype]), batch, heads, queries, head_dim, dtype, causal, kv_heads=kv_heads,
+                       window=window, gpu=gpu, kv_seq=cache)
+
+
+GPU = (
+    # one token, B=1, the cache from 1K to 128K (8K left out: its 34 MB of cache sit in the L2)
+    *(decode_case(1, 1, cache) for cache in (1024, 32768, 131072)),
+    # one token, a batch of 32 requests, 1K to 32K (32 x 8 x 32K x 128 x 2 x 2 bytes: 4.3 GB of cache)
+    *(decode_case(32, 1, cache) for cache in (1024, 8192, 32768)),
+    # chunked prefill: 16 tokens at once
+    decode_case(1, 16, 32768),
+    decode_case(32, 16, 8192),
+    # Mistral's window: the last 4096 keys of a 32K cache
+    decode_case(1, 1, 32768, window=4096),
+)
+
+CPU = (
+    decode_case(2, 1, 256, heads=8, kv_heads=2, head_dim=32, dtype="fp32", gpu=False, prefix="cpu-"),
+    decode_case(2, 4, 128, heads=8, kv_heads=2, head_dim=32, dtype="fp32", gpu=False, prefix="cpu-"),
+    decode_case(1, 16, 64, heads=4, kv_heads=4, head_dim=32, dtype="fp32", window=24, gpu=False, prefix="cpu-"),
+    decode_case(1, 2, 64, heads=4, kv_heads=4, head_dim=32, dtype="fp32", causal=False, gpu=False, prefix="cpu-"),
+    decode_case(2, 1, 512, heads=4, kv_heads=1, head_dim=64, dtype="bf16", gpu=False, prefix="cpu-"),
+)
+
+CASES = GPU + CPU
+
+ATTNPERF_FAMILY, ATTNPERF_CASES, ATTNPERF_DIRECTIONS = FAMILY, CASES, DIRECTIONS  # what the plugin parametrizes
+
+
+def cost(case: SoftmaxCase) -> costs.Cost:
+    """The forward's FLOPs over the visible pairs and its bytes: the cache read, ``Q`` and ``O``."""
+    return costs.softmax_attention(batch=case.batch, heads=case.heads, kv_heads=case.kv_heads, seq=case.seq,
+                                   head_dim=case.head_dim, dtype=case.dtype, causal=case.causal, window=case.window,
+                                   kv_seq=case.n_kv_seq)
+
+
+def test_softmax_decode(
+    case: SoftmaxCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any,
+    request: pytest.FixtureRequest,
+) -> None:
+    """The output against fp64 (lower-right causal), then device time against the baseline."""
+    with reported_plainly(attnperf_seed):  # a wrong answer fails with its message alone
+        checked = check_case(kernel, case, direction, attnperf_device, seed=attnperf_seed)
+    for name, ratio in checked.properties():
+        request.node.user_properties.append((name, ratio))
+    attnperf.measure(checked.call, cost=cost(case), dtype=case.dtype, detect_backend=kernel.sdpa_backend is None)
