@@ -21,6 +21,7 @@ import pytest
 
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.gate import floors
+from pytest_attnperf.gate.physics import judge
 from pytest_attnperf.gate.roofline import (
     Ceiling,
     Floor,
@@ -203,6 +204,24 @@ def test_cpu_matmul_side_grows_while_a_call_stays_short() -> None:
     assert cpu_matmul_side(fast.__getitem__, (256, 512, 1024)) == 1024
     slow_bf16 = {256: 0.05}  # 8 x 0.05 s is over 0.2 s: the next side is not tried
     assert cpu_matmul_side(slow_bf16.__getitem__, (256, 512, 1024)) == 256
+
+
+def test_the_impossible_speed_limits_are_the_higher_of_measured_and_spec_unless_the_user_gives_one() -> None:
+    measured = Measured((("bf16", 700e12), ("fp16", None), ("fp32", 80e12)), 4243e9, "2026-01-01")
+    h200 = Ceilings(TABLE["h200"], measured, user=(("fp16", 900e12),))
+    assert h200.limit_bandwidth() == Ceiling(4800e9, "spec")  # a read stream may beat the measured copy
+    assert h200.roofline_bandwidth() == Ceiling(4243e9, "measured")  # the roofline keeps the measured one
+    assert h200.limit_peak("bf16") == Ceiling(989.5e12, "spec")
+    assert h200.limit_peak("fp32") == Ceiling(80e12, "measured")  # measured above the spec's 66.9
+    assert h200.limit_peak("fp16") == Ceiling(900e12, "user")
+    unlisted = Ceilings(unlisted_spec(DetectedDevice("cuda", "NVIDIA Z9000", (12, 0))), measured)
+    assert unlisted.limit_bandwidth() == Ceiling(4243e9, "measured")
+    # a decode kernel reading 4.29 GB in 971 us (the H200's cuDNN at B=32 over a 32K cache): 104% of
+    # the copy ceiling, possible against the card's memory; the same bytes in a third of the time are not
+    kv = 2 * 32 * 8 * 32768 * 128 * 2
+    assert judge(0.0, kv, 971e-6, "bf16", None, h200.limit_bandwidth()).status == "possible"
+    assert judge(0.0, kv, 971e-6, "bf16", None, h200.roofline_bandwidth()).fraction == pytest.approx(1.043, abs=1e-3)
+    assert judge(0.0, kv, 971e-6 / 3, "bf16", None, h200.limit_bandwidth()).status == "impossible"
 
 
 def test_ceilings_order_user_then_measured_then_spec_for_the_roofline() -> None:

@@ -131,15 +131,16 @@ HOT_REASON = "no {dtype} matmul ceiling known (hot mode's data may sit in the L2
 
 
 def _physics(session: Any, ceilings: Ceilings, result: PerfResult, dtype: str) -> physics.PhysicsCheck:
-    """The case's speed against the roofline's ceilings (user > measured > spec): on a GPU only,
-    and in hot mode against the matmul ceiling only (back-to-back calls may read from the L2)."""
+    """The case's speed against the ceilings no kernel beats (user, else the higher of measured
+    and spec: ``Ceilings.limit_peak``): on a GPU only, and in hot mode against the matmul ceiling
+    only (back-to-back calls may read from the L2)."""
     if not session.device.is_gpu:
         return physics.not_run(CPU_REASON)
-    peak = ceilings.roofline_peak(dtype)
+    peak = ceilings.limit_peak(dtype)
     hot = result.measurement.mode == "hot"
     if hot and peak is None:
         return physics.not_run(HOT_REASON.format(dtype=dtype))
-    band = None if hot else ceilings.roofline_bandwidth()
+    band = None if hot else ceilings.limit_bandwidth()
     speed = physics.judge(result.cost.flops, result.cost.bytes, result.median_ms / 1e3, dtype, peak, band)
     if speed.status == "not run" and ceilings.why:
         return physics.not_run(f"no ceilings: {ceilings.why}")

@@ -318,6 +318,23 @@ class Ceilings:
         """The roofline's bytes/s ceiling: user, else measured, else spec."""
         return self._pick("bw", ("user", "measured", "spec"))
 
+    def _limit(self, key: str) -> Ceiling | None:
+        figures = self._figures(key)
+        if figures["user"]:
+            return Ceiling(figures["user"], "user")  # type: ignore[arg-type]
+        known = [Ceiling(figures[s], s) for s in ("measured", "spec") if figures[s]]  # type: ignore[arg-type]
+        return max(known, key=lambda c: c.value) if known else None
+
+    def limit_peak(self, dtype: str) -> Ceiling | None:
+        """The FLOP/s no kernel beats for ``dtype`` (the impossible-speed check): user, else the
+        higher of measured and spec (a kernel may beat the measured matmul, never the card)."""
+        return self._limit(dtype)
+
+    def limit_bandwidth(self) -> Ceiling | None:
+        """The bytes/s no kernel beats: user, else the higher of measured and spec (a stream of
+        reads may beat the measured copy, which reads and writes; never the card's memory)."""
+        return self._limit("bw")
+
     def rate_peak(self, dtype: str) -> Ceiling | None:
         """The FLOP/s that MFU is taken against for ``dtype``: user, else spec, else measured."""
         return self._pick(dtype, ("user", "spec", "measured"))
