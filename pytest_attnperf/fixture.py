@@ -22,6 +22,7 @@ from pytest_attnperf.parallel.xdist import timing_turn
 from pytest_attnperf.report.timeline import VERIFY_S_KEY
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import BaselineError
+from pytest_attnperf.store.history_plugin import DriftNote, record_case
 
 __all__ = ["PENDING_KEY", "Perf"]
 
@@ -66,7 +67,8 @@ class Perf:
         pinned = marker.args[0] if marker else None
         with timing_turn(session):  # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
             result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
-        self._record(result)
+        drifted = record_case(self._request.config, self._key, result)  # --attnperf-history: judged, appended
+        self._record(result, drifted)
         verdict, measurement = result.verdict, result.measurement
         node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
         self._session.measure_overhead()  # measured before any test (session.prepare); here only if that step could not
@@ -85,6 +87,11 @@ class Perf:
         below = floors.failure_message(result, floors.for_session(session))
         if below:
             pytest.fail(f"{self._key}: {below}", pytrace=False)
+        if drifted is not None and drifted.fails:
+            pytest.fail(f"{self._key}: DRIFTED {drifted.pct:+.1f}% on its history (--attnperf-fail-on-drift): last good "
+                        f"{drifted.last_good or '?'}, first bad {drifted.first_bad or 'this run'}, "
+                        f"p={drifted.shift.p_value:.2g}; now {drifted.shift.after_ms:.4g} ms, before "
+                        f"{drifted.shift.before_ms:.4g} ms", pytrace=False)
         return result
 
     def _timed(self, fn: Callable[[], Any], cost: Cost, dtype: str, pinned: str | None, detect_backend: bool,
@@ -193,7 +200,7 @@ class Perf:
         taken = runs.for_case(nodeid) if runs is not None else []
         return pool(measurement, taken) if taken else measurement
 
-    def _record(self, result: PerfResult) -> None:
+    def _record(self, result: PerfResult, drifted: DriftNote | None = None) -> None:
         m, s = result.measurement, result.measurement.summary
         before = self._baseline_entry()
         if self._session.settings.update_baselines:  # the entry is written only then
@@ -216,15 +223,17 @@ class Perf:
                 eager_ms=m.eager_ms,
                 intensity=result.metrics.intensity_flop_per_byte,
                 bound=result.roofline.bound if result.roofline else result.metrics.bound,
-                status=result.verdict.status,
+                status="drifted" if drifted is not None and drifted.fails else result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
-                notes=m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result),
+                notes=m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result)
+                + ((drifted.text(),) if drifted is not None else ()),
                 roofline_frac=result.roofline.fraction if result.roofline else None,
                 ceilings=floors.for_session(self._session),
                 params=_case_params(self._request.node, result.cost),
                 bitwise=m.bitwise,
                 verified=m.verified,
+                drift_pct=None if drifted is None else drifted.pct,
             )
         )
 

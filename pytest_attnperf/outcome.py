@@ -81,3 +81,4 @@ class Row:
     params: dict[str, Any] = field(default_factory=dict)  # the case as plain data (reportgen.case_params)
     bitwise: bool | None = None  # two replays of one timed draw gave equal bits (None: not compared)
     verified: int = 0  # timed draws checked after sampling
+    drift_pct: float | None = None  # a lasting slowdown on the run history, in percent (store.history_plugin)

@@ -26,8 +26,9 @@ from pytest_attnperf.parallel import fleet, xdist
 from pytest_attnperf.report import failures, timeline
 from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
-from pytest_attnperf.store import autotune_plugin
+from pytest_attnperf.store import autotune_plugin, history_plugin
 from pytest_attnperf.store.autotune_plugin import AutotunePlugin
+from pytest_attnperf.store.history_plugin import HistoryRecorder
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
 REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
@@ -82,6 +83,8 @@ def _optional_plugins(
         plugins.append((pool_run, POOL_RUN))
     elif s.processes > 1 and not s.check_only and not fleet.is_controller(config):
         plugins.append((PoolRuns(session), POOL_RUNS))
+    if history_plugin.wanted(config, session) and not fleet.is_controller(config):  # those that measure append
+        plugins.append((HistoryRecorder(session), history_plugin.NAME))
     root = autotune_plugin.cache_root(config) if pool_run is None else None
     if root is not None:
         plugins.append((AutotunePlugin(session, root), autotune_plugin.NAME))
@@ -304,6 +307,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for note in (state.gating_note(), state.write_note, state.record_note, state.ignore_note):
         if note:
             terminalreporter.write_line(f"baselines: {note}")
+    recorder = HistoryRecorder.of(config)
+    for line in [recorder.summary_line() if recorder is not None else None]:
+        if line:
+            terminalreporter.write_line(line)
     clock = config.stash.get(timeline.KEY, None)
     for line in [clock.measure_line() if clock is not None else None,
                  *(autotuning.summary_lines() if autotuning is not None else ()),
