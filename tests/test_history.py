@@ -176,3 +176,14 @@ def test_a_clean_run_writes_a_comment_that_says_so(project: pytest.Pytester) -> 
     assert "2 measured cases (2 unchanged)" in text
     assert "No regression, improvement, drift or memory change." in text
     assert "Re-run" not in text
+
+
+def test_recording_the_case_again_accepts_its_new_level(project: pytest.Pytester) -> None:
+    pytest.importorskip("ruptures", reason="the optional extra history (ruptures) is not installed")
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    _runs(project, [1.0] * 5 + [1.02], "--attnperf-fail-on-drift").assert_outcomes(passed=2)
+    set_speed(project, a=1.02)
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-history=hist").assert_outcomes(passed=2)
+    after = _runs(project, [1.02, 1.02], "--attnperf-fail-on-drift", start=7)
+    after.assert_outcomes(passed=2)
+    assert "drifted" not in after.stdout.str()

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pytest_attnperf.outcome import PerfResult
     from pytest_attnperf.session import AttnPerfSession
 
-__all__ = ["NAME", "WINDOW", "HistoryRecorder", "DriftNote", "record_case", "wanted"]
+__all__ = ["NAME", "WINDOW", "DriftNote", "HistoryRecorder", "record_case", "since_recorded", "wanted"]
 
 NAME = "attnperf-history"
 WINDOW = 30  # runs of a case a gating run judges drift on: a shift older than this no longer fails
@@ -54,6 +54,13 @@ class DriftNote:
         first = "this run" if self.first_bad is None else self.first_bad
         return (f"drifted {self.pct:+.1f}% on its history (last good {self.last_good or '?'}, first bad {first}, "
                 f"p={self.shift.p_value:.2g})")
+
+
+def since_recorded(records: list[Any]) -> list[Any]:
+    """The records from the case's latest recording on: recording its baseline again accepts the
+    level it runs at, so the gate judges drift only since (``attnperf-history`` reports every shift)."""
+    last = max((i for i, r in enumerate(records) if r.get("verdict") == "recorded"), default=0)
+    return records[last:]
 
 
 def wanted(config: pytest.Config, session: AttnPerfSession) -> bool:
@@ -104,13 +111,14 @@ class HistoryRecorder:
         return history.series(history.read(self.path).records)
 
     def judge(self, key: str, result: PerfResult) -> DriftNote | None:
-        """The case's drift on the history so far plus this run (gating runs, with the
-        change-point library installed); None when it has not drifted slower."""
+        """The case's drift on the history so far plus this run, since its latest recording and
+        at most ``WINDOW`` runs (gating runs, with the change-point library installed); None when
+        it has not drifted slower."""
         s = self.session.settings
         if s.update_baselines or drift.available() is not None:
             return None
         m = result.measurement
-        past = self._past.get((key, m.mode), [])[-(WINDOW - 1):]
+        past = since_recorded(self._past.get((key, m.mode), []))[-(WINDOW - 1):]
         medians = [float(r["median_ms"]) for r in past] + [m.summary.median_ms]
         shift = drift.drifted(medians)
         if shift is None:
