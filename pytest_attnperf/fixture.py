@@ -88,8 +88,8 @@ class Perf:
         if below:
             pytest.fail(f"{self._key}: {below}", pytrace=False)
         if drifted is not None and drifted.fails:
-            pytest.fail(f"{self._key}: DRIFTED {drifted.pct:+.1f}% on its history (--attnperf-fail-on-drift): last good "
-                        f"{drifted.last_good or '?'}, first bad {drifted.first_bad or 'this run'}, "
+            pytest.fail(f"{self._key}: DRIFTED {drifted.pct:+.1f}% on its history (--attnperf-fail-on-drift): "
+                        f"last good {drifted.last_good or '?'}, first bad {drifted.first_bad or 'this run'}, "
                         f"p={drifted.shift.p_value:.2g}; now {drifted.shift.after_ms:.4g} ms, before "
                         f"{drifted.shift.before_ms:.4g} ms", pytrace=False)
         return result

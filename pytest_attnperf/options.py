@@ -438,7 +438,7 @@ def read_settings(config: pytest.Config) -> Settings:
     )
 
 
-# a pool run's own: it records, requires, spawns, appends to no history and reports nothing, and writes its samples where
+# a pool run's own: it records, requires, spawns, appends and reports nothing, and writes its samples where
 # its --attnperf-pool-out says; the other settings it takes from its parent (settings_data)
 POOL_RUN_OWN: dict[str, Any] = {"update_baselines": False, "require_baseline": False, "processes": 1,
                                 "report_dir": None, "pool_out": None, "history_dir": None, "fail_on_drift": False,

@@ -362,9 +362,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         if note:
             terminalreporter.write_line(f"baselines: {note}")
     recorder = HistoryRecorder.of(config)
-    for line in [recorder.summary_line() if recorder is not None else None]:
-        if line:
-            terminalreporter.write_line(line)
+    appended = recorder.summary_line() if recorder is not None else None
+    if appended:
+        terminalreporter.write_line(appended)
     clock = config.stash.get(timeline.KEY, None)
     for line in [clock.measure_line() if clock is not None else None,
                  *(autotuning.summary_lines() if autotuning is not None else ()),

@@ -44,16 +44,23 @@ def test_a_gating_run_appends_one_record_per_measured_case(project: pytest.Pytes
     assert "history: appended 2 records to" in result.stdout.str()
     a, b = records(project)
     assert [a["case"], b["case"]] == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]
-    assert a["run"] == b["run"] and len(a["run"]) == 32
-    assert a["schema"] == 1 and a["commit"] == "abc123"
-    assert a["machine"]["hw"] == "h200" and a["machine"]["device"] == "NVIDIA H200" and a["machine"]["host"]
+    assert a["run"] == b["run"]
+    assert len(a["run"]) == 32
+    assert a["schema"] == 1
+    assert a["commit"] == "abc123"
+    assert a["machine"]["hw"] == "h200"
+    assert a["machine"]["device"] == "NVIDIA H200"
+    assert a["machine"]["host"]
     assert set(a["software"]) == {"torch", "triton", "fla", "cuda", "driver", "python"}
     assert a["median_ms"] == pytest.approx(1.0, rel=0.01)
     assert a["ci_low_ms"] <= a["median_ms"] <= a["ci_high_ms"]
-    assert a["n_samples"] == 20 and a["stdrel"] > 0
+    assert a["n_samples"] == 20
+    assert a["stdrel"] > 0
     assert (a["peak_mib"], b["peak_mib"]) == (10.0, 12.5)
-    assert a["verdict"] == "unchanged" and a["change_pct"] == pytest.approx(0.0, abs=0.5)
-    assert a["mode"] == "cold" and a["drift_pct"] is None
+    assert a["verdict"] == "unchanged"
+    assert a["change_pct"] == pytest.approx(0.0, abs=0.5)
+    assert a["mode"] == "cold"
+    assert a["drift_pct"] is None
 
 
 def test_recording_runs_append_and_check_only_runs_do_not(project: pytest.Pytester) -> None:
@@ -63,7 +70,8 @@ def test_recording_runs_append_and_check_only_runs_do_not(project: pytest.Pytest
     project.runpytest(*PLUGIN, "--attnperf-check-only", "--attnperf-history=hist")  # measure() returns None
     project.runpytest(*PLUGIN, "--attnperf-history=hist").assert_outcomes(passed=2)
     later = records(project)
-    assert len(later) == 4 and later[2]["run"] != first_run
+    assert len(later) == 4
+    assert later[2]["run"] != first_run
 
 
 def test_the_folder_comes_from_the_environment_or_the_ini_relative_to_the_ini_file(
@@ -144,8 +152,10 @@ def test_each_failed_case_prints_a_line_that_re_runs_it_alone(pytester: pytest.P
     assert sorted(lines) == ["test_cases.py::test_case[a]", "test_failing.py::test_case[after]",
                              "test_failing.py::test_case[raises]", "test_failing.py::test_case[wrong]"]
     regressed = lines["test_cases.py::test_case[a]"]
-    assert "--hw=h200" in regressed and "--attnperf-baselines=baselines" in regressed
-    assert "--attnperf-seed=3" in regressed and not any(a.startswith("--attnperf-mode") for a in regressed)
+    assert "--hw=h200" in regressed
+    assert "--attnperf-baselines=baselines" in regressed
+    assert "--attnperf-seed=3" in regressed
+    assert not any(a.startswith("--attnperf-mode") for a in regressed)
     for node, args in lines.items():
         again = project.runpytest(*args, "-rA")
         assert outcomes(again) == {node: "FAILED"}, again.stdout.str()

@@ -98,7 +98,8 @@ def test_a_shift_below_the_least_size_does_not_count() -> None:
 def test_drifted_is_the_last_shift_when_it_is_a_slowdown() -> None:
     slower = noisy([1.0] * 6 + [1.03] * 3, 3)
     shift = drift.drifted(slower)
-    assert shift is not None and shift.index == 6
+    assert shift is not None
+    assert shift.index == 6
     assert drift.drifted(noisy([1.0] * 6 + [0.97] * 3, 3)) is None  # faster: no drift
     assert drift.drifted(noisy([1.0] * 6 + [1.03] * 6 + [1.0] * 3, 3)) is None  # slowed, then fixed
 
@@ -224,7 +225,8 @@ def test_a_plot_per_shifted_case(tmp_path: Path, capsys: pytest.CaptureFixture[s
     _step_history(tmp_path)
     assert drifts.main([str(tmp_path), "--plot", str(tmp_path / "plots")]) == 0
     (png,) = (tmp_path / "plots").glob("*.png")
-    assert "case_a" in png.name and png.read_bytes()[:4] == b"\x89PNG"
+    assert "case_a" in png.name
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_command_refuses_a_missing_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -157,7 +157,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-p", type=float, default=drift.Rule().max_p, help="greatest p-value (default 0.01)")
     parser.add_argument("--persist", type=int, default=drift.Rule().persist,
                         help="runs after a shift that must all stay shifted (default 2)")
-    parser.add_argument("--plot", type=Path, default=None, help="folder for a PNG per case that shifted (default: none)")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="folder for a PNG per case that shifted (default: none)")
     parser.add_argument("--out", type=Path, default=None, help="write the Markdown here (default: standard output)")
     return parser
 

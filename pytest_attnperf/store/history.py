@@ -140,5 +140,5 @@ def series(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[M
 
 
 def host() -> str:
-    """This host's name."""
+    """The host's name."""
     return socket.gethostname()

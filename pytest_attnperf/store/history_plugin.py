@@ -100,7 +100,7 @@ class HistoryRecorder:
 
     @cached_property
     def path(self) -> Path:
-        """This hardware's history file."""
+        """The history file of the run's hardware."""
         folder = self.session.settings.history_dir
         assert folder is not None  # registered only with one
         return history_path(folder, self.session.hardware.name)
