@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit import CONFTEST, FAILING_CASES, PLUGIN, TESTS, make_project, outcomes, set_speed, set_speeds
+from kit import CONFTEST, FAILING_CASES, PLUGIN, TESTS, conftest, make_project, outcomes, set_speed, set_speeds
 
 PEAK_MIB = '''
 
@@ -197,3 +197,16 @@ def test_recording_the_case_again_accepts_its_new_level(project: pytest.Pytester
     after = _runs(project, [1.02, 1.02], "--attnperf-fail-on-drift", start=7)
     after.assert_outcomes(passed=2)
     assert "drifted" not in after.stdout.str()
+
+
+def test_a_suite_case_is_re_run_by_its_suite_and_exact_name(pytester: pytest.Pytester) -> None:
+    from pytest_attnperf.options import read_settings
+    from pytest_attnperf.report.triage import rerun_args
+
+    project = make_project(pytester, conftest("cpu"), test_cases=TESTS)
+    settings = read_settings(project.parseconfig(*PLUGIN))
+    node = "pytest_attnperf/families/softmax/suite.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-sdpa-fwd]"
+    args = rerun_args(node, settings, "cpu", project.path, plugin_flag=True)
+    assert args[2:5] == ["--attnperf-suites=softmax", "-k", node.rsplit("::", 1)[1]]
+    collected = project.runpytest(*args, "--collect-only", "-q")
+    assert [line for line in collected.stdout.lines if "::" in line] == [node]
