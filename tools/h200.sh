@@ -139,7 +139,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
         more=(-p pytest_attnperf.noise.inject --attnperf-fail-on-drift --attnperf-pr-comment="$OUT/pr-run$i.md")
         export ATTNPERF_INJECT=0.02 ATTNPERF_INJECT_LOG="$OUT/inject.jsonl"
       fi
-      timeout -s INT "${RUN_BUDGET:-75}" "${PYTEST[@]}" suites/test_softmax.py --hw=h200 -k "$SEL" --benchmark-disable \
+      timeout -s INT "${RUN_BUDGET:-65}" "${PYTEST[@]}" suites/test_softmax.py --hw=h200 -k "$SEL" --benchmark-disable \
         --attnperf-history="$H" --attnperf-commit="run$i" "${more[@]}" > "$OUT/history-run$i.log" 2>&1
       echo "run $i: $(tail -n 1 "$OUT/history-run$i.log")"
     done
