@@ -23,6 +23,7 @@ from pytest_attnperf.store import history
 __all__ = ["CaseSeries", "Found", "case_series", "main", "markdown", "plot"]
 
 PLOT_HINT = "pip install matplotlib"
+TICKS_NAMED = 40  # a plot of at most this many runs names each run's commit
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,9 @@ def plot(found: Found, folder: Path) -> Path:
     for sh in found.shifts:
         ax.axvline(sh.index + 0.5, color="red", lw=1)
         ax.annotate(f"{_pct(sh.size)} (p={sh.p_value:.1g})", (sh.index + 0.6, sh.after_ms), color="red", fontsize=8)
-    ax.set_xlabel("run")
+    if len(runs) <= TICKS_NAMED:  # each run's commit under its point
+        ax.set_xticks(runs, [s.label(i) for i in range(len(runs))], rotation=60, ha="right", fontsize=7)
+    ax.set_xlabel("run (commit)")
     ax.set_ylabel("median (ms)")
     ax.set_title(f"{s.case} ({s.hw}, {s.mode})", fontsize=8)
     ax.legend(fontsize=8)
