@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 
 from pytest_attnperf.costs import Cost, metrics
+from pytest_attnperf.families.memory import bound_for
 from pytest_attnperf.gate import floors, policy
+from pytest_attnperf.gate.memory import MemoryCheck, Tolerance, against_baseline, against_bound
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
+from pytest_attnperf.measure import inventory
 from pytest_attnperf.measure.pool import PoolRuns, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.measure.verify import Draws, TimedDiffers, raised_as_differing
@@ -67,12 +70,14 @@ class Perf:
         pinned = marker.args[0] if marker else None
         with timing_turn(session):  # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
             result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
+        memory = self._memory(result.measurement)
         drifted = record_case(self._request.config, self._key, result)  # --attnperf-history: judged, appended
-        self._record(result, drifted)
+        self._record(result, memory, drifted)
         verdict, measurement = result.verdict, result.measurement
-        node.user_properties.extend(_junit_properties(result))  # JUnit XML; the noise benchmark reads the verdict
+        node.user_properties.extend(_junit_properties(result, memory))  # JUnit XML; the noise benchmark reads it
         self._session.measure_overhead()  # measured before any test (session.prepare); here only if that step could not
         self._feed_benchmark(result)
+        breached = [check.message for check in memory if check.failed]
         if verdict.failed:
             drift = session.drift()
             extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
@@ -82,17 +87,39 @@ class Perf:
             earlier = (self._baseline_entry() or {}).get("notes")
             if isinstance(earlier, list) and earlier:
                 extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
+            if result.kernels_changed:
+                extra += f"\n  {result.kernels_changed}"
             below = floors.failure_message(result, floors.for_session(session))
-            pytest.fail(f"{self._key}: {verdict.message}{extra}" + (f"\n{below}" if below else ""), pytrace=False)
+            more = "".join(f"\n{line}" for line in [below, *breached] if line)
+            pytest.fail(f"{self._key}: {verdict.message}{extra}{more}", pytrace=False)
         below = floors.failure_message(result, floors.for_session(session))
-        if below:
-            pytest.fail(f"{self._key}: {below}", pytrace=False)
+        if below or breached:  # a memory breach fails apart from the time's verdict
+            pytest.fail(f"{self._key}: " + "\n".join(line for line in [*breached, below] if line), pytrace=False)
+        if result.kernels_changed and session.settings.fail_on_kernel_change:
+            pytest.fail(f"{self._key}: {result.kernels_changed} (against {session.baseline_path}; "
+                        "--attnperf-fail-on-kernel-change is set)", pytrace=False)
         if drifted is not None and drifted.fails:
             pytest.fail(f"{self._key}: DRIFTED {drifted.pct:+.1f}% on its history (--attnperf-fail-on-drift): "
                         f"last good {drifted.last_good or '?'}, first bad {drifted.first_bad or 'this run'}, "
                         f"p={drifted.shift.p_value:.2g}; now {drifted.shift.after_ms:.4g} ms, before "
                         f"{drifted.shift.before_ms:.4g} ms", pytrace=False)
         return result
+
+    def _memory(self, measurement: Measurement) -> tuple[MemoryCheck, ...]:
+        """The peak above the inputs judged against the family's bound, for a tiled kernel, and
+        against the baseline entry's (not when recording, nor in a pool run); docs/memory.md."""
+        settings = self._session.settings
+        if settings.pool_out is not None or measurement.peak_mib is None:
+            return ()
+        callspec = getattr(self._request.node, "callspec", None)
+        params = callspec.params if callspec else {}
+        kernel = params.get("kernel")
+        bound = bound_for(kernel, params.get("case"), params.get("direction"))
+        checks = [against_bound(measurement.peak_mib, bound, f"kernel '{getattr(kernel, 'name', '?')}'")]
+        if not settings.update_baselines:
+            recorded = (self._baseline_entry() or {}).get("peak_mib")
+            checks.append(against_baseline(measurement.peak_mib, recorded, Tolerance.parse(settings.memory_tolerance)))
+        return tuple(check for check in checks if check is not None)
 
     def _timed(self, fn: Callable[[], Any], cost: Cost, dtype: str, pinned: str | None, detect_backend: bool,
                mode: str | None) -> PerfResult:
@@ -133,7 +160,15 @@ class Perf:
             backend=backend,
         )
         result = floors.check(node, session, result, dtype)  # roofline position and floors, JUnit properties
-        return result
+        return replace(result, kernels_changed=self._kernels_changed(measurement))
+
+    def _kernels_changed(self, measurement: Measurement) -> str | None:
+        """How the measurement's kernel inventory differs from the baseline entry's, in a run that
+        gates (``inventory.verdict``; None when it agrees or either has none)."""
+        settings = self._session.settings
+        if settings.update_baselines or settings.pool_out is not None:
+            return None
+        return inventory.verdict(self._baseline_entry(), measurement.kernels, measurement.kernels_source)
 
     def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
         """The verdict on ``measurement`` (``policy.decide``), after timing once more where it
@@ -163,10 +198,12 @@ class Perf:
                         "record it with --update-baselines", pytrace=False)
         if not decision.remeasure:
             return decision.verdict, measurement
-        again = self._pooled(self._sampled(fn, plan))  # a suspected regression is measured once more
+        # a suspected regression is measured once more; its kernels were read the first time
+        again = self._pooled(self._sampled(fn, replace(plan, inventory=False)))
         verdict, kept, refused = policy.decide_again(decision.verdict, measurement, again, summary, terms, here)
         self._refused(refused)
-        return verdict, kept
+        return verdict, replace(kept, kernels=measurement.kernels, kernels_source=measurement.kernels_source,
+                                inventory_s=measurement.inventory_s)
 
     def _sampled(self, fn: Callable[[], Any], plan: Any) -> Measurement:
         """The timer's measurement of ``fn``; a timed result that fails its check
@@ -175,7 +212,8 @@ class Perf:
         try:
             measurement = self._session.timer.measure(fn, plan)
             node = self._request.node
-            node.stash[VERIFY_S_KEY] = node.stash.get(VERIFY_S_KEY, 0.0) + measurement.verify_s
+            checking_s = measurement.verify_s + measurement.inventory_s  # the harness's checks, and the inventory
+            node.stash[VERIFY_S_KEY] = node.stash.get(VERIFY_S_KEY, 0.0) + checking_s
         except TimedDiffers as exc:
             problem: str | None = str(exc)
         else:
@@ -200,7 +238,8 @@ class Perf:
         taken = runs.for_case(nodeid) if runs is not None else []
         return pool(measurement, taken) if taken else measurement
 
-    def _record(self, result: PerfResult, drifted: DriftNote | None = None) -> None:
+    def _record(self, result: PerfResult, memory: tuple[MemoryCheck, ...] = (),
+                drifted: DriftNote | None = None) -> None:
         m, s = result.measurement, result.measurement.summary
         before = self._baseline_entry()
         if self._session.settings.update_baselines:  # the entry is written only then
@@ -226,13 +265,19 @@ class Perf:
                 status="drifted" if drifted is not None and drifted.fails else result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
-                notes=m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result)
-                + ((drifted.text(),) if drifted is not None else ()),
+                notes=(m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result)
+                       + ((result.kernels_changed,) if result.kernels_changed else ())
+                       + ((drifted.text(),) if drifted is not None else ())),
                 roofline_frac=result.roofline.fraction if result.roofline else None,
                 ceilings=floors.for_session(self._session),
                 params=_case_params(self._request.node, result.cost),
                 bitwise=m.bitwise,
                 verified=m.verified,
+                kernels=m.kernels,
+                kernels_changed=result.kernels_changed,
+                kernels_source=m.kernels_source,
+                inventory_s=m.inventory_s,
+                memory=memory,
                 drift_pct=None if drifted is None else drifted.pct,
             )
         )
@@ -258,6 +303,10 @@ class Perf:
             entry["peak_mib"] = m.peak_mib
         if m.eager_ms is not None:
             entry["eager_ms"] = m.eager_ms
+        if m.kernels is not None:  # the kernels one timed call launched (measure/inventory.py)
+            entry["kernels"] = dict(m.kernels)
+            if m.kernels_source != inventory.GRAPH:
+                entry["kernels_source"] = m.kernels_source
         if m.notes:  # how it was measured (throttled clocks, eager fallback): kept with the figure
             entry["notes"] = list(m.notes)
         past = policy.history(before, m, self._session.gate_terms, self._session.here)
@@ -367,16 +416,20 @@ def _baseline_ms(result: PerfResult) -> float | None:
     return result.median_ms / ratio if ratio else None
 
 
-def _junit_properties(result: PerfResult) -> list[tuple[str, str]]:
+def _junit_properties(result: PerfResult, memory: tuple[MemoryCheck, ...] = ()) -> list[tuple[str, str]]:
     """The case's figures as JUnit XML properties (``attnperf_*``); those not known are left out."""
+    bound = next((c.limit_mib for c in memory if c.of_bound), None)
     figures = {
         "median_ms": result.median_ms, "baseline_ms": _baseline_ms(result),
         "change_pct": result.verdict.change_pct, "tflops": result.tflops, "mfu": result.mfu,
+        "peak_mib": result.peak_mib, "memory_bound_mib": bound,
     }
     found = [(f"attnperf_{name}", f"{value:.6g}") for name, value in figures.items() if value is not None]
     m = result.measurement
     checks = [("attnperf_verified", str(m.verified))] + (
         [] if m.bitwise is None else [("attnperf_bitwise", "yes" if m.bitwise else "no")])
-    return [*found, *checks, ("attnperf_verdict", result.verdict.status)]
+    changed = [("attnperf_kernels_changed", result.kernels_changed)] if result.kernels_changed else []
+    judged = [("attnperf_memory", "; ".join(c.status for c in memory))] if memory else []
+    return [*found, *checks, *changed, *judged, ("attnperf_verdict", result.verdict.status)]
 
 

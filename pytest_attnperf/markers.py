@@ -142,9 +142,15 @@ _cupti_at_stop: str | None = None
 def cupti_attached_note() -> str | None:
     """A note for a case timed after a GPU profile that left CUPTI attached (the variable was
     not "1" when the profile stopped); None otherwise."""
-    if _cupti_at_stop is None or _cupti_at_stop == "1":
+    from pytest_attnperf.measure import inventory
+
+    stopped = [(v, who) for v, who in ((_cupti_at_stop, "backend proof's"), (inventory.cupti_at_stop,
+                                                                           "kernel inventory's"))
+               if v is not None and v != "1"]
+    if not stopped:
         return None
-    return (f"{CUPTI_ENV} was {_cupti_at_stop!r} when the backend proof's profile stopped (set by you, "
+    value, who = stopped[0]
+    return (f"{CUPTI_ENV} was {value!r} when the {who} profile stopped (set by you, "
             "or by torch.compile's CUDA graphs), so CUPTI stayed attached and later launches in this "
             "process may run slower (docs/measurement.md, \"CUPTI\", gives the slowdowns measured)")
 

@@ -70,9 +70,16 @@ OPTIONS = (
            "--attnperf-machine-offset once the sample overheads' difference is known (default 0.5 us)"),
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: GPU UUID and boot id)"),
+    Option("memory_tolerance", "--attnperf-memory-tolerance", "ATTNPERF_MEMORY_TOLERANCE",
+           "attnperf_memory_tolerance", "1MiB+1%",
+           "growth of peak memory above the inputs tolerated before a case fails, or off (default 1MiB+1%)"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
            "fail a measured case that has no baseline entry (default: off, it passes as new)", is_flag=True),
+    Option("fail_on_kernel_change", "--attnperf-fail-on-kernel-change", "ATTNPERF_FAIL_ON_KERNEL_CHANGE",
+           "attnperf_fail_on_kernel_change", "false",
+           "fail a case whose kernel inventory differs from its baseline entry's, not only report it (default: off)",
+           is_flag=True),
     # sampling; the evidence behind each default is in docs/measurement.md
     Option("mode", "--attnperf-mode", "ATTNPERF_MODE", "attnperf_mode", "cold",
            "cold: L2 flushed before every sample; hot: back-to-back calls (default cold)"),
@@ -151,6 +158,8 @@ class Settings:
     check_only: bool = False  # correctness only: nothing timed, gated or recorded
     seed: int = 0  # --attnperf-seed: mixed into every case's input draw (0: the usual draw)
     benchmark_table: bool = False  # --attnperf-benchmark-table: pytest-benchmark's table keeps attnperf's cases
+    fail_on_kernel_change: bool = False  # --attnperf-fail-on-kernel-change: a changed inventory fails the case
+    memory_tolerance: str = "1MiB+1%"  # --attnperf-memory-tolerance, as gate.memory.Tolerance.parse reads it
     history_dir: Path | None = None  # --attnperf-history: where each measured case's record is appended
     commit: str | None = None  # --attnperf-commit: the commit the history's records name (else git's)
     fail_on_drift: bool = False  # --attnperf-fail-on-drift: a lasting slowdown on the history fails the case
@@ -343,6 +352,12 @@ def _bool(text: str) -> bool:
     raise ValueError("must be true or false")
 
 
+def _memory_tolerance(text: str) -> str:
+    from pytest_attnperf.gate.memory import Tolerance
+
+    return Tolerance.parse(text).describe()
+
+
 def user_cache(*parts: str) -> Path:
     """``$XDG_CACHE_HOME/<parts>``, or under ``~/.cache`` without it: where the plugin keeps
     what it measured or installed for this user (ceilings, the Triton cache)."""
@@ -431,6 +446,8 @@ def read_settings(config: pytest.Config) -> Settings:
         check_only=check_only,
         seed=_get(config, "seed", _seed),
         benchmark_table=_get(config, "benchmark_table", _bool),
+        fail_on_kernel_change=_get(config, "fail_on_kernel_change", _bool),
+        memory_tolerance=_get(config, "memory_tolerance", _memory_tolerance),
         history_dir=history_dir,
         commit=_get(config, "commit", str).strip() or None,
         fail_on_drift=fail_on_drift,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.costs import Cost, Metrics
+from pytest_attnperf.gate.memory import MemoryCheck
 from pytest_attnperf.gate.physics import PhysicsCheck
 from pytest_attnperf.gate.roofline import FloorOutcome, Position
 from pytest_attnperf.gate.verdict import Verdict
@@ -29,6 +30,7 @@ class PerfResult:
     floors: FloorOutcome | None = None  # the test's floors judged, if it has any
     dtype: str | None = None
     physics: PhysicsCheck | None = None  # its speed against the ceilings (see floors.check); None in a pool run
+    kernels_changed: str | None = None  # how its kernels differ from the baseline entry's (None: same, or not compared)
 
     @property
     def median_ms(self) -> float:
@@ -81,4 +83,9 @@ class Row:
     params: dict[str, Any] = field(default_factory=dict)  # the case as plain data (reportgen.case_params)
     bitwise: bool | None = None  # two replays of one timed draw gave equal bits (None: not compared)
     verified: int = 0  # timed draws checked after sampling
+    kernels: dict[str, int] | None = None  # the kernel inventory of one timed call (measure/inventory.py)
+    kernels_changed: str | None = None  # how it differs from the baseline entry's (None: same, or not compared)
+    kernels_source: str | None = None  # how the inventory was read: "graph replay" or "eager call"
+    inventory_s: float = 0.0  # host seconds reading it took
+    memory: tuple[MemoryCheck, ...] = ()  # the peak against the baseline's and the family's bound (gate.memory)
     drift_pct: float | None = None  # a lasting slowdown on the run history, in percent (store.history_plugin)

@@ -116,6 +116,7 @@ class AttnPerfSession:
             budget_s=s.budget_s,
             cold_graphs=s.cold_graphs,
             hot_sample_ms=s.hot_sample_ms,
+            inventory=s.pool_out is None,  # a pool run's figures are pooled; the main run reads the kernels
         )
 
     def measure_overhead(self) -> tuple[float | None, str]:

@@ -12,7 +12,8 @@ subprocess, a pool run or a pytest-xdist worker loads it as it would any conftes
   ``speed.json`` gives the current test (by its name, else its node id, else ``"*"``; the run's
   sample overhead, timed before any test, is ``"floor"``), 1 by default; ``clock.json`` may give a
   test the clocks of its successive measurements (a clock other than the graph ones is noted as
-  an eager fallback; ``"cuda-graph x64"``: that clock, 64 calls a sample). Each measurement
+  an eager fallback; ``"cuda-graph x64"``: that clock, 64 calls a sample); ``peak.json`` may give
+  a test its peak memory above the inputs in MiB (none by default, as on a CPU). Each measurement
   writes the plan it was given to ``plan.json``.
 
 A project that needs more appends code to the text: a subclass of ``ScriptedTimer`` (overriding
@@ -20,8 +21,8 @@ A project that needs more appends code to the text: a subclass of ``ScriptedTime
 returns it; a later definition of a hook replaces the kit's.
 
 ``CudaTimer`` itself runs on the CPU through ``fake_cuda``: torch.cuda's streams, events and
-graphs replaced by fakes on the clock of a ``FakeGpu``. ``HostClock`` is a host clock that moves
-only when told to.
+graphs replaced by fakes on the clock of a ``FakeGpu`` (whose kernels' names a fake profiler
+reads). ``HostClock`` is a host clock that moves only when told to.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class ScriptedTimer:
         return for_test(read_json("speed.json", {}), name, nodeid, 1.0)
 
     def peak_mib(self, name, nodeid):
-        return None
+        return for_test(read_json("peak.json", {}), name, nodeid, None)
 
 
 def pytest_attnperf_make_timer(config, device):
@@ -213,6 +214,12 @@ def set_speed(where: pytest.Pytester | Path, **factors: float) -> None:
     set_speeds(where, {f"test_case[{k}]": v for k, v in factors.items()})
 
 
+def set_peaks(where: pytest.Pytester | Path, peaks: Mapping[str, float]) -> None:
+    """The scripted timer's peak memory above the inputs (MiB) for each test named (by name or node
+    id; ``"*"``: any other)."""
+    (_folder(where) / "peak.json").write_text(json.dumps(dict(peaks)))
+
+
 def set_clocks(where: pytest.Pytester | Path, **sequences: list[str]) -> None:
     """The clocks of the successive measurements of each of ``TESTS``' cases named."""
     (_folder(where) / "clock.json").write_text(json.dumps({f"test_case[{k}]": v for k, v in sequences.items()}))
@@ -294,16 +301,42 @@ def cuda_available(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class FakeGpu:
     """A scripted GPU: a clock in ms that kernel calls, L2 flushes and graph launches advance;
-    the graphs made on it, and how many were reset."""
+    the graphs made on it, and how many were reset.
+
+    It also keeps the names of the kernels launched on it, for a fake profiler (``profile``): a
+    call launches ``kernel_names``, the flush a fill, a replay first ``prologue`` (launched by
+    the replay itself, as torch's does) and then what its graph holds, which the profiler sees
+    only while ``graph_visible``."""
+
+    FLUSH = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<signed char>>(int)"
+    PROLOGUE = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>>(int)",) * 2
 
     def __init__(self, ms_per_call: float = 0.02, launch_ms: float = 0.0, flush_ms: float = 0.0) -> None:
         self.ms_per_call, self.launch_ms, self.flush_ms = ms_per_call, launch_ms, flush_ms
         self.now_ms, self.replays, self.resets = 0.0, 0, 0
         self.graphs: list[weakref.ref[FakeGraph]] = []
+        self.kernel_names: tuple[str, ...] = ("void pytorch_flash::flash_fwd_kernel<Traits<64, 128>, true>(Params)",)
+        self.prologue, self.graph_visible = self.PROLOGUE, True
+        self.launched: list[str] = []
+        self.profiles = 0  # profiles taken
+        self._in_graph = False
 
     def call(self) -> None:
         """One call of the kernel under test."""
         self.now_ms += self.ms_per_call
+        self.launch(*self.kernel_names)
+
+    def launch(self, *names: str) -> None:
+        """Kernels launched (inside a replay, seen by the profiler only while ``graph_visible``)."""
+        if self.graph_visible or not self._in_graph:
+            self.launched.extend(names)
+
+    def profile(self, fn: Callable[[], Any]) -> list[str]:
+        """The fake profiler: the names of the kernels one call of ``fn`` launched."""
+        self.profiles += 1
+        mark = len(self.launched)
+        fn()
+        return self.launched[mark:]
 
 
 class FakeGraph:
@@ -321,7 +354,12 @@ class FakeGraph:
 
     def replay(self) -> None:
         self.gpu.now_ms += self.gpu.launch_ms
-        self.body()
+        self.gpu.launch(*self.gpu.prologue)
+        self.gpu._in_graph = True
+        try:
+            self.body()
+        finally:
+            self.gpu._in_graph = False
         self.gpu.replays += 1
 
     def reset(self) -> None:
@@ -360,6 +398,7 @@ class FakeFlush:
 
     def zero_(self) -> None:
         self.gpu.now_ms += self.gpu.flush_ms
+        self.gpu.launch(self.gpu.FLUSH)
 
 
 def fake_cuda(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu | None = None, *, real_capture: bool = False,
@@ -398,10 +437,43 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu | None = None, *, re
         monkeypatch.setattr(CudaTimer, "_eager_ms", staticmethod(lambda fn, calls=10, budget_s=0.5: eager_ms))
     monkeypatch.setattr(CudaTimer, "_peak_mib", staticmethod(lambda fn: 1.0))
     monkeypatch.setattr(CudaTimer, "_flush_buffer", lambda self: FakeFlush(gpu))
+    monkeypatch.setattr(CudaTimer, "kernels_of", staticmethod(gpu.profile))
     monkeypatch.setattr(timing, "read_sm_clock", lambda index: (1980.0, ()))
     monkeypatch.setattr(timing, "read_violation_ns", lambda index: {"power": 0, "thermal": 0})
     monkeypatch.setattr(timing, "cool_down", lambda index: "the GPU idled 0.5 s")
     return gpu
+
+
+class FakeAllocator:
+    """torch.cuda's allocator statistics on a scripted allocator: ``hold`` and ``free`` move the
+    bytes allocated, and the high-water mark follows until ``reset_peak_memory_stats``."""
+
+    def __init__(self, allocated_bytes: int = 0) -> None:
+        self.allocated, self.peak = allocated_bytes, allocated_bytes
+
+    def hold(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, nbytes: int) -> None:
+        self.allocated -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+
+
+def fake_allocator(monkeypatch: pytest.MonkeyPatch, allocated_bytes: int = 0) -> FakeAllocator:
+    """``torch.cuda.memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats`` and
+    ``synchronize`` read and reset a new ``FakeAllocator`` holding ``allocated_bytes``, returned."""
+    import torch
+
+    allocator = FakeAllocator(allocated_bytes)
+    for name, value in {"memory_allocated": lambda device=None: allocator.allocated,
+                        "max_memory_allocated": lambda device=None: allocator.peak,
+                        "reset_peak_memory_stats": lambda device=None: allocator.reset_peak(),
+                        "synchronize": lambda device=None: None}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    return allocator
 
 
 class HostClock:

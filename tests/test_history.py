@@ -37,8 +37,8 @@ def records(project: pytest.Pytester, folder: str = "hist") -> list[dict[str, An
 
 
 def test_a_gating_run_appends_one_record_per_measured_case(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     (project.path / "peak.json").write_text(json.dumps({"test_case[b]": 12.5}))
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
     result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-history=hist", "--attnperf-commit=abc123")
     result.assert_outcomes(passed=2)
     assert "history: appended 2 records to" in result.stdout.str()

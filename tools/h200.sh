@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | history
+#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory | memory |
+#     memory-noise | history
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -170,5 +171,38 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       --junitxml="$OUT/integrity.xml" > "$OUT/integrity.log" 2>&1
     echo "bad failed: $(grep -c '^FAILED.*integrity-bad' "$OUT/integrity.log"), ok failed: $(grep -c '^FAILED.*integrity-ok' "$OUT/integrity.log")"
     tail -n 1 "$OUT/integrity.log" ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity" >&2; exit 2 ;;
+  inventory)  # the kernel inventory (tools/inventory.py): what torch.profiler sees of a graph replay,
+    # a few softmax and linear cases recorded into $OUT/inventory/baselines (not the committed file)
+    # with their kernels and profiling time, then gated with two of them changed (SDPA's own dispatch
+    # run as efficient, an extra copy in fla's chunk GLA); about 2 minutes
+    timeout -s INT "${BUDGET:-300}" python3 tools/inventory.py 2>&1 | tee "$OUT/inventory.log" | tail -n 20
+    keep_cache >/dev/null ;;
+  memory)  # the memory gate on the softmax suite's GPU cases K selects (default three whose scores
+    # outweigh the bound: B=32 H=16 T=1024, B=1 H=12 T=2048, GQA B=2 H=12/3 T=1024), gated against
+    # the committed baselines: every built-in tiled kernel must stay within its bound (naive and
+    # sdpa-math are exempt, their bound shown in brackets) and memory-bad-dense-scores (tests/zoo/memory.py:
+    # naive's scores, registered as tiled) must fail "over the memory bound". JUnit to
+    # $OUT/memory.xml; the table (kernel, case, peak above inputs, bound, verdict) to $OUT/memory.md.
+    # Times are sampled briefly and gated loosely (50%): memory is what this mode checks
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests"
+    timeout -s INT "${BUDGET:-220}" "${PYTEST[@]}" -rf suites/test_softmax.py --hw=h200 -p zoo.memory \
+      --attnperf-budget=0.2s --attnperf-processes=1 --attnperf-cold-graphs=2 --attnperf-tolerance=50% \
+      --benchmark-disable \
+      -k "${K:-b32-h16-t1024 or b1-h12-t2048-d64-causal or b2-h12-kv3-t1024}" \
+      --junitxml="$OUT/memory.xml" > "$OUT/memory.log" 2>&1
+    tail -n 2 "$OUT/memory.log"
+    echo "over the memory bound: $(grep -c '^FAILED.*over the memory bound' "$OUT/memory.log") (memory-bad:" \
+      "$(grep -c '^FAILED.*memory-bad.*over the memory bound' "$OUT/memory.log")), memory regressed:" \
+      "$(grep -c '^FAILED.*memory regressed' "$OUT/memory.log")"
+    python3 tools/memory.py junit "$OUT/memory.xml" --table-out "$OUT/memory.md" ;;
+  memory-noise)  # the spread of the peak above the inputs (CudaTimer._peak_mib, what a run records)
+    # of the built-in softmax kernels on three GPU cases (CASES, comma-separated ids), REPEATS (20)
+    # calls each after warm-up, in two processes; both JSON files and the table to $OUT
+    for run in 1 2; do
+      timeout -s INT "${BUDGET:-110}" python3 tools/memory.py noise --repeats "${REPEATS:-20}" \
+        ${CASES:+--cases "$CASES"} --out "$OUT/memory-noise-$run.json" > "$OUT/memory-noise-$run.log" 2>&1
+      tail -n 1 "$OUT/memory-noise-$run.log"
+    done
+    python3 tools/memory.py noise-table "$OUT"/memory-noise-[12].json --table-out "$OUT/memory-noise.md" ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise" >&2; exit 2 ;;
 esac

@@ -1,2 +1,2 @@
-"""Which kernels run on which shapes: the kernel registry, the suites' parametrization and one
-folder per attention family."""
+"""Which kernels run on which shapes: the kernel registry, the suites' parametrization, which memory
+bound a kernel is held to, and one folder per attention family."""

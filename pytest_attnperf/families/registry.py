@@ -54,7 +54,10 @@ class Kernel:
     linear family's cost model which algorithm to count ('chunk' or 'recurrent'). ``floors``
     are its least roofline, MFU or bandwidth fractions, per card or for every card (see
     ``roofline.Floors.parse`` and ``floors.py``). ``deterministic`` makes bitwise equal replays a
-    requirement on each of its cases (as the ``attnperf_deterministic`` marker does).
+    requirement on each of its cases (as the ``attnperf_deterministic`` marker does). ``tiled``
+    says the kernel works in tiles, so its peak memory above the inputs is held to its family's
+    analytic bound (``families.memory``, docs/memory.md); a kernel that materialises the scores
+    (or a per-step state) on purpose is registered with ``tiled=False``.
     """
 
     family: str
@@ -69,6 +72,7 @@ class Kernel:
     form: str | None = None  # linear families: "chunk" or "recurrent", the cost model's form
     floors: Any = None  # roofline/MFU/bandwidth floors (roofline.Floors.parse's shape); see floors.py
     deterministic: bool = False  # replays must be bitwise equal (the attnperf_deterministic marker's rule)
+    tiled: bool = True  # held to the family's memory bound (families.memory); False: it materialises scores
 
     def __post_init__(self) -> None:
         try:
@@ -127,12 +131,13 @@ class KernelRegistry:
         form: str | None = None,
         floors: Any = None,
         deterministic: bool = False,
+        tiled: bool = True,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
-                            (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic))
+                            (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic, tiled))
             return fn
 
         return register

@@ -33,6 +33,7 @@ class SamplingPlan:
     warmup_calls: int = 3  # at most; fewer once budget_s is spent (see warm_up)
     cold_graphs: int = 8  # cold mode: captures of the case, sampled in turn (see _capture_cold)
     hot_sample_ms: float = 20.0  # hot mode: calls per graph chosen so a sample lasts about this
+    inventory: bool = False  # on CUDA, read the kernels one timed call launches after sampling (measure/inventory.py)
     overhead: bool = False  # the run's sample overhead (AttnPerfSession.measure_overhead), not a case: a timer
     # that wraps another to change the cases (the noise benchmark's inject.py) leaves it alone
 
@@ -56,6 +57,9 @@ class Measurement:
     bitwise: bool | None = None  # two replays (calls) of one timed draw gave equal bits; None: not compared
     bitwise_diff: float | None = None  # where they did not, the largest difference
     verify_s: float = 0.0  # host seconds the checks of the timed draws took (the harness's cost)
+    kernels: dict[str, int] | None = None  # the kernel inventory of one timed call (None: not read)
+    kernels_source: str | None = None  # how it was read: a graph's replay or an eager call (measure/inventory.py)
+    inventory_s: float = 0.0  # host seconds reading it took (the harness's cost)
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:

@@ -20,13 +20,16 @@ without the spin, a short kernel's figure depended on whether the host had kept 
 flush: docs/evidence.md, "Cold clock").
 
 CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
-around each call is the measurement.
+around each call is the measurement. The CPU has no allocator statistics to read, so no peak
+memory is measured there (``peak_mib`` None) and the memory gate judges nothing.
 
 Both stop sampling adaptively (``sample_adaptively``): at least ``min_samples``, then until
 the relative standard deviation is under the target or the per-case budget is spent, with
 Python's garbage collector run before and held off during the timed calls (``gc_paused``).
 Every graph a measurement captured is reset when it returns or fails, so its memory pool goes
-back to the allocator with the case (``_release_graphs``).
+back to the allocator with the case (``_release_graphs``). After sampling and its checks, where
+the plan asks, one replay of the first graph is profiled for the case's kernel inventory
+(``inventory.py``).
 """
 
 from __future__ import annotations
@@ -34,10 +37,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from pytest_attnperf.measure import inventory
 from pytest_attnperf.measure.nvml import cool_down, read_sm_clock, read_violation_ns, violation_note
 from pytest_attnperf.measure.sampling import (
     REPLAY_CLOCK,
@@ -85,9 +91,12 @@ def one_element_add() -> Callable[[], Any]:
 class CudaTimer:
     """Device events around CUDA-graph replays, L2 flushed per sample in cold mode."""
 
+    kernels_of: inventory.Profile = staticmethod(inventory.device_kernels)  # the profiler, for the inventory
+
     def __init__(self, device: DetectedDevice) -> None:
         self.device = device
         self._flush: Any = None
+        self._harness: inventory.Harness | None = None  # what the harness launches in a replay (measured once)
 
     def _flush_buffer(self) -> Any:
         import torch
@@ -152,6 +161,7 @@ class CudaTimer:
         notes.extend([held] if held else [])
         take_ms.verify(replays)
         notes.extend(replays.notes(plan.overhead))
+        kernels = self._inventory(take_ms, replays, notes) if plan.inventory and not plan.overhead else None
 
         return Measurement(
             tuple(samples),
@@ -167,7 +177,36 @@ class CudaTimer:
             bitwise=replays.bitwise,
             bitwise_diff=replays.bitwise_diff,
             verify_s=replays.seconds,
+            kernels=kernels.kernels if kernels else None,
+            kernels_source=kernels.source if kernels else None,
+            inventory_s=kernels.seconds if kernels else 0.0,
         )
+
+    def _inventory(self, sampler: Sampler, replays: Replays, notes: list[str]) -> inventory.Inventory | None:
+        """The kernels one timed call launched: one replay of the graph the first timed draw was
+        sampled on, profiled, less what the harness launches itself (``inventory.take``); the
+        harness's part is measured on this timer's first case, and its seconds are the case's. A
+        profile that fails (another profiler running, say) leaves the case without an inventory,
+        and a note says why."""
+        began = time.perf_counter()
+        _, _, again = sampler.timed[0]
+        try:
+            if self._harness is None:
+                self._harness = self._harness_kernels()
+            taken = inventory.take(self.kernels_of, self._harness, again if sampler.graphed else None,
+                                   replays.call(1), holds_flush=sampler.holds_flush, calls=sampler.calls_per_replay)
+        except Exception as exc:  # noqa: BLE001 - the inventory is a report; its failure is not the case's
+            notes.append(f"kernel inventory not read ({type(exc).__name__}: {str(exc)[:120]})")
+            return None
+        return replace(taken, seconds=time.perf_counter() - began)
+
+    def _harness_kernels(self) -> inventory.Harness:
+        """The raw names a replay of a graph holding only the L2 flush launches, and the flush's
+        own (``inventory.Harness``); the graph is released with the measurement."""
+        flush = self._flush_buffer()
+        graph, _ = _capture(flush.zero_, 1)
+        replayed = Counter(self.kernels_of(graph.replay)) if graph is not None else Counter()
+        return inventory.Harness(replayed, Counter(self.kernels_of(flush.zero_)))
 
     def _sampler(
         self, replays: Replays, plan: SamplingPlan, notes: list[str],
@@ -233,7 +272,9 @@ class CudaTimer:
 
         clock = "cuda-events" if graph is None else "cuda-graph" if replays_per == 1 else "cuda-graph-replays"
         where = "an eager call as timed" if graph is None else f"the {plan.mode} graph"
-        return Sampler([take_ms], [(1, where, graph.replay if graph is not None else fn)]), clock, calls
+        sampler = Sampler([take_ms], [(1, where, graph.replay if graph is not None else fn)])
+        sampler.graphed, sampler.calls_per_replay = graph is not None, calls // replays_per
+        return sampler, clock, calls
 
     @staticmethod
     def _eager_ms(fn: Callable[[], Any], calls: int = 10, budget_s: float = 0.5) -> float:
@@ -261,7 +302,13 @@ class CudaTimer:
 
     @staticmethod
     def _peak_mib(fn: Callable[[], Any]) -> float:
-        """Memory one call allocates at its peak, above what was allocated before it."""
+        """The peak memory above the inputs of one eager call, outside any graph capture, in MiB:
+        the caching allocator's high-water mark during the call (``max_memory_allocated``, after
+        ``reset_peak_memory_stats``) less what was allocated before it. What was allocated before
+        is the inputs, the flush buffer, the draw's previous result (the harness keeps it until
+        the call returns) and what warm-up left (autotuning, cuBLAS's workspace); what is left is
+        the call's outputs and its workspace, the figure the memory gate judges (docs/memory.md).
+        Memory a library allocates outside torch's allocator is not seen."""
         import torch
 
         torch.cuda.synchronize()
@@ -309,8 +356,11 @@ class Sampler:
     the graph's replay or, timed eagerly, the call)``, to verify them after sampling."""
 
     def __init__(self, takes: list[Callable[[], float]], timed: list[tuple[int, str, Callable[[], Any]]],
-                 failure: str | None = None) -> None:
+                 failure: str | None = None, holds_flush: bool = False) -> None:
         self.takes, self.timed, self.failure, self.next = takes, timed, failure, 0
+        # for the kernel inventory: whether the timed ones are graph replays, each replay's calls, and
+        # whether a replay holds the L2 flush (cold mode's graphs)
+        self.graphed, self.calls_per_replay, self.holds_flush = True, 1, holds_flush
 
     @property
     def graphs(self) -> int:
@@ -368,10 +418,10 @@ def _capture_cold(
         if taken is None or replay is None:
             if not takes:
                 return None, failure
-            return _named(Sampler(takes, timed, failure)), None
+            return _named(Sampler(takes, timed, failure, holds_flush=True)), None
         takes.append(taken)
         timed.append((index, "cold graph", replay))
-    return _named(Sampler(takes, timed, None)), None
+    return _named(Sampler(takes, timed, None, holds_flush=True)), None
 
 
 def _named(sampler: Sampler) -> Sampler:

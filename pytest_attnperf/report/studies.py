@@ -363,10 +363,11 @@ def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: s
     lines += ["## Cases", ""]
     cases = report.get("cases", [])
     lines += _table(
-        ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "peak MiB", "status"),
+        ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "peak MiB", "memory", "status"),
         [(label, str(c.get("backend")), _ms(c.get("median_ms")),
           f"{100 * (c.get('stdrel') or 0):.2f}%", _num(c.get("tflops"), ".2f"), _pct(c.get("mfu")),
           _num(c.get("gb_per_s"), ".1f"), _pct(c.get("bandwidth_frac")), _num(c.get("peak_mib"), ".1f"),
+          "; ".join(str(m.get("status")) for m in c.get("memory") or []) or "-",  # gate.memory's checks
           str(c.get("status"))) for c, label in zip(cases, case_labels([c["nodeid"] for c in cases]), strict=True)])
 
     lines += ["## Plots", ""]

@@ -13,7 +13,7 @@ __all__ = ["BENCHMARK_CLOCK", "case_labels", "outside_summary", "summary_lines"]
 
 SHARED_NOTE = 3  # a note on more cases than this, and on most of them, is printed once with its count
 _HEADER = ("case", "backend", "median", "spread", "TFLOP/s", "MFU %", "GB/s", "BW %", "FLOP/B", "bound",
-           "roof %", "peak MiB", "eager", "eager vs base", "bitwise", "vs baseline")
+           "roof %", "peak MiB", "mem vs base", "mem bound %", "eager", "eager vs base", "bitwise", "vs baseline")
 _BOUND = {"compute": "cmp", "memory": "mem"}
 BENCHMARK_CLOCK = "attnperf_clock"  # the extra_info key of a pytest-benchmark entry attnperf measured
 
@@ -26,6 +26,18 @@ def _time(ms: float | None) -> str:
 
 def _pct(frac: float | None) -> str:
     return "-" if frac is None else f"{100 * frac:.1f}"
+
+
+def _memory(row: Row, bound: bool) -> str:
+    """The peak against the baseline's ("+0.0% unchanged") or as a share of the family's bound
+    ("38 within", "140 OVER"); "-" where not judged."""
+    for check in row.memory:
+        if bound != check.of_bound or check.ratio is None:
+            continue
+        if bound:
+            return f"{100 * check.ratio:.0f} " + ("OVER" if check.failed else "within")
+        return f"{100 * (check.ratio - 1):+.1f}% " + ("REGRESSED" if check.failed else check.status)
+    return "-"
 
 
 def _change(row: Row) -> str:
@@ -70,6 +82,10 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
     "roof %" is the achieved FLOP/s over the attainable ``min(peak, FLOP/B x bandwidth)``. The
     ceilings behind them are printed under the table (see roofline.py and ceilings.py).
 
+    "peak MiB" is the peak memory above the inputs; "mem vs base" its change against the
+    baseline's and "mem bound %" its share of the family's bound for a tiled kernel, each gated
+    apart from the time (``gate.memory``, docs/memory.md).
+
     "vs baseline" is the gated device-time verdict; "eager vs base" is the eager per-call time
     (host overhead included) against the baseline's, reported and never gated: host time is
     too noisy to fail a test on, but a kernel author should see which of the two moved.
@@ -92,6 +108,8 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
             _BOUND.get(r.bound or "", "-"),
             _pct(r.roofline_frac),
             "-" if r.peak_mib is None else f"{r.peak_mib:.1f}",
+            _memory(r, bound=False),
+            _memory(r, bound=True),
             _time(r.eager_ms),
             "-" if r.eager_change_pct is None else f"{r.eager_change_pct:+.1f}%",
             "-" if r.bitwise is None else "yes" if r.bitwise else "no",
@@ -102,6 +120,8 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
     widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
     statuses = Counter(r.status for r in rows)
     counted = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    breaches = Counter(c.status for r in rows for c in r.memory if c.failed)  # the memory gate's, apart
+    counted += "".join(f"; {n} {s}" for s, n in sorted(breaches.items()))
     lines = [f"attnperf on {hw_name}: {len(rows)} measured cases" + (f" ({counted})" if counted else "")]
     for n, line in enumerate(table):
         cells = zip(line, widths, strict=True)
@@ -121,6 +141,10 @@ def summary_lines(rows: Sequence[Row], hw_name: str, drift: Sequence[str] = ()) 
         if r.ceilings is not None and r.ceilings not in shown:
             shown.append(r.ceilings)
             lines.extend(r.ceilings.lines())
+    changed = sum(1 for r in rows if r.kernels_changed)
+    if changed:
+        lines.append(f"kernels changed in {changed} of {len(rows)} cases against their baseline entries (their notes "
+                     "say how; docs/measurement.md, \"The kernel inventory\")")
     if drift:
         lines.append("environment differs from the baseline's header: " + ", ".join(drift))
     return lines

@@ -96,11 +96,14 @@ def pr_comment(rows: Sequence[Row], failures: Iterable[Failure], entries: Mappin
     for r in rows:
         memory = _memory_change(r, entries.get(r.nodeid))
         moved = memory is not None and abs(memory) >= MEMORY_SHOWN
-        if r.status in ("regressed", "improved", "drifted", "clock changed") or r.drift_pct is not None or moved:
+        breached = [check.status for check in r.memory if check.failed]  # the memory gate's (gate.memory)
+        if r.status in ("regressed", "improved", "drifted", "clock changed") or r.drift_pct is not None or moved \
+                or breached:
             baseline = r.median_ms / (1 + r.change_pct / 100) if r.change_pct is not None else None
             mem = "-" if r.peak_mib is None else f"{r.peak_mib:.1f}"
             mem += f" ({_pct(None if memory is None else 100 * memory)})" if memory is not None else ""
-            table.append(f"| `{labels[r.nodeid]}` | {r.status} | {_pct(r.change_pct)} | {_time(r.median_ms)} | "
+            verdict = "; ".join([r.status, *breached])
+            table.append(f"| `{labels[r.nodeid]}` | {verdict} | {_pct(r.change_pct)} | {_time(r.median_ms)} | "
                          f"{_time(baseline)} | {mem} | {_pct(r.drift_pct)} |")
     counts: dict[str, int] = {}
     for r in rows:

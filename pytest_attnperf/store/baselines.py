@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from pytest_attnperf.gate.verdict import Summary
+from pytest_attnperf.measure.inventory import kernels_problem
 from pytest_attnperf.store.yamlstrict import QUOTE_CHARS, StrictLoader, StrictYAMLError, UnaliasedDumper, cut
 
 try:
@@ -147,6 +148,10 @@ def entry_problem(entry: Any) -> str | None:
     problem = interval_problem(entry)
     if problem is not None:
         return problem
+    if "kernels" in entry:  # an inventory (measure/inventory.py); entries recorded before have none
+        problem = kernels_problem(entry["kernels"])
+        if problem is not None:
+            return f"ValueError: {problem}"
     try:
         Summary.from_mapping(entry)
     except (KeyError, TypeError, ValueError) as exc:

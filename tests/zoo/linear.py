@@ -551,7 +551,8 @@ class Zoo:
 
         fn.__doc__ = self.doc
         fn.__name__ = fn.__qualname__ = self.name.replace("-", "_")
-        return Kernel(self.family, self.name, fn, supports=self.supports, form=self.form, description=self.doc)
+        return Kernel(self.family, self.name, fn, supports=self.supports, form=self.form, description=self.doc,
+                      tiled=False)  # torch loops and dense chunk products: no memory bound
 
 
 def _correct(family: str) -> list[Zoo]:

@@ -69,7 +69,8 @@ def _zoo(name: str, **options: Any) -> Callable[[KernelFn], KernelFn]:
 def register(registry: KernelRegistry) -> None:
     """Add every zoo kernel to ``registry`` in family ``softmax``."""
     for kernel in KERNELS:
-        registry.kernel(family=FAMILY, name=kernel.name, **kernel.options)(kernel.fn)
+        options = {"tiled": False, **kernel.options}  # pieces of materialised scores: no memory bound
+        registry.kernel(family=FAMILY, name=kernel.name, **options)(kernel.fn)
 
 
 def pytest_attnperf_register_kernels(registry: KernelRegistry, config: object) -> None:

@@ -169,7 +169,7 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
         return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
 
 
-NAIVE_MAX_TOKENS = 4 * 16 * 1024  # batch x heads x sequence: B=4 H=16 T=1024
+NAIVE_MAX_TOKENS = 2 * 16 * 1000  # batch x heads x sequence: B=2 H=16 T=1000, the tail-chunk row
 
 
 def _beta_is_gdns(case: LinearCase) -> str | None:
@@ -211,8 +211,8 @@ def register(registry: KernelRegistry) -> None:
         ("gdn", "fla-naive", gdn_naive, "recurrent", ("cuda", "cpu")),
     ):
         registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
-                            supports=_supports(family, name),
-                            description=(fn.__doc__ or "").strip()))
+                            supports=_supports(family, name), description=(fn.__doc__ or "").strip(),
+                            tiled=name != "fla-naive"))  # a torch loop keeps every step's state for autograd
 
 
 # -- running a case -----------------------------------------------------------------------

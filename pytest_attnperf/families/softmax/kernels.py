@@ -135,17 +135,19 @@ def _window_only(case: SoftmaxCase) -> str | None:
 
 def register(registry: KernelRegistry) -> None:
     """Add the softmax kernels to ``registry``: naive, SDPA by torch's dispatch and by backend, the GQA
-    and window variants."""
-    registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or ""))
+    and window variants. Those that materialise T x T (naive's scores, the math backend's, the
+    dense window's mask) are ``tiled=False``: no memory bound (docs/memory.md)."""
+    registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or "", tiled=False))
     registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain,
                         description="SDPA with torch's default dispatch (backend reported); native GQA"))
     for backend in ("flash", "efficient", "cudnn", "math"):
         registry.add(Kernel(FAMILY, f"sdpa-{backend}", sdpa, sdpa_backend=backend, supports=_plain,
-                            description=f"SDPA pinned to the {backend} backend"))
+                            description=f"SDPA pinned to the {backend} backend",
+                            tiled=backend != "math"))  # the math backend materialises the scores
     registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only,
                         description=sdpa_repeat_kv.__doc__ or ""))
     registry.add(Kernel(FAMILY, "sdpa-dense-window", sdpa_dense_window, supports=_window_only,
-                        description=sdpa_dense_window.__doc__ or ""))
+                        description=sdpa_dense_window.__doc__ or "", tiled=False))  # its T x T mask
     registry.add(Kernel(FAMILY, "flex-window", flex_window, supports=_window_only,
                         description=flex_window.__doc__ or ""))
 

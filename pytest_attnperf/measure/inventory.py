@@ -1,0 +1,210 @@
+"""The kernel inventory: which device kernels one timed call launches, and how many of each.
+
+After a CUDA case's sampling, outside the timed samples, one replay of the graph its first timed
+draw was sampled on is profiled (``torch.profiler``, CUDA activity: CUPTI reports the kernels a
+graph launch runs, with their names). What the harness adds to that replay is measured, not
+listed: once per timer, a replay of a graph that holds only the L2 flush is profiled, and so is
+the flush alone; the first holds the flush and what ``CUDAGraph.replay`` launches itself (its
+generator-state fills), the second the flush. A cold graph's inventory is its replay less the
+first; a hot graph's (no flush inside) its replay less the difference of the two, over the calls
+the graph holds. Where the profiler does not see a graph's kernels (the flush graph's replay shows
+no flush), one eager call of the same timed draw is profiled instead, and the inventory says so
+(``source``). The draws' inputs are made before any of this, so no copy of theirs is counted.
+
+Names are normalised (``normalise``) before they are counted; the counts are per call. The
+baseline entry keeps them as ``kernels: {name: count}``, and ``diff`` says what a later run's
+inventory added, removed or launched a different number of times (docs/measurement.md, "The
+kernel inventory").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange", "device_kernels", "diff",
+           "entry_kernels", "kernels_problem", "normalise", "per_call", "take"]
+
+CUPTI_ENV = "TEARDOWN_CUPTI"
+GRAPH, EAGER = "graph replay", "eager call"
+# TEARDOWN_CUPTI as it was when this module's last profile stopped (None: none yet; markers.py reads it)
+cupti_at_stop: str | None = None
+
+Profile = Callable[[Callable[[], Any]], list[str]]  # raw names of the device activity one call of fn made
+
+_TEMPLATE = re.compile(r"<[^<>]*>")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def normalise(name: str) -> str:
+    """A kernel's name as the inventory counts it: the demangled name without its return type,
+    template arguments and parameter list (``void at::native::f<4, Fill<float>>(int)`` ->
+    ``at::native::f``), addresses replaced by ``0x?``, spaces collapsed. Names with no C++ in
+    them (Triton's ``chunk_fwd_kernel_o``, cuDNN's generated names, ``Memcpy DtoD (Device ->
+    Device)``) are kept as they are. Why: docs/measurement.md, "The kernel inventory"."""
+    text = " ".join(name.split())
+    if text.startswith("void "):
+        text = text[5:]
+    while True:
+        stripped = _TEMPLATE.sub("", text)
+        if stripped == text:
+            break
+        text = stripped
+    if text.endswith(")"):
+        opening = _matching_open(text)
+        if opening > 0 and not text[opening - 1].isspace():
+            text = text[:opening]
+    return " ".join(_ADDRESS.sub("0x?", text).split())
+
+
+def _matching_open(text: str) -> int:
+    """The index of the ``(`` that the final ``)`` of ``text`` closes, -1 when none does."""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return -1
+
+
+def per_call(raw: Counter[str], calls: int = 1) -> dict[str, int]:
+    """Raw names' counts normalised and divided by ``calls`` (a hot graph holds several), each
+    rounded up: a kernel seen at all counts at least once."""
+    counts: Counter[str] = Counter()
+    for name, n in raw.items():
+        if n > 0:
+            counts[normalise(name)] += n
+    return {name: max(1, math.ceil(n / max(1, calls))) for name, n in sorted(counts.items())}
+
+
+@dataclass(frozen=True)
+class Harness:
+    """What the harness launches itself, as raw names and counts: ``replayed``, a replay of a graph
+    holding only the L2 flush; ``flush``, the flush called eagerly."""
+
+    replayed: Counter[str]
+    flush: Counter[str]
+
+    @property
+    def visible(self) -> bool:
+        """Whether the profiler sees a graph's kernels: the flush graph's replay shows the flush."""
+        return bool(self.flush) and all(self.replayed[name] >= n for name, n in self.flush.items())
+
+    def of_replay(self, holds_flush: bool) -> Counter[str]:
+        """The harness's part of one replay: the flush graph's, or without the flush (a hot graph,
+        a one-call graph timed with events around its replay) that less the flush."""
+        return Counter(self.replayed) if holds_flush else self.replayed - self.flush
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The kernels one timed call launched (normalised names, counts per call), how they were read
+    (``GRAPH`` or ``EAGER``) and the host seconds the profiling took."""
+
+    kernels: dict[str, int]
+    source: str
+    seconds: float
+
+
+def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, eager: Callable[[], Any], *,
+         holds_flush: bool, calls: int) -> Inventory:
+    """The inventory of one timed call: ``replay`` (one replay of its graph, ``calls`` calls in
+    it) profiled less the harness's part, or one ``eager`` call profiled where there is no graph
+    or the profiler does not see a graph's kernels."""
+    began = time.perf_counter()
+    if replay is not None and harness.visible:
+        seen = Counter(profile(replay)) - harness.of_replay(holds_flush)
+        return Inventory(per_call(seen, calls), GRAPH, time.perf_counter() - began)
+    return Inventory(per_call(Counter(profile(eager))), EAGER, time.perf_counter() - began)
+
+
+def device_kernels(fn: Callable[[], Any]) -> list[str]:
+    """The raw names of the device activity (kernels, copies, fills) that one call of ``fn``
+    made, from ``torch.profiler``'s CUDA activity. ``TEARDOWN_CUPTI`` is set to 1 first unless it
+    is set, as for the backend proof (markers.py says why)."""
+    global cupti_at_stop
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ.setdefault(CUPTI_ENV, "1")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    cupti_at_stop = os.environ.get(CUPTI_ENV, "")
+    return [event.name for event in prof.events() if str(event.device_type).endswith("CUDA")]
+
+
+# -- the verdict against the baseline entry ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelChange:
+    """How a run's inventory differs from its baseline entry's: kernels added and removed (with
+    their counts per call), and kernels whose count changed (before, after)."""
+
+    added: dict[str, int]
+    removed: dict[str, int]
+    recounted: dict[str, tuple[int, int]]
+
+    def message(self, limit: int = 6) -> str:
+        """``kernels changed: added a x1, b x2; removed c x1; count d 2 -> 3`` (at most ``limit``
+        names a part, then how many more)."""
+        parts = []
+        for label, items in (("added", [f"{k} x{n}" for k, n in self.added.items()]),
+                             ("removed", [f"{k} x{n}" for k, n in self.removed.items()]),
+                             ("count", [f"{k} {a} -> {b}" for k, (a, b) in self.recounted.items()])):
+            if items:
+                more = f", and {len(items) - limit} more" if len(items) > limit else ""
+                parts.append(f"{label} {', '.join(items[:limit])}{more}")
+        return "kernels changed: " + "; ".join(parts)
+
+
+def diff(before: Mapping[str, int], after: Mapping[str, int]) -> KernelChange | None:
+    """What ``after`` added, removed and recounted against ``before``; None when they are equal."""
+    if dict(before) == dict(after):
+        return None
+    return KernelChange(
+        added={k: after[k] for k in sorted(after) if k not in before},
+        removed={k: before[k] for k in sorted(before) if k not in after},
+        recounted={k: (before[k], after[k]) for k in sorted(after) if k in before and before[k] != after[k]},
+    )
+
+
+def kernels_problem(value: object) -> str | None:
+    """Why an entry's ``kernels`` is not an inventory (a mapping of names to positive whole
+    counts), None when it is."""
+    if not isinstance(value, dict):
+        return f"'kernels' must map kernel names to counts, not {type(value).__name__} {value!r:.60}"
+    for name, n in value.items():
+        if not isinstance(name, str) or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            return f"'kernels' entry {name!r:.80}: {n!r:.20} is not a positive whole count"
+    return None
+
+
+def entry_kernels(entry: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The inventory a baseline entry keeps, None where it keeps none (older entries, CPU cases)."""
+    value = entry.get("kernels") if entry else None
+    return dict(value) if isinstance(value, dict) and kernels_problem(value) is None else None
+
+
+
+def verdict(entry: Mapping[str, Any] | None, kernels: Mapping[str, int] | None, source: str | None) -> str | None:
+    """The case's kernel verdict against its baseline entry: ``KernelChange.message`` when the
+    inventories differ, None when they agree or one side has none (an entry recorded before
+    inventories, a CPU case). Inventories read differently (a graph's replay here, an eager call
+    there) are not compared either: the one says it."""
+    before = entry_kernels(entry)
+    if before is None or kernels is None:
+        return None
+    recorded = entry.get("kernels_source", GRAPH) if entry else GRAPH
+    if recorded != source:
+        return None
+    change = diff(before, kernels)
+    return change.message() if change else None

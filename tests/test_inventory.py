@@ -1,0 +1,359 @@
+"""The kernel inventory: names normalised, the harness's kernels left out, the counts per call,
+the diff and its message, and the verdict end to end (recorded, unchanged, changed, opted in to
+fail, entries without an inventory).
+
+The timer tests run ``CudaTimer`` on tests/kit.py's fake device, whose fake profiler reads the
+kernel names launched on it; the end-to-end ones run a pytester project whose scripted timer
+gives each case the inventory ``kernels.json`` names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from kit import (
+    CONFTEST,
+    H200,
+    PLUGIN,
+    TESTS,
+    FakeGpu,
+    editing_baseline,
+    entries,
+    fake_cuda,
+    junit_properties,
+    make_project,
+)
+
+from pytest_attnperf.measure import inventory
+from pytest_attnperf.measure.inventory import EAGER, GRAPH, Harness, diff, normalise, per_call, verdict
+from pytest_attnperf.measure.timing import CudaTimer, SamplingPlan
+from pytest_attnperf.store import baselines
+
+FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4, false, false, " \
+        "cutlass::bfloat16_t, Flash_kernel_traits<64, 128, 64, 4, cutlass::bfloat16_t>>, true, false>(Flash_fwd_params)"
+
+
+# -- names ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "counted"), [
+    (FLASH, "pytorch_flash::flash_fwd_kernel"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+     "std::array<char*, 1ul>>(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)",
+     "at::native::vectorized_elementwise_kernel"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float>(float*, float const*, int)",
+     "at::native::(anonymous namespace)::cunn_SoftMaxForward"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t>::Params)",
+     "fmha_cutlassF_bf16_aligned_64x64_rf_sm80"),
+    ("chunk_fwd_kernel_o", "chunk_fwd_kernel_o"),  # Triton: the function's name
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x64_4x1x1_kernel0_0",
+     "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x64_4x1x1_kernel0_0"),
+    ("Memcpy DtoD (Device -> Device)", "Memcpy DtoD (Device -> Device)"),
+    ("Memset (Device)", "Memset (Device)"),
+    ("void   kernel_at_0x7f3a2c001000<int>(int)", "kernel_at_0x?"),
+])
+def test_names_lose_return_type_template_arguments_parameters_and_addresses(raw: str, counted: str) -> None:
+    assert normalise(raw) == counted
+
+
+def test_counts_are_per_call_and_variants_of_one_function_count_together() -> None:
+    """Two template instances of one function count under one name; a hot graph of 64 calls
+    divides, rounding up (a kernel seen at all counts once)."""
+    fills = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<{}>>(int)"
+    raw = Counter({fills.format("float"): 64, fills.format("long"): 64, FLASH: 128, "reduce_kernel": 1})
+    assert per_call(raw, calls=64) == {"at::native::vectorized_elementwise_kernel": 2,
+                                       "pytorch_flash::flash_fwd_kernel": 2, "reduce_kernel": 1}
+    assert per_call(Counter({FLASH: 1})) == {"pytorch_flash::flash_fwd_kernel": 1}
+
+
+# -- the diff -------------------------------------------------------------------------------------
+
+
+def test_the_diff_names_added_removed_and_recounted_kernels() -> None:
+    before = {"flash_fwd": 1, "cast": 1, "fill": 2}
+    after = {"fmha_cutlassF": 1, "cast": 2, "fill": 2}
+    change = diff(before, after)
+    assert change is not None
+    assert (change.added, change.removed, change.recounted) == ({"fmha_cutlassF": 1}, {"flash_fwd": 1},
+                                                                {"cast": (1, 2)})
+    assert change.message() == "kernels changed: added fmha_cutlassF x1; removed flash_fwd x1; count cast 1 -> 2"
+    assert diff(before, dict(before)) is None
+
+
+def test_a_long_diff_is_cut_with_a_count_of_what_is_left_out() -> None:
+    change = diff({}, {f"k{i}": 1 for i in range(9)})
+    assert change is not None
+    assert change.message(limit=3) == "kernels changed: added k0 x1, k1 x1, k2 x1, and 6 more"
+
+
+def test_the_verdict_compares_only_inventories_read_alike_and_only_where_the_entry_has_one() -> None:
+    now = {"fmha_cutlassF": 1}
+    assert verdict({"median_ms": 1.0}, now, GRAPH) is None  # an entry recorded before inventories
+    assert verdict(None, now, GRAPH) is None  # no entry
+    assert verdict({"kernels": {"flash_fwd": 1}}, None, None) is None  # nothing read (a CPU case)
+    assert verdict({"kernels": {"flash_fwd": 1}, "kernels_source": EAGER}, now, GRAPH) is None
+    assert verdict({"kernels": {"fmha_cutlassF": 1}}, now, GRAPH) is None
+    assert verdict({"kernels": {"flash_fwd": 1}}, now, GRAPH) == \
+        "kernels changed: added fmha_cutlassF x1; removed flash_fwd x1"
+
+
+# -- the baseline entry ---------------------------------------------------------------------------
+
+ENTRY: dict[str, object] = {"median_ms": 1.0, "ci_low_ms": 0.99, "ci_high_ms": 1.01, "stdrel": 0.001, "n_samples": 20}
+
+
+def _write(path: Path, entry: dict[str, object]) -> Path:
+    path.write_text(yaml.safe_dump({"format": baselines.FORMAT, "meta": {}, "entries": {"t::c": entry}}))
+    return path
+
+
+def test_entries_with_and_without_an_inventory_load(tmp_path: Path) -> None:
+    old = baselines.load(_write(tmp_path / "old.yaml", ENTRY))
+    new = baselines.load(_write(tmp_path / "new.yaml", {**ENTRY, "kernels": {"flash_fwd": 1}}))
+    assert old is not None
+    assert new is not None
+    assert "kernels" not in old.entries["t::c"]
+    assert new.entries["t::c"]["kernels"] == {"flash_fwd": 1}
+
+
+@pytest.mark.parametrize("bad", [["flash_fwd"], {"flash_fwd": 0}, {"flash_fwd": 1.5}, {"flash_fwd": True}])
+def test_an_entry_whose_inventory_is_not_counts_is_unusable(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(baselines.BaselineError, match="'kernels'"):
+        baselines.load(_write(tmp_path / "bad.yaml", {**ENTRY, "kernels": bad}))
+    kept = baselines.load(tmp_path / "bad.yaml", keep_unusable=True)
+    assert kept is not None
+    assert "t::c" in kept.unusable
+
+
+# -- the timer reads it ---------------------------------------------------------------------------
+
+PLAN = SamplingPlan(min_samples=10, budget_s=0.05, inventory=True)
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    return fake_cuda(monkeypatch)
+
+
+def test_a_cold_graph_inventory_leaves_out_the_flush_and_what_the_replay_launches_itself(gpu: FakeGpu) -> None:
+    """The replay of a cold graph launches two generator fills and the L2 flush beside the kernel:
+    only the kernel is counted, read from the graph's replay, after sampling (the samples are the
+    call's alone)."""
+    gpu.kernel_names = (FLASH, "void at::native::vectorized_elementwise_kernel<4, Cast<bf16>>(int)")
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert m.kernels == {"at::native::vectorized_elementwise_kernel": 1, "pytorch_flash::flash_fwd_kernel": 1}
+    assert m.kernels_source == GRAPH
+    assert m.median_ms == pytest.approx(0.02)
+    assert m.inventory_s >= 0.0
+
+
+def test_the_harness_is_profiled_once_per_timer_and_each_case_once(gpu: FakeGpu) -> None:
+    timer = CudaTimer(H200)
+    timer.measure(gpu.call, PLAN)
+    assert gpu.profiles == 3  # the flush graph's replay, the flush, the case's replay
+    timer.measure(gpu.call, PLAN)
+    assert gpu.profiles == 4
+
+
+def test_no_inventory_unless_the_plan_asks(gpu: FakeGpu) -> None:
+    m = CudaTimer(H200).measure(gpu.call, SamplingPlan(min_samples=10, budget_s=0.05))
+    assert (m.kernels, m.kernels_source, gpu.profiles) == (None, None, 0)
+
+
+def test_where_the_profiler_cannot_see_a_graph_one_eager_call_is_read(gpu: FakeGpu) -> None:
+    """The flush graph's replay shows no flush: the graph's kernels are invisible to the profiler,
+    so one eager call of the first timed draw is profiled, with nothing to subtract."""
+    gpu.graph_visible = False
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert m.kernels == {"pytorch_flash::flash_fwd_kernel": 1}
+    assert m.kernels_source == EAGER
+
+
+def test_a_hot_graph_of_many_calls_is_counted_per_call(gpu: FakeGpu) -> None:
+    """Hot mode's graph holds the calls of a 0.5 ms sample: 25 of 0.02 ms, no flush inside; each
+    call launches two kernels, and the replay's own fills are left out."""
+    gpu.kernel_names = (FLASH, "softmax_reduce")
+    m = CudaTimer(H200).measure(gpu.call, SamplingPlan(mode="hot", min_samples=10, budget_s=0.05,
+                                                       hot_sample_ms=0.5, inventory=True))
+    assert m.calls_per_sample == 25
+    assert m.kernels == {"pytorch_flash::flash_fwd_kernel": 1, "softmax_reduce": 1}
+    assert m.kernels_source == GRAPH
+
+
+def test_a_profile_that_fails_leaves_the_case_without_an_inventory_and_says_why(
+        gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    def busy(fn: object) -> list[str]:
+        raise RuntimeError("Profiler is already enabled on this thread")
+
+    monkeypatch.setattr(CudaTimer, "kernels_of", staticmethod(busy))
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert m.kernels is None
+    assert "kernel inventory not read (RuntimeError: Profiler is already enabled on this thread)" in m.notes
+    assert m.median_ms == pytest.approx(0.02)
+
+
+def test_an_extra_kernel_in_the_timed_graph_shows_in_its_inventory(gpu: FakeGpu) -> None:
+    """A kernel that adds a copy to its calls once warm (the graph holds it; the checked call
+    did not): the inventory, read from the graph, counts it."""
+    calls = [0]
+
+    def warming() -> None:
+        calls[0] += 1
+        gpu.call()
+        if calls[0] > 1:
+            gpu.launch("Memcpy DtoD (Device -> Device)")
+
+    m = CudaTimer(H200).measure(warming, PLAN)
+    assert m.kernels == {"Memcpy DtoD (Device -> Device)": 1, "pytorch_flash::flash_fwd_kernel": 1}
+
+
+# -- the verdict, end to end ----------------------------------------------------------------------
+
+INVENTORY_CONFTEST = CONFTEST + '''
+
+import dataclasses
+
+
+class InventoryTimer(ScriptedTimer):
+    """The scripted timer, with the inventory kernels.json gives the test (none where it gives
+    none) and 1.25 s of profiling; each plan's inventory flag is appended to plans.json."""
+
+    def measure(self, fn, plan):
+        m = super().measure(fn, plan)
+        asked = read_json("plans.json", [])
+        (HERE / "plans.json").write_text(json.dumps(asked + [plan.inventory]))
+        name, nodeid = current_test(plan)
+        kernels = for_test(read_json("kernels.json", {}), name, nodeid, None)
+        if kernels is None or plan.overhead:
+            return m
+        return dataclasses.replace(m, kernels=kernels, kernels_source="graph replay", inventory_s=1.25)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return InventoryTimer()
+'''
+
+FLASH_CASE = {"pytorch_flash::flash_fwd_kernel": 1}
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    made = make_project(pytester, INVENTORY_CONFTEST, test_cases=TESTS)
+    _kernels(made, FLASH_CASE)
+    return made
+
+
+def _kernels(project: pytest.Pytester, a: dict[str, int], b: dict[str, int] | None = None) -> None:
+    """The inventories the scripted timer gives case a and case b (b: a's unless given)."""
+    table = {"test_case[a]": a, "test_case[b]": FLASH_CASE if b is None else b}
+    (project.path / "kernels.json").write_text(json.dumps(table))
+
+
+def test_recording_writes_the_inventory_and_an_unchanged_one_passes(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    entry = entries(project)["test_cases.py::test_case[a]"]
+    assert entry["kernels"] == FLASH_CASE
+    assert "kernels_source" not in entry  # a graph's replay, the usual source
+    rerun = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change")
+    rerun.assert_outcomes(passed=2)
+    assert "kernels changed" not in rerun.stdout.str()
+
+
+def test_the_main_run_asks_for_the_inventory_and_its_time_is_checking_time(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-p", "no:xdist")
+    result.assert_outcomes(passed=2)
+    asked = json.loads((project.path / "plans.json").read_text())
+    assert asked.count(True) == 2  # the two cases; not the run's sample overhead
+    result.stdout.fnmatch_lines(["*2.5 s of it checking what the timed calls computed*"])
+
+
+def test_a_changed_inventory_is_reported_and_passes(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    _kernels(project, {"fmha_cutlassF_bf16_aligned_64x64_rf_sm80": 1, "Memcpy DtoD (Device -> Device)": 1})
+    result = project.runpytest(*PLUGIN, "--attnperf-report=out", "--junitxml=junit.xml")
+    result.assert_outcomes(passed=2)
+    message = ("kernels changed: added Memcpy DtoD (Device -> Device) x1, fmha_cutlassF_bf16_aligned_64x64_rf_sm80 x1; "
+               "removed pytorch_flash::flash_fwd_kernel x1")
+    out = result.stdout.str()
+    assert f"note: test_case[a]: {message}" in out
+    assert "kernels changed in 1 of 2 cases against their baseline entries" in out
+    report = json.loads((project.path / "out" / "report.json").read_text())
+    by_case = {row["nodeid"]: row for row in report["cases"]}
+    assert by_case["test_cases.py::test_case[a]"]["kernels_changed"] == message
+    assert by_case["test_cases.py::test_case[b]"]["kernels_changed"] is None
+    assert by_case["test_cases.py::test_case[b]"]["kernels"] == FLASH_CASE
+    properties = junit_properties(project.path / "junit.xml")
+    assert properties["test_case[a]"]["attnperf_kernels_changed"] == message
+    assert "attnperf_kernels_changed" not in properties["test_case[b]"]
+
+
+@pytest.mark.parametrize("opt_in", ["flag", "ini"])
+def test_a_changed_inventory_fails_only_with_the_opt_in(project: pytest.Pytester, opt_in: str) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    _kernels(project, FLASH_CASE, {"pytorch_flash::flash_fwd_kernel": 2})
+    if opt_in == "ini":
+        ini = project.path / "tox.ini"
+        ini.write_text(ini.read_text().rstrip("\n") + "\nattnperf_fail_on_kernel_change = true\n")
+    result = project.runpytest(*PLUGIN, *(["--attnperf-fail-on-kernel-change"] if opt_in == "flag" else []))
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_case?b?: kernels changed: count pytorch_flash::flash_fwd_kernel 1 -> 2 "
+                                 "(against *h200.yaml; --attnperf-fail-on-kernel-change is set)"])
+
+
+def test_a_regression_names_the_changed_kernels_too(project: pytest.Pytester) -> None:
+    from kit import set_speed
+
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.2)
+    _kernels(project, {"fmha_cutlassF": 1})
+    result = project.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    failure = out[out.index("REGRESSED"):out.index("short test summary")]
+    assert "kernels changed: added fmha_cutlassF x1; removed pytorch_flash::flash_fwd_kernel x1" in failure
+
+
+def test_an_entry_without_an_inventory_gates_as_before(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    with editing_baseline(project) as data:  # as recorded before inventories
+        for entry in data["entries"].values():
+            del entry["kernels"]
+    _kernels(project, {"fmha_cutlassF": 1})
+    result = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change")
+    result.assert_outcomes(passed=2)
+    assert "kernels changed" not in result.stdout.str()
+    assert "unchanged" in result.stdout.str()
+
+
+def test_recording_again_replaces_the_inventory(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    _kernels(project, {"fmha_cutlassF": 1})
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    assert entries(project)["test_cases.py::test_case[a]"]["kernels"] == {"fmha_cutlassF": 1}
+    project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change").assert_outcomes(passed=2)
+
+
+def test_the_profiler_sets_teardown_cupti_and_notes_a_profile_that_left_it_attached(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inventory's profile, like the backend proof's, is noted when it stopped with CUPTI
+    left attached."""
+    from pytest_attnperf import markers
+
+    monkeypatch.setattr(markers, "_cupti_at_stop", None)
+    monkeypatch.setattr(inventory, "cupti_at_stop", "1")
+    assert markers.cupti_attached_note() is None
+    monkeypatch.setattr(inventory, "cupti_at_stop", "0")
+    assert "TEARDOWN_CUPTI was '0' when the kernel inventory's profile stopped" in (markers.cupti_attached_note() or "")
+
+
+def test_the_harness_part_of_a_replay() -> None:
+    flush, fill = Counter({"fill<i8>": 1}), Counter({"fill<long>": 2})
+    harness = Harness(flush + fill, flush)
+    assert harness.visible
+    assert harness.of_replay(holds_flush=True) == flush + fill
+    assert harness.of_replay(holds_flush=False) == fill
+    assert not Harness(fill, flush).visible  # the flush graph's replay showed no flush
