@@ -25,6 +25,7 @@ from pytest_attnperf.parallel.xdist import timing_turn
 from pytest_attnperf.report.timeline import VERIFY_S_KEY
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import BaselineError
+from pytest_attnperf.store.history_plugin import DriftNote, record_case
 
 __all__ = ["PENDING_KEY", "Perf"]
 
@@ -70,7 +71,8 @@ class Perf:
         with timing_turn(session):  # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
             result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
         memory = self._memory(result.measurement)
-        self._record(result, memory)
+        drifted = record_case(self._request.config, self._key, result)  # --attnperf-history: judged, appended
+        self._record(result, memory, drifted)
         verdict, measurement = result.verdict, result.measurement
         node.user_properties.extend(_junit_properties(result, memory))  # JUnit XML; the noise benchmark reads it
         self._session.measure_overhead()  # measured before any test (session.prepare); here only if that step could not
@@ -96,6 +98,11 @@ class Perf:
         if result.kernels_changed and session.settings.fail_on_kernel_change:
             pytest.fail(f"{self._key}: {result.kernels_changed} (against {session.baseline_path}; "
                         "--attnperf-fail-on-kernel-change is set)", pytrace=False)
+        if drifted is not None and drifted.fails:
+            pytest.fail(f"{self._key}: DRIFTED {drifted.pct:+.1f}% on its history (--attnperf-fail-on-drift): "
+                        f"last good {drifted.last_good or '?'}, first bad {drifted.first_bad or 'this run'}, "
+                        f"p={drifted.shift.p_value:.2g}; now {drifted.shift.after_ms:.4g} ms, before "
+                        f"{drifted.shift.before_ms:.4g} ms", pytrace=False)
         return result
 
     def _memory(self, measurement: Measurement) -> tuple[MemoryCheck, ...]:
@@ -231,7 +238,8 @@ class Perf:
         taken = runs.for_case(nodeid) if runs is not None else []
         return pool(measurement, taken) if taken else measurement
 
-    def _record(self, result: PerfResult, memory: tuple[MemoryCheck, ...] = ()) -> None:
+    def _record(self, result: PerfResult, memory: tuple[MemoryCheck, ...] = (),
+                drifted: DriftNote | None = None) -> None:
         m, s = result.measurement, result.measurement.summary
         before = self._baseline_entry()
         if self._session.settings.update_baselines:  # the entry is written only then
@@ -254,11 +262,12 @@ class Perf:
                 eager_ms=m.eager_ms,
                 intensity=result.metrics.intensity_flop_per_byte,
                 bound=result.roofline.bound if result.roofline else result.metrics.bound,
-                status=result.verdict.status,
+                status="drifted" if drifted is not None and drifted.fails else result.verdict.status,
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
                 notes=(m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result)
-                       + ((result.kernels_changed,) if result.kernels_changed else ())),
+                       + ((result.kernels_changed,) if result.kernels_changed else ())
+                       + ((drifted.text(),) if drifted is not None else ())),
                 roofline_frac=result.roofline.fraction if result.roofline else None,
                 ceilings=floors.for_session(self._session),
                 params=_case_params(self._request.node, result.cost),
@@ -269,6 +278,7 @@ class Perf:
                 kernels_source=m.kernels_source,
                 inventory_s=m.inventory_s,
                 memory=memory,
+                drift_pct=None if drifted is None else drifted.pct,
             )
         )
 

@@ -123,6 +123,16 @@ OPTIONS = (
     Option("benchmark_table", "--attnperf-benchmark-table", "ATTNPERF_BENCHMARK_TABLE", "attnperf_benchmark_table",
            "false", "also print pytest-benchmark's table of the measured cases after attnperf's (default: off)",
            is_flag=True),
+    # the run history and triage; docs/history.md
+    Option("history", "--attnperf-history", "ATTNPERF_HISTORY", "attnperf_history", "",
+           "folder to which gating and recording runs append a record per case, <hw>.jsonl (default: none)"),
+    Option("commit", "--attnperf-commit", "ATTNPERF_COMMIT", "attnperf_commit", "",
+           "the commit history records name (default: git HEAD of the ini file's folder, else none)"),
+    Option("fail_on_drift", "--attnperf-fail-on-drift", "ATTNPERF_FAIL_ON_DRIFT", "attnperf_fail_on_drift",
+           "false", "fail a case as drifted when its history shows a lasting slowdown into this run (default: off)",
+           is_flag=True),
+    Option("pr_comment", "--attnperf-pr-comment", "ATTNPERF_PR_COMMENT", "attnperf_pr_comment", "",
+           "Markdown file of regressions, improvements, memory changes and drifts, for a PR (default: none)"),
     Option("case_timeout", "--attnperf-case-timeout", "ATTNPERF_CASE_TIMEOUT", "attnperf_case_timeout", "300s",
            "time limit of one case (warm-up, checks, timing) before it fails; 0: none (default 300 s)"),
 )
@@ -166,6 +176,10 @@ class Settings:
     tp: tuple[int, ...] = (1,)  # --attnperf-tp: the degrees the models' heads are split for
     model_prefill: str = ""  # --attnperf-model-prefill, checked ("": the device's defaults)
     model_train: str = ""  # --attnperf-model-train, checked ("": the device's defaults)
+    history_dir: Path | None = None  # --attnperf-history: where each measured case's record is appended
+    commit: str | None = None  # --attnperf-commit: the commit the history's records name (else git's)
+    fail_on_drift: bool = False  # --attnperf-fail-on-drift: a lasting slowdown on the history fails the case
+    pr_comment: Path | None = None  # --attnperf-pr-comment: the pull-request comment's Markdown file
 
 
 GROUP = ("attnperf: attention kernels' correctness and speed "
@@ -424,19 +438,41 @@ def project_dir(config: pytest.Config) -> Path:
     return Path(inipath).parent if inipath is not None else Path(config.invocation_params.dir)
 
 
+def _project_path(config: pytest.Config, text: str) -> Path:
+    """A folder option's path: as given when absolute, else under ``project_dir``."""
+    path = Path(text)
+    return path if path.is_absolute() else project_dir(config) / path
+
+
+def _history(config: pytest.Config) -> tuple[Path | None, bool]:
+    """``--attnperf-history``'s folder and ``--attnperf-fail-on-drift``, checked together."""
+    text = _get(config, "history", str).strip()
+    fail = _get(config, "fail_on_drift", _bool)
+    if fail and not text:
+        raise pytest.UsageError("attnperf: --attnperf-fail-on-drift judges each case on its history: "
+                                "give --attnperf-history=DIR too")
+    if fail:
+        from pytest_attnperf.gate.drift import available
+
+        missing = available()
+        if missing is not None:
+            raise pytest.UsageError(f"attnperf: --attnperf-fail-on-drift needs the change-point library: {missing}")
+    return (_project_path(config, text) if text else None), fail
+
+
 def read_settings(config: pytest.Config) -> Settings:
     """Parse every setting; raises ``pytest.UsageError`` naming the source of a bad one. (A pool
     run's settings come from its input file instead: ``settings_from_data``.)"""
     hw = _get(config, "hw", str).strip() or None
-    folder = Path(_get(config, "baselines", str))
-    if not folder.is_absolute():
-        folder = project_dir(config) / folder
+    folder = _project_path(config, _get(config, "baselines", str))
     report = _get(config, "report", str).strip()
     check_only = _get(config, "check_only", _bool)
     update = _get(config, "update_baselines", _bool)
     if check_only and update:
         raise pytest.UsageError("attnperf: --attnperf-check-only times nothing, so --update-baselines has "
                                 "nothing to record; use one or the other")
+    history_dir, fail_on_drift = _history(config)
+    pr_comment = _get(config, "pr_comment", str).strip()
     return Settings(
         hw=hw.lower() if hw else None,
         update_baselines=update,
@@ -468,6 +504,10 @@ def read_settings(config: pytest.Config) -> Settings:
         fail_on_kernel_change=_get(config, "fail_on_kernel_change", _bool),
         memory_tolerance=_get(config, "memory_tolerance", _memory_tolerance),
         **_model_settings(config),
+        history_dir=history_dir,
+        commit=_get(config, "commit", str).strip() or None,
+        fail_on_drift=fail_on_drift,
+        pr_comment=Path(config.invocation_params.dir) / pr_comment if pr_comment else None,
     )
 
 
@@ -489,10 +529,11 @@ def _model_settings(config: pytest.Config) -> dict[str, Any]:
             "model_train": _get(config, "model_train", _model_shapes(parse_train))}
 
 
-# a pool run's own: it records, requires, spawns and reports nothing, and writes its samples where
+# a pool run's own: it records, requires, spawns, appends and reports nothing, and writes its samples where
 # its --attnperf-pool-out says; the other settings it takes from its parent (settings_data)
 POOL_RUN_OWN: dict[str, Any] = {"update_baselines": False, "require_baseline": False, "processes": 1,
-                                "report_dir": None, "pool_out": None}
+                                "report_dir": None, "pool_out": None, "history_dir": None, "fail_on_drift": False,
+                                "pr_comment": None}
 
 
 def settings_data(settings: Settings) -> dict[str, Any]:

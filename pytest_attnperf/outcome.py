@@ -88,3 +88,4 @@ class Row:
     kernels_source: str | None = None  # how the inventory was read: "graph replay" or "eager call"
     inventory_s: float = 0.0  # host seconds reading it took
     memory: tuple[MemoryCheck, ...] = ()  # the peak against the baseline's and the family's bound (gate.memory)
+    drift_pct: float | None = None  # a lasting slowdown on the run history, in percent (store.history_plugin)

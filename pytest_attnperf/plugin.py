@@ -26,11 +26,13 @@ from pytest_attnperf.parallel import fleet, xdist
 from pytest_attnperf.report import failures, timeline
 from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
-from pytest_attnperf.store import autotune_plugin
+from pytest_attnperf.store import autotune_plugin, history_plugin
 from pytest_attnperf.store.autotune_plugin import AutotunePlugin
+from pytest_attnperf.store.history_plugin import HistoryRecorder
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
 REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
+PR_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-pr-comment wrote
 
 # -- configuration --------------------------------------------------------------------------
 
@@ -82,6 +84,8 @@ def _optional_plugins(
         plugins.append((pool_run, POOL_RUN))
     elif s.processes > 1 and not s.check_only and not fleet.is_controller(config):
         plugins.append((PoolRuns(session), POOL_RUNS))
+    if history_plugin.wanted(config, session) and not fleet.is_controller(config):  # those that measure append
+        plugins.append((HistoryRecorder(session), history_plugin.NAME))
     root = autotune_plugin.cache_root(config) if pool_run is None else None
     if root is not None:
         plugins.append((AutotunePlugin(session, root), autotune_plugin.NAME))
@@ -250,6 +254,58 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.rows[:] = xdist.rows_in_order(state.rows)
     state.write_baselines()
     _write_report(config)
+    _write_pr_comment(config)
+
+
+def _hw_name(state: AttnPerfSession) -> str | None:
+    """The run's hardware name: ``--hw``, else the one found (None where it cannot be)."""
+    if state.settings.hw:
+        return state.settings.hw
+    try:
+        return state.hardware.name
+    except Exception:  # noqa: BLE001 - a device that cannot be looked up: the line goes without --hw
+        return None
+
+
+def _reruns(config: pytest.Config) -> dict[str, str]:
+    """Each failed attention case's command that re-runs it alone, by its key."""
+    failed = failures.Failures.of(config)
+    if failed is None or not failed.seen:
+        return {}
+    from pytest_attnperf.report.triage import rerun_args, rerun_line
+
+    state, root, here = get_session(config), config.rootpath, config.invocation_params.dir
+    args = list(config.invocation_params.args)
+    plugin_flag = any(a == "-p" and b == "pytest_attnperf.plugin" for a, b in zip(args, args[1:], strict=False))
+    hw = _hw_name(state)
+    return {f.nodeid: rerun_line(rerun_args(f.nodeid, state.settings, hw, root, plugin_flag), root, here)
+            for f in failed.seen}
+
+
+def _write_pr_comment(config: pytest.Config) -> None:
+    """``--attnperf-pr-comment=FILE``: the run's regressions, improvements, memory changes, drifts and
+    failures as Markdown (not in a pytest-xdist worker)."""
+    state = get_session(config)
+    path = state.settings.pr_comment
+    if path is None or state.seat is not None:
+        return
+    from pytest_attnperf.report.triage import pr_comment
+    from pytest_attnperf.store.baselines import BaselineError
+
+    try:
+        entries = dict(state.baseline.entries) if state.rows and state.baseline is not None else {}
+    except BaselineError:
+        entries = {}
+    failed = failures.Failures.of(config)
+    text = pr_comment(state.rows, failed.seen if failed is not None else [], entries, _hw_name(state) or "?",
+                      _reruns(config))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        config.stash[PR_NOTE_KEY] = f"NOT written to {path}: {exc}"
+    else:
+        config.stash[PR_NOTE_KEY] = f"wrote {path}"
 
 
 def _write_report(config: pytest.Config) -> None:
@@ -278,7 +334,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     fleet_lines = xdist.summary_lines(state)
     pool_runs, autotuning = PoolRuns.of(config), AutotunePlugin.of(config)
     pooled = pool_runs is not None and pool_runs.results is not None
-    if not state.rows and state.write_note is None and not gone and not pooled and not checked and not fleet_lines:
+    reruns = _reruns(config) if state.seat is None else {}
+    if not (state.rows or state.write_note is not None or gone or pooled or checked or fleet_lines or reruns):
         return
     terminalreporter.section("attnperf")
     for line in fleet_lines:
@@ -306,6 +363,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for note in (state.gating_note(), state.write_note, state.record_note, state.ignore_note):
         if note:
             terminalreporter.write_line(f"baselines: {note}")
+    recorder = HistoryRecorder.of(config)
+    appended = recorder.summary_line() if recorder is not None else None
+    if appended:
+        terminalreporter.write_line(appended)
     clock = config.stash.get(timeline.KEY, None)
     for line in [clock.measure_line() if clock is not None else None,
                  *(autotuning.summary_lines() if autotuning is not None else ()),
@@ -314,6 +375,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
     if REPORT_NOTE_KEY in config.stash:
         terminalreporter.write_line(f"report: {config.stash[REPORT_NOTE_KEY]}")
+    if PR_NOTE_KEY in config.stash:
+        terminalreporter.write_line(f"pull-request comment: {config.stash[PR_NOTE_KEY]}")
+    if reruns:
+        terminalreporter.write_line(f"re-run a failed case alone ({len(reruns)}), from {config.rootpath}:")
+        for key in sorted(reruns):
+            terminalreporter.write_line(f"  {reruns[key]}")
 
 
 @pytest.hookimpl(optionalhook=True)

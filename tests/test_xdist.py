@@ -348,3 +348,13 @@ def test_the_report_lists_the_workers_correctness_failures(project: pytest.Pytes
         ("test_failing.py::test_case[raises]", "RuntimeError: kernel launch failed: invalid argument"),
         ("test_failing.py::test_case[wrong]", "o: 12 of 4096 elements outside the bound"),
     ]
+
+
+def test_the_workers_append_every_case_to_one_history_under_the_runs_id(project: pytest.Pytester) -> None:
+    """Each worker appends the cases it measured; the controller appends none; one run id."""
+    project.runpytest(*PLUGIN, "-n", "2", "--attnperf-history=hist").assert_outcomes(passed=9)
+    lines = (project.path / "hist" / "h200.jsonl").read_text().splitlines()
+    found = [json.loads(line) for line in lines]
+    assert sorted(r["case"] for r in found) == sorted(CASES)
+    assert len({r["run"] for r in found}) == 1
+    assert len({r["machine"]["id"] for r in found}) == 2  # each worker's card: GPU-fake-0 and GPU-fake-1

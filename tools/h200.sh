@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
 #   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory | memory |
-#     memory-noise | models | decode
+#     memory-noise | models | decode | history
 # Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
@@ -120,6 +120,35 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     wait
     keep_cache >/dev/null
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
+  history)  # five gating runs of eleven softmax cases (85 us to 0.75 ms) against the committed file
+    # into one run history, then two with 2% extra work injected into the cases noise/inject.py
+    # picks by node id (seven of the eleven) and --attnperf-fail-on-drift, then attnperf-history with
+    # plots; the last table (tools/history_check.py) says whether each case shifted as expected.
+    # The change-point library (ruptures, scipy) comes as wheels from .whl-history/ (carry it:
+    # git-ignored). K overrides the cases; RUNS steady runs (default 5), INJECTED runs (default 2)
+    if compgen -G ".whl-history/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl-history/*.whl || exit 1
+      export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    H="$OUT/history"; rm -rf "$H" "$OUT/inject.jsonl"; mkdir -p "$H"
+    SEL="${K:-fwdbwd and causal and (b2-h12-kv3-t1024 or b2-h16-kv2-t1024 or b32-h8-t1024) and not math and not naive and not efficient}"
+    STEADY="${RUNS:-5}"
+    for i in $(seq 1 $(( STEADY + ${INJECTED:-2} ))); do
+      more=()
+      if [ "$i" -gt "$STEADY" ]; then
+        more=(-p pytest_attnperf.noise.inject --attnperf-fail-on-drift --attnperf-pr-comment="$OUT/pr-run$i.md")
+        export ATTNPERF_INJECT=0.02 ATTNPERF_INJECT_LOG="$OUT/inject.jsonl"
+      fi
+      timeout -s INT "${RUN_BUDGET:-65}" "${PYTEST[@]}" suites/test_softmax.py --hw=h200 -k "$SEL" --benchmark-disable \
+        --attnperf-history="$H" --attnperf-commit="run$i" "${more[@]}" > "$OUT/history-run$i.log" 2>&1
+      echo "run $i: $(tail -n 1 "$OUT/history-run$i.log")"
+    done
+    unset ATTNPERF_INJECT ATTNPERF_INJECT_LOG
+    python3 -m pytest_attnperf.report.drifts "$H" --plot "$OUT/plots" --out "$OUT/drift.md" > /dev/null
+    cat "$OUT/drift.md"
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 tools/history_check.py "$H/h200.jsonl" --inject-log "$OUT/inject.jsonl" --first-injected $(( STEADY + 1 )) \
+      | tee "$OUT/history-check.md" ;;
   check)  # check-only runs of the GPU tables, one per seed of SEEDS (default 0), each with the
     # kernel zoos of tests/zoo registered (ZOO=0 leaves them out); K selects as -k does. Each
     # seed's JUnit report goes to $OUT/check-<seed>.xml, then one table of every kernel's counts
@@ -224,5 +253,5 @@ PY
       "$(grep -c 'reads-twice-fwd\]: BELOW FLOOR' "$G") (of $(grep -c '"sdpa-flash"' "$OUT/decode-floors.txt") sdpa-flash floors);" \
       "FAILED: upper-left $(grep -c '^FAILED.*upper-left' "$G"), split-kv $(grep -c '^FAILED.*split-kv' "$G")"
     keep_cache >/dev/null; cat "$OUT/decode-floors.txt" ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise|models|decode" >&2; exit 2 ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise|models|decode|history" >&2; exit 2 ;;
 esac

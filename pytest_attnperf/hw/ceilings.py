@@ -321,7 +321,7 @@ class Ceilings:
     def _limit(self, key: str) -> Ceiling | None:
         figures = self._figures(key)
         if figures["user"]:
-            return Ceiling(figures["user"], "user")  # type: ignore[arg-type]
+            return Ceiling(figures["user"], "user")
         known = [Ceiling(figures[s], s) for s in ("measured", "spec") if figures[s]]  # type: ignore[arg-type]
         return max(known, key=lambda c: c.value) if known else None
 
