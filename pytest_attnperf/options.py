@@ -83,8 +83,8 @@ OPTIONS = (
     Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: GPU UUID and boot id)"),
     Option("memory_tolerance", "--attnperf-memory-tolerance", "ATTNPERF_MEMORY_TOLERANCE",
-           "attnperf_memory_tolerance", "1MiB+1%",
-           "growth of peak memory above the inputs tolerated before a case fails, or off (default 1MiB+1%)"),
+           "attnperf_memory_tolerance", "4MiB+1%",
+           "growth of peak memory above the inputs tolerated before a case fails, or off (default 4MiB+1%)"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
            "fail a measured case that has no baseline entry (default: off, it passes as new)", is_flag=True),
@@ -171,7 +171,7 @@ class Settings:
     seed: int = 0  # --attnperf-seed: mixed into every case's input draw (0: the usual draw)
     benchmark_table: bool = False  # --attnperf-benchmark-table: pytest-benchmark's table keeps attnperf's cases
     fail_on_kernel_change: bool = False  # --attnperf-fail-on-kernel-change: a changed inventory fails the case
-    memory_tolerance: str = "1MiB+1%"  # --attnperf-memory-tolerance, as gate.memory.Tolerance.parse reads it
+    memory_tolerance: str = "4MiB+1%"  # --attnperf-memory-tolerance, as gate.memory.Tolerance.parse reads it
     models: tuple[str, ...] = ()  # --attnperf-model: specs, local paths made absolute (families/models/load.py)
     tp: tuple[int, ...] = (1,)  # --attnperf-tp: the degrees the models' heads are split for
     model_prefill: str = ""  # --attnperf-model-prefill, checked ("": the device's defaults)

@@ -23,7 +23,7 @@ from pytest_attnperf.measure.timing import CudaTimer
 
 pytest_plugins = ["pytester"]
 
-DEFAULT = Tolerance()  # 1 MiB + 1%
+DEFAULT = Tolerance()  # 4 MiB + 1%
 
 
 # -- against the baseline ---------------------------------------------------------------------
@@ -38,30 +38,38 @@ def test_an_unchanged_peak_passes() -> None:
 
 
 def test_a_peak_grown_beyond_the_tolerance_fails_with_both_figures() -> None:
-    check = against_baseline(102.1, 100.0, DEFAULT)  # allowed: 100 x 1.01 + 1 = 102 MiB
+    check = against_baseline(105.1, 100.0, DEFAULT)  # allowed: 100 x 1.01 + 4 = 105 MiB
     assert check is not None
     assert check.failed
     assert check.status == "memory regressed"
-    assert check.message.startswith("memory regressed: peak above the inputs 102.10 MiB, baseline 100.00 MiB (+2.1%)")
-    assert "allowed 102.00 MiB (--attnperf-memory-tolerance 1MiB+1%)" in check.message
-    assert check.limit_mib == pytest.approx(102.0)
+    assert check.message.startswith("memory regressed: peak above the inputs 105.10 MiB, baseline 100.00 MiB (+5.1%)")
+    assert "allowed 105.00 MiB (--attnperf-memory-tolerance 4MiB+1%)" in check.message
+    assert check.limit_mib == pytest.approx(105.0)
     assert not check.of_bound
 
 
 def test_a_peak_within_the_tolerance_passes() -> None:
-    check = against_baseline(101.9, 100.0, DEFAULT)
+    check = against_baseline(104.9, 100.0, DEFAULT)
     assert check is not None
     assert not check.failed
     assert check.status == "unchanged"
 
 
 def test_the_floor_holds_small_peaks_and_only_the_floor() -> None:
-    tiny = against_baseline(1.1, 0.2, DEFAULT)  # allowed 1.202: a small workspace's MiB is no share
+    tiny = against_baseline(4.1, 0.2, DEFAULT)  # allowed 4.202: a small workspace's MiB is no share
     assert tiny is not None
     assert not tiny.failed
-    grown = against_baseline(1.3, 0.2, DEFAULT)
+    grown = against_baseline(4.3, 0.2, DEFAULT)
     assert grown is not None
     assert grown.failed
+
+
+@pytest.mark.parametrize(("recorded", "gated"), [(15.001, 17.0015), (26.189, 28.189), (2167.9, 2171.625), (52.122, 53.247)])
+def test_the_growths_seen_between_h200_runs_pass_the_default(recorded: float, gated: float) -> None:
+    """docs/memory.md, "Tolerance": what moved between fresh H200 machines and the recordings."""
+    check = against_baseline(gated, recorded, DEFAULT)
+    assert check is not None
+    assert not check.failed
 
 
 def test_a_peak_that_shrank_is_smaller_and_passes() -> None:
@@ -326,7 +334,7 @@ def test_a_case_whose_peak_grew_fails_as_memory_regressed_and_an_unchanged_one_p
     assert kit.outcomes(result) == {"test_cases.py::test_case[a]": "PASSED", "test_cases.py::test_case[b]": "FAILED"}
     result.stdout.fnmatch_lines([
         "*::test_case?b?: memory regressed: peak above the inputs 150.00 MiB, baseline 100.00 MiB (+50.0%); "
-        "allowed 102.00 MiB (--attnperf-memory-tolerance 1MiB+1%)",
+        "allowed 105.00 MiB (--attnperf-memory-tolerance 4MiB+1%)",
     ])
     result.stdout.fnmatch_lines(["attnperf on h200: 2 measured cases (2 unchanged; 1 memory regressed)"])
     result.stdout.fnmatch_lines(["test_case?a?*100.0*+0.0% unchanged*+0.0% unchanged",

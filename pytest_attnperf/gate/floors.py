@@ -50,6 +50,17 @@ BUILTIN: dict[tuple[str, str, str, str | None], Mapping[str, Any]] = {
     ("gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.09}},
     ("simple_gla", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.21}},
     ("gdn", "fla-chunk", "b4-h16-t4096-d128-bf16", "fwd"): {"h200": {"roofline": 0.10}},
+    # decode: 70% of one H200 gating run's bandwidth fractions (docs/decode.md, "Floors and the report")
+    ("simple_gla_decode", "fla-fused-recurrent", "b32-h16-t1-d128-bf16", "fwd"): {"h200": {"roofline": 0.37}},
+    ("softmax", "sdpa", "b1-h32-kv8-t1-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.39}},
+    ("softmax", "sdpa", "b1-h32-kv8-t16-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.16}},
+    ("softmax", "sdpa", "b32-h32-kv8-t1-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.46}},
+    ("softmax", "sdpa-cudnn", "b1-h32-kv8-t1-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.38}},
+    ("softmax", "sdpa-cudnn", "b1-h32-kv8-t16-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.03}},
+    ("softmax", "sdpa-cudnn", "b32-h32-kv8-t1-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.73}},
+    ("softmax", "sdpa-flash", "b1-h32-kv8-t1-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.39}},
+    ("softmax", "sdpa-flash", "b1-h32-kv8-t16-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.16}},
+    ("softmax", "sdpa-flash", "b32-h32-kv8-t1-cache32k-d128-causal-bf16", "fwd"): {"h200": {"roofline": 0.46}},
 }
 
 
