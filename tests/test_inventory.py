@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,8 +31,9 @@ from kit import (
 )
 
 from pytest_attnperf.measure import inventory
-from pytest_attnperf.measure.inventory import EAGER, GRAPH, Harness, diff, normalise, per_call, verdict
+from pytest_attnperf.measure.inventory import EAGER, GRAPH, Harness, diff, disagreement, normalise, per_call, verdict
 from pytest_attnperf.measure.timing import CudaTimer, SamplingPlan
+from pytest_attnperf.measure.verify import TimedDiffers
 from pytest_attnperf.store import baselines
 
 FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4, false, false, " \
@@ -154,9 +157,9 @@ def test_a_cold_graph_inventory_leaves_out_the_flush_and_what_the_replay_launche
 def test_the_harness_is_profiled_once_per_timer_and_each_case_once(gpu: FakeGpu) -> None:
     timer = CudaTimer(H200)
     timer.measure(gpu.call, PLAN)
-    assert gpu.profiles == 3  # the flush graph's replay, the flush, the case's replay
+    assert gpu.profiles == 4  # the flush graph's replay, the flush, the case's first graph, its other graphs
     timer.measure(gpu.call, PLAN)
-    assert gpu.profiles == 4
+    assert gpu.profiles == 6
 
 
 def test_no_inventory_unless_the_plan_asks(gpu: FakeGpu) -> None:
@@ -209,6 +212,58 @@ def test_an_extra_kernel_in_the_timed_graph_shows_in_its_inventory(gpu: FakeGpu)
 
     m = CudaTimer(H200).measure(warming, PLAN)
     assert m.kernels == {"Memcpy DtoD (Device -> Device)": 1, "pytorch_flash::flash_fwd_kernel": 1}
+
+
+class Drifting:
+    """A case's callable whose timed draw ``odd`` launches one more kernel than the others (a
+    kernel that takes another path on some inputs, or does less work once it has seen them)."""
+
+    def __init__(self, gpu: FakeGpu, odd: int) -> None:
+        self.gpu, self.odd = gpu, odd
+
+    def __call__(self) -> Any:
+        return self.draw(0)()
+
+    def draw(self, index: int) -> Callable[[], Any]:
+        def call() -> Any:
+            self.gpu.call()
+            if index == self.odd:
+                self.gpu.launch("void at::native::vectorized_elementwise_kernel<4, CopyFunctor>(int)")
+            return None
+        return call
+
+    def verify(self, index: int, result: Any) -> float:
+        return 0.0
+
+    def describe(self, index: int) -> str:
+        return f"draw {index}"
+
+    def protected(self) -> tuple[Any, ...]:
+        return ()
+
+
+def test_timed_graphs_that_launch_other_kernels_fail_the_measurement(gpu: FakeGpu) -> None:
+    """Graph 5 of the eight (over draw 5) launches a copy the first graph does not: what was
+    timed is not one computation, so the measurement fails, naming the kernel and the counts."""
+    expected = (r"the case's 8 timed graphs launch different kernels: over the other 7, "
+                r"at::native::vectorized_elementwise_kernel 1 where 7 x the first's would be 0")
+    with pytest.raises(TimedDiffers, match=expected):
+        CudaTimer(H200).measure(Drifting(gpu, odd=5), PLAN)
+
+
+def test_timed_graphs_that_agree_pass_and_the_first_draw_differing_is_seen_too(gpu: FakeGpu) -> None:
+    m = CudaTimer(H200).measure(Drifting(gpu, odd=99), PLAN)
+    assert m.kernels == {"pytorch_flash::flash_fwd_kernel": 1}
+    with pytest.raises(TimedDiffers, match="would be 7"):  # the first graph's extra kernel is missing from the others
+        CudaTimer(H200).measure(Drifting(gpu, odd=1), PLAN)
+
+
+def test_the_disagreement_counts_by_normalised_name() -> None:
+    first = Counter({"void f<1>(int)": 1, "g": 2})
+    assert disagreement(first, Counter({"void f<2>(int)": 3, "g": 6}), 3) is None  # variants of f count as one
+    text = disagreement(first, Counter({"f": 3, "g": 5}), 3)
+    assert text == ("the case's 4 timed graphs launch different kernels: over the other 3, "
+                    "g 5 where 3 x the first's would be 6")
 
 
 # -- the verdict, end to end ----------------------------------------------------------------------

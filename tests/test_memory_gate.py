@@ -64,7 +64,8 @@ def test_the_floor_holds_small_peaks_and_only_the_floor() -> None:
     assert grown.failed
 
 
-@pytest.mark.parametrize(("recorded", "gated"), [(15.001, 17.0015), (26.189, 28.189), (2167.9, 2171.625), (52.122, 53.247)])
+@pytest.mark.parametrize(("recorded", "gated"),
+                         [(15.001, 17.0015), (26.189, 28.189), (2167.9, 2171.625), (52.122, 53.247)])
 def test_the_growths_seen_between_h200_runs_pass_the_default(recorded: float, gated: float) -> None:
     """docs/memory.md, "Tolerance": what moved between fresh H200 machines and the recordings."""
     check = against_baseline(gated, recorded, DEFAULT)

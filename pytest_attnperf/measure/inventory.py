@@ -24,12 +24,12 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange", "device_kernels", "diff",
-           "entry_kernels", "kernels_problem", "normalise", "per_call", "take"]
+           "disagreement", "entry_kernels", "kernels_problem", "normalise", "per_call", "take"]
 
 CUPTI_ENV = "TEARDOWN_CUPTI"
 GRAPH, EAGER = "graph replay", "eager call"
@@ -105,23 +105,60 @@ class Harness:
 @dataclass(frozen=True)
 class Inventory:
     """The kernels one timed call launched (normalised names, counts per call), how they were read
-    (``GRAPH`` or ``EAGER``) and the host seconds the profiling took."""
+    (``GRAPH`` or ``EAGER``) and the host seconds the profiling took. ``disagrees``: how the case's
+    other timed graphs, replayed once each, launched other kernels than the first (None: the same,
+    or not compared)."""
 
     kernels: dict[str, int]
     source: str
     seconds: float
+    disagrees: str | None = None
 
 
 def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, eager: Callable[[], Any], *,
-         holds_flush: bool, calls: int) -> Inventory:
+         holds_flush: bool, calls: int, others: Sequence[Callable[[], Any]] = ()) -> Inventory:
     """The inventory of one timed call: ``replay`` (one replay of its graph, ``calls`` calls in
     it) profiled less the harness's part, or one ``eager`` call profiled where there is no graph
-    or the profiler does not see a graph's kernels."""
+    or the profiler does not see a graph's kernels. ``others``, the replays of the case's other
+    timed graphs (cold mode's captures over other draws), are profiled together, once each, and
+    must launch what the first does, as many times each (``disagreement``)."""
     began = time.perf_counter()
     if replay is not None and harness.visible:
-        seen = Counter(profile(replay)) - harness.of_replay(holds_flush)
-        return Inventory(per_call(seen, calls), GRAPH, time.perf_counter() - began)
+        part = harness.of_replay(holds_flush)
+        seen = Counter(profile(replay)) - part
+        disagrees = None
+        if others:
+            def each_once() -> None:
+                for other in others:
+                    other()
+
+            together = Counter(profile(each_once)) - Counter({k: n * len(others) for k, n in part.items()})
+            disagrees = disagreement(seen, together, len(others))
+        return Inventory(per_call(seen, calls), GRAPH, time.perf_counter() - began, disagrees)
     return Inventory(per_call(Counter(profile(eager))), EAGER, time.perf_counter() - began)
+
+
+def disagreement(first: Counter[str], others: Counter[str], count: int) -> str | None:
+    """How ``count`` other graphs' kernels (raw names, counted together) differ from ``count``
+    times the first graph's, by normalised name; None when they agree."""
+    expected = Counter({name: n * count for name, n in _normalised(first).items()})
+    got = _normalised(others)
+    if expected == got:
+        return None
+    names = sorted(set(expected) | set(got), key=lambda k: (-abs(got[k] - expected[k]), k))
+    shown = [f"{k} {got[k]} where {count} x the first's would be {expected[k]}" for k in names
+             if got[k] != expected[k]]
+    more = f", and {len(shown) - 4} more" if len(shown) > 4 else ""
+    return (f"the case's {count + 1} timed graphs launch different kernels: over the other {count}, "
+            + "; ".join(shown[:4]) + more)
+
+
+def _normalised(raw: Counter[str]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for name, n in raw.items():
+        if n > 0:
+            counts[normalise(name)] += n
+    return counts
 
 
 def device_kernels(fn: Callable[[], Any]) -> list[str]:

@@ -56,7 +56,7 @@ from pytest_attnperf.measure.sampling import (
     sample_adaptively,
     warm_up,
 )
-from pytest_attnperf.measure.verify import Replays
+from pytest_attnperf.measure.verify import Replays, TimedDiffers
 
 if TYPE_CHECKING:
     from pytest_attnperf.hw.table import DetectedDevice
@@ -190,14 +190,18 @@ class CudaTimer:
         and a note says why."""
         began = time.perf_counter()
         _, _, again = sampler.timed[0]
+        others = [replay for _, _, replay in sampler.timed[1:]] if sampler.graphed else []
         try:
             if self._harness is None:
                 self._harness = self._harness_kernels()
             taken = inventory.take(self.kernels_of, self._harness, again if sampler.graphed else None,
-                                   replays.call(1), holds_flush=sampler.holds_flush, calls=sampler.calls_per_replay)
+                                   replays.call(1), holds_flush=sampler.holds_flush, calls=sampler.calls_per_replay,
+                                   others=others)
         except Exception as exc:  # noqa: BLE001 - the inventory is a report; its failure is not the case's
             notes.append(f"kernel inventory not read ({type(exc).__name__}: {str(exc)[:120]})")
             return None
+        if taken.disagrees:  # one graph of the case does other work than another: not what was checked
+            raise TimedDiffers(taken.disagrees)
         return replace(taken, seconds=time.perf_counter() - began)
 
     def _harness_kernels(self) -> inventory.Harness:
