@@ -746,3 +746,17 @@ def test_a_file_collected_twice_is_refused_before_anything_is_measured(project: 
     result.stderr.fnmatch_lines(["*attnperf: 2 tests collected twice under one node id (test_cases.py::test_case[[]a[]], "
                                  "test_cases.py::test_case[[]b[]]); each measured case needs its own baseline key*"])
     assert not kit.baseline_path(project).exists()
+
+
+def test_a_dead_runs_marker_under_this_processs_pid_is_named_and_this_runs_own_is_not(tmp_path: Path) -> None:
+    """Run markers are named by pid and token too: a marker with this pid and another token is a
+    dead run's (named once, then removed); this run's own marker is not."""
+    dead = tmp_path / f"{journal._host()}-{os.getpid()}-0badc0de.json"
+    dead.write_text(json.dumps({"pid": os.getpid(), "case": "test_x.py::test_y"}))
+    own = journal.RunMarker(tmp_path, ["pytest"])
+    own.write("test_a.py::test_b")
+    assert own.path != dead
+    assert [r["case"] for r in own.dead_runs()] == ["test_x.py::test_y"]
+    assert not dead.exists()
+    assert own.path.exists()
+    assert own.dead_runs() == []
