@@ -727,8 +727,8 @@ def test_a_dead_runs_journal_entries_are_checked_before_merging(project: pytest.
     result = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[b]")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*with them 1 entries that 1 recording*left out 2 journal entries that are no "
-                                 "usable baseline entry (elsewhere.py::test_y: TypeError*; test_cases.py::test_case[[]a[]]:"
-                                 " *ci_high_ms*"])
+                                 "usable baseline entry (elsewhere.py::test_y: TypeError*; "
+                                 "test_cases.py::test_case[[]a[]]: *ci_high_ms*"])
     assert len(result.stdout.str()) < 20_000  # the 5000-character value is quoted cut short
     after = kit.entries(project)
     assert after["test_cases.py::test_case[a]"] == good
@@ -743,8 +743,9 @@ def test_a_file_collected_twice_is_refused_before_anything_is_measured(project: 
     COUNTS["faults"] += 1
     result = project.runpytest(*PLUGIN, "--update-baselines", "--keep-duplicates", "test_cases.py", "test_cases.py")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*attnperf: 2 tests collected twice under one node id (test_cases.py::test_case[[]a[]], "
-                                 "test_cases.py::test_case[[]b[]]); each measured case needs its own baseline key*"])
+    result.stderr.fnmatch_lines(["*attnperf: 2 tests collected twice under one node id "
+                                 "(test_cases.py::test_case[[]a[]], test_cases.py::test_case[[]b[]]); each measured "
+                                 "case needs its own baseline key*"])
     assert not kit.baseline_path(project).exists()
 
 
