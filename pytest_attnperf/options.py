@@ -100,8 +100,7 @@ OPTIONS = (
     Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",
            "your own peaks, e.g. bf16=990,fp16=990,fp32=67 (TFLOP/s),bw=4800 (GB/s) (default: none)"),
     Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
-           "folder for report.json, report.md and plots of the run's sweeps, relative as --attnperf-baselines "
-           "(default: none)"),
+           "folder for report.json, report.md and plots, relative as --attnperf-baselines (default: none)"),
     Option("benchmark_table", "--attnperf-benchmark-table", "ATTNPERF_BENCHMARK_TABLE", "attnperf_benchmark_table",
            "false", "also print pytest-benchmark's table of the measured cases after attnperf's (default: off)",
            is_flag=True),
