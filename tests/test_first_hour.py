@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -234,6 +235,13 @@ def test_the_quick_start_from_the_built_wheel_in_a_fresh_venv(tmp_path: Path) ->
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *_isolation(), "-q", "-w", str(wheels), str(kit.ROOT)],
          tmp_path, env, timings, "build the wheel")
     (wheel,) = wheels.glob("pytest_attnperf-*.whl")
+    if _isolation():  # this environment's setuptools builds the sdist too: it carries the docs
+        _run([sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_sdist({str(wheels)!r})"],
+             kit.ROOT, env, timings, "build the sdist")
+        (sdist,) = wheels.glob("pytest_attnperf-*.tar.gz")
+        with tarfile.open(sdist) as archive:
+            names = {Path(name).relative_to(Path(name).parts[0]).as_posix() for name in archive.getnames()}
+        assert {f"docs/{page.name}" for page in (kit.ROOT / "docs").glob("*.md")} <= names
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, timings, "make the venv")
     python = str(venv / "bin" / "python")
