@@ -239,17 +239,29 @@ def marker_names() -> tuple[str, ...]:
 
 
 def check_marker_names(item: pytest.Item) -> None:
-    """A usage error for an ``attnperf_*`` mark that is none of the plugin's (a typo would
-    otherwise only warn, and the floor or pin it meant would not apply), naming the closest."""
+    """A usage error for an ``attnperf_*`` mark that is none of the plugin's, or an unregistered mark
+    that is one of them without its prefix (``floor``, ``sdpa_bakend``): a typo would otherwise only
+    warn, and the floor or pin it meant would not apply. The message names the closest."""
     import difflib
 
     known = marker_names()
+    bare = {name.removeprefix("attnperf_"): name for name in known}
+    registered: set[str] | None = None
     for mark in item.iter_markers():
         if mark.name.startswith("attnperf") and mark.name not in known:
             close = difflib.get_close_matches(mark.name, known, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise pytest.UsageError(f"{item.nodeid}: unknown marker {mark.name}{hint} (attnperf's markers: "
-                                    f"{', '.join(known)})")
+        elif mark.name in bare or difflib.get_close_matches(mark.name, bare, n=1, cutoff=0.8):
+            # ``sdpa_bakend`` or ``floor``: attnperf's marker without its prefix, unless the project registered it
+            if registered is None:
+                registered = {line.split("(", 1)[0].split(":", 1)[0].strip() for line in item.config.getini("markers")}
+            if mark.name in registered:
+                continue
+            close = [bare[name] for name in difflib.get_close_matches(mark.name, bare, n=1, cutoff=0.8)]
+        else:
+            continue
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise pytest.UsageError(f"{item.nodeid}: unknown marker {mark.name}{hint} (attnperf's markers: "
+                                f"{', '.join(known)})")
 
 
 def check_marker_args(item: pytest.Item) -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 __all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir", "read_settings",
-           "seconds", "settings_data", "settings_from_data"]
+           "seconds", "settings_data", "source", "settings_from_data"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -119,7 +119,7 @@ OPTIONS = (
     Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",
            "your own peaks, e.g. bf16=990,fp16=990,fp32=67 (TFLOP/s),bw=4800 (GB/s) (default: none)"),
     Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
-           "folder for report.json, report.md and plots of the run's sweeps (default: none)"),
+           "folder for report.json, report.md and plots, relative as --attnperf-baselines (default: none)"),
     Option("benchmark_table", "--attnperf-benchmark-table", "ATTNPERF_BENCHMARK_TABLE", "attnperf_benchmark_table",
            "false", "also print pytest-benchmark's table of the measured cases after attnperf's (default: off)",
            is_flag=True),
@@ -233,6 +233,12 @@ def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
     return opt.default, "the default"
 
 
+def source(config: pytest.Config, dest: str) -> str:
+    """Where the setting ``dest`` came from: ``--hw``, ``environment variable ATTNPERF_HW``, ``ini key
+    attnperf_hw`` or ``the default``, for a message about its value."""
+    return _raw(config, next(o for o in OPTIONS if o.dest == dest))[1]
+
+
 def configured(config: pytest.Config) -> bool:
     """Whether any attnperf option is given: on the command line, in the environment or the ini
     file (a project that uses the plugin, as against one that merely has it installed)."""
@@ -262,6 +268,7 @@ def fraction(text: str) -> float:
 
 
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+DURATION_MAX_MS = 1e9
 
 
 def duration_ms(text: str, *, bare_seconds: bool = False) -> float:
@@ -278,8 +285,10 @@ def duration_ms(text: str, *, bare_seconds: bool = False) -> float:
     if unit is None and value != 0 and not bare_seconds:
         raise ValueError(f"a time needs its unit: {number}us, {number}ms or {number}s")
     value *= _UNITS_MS[unit or "s"]
-    if not 0.0 <= value < 1e9:
+    if value < 0.0:
         raise ValueError("must be a time of at least 0, such as 1us, 0.5ms or 2s")
+    if value >= DURATION_MAX_MS:  # well inside what the timers take (setitimer, threading.Timer)
+        raise ValueError(f"must be a time below {DURATION_MAX_MS / 1e3:g}s (about 11 days), such as 1us, 0.5ms or 2s")
     return value
 
 
@@ -302,11 +311,25 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
+def _count(most: int) -> Callable[[str], int]:
+    """A parser of a whole number from 1 to ``most``: more would spend the run's memory, processes
+    or time on nothing the gate uses."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected a whole number from 1 to {most}") from None
+        if not 1 <= value <= most:
+            raise ValueError(f"must be from 1 to {most}")
+        return value
+
+    return parse
+
+
+# the most each count may be: processes each hold a device context; graphs, a capture each; samples,
+# beyond what the budget ever takes
+MOST = {"min_samples": 100_000, "cold_graphs": 256, "processes": 32}
 
 
 def _mode(text: str) -> str:
@@ -488,15 +511,15 @@ def read_settings(config: pytest.Config) -> Settings:
         mode=_get(config, "mode", _mode),
         budget_s=_get(config, "budget", _positive_seconds),
         target_stdrel=_get(config, "stdrel", fraction),
-        min_samples=_get(config, "min_samples", _positive_int),
-        cold_graphs=_get(config, "cold_graphs", _positive_int),
-        processes=_get(config, "processes", _positive_int),
+        min_samples=_get(config, "min_samples", _count(MOST["min_samples"])),
+        cold_graphs=_get(config, "cold_graphs", _count(MOST["cold_graphs"])),
+        processes=_get(config, "processes", _count(MOST["processes"])),
         processes_below_ms=_get(config, "processes_below", duration_ms),
         hot_sample_ms=_get(config, "hot_sample", _hot_sample_ms),
         case_timeout_s=_get(config, "case_timeout", seconds),
         ceilings=_get(config, "ceilings", _ceilings),
         peaks=_get(config, "peaks", peaks),
-        report_dir=Path(config.invocation_params.dir) / report if report else None,
+        report_dir=project_dir(config) / report if report else None,  # one base for every relative path
         suites=_get(config, "suites", _suites),
         check_only=check_only,
         seed=_get(config, "seed", _seed),

@@ -140,9 +140,14 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Generator[None, Any, Any]:
-    """A test function's parametrized items, less the kernel x case combinations the kernel cannot take."""
-    made = yield
-    return suite.remove_invalid(collector.config, made) if isinstance(made, list) else made
+    """A test function's parametrized items, less the kernel x case combinations the kernel cannot take.
+    A mistake in the project's glue found here (a case row, a kernel's signature) is the module's
+    collection error, its message alone (pytest shows a ``CollectError`` without the frames)."""
+    try:
+        made = yield
+        return suite.remove_invalid(collector.config, made) if isinstance(made, list) else made
+    except pytest.UsageError as exc:
+        raise collector.CollectError(str(exc)) from None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -156,6 +161,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     attnperf test a benchmark timed on the device clock."""
     xdist.add_groups(config, items)  # a pytest-xdist worker under --dist loadgroup: a shape's cases together
     benchmarking = config.pluginmanager.hasplugin("benchmark") and not get_session(config).settings.check_only
+    suite.check_unique(items)
     for item in items:
         markers.check_marker_args(item)
         names = getattr(item, "fixturenames", None)

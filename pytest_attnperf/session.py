@@ -26,6 +26,7 @@ from pytest_attnperf.parallel.fleet import Fleet, Seat
 from pytest_attnperf.store import baselines as store
 from pytest_attnperf.store import journal as journals
 from pytest_attnperf.store import tally
+from pytest_attnperf.store.yamlstrict import cut
 
 __all__ = ["SESSION_KEY", "AttnPerfSession", "get_session"]
 
@@ -41,6 +42,7 @@ class AttnPerfSession:
     config: pytest.Config
     settings: Settings
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    journal_refused: dict[str, str] = field(default_factory=dict)  # dead runs' journal entries left out, their problem
     rows: list[Row] = field(default_factory=list)
     write_note: str | None = None
     record_note: str | None = None  # what a recording did with each entry's history (store.tally)
@@ -69,7 +71,9 @@ class AttnPerfSession:
         try:
             return resolve(self.settings.hw, self.device)
         except HardwareMismatch as exc:
-            raise pytest.UsageError(f"attnperf: {exc}") from None
+            from pytest_attnperf.options import source
+
+            raise pytest.UsageError(f"attnperf: {exc} (the name from {source(self.config, 'hw')})") from None
 
     @cached_property
     def machine(self) -> str:
@@ -200,7 +204,9 @@ class AttnPerfSession:
             self.journal.add(key, entry)
 
     def _left_behind(self) -> tuple[list[Path], dict[str, dict[str, Any]]]:
-        """Journals that dead recordings on this host left for this hardware, and their entries."""
+        """Journals that dead recordings on this host left for this hardware, and their entries
+        that pass the check a baseline file's entries pass; the others are kept, with their
+        problem, in ``journal_refused`` (a bad line must not replace a good entry)."""
         paths = journals.left_behind(self.settings.baselines_dir, self.hardware.name)
         entries: dict[str, dict[str, Any]] = {}
         readable = []
@@ -210,7 +216,19 @@ class AttnPerfSession:
             except OSError:
                 continue
             readable.append(path)
-        return readable, entries
+        problems = {key: store.entry_problem(entry) for key, entry in entries.items()}
+        self.journal_refused = {key: problem for key, problem in problems.items() if problem is not None}
+        return readable, {key: entry for key, entry in entries.items() if problems[key] is None}
+
+    def _refused_note(self) -> str:
+        """The journal entries left out of the merge, named with their problem (cut short)."""
+        refused = self.journal_refused
+        if not refused:
+            return ""
+        shown = [f"{cut(key)}: {cut(refused[key])}" for key in sorted(refused)[:3]]
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        return (f"; left out {len(refused)} journal entr{'y' if len(refused) == 1 else 'ies'} that "
+                f"{'is' if len(refused) == 1 else 'are'} no usable baseline entry ({'; '.join(shown)}{more})")
 
     @property
     def baseline_path(self) -> Path:
@@ -340,11 +358,13 @@ class AttnPerfSession:
         unusable = f", {len(merged.unusable)} of them unusable and left as they were" if merged.unusable else ""
         stale = (f"; removed {len(removed)} temporary file{'s' if len(removed) > 1 else ''} an interrupted "
                  "write had left" if removed else "")
-        cut = (f"; with them {len(recovered)} entries that {len(left)} recording{'s' if len(left) > 1 else ''} "
-               f"ended before writing had left in {'its' if len(left) == 1 else 'their'} journal"
-               f"{'s' if len(left) > 1 else ''}" if recovered else "")
+        many = len(left) > 1
+        from_journals = (f"; with them {len(recovered)} entries that {len(left)} recording{'s' if many else ''} "
+                         f"ended before writing had left in {'their' if many else 'its'} journal"
+                         f"{'s' if many else ''}" if recovered else "")
         self.write_note = (
-            f"wrote {len(self.pending)} measured entries to {path} ({kept} other entries kept{unusable}){cut}{stale}"
+            f"wrote {len(self.pending)} measured entries to {path} ({kept} other entries kept{unusable}){from_journals}"
+            f"{self._refused_note()}{stale}"
         )
         if self.journal is not None and self.journal.problem is not None:
             self.write_note += f"; {self.journal.problem}"

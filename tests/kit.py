@@ -30,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -68,6 +70,8 @@ _CONFTEST_HEAD = '''"""A fake device and a scripted timer (tests/kit.py says wha
 
 import json
 import os
+import re
+import shlex
 import pathlib
 
 import pytest
@@ -276,6 +280,41 @@ def outcomes(result: pytest.RunResult) -> dict[str, str]:
             if line.startswith(word + " "):
                 found[line.split()[1]] = word
     return found
+
+
+# -- a page's code blocks, as a project -------------------------------------------------------
+
+OWN_PROJECT = ROOT / "docs" / "own-project.md"  # the quick start: its blocks are a project's files
+
+
+def page_blocks(page: Path, language: str) -> list[str]:
+    """The page's code blocks in ``language``."""
+    return re.findall(rf"```{language}\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+
+
+def page_files(page: Path = OWN_PROJECT) -> dict[str, str]:
+    """Each python, toml or gitignore block whose first line is ``# <path>``, by path."""
+    found = {}
+    for block in [b for language in ("python", "toml", "gitignore") for b in page_blocks(page, language)]:
+        first, _, _ = block.partition("\n")
+        if first.startswith("# "):
+            found[first[2:].strip()] = block
+    return found
+
+
+def page_commands(page: Path = OWN_PROJECT, program: str = "pytest") -> list[list[str]]:
+    """The page's ``program`` command lines, as arguments after it."""
+    lines = [line for block in page_blocks(page, "bash") for line in block.splitlines()
+             if line.startswith(f"{program} ")]
+    return [shlex.split(line, comments=True)[1:] for line in lines]
+
+
+def write_files(folder: Path, files: Mapping[str, str]) -> None:
+    """Write ``files`` (path: text) under ``folder``."""
+    for path, text in files.items():
+        target = folder / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
 
 
 # -- the environment of a run ----------------------------------------------------------------

@@ -8,6 +8,7 @@ when its last test is done, and fails that teardown if any entry was lost.
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import random
@@ -25,7 +26,7 @@ import kit
 import pytest
 import yaml
 
-from pytest_attnperf.store import baselines
+from pytest_attnperf.store import baselines, journal
 from pytest_attnperf.store.baselines import BaselineError, BaselineFile, LockTimeout, load, save, temporaries, update
 
 COMMITTED = kit.ROOT / "baselines" / "h200.yaml"
@@ -249,7 +250,7 @@ def test_large_file_loads_with_the_c_loader_and_reports_its_time(tmp_path: Path)
 WRITER = r"""
 import contextlib, sys, time
 from pathlib import Path
-from pytest_attnperf.store import baselines
+from pytest_attnperf.store import baselines, journal
 path, key, folder = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 unlocked, rounds = sys.argv[4] == "1", int(sys.argv[5])
 if unlocked:  # the control: the update without its lock
@@ -385,7 +386,7 @@ def test_a_lock_held_too_long_is_a_clear_timeout(tmp_path: Path) -> None:
 STUCK_WRITER = r"""
 import os, sys, time
 from pathlib import Path
-from pytest_attnperf.store import baselines
+from pytest_attnperf.store import baselines, journal
 path, hold_lock = Path(sys.argv[1]), sys.argv[2] == "1"
 def stuck(fd):  # the temporary is written, not yet renamed: wait here to be killed
     print("writing", flush=True)
@@ -579,9 +580,10 @@ def test_a_full_disk_fails_the_run_with_one_line_and_saves_the_entries_aside(
 
 FULL_DISK = """
 import errno
+import json
 import os
 
-from pytest_attnperf.store import baselines
+from pytest_attnperf.store import baselines, journal
 
 
 def save(path, baseline):
@@ -686,3 +688,76 @@ def test_a_read_only_folder_fails_the_run_and_saves_the_entries_aside(project: p
     result.assert_outcomes(passed=2)
     assert_saved_aside(project, result, "Permission denied")
     assert (folder / "h200.yaml").read_bytes() == old
+
+
+def dead_journal(project: pytest.Pytester, run: str, entries: dict[str, dict[str, Any]]) -> Path:
+    """A journal as a recording that died left it, named with ``run`` (``<pid>-<token>`` or a bare pid)."""
+    path = project.path / "baselines" / f".h200.recording-{journal._host()}-{run}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"key": k, "entry": e}) + "\n" for k, e in entries.items()))
+    return path
+
+
+@pytest.mark.parametrize("run", ["pid-other-token", "bare-pid"])
+def test_a_dead_runs_journal_under_this_runs_pid_is_merged_not_deleted(project: pytest.Pytester, run: str) -> None:
+    """A reused pid: the dead run's journal carries this process's pid (this run is in-process) but
+    another token, or the bare pid of an older name; the update merges it, then removes it."""
+    name = f"{os.getpid()}-0badc0de" if run == "pid-other-token" else str(os.getpid())
+    path = dead_journal(project, name, {"elsewhere.py::test_x": entry(2.0)})
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    result = project.runpytest(*PLUGIN, "--update-baselines")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*with them 1 entries that 1 recording ended before writing had left in its journal*"])
+    assert not path.exists()
+    assert kit.entries(project)["elsewhere.py::test_x"]["median_ms"] == 2.0
+    check_kept(kit.baseline_path(project), CASES | {"elsewhere.py::test_x"})
+
+
+def test_a_dead_runs_journal_entries_are_checked_before_merging(project: pytest.Pytester) -> None:
+    """A journal line whose interval switches the gate off (``ci_high_ms: 1e300``) or that is no
+    entry does not replace the good entry of its case; the summary names each one left out."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    good = kit.entries(project)["test_cases.py::test_case[a]"]
+    dead_journal(project, "999999999-0badc0de", {"test_cases.py::test_case[a]": entry(1.0, ci_high_ms=1e300),
+                                                 "elsewhere.py::test_y": {"median_ms": "x" * 5000},
+                                                 "elsewhere.py::test_x": entry(2.0)})
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 2
+    result = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[b]")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*with them 1 entries that 1 recording*left out 2 journal entries that are no "
+                                 "usable baseline entry (elsewhere.py::test_y: TypeError*; "
+                                 "test_cases.py::test_case[[]a[]]: *ci_high_ms*"])
+    assert len(result.stdout.str()) < 20_000  # the 5000-character value is quoted cut short
+    after = kit.entries(project)
+    assert after["test_cases.py::test_case[a]"] == good
+    assert "elsewhere.py::test_y" not in after
+    check_kept(kit.baseline_path(project), CASES | {"elsewhere.py::test_x"})
+
+
+def test_a_file_collected_twice_is_refused_before_anything_is_measured(project: pytest.Pytester) -> None:
+    """``--keep-duplicates`` with a file given twice: one node id would be measured twice and the
+    last entry would replace the other's; the run refuses it and writes nothing."""
+    COUNTS["inputs"] += 1
+    COUNTS["faults"] += 1
+    result = project.runpytest(*PLUGIN, "--update-baselines", "--keep-duplicates", "test_cases.py", "test_cases.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*attnperf: 2 tests collected twice under one node id "
+                                 "(test_cases.py::test_case[[]a[]], test_cases.py::test_case[[]b[]]); each measured "
+                                 "case needs its own baseline key*"])
+    assert not kit.baseline_path(project).exists()
+
+
+def test_a_dead_runs_marker_under_this_processs_pid_is_named_and_this_runs_own_is_not(tmp_path: Path) -> None:
+    """Run markers are named by pid and token too: a marker with this pid and another token is a
+    dead run's (named once, then removed); this run's own marker is not."""
+    dead = tmp_path / f"{journal._host()}-{os.getpid()}-0badc0de.json"
+    dead.write_text(json.dumps({"pid": os.getpid(), "case": "test_x.py::test_y"}))
+    own = journal.RunMarker(tmp_path, ["pytest"])
+    own.write("test_a.py::test_b")
+    assert own.path != dead
+    assert [r["case"] for r in own.dead_runs()] == ["test_x.py::test_y"]
+    assert not dead.exists()
+    assert own.path.exists()
+    assert own.dead_runs() == []

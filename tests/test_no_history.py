@@ -58,6 +58,9 @@ def _package_files() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+REPOSITORY_FILES = "https://github.com/pytest-attnperf/pytest-attnperf/blob/main/"  # pyproject.toml's Homepage
+
+
 def _suite_files() -> list[Path]:
     return sorted((ROOT / "suites").glob("*.py"))
 
@@ -130,6 +133,10 @@ def _references(file: Path) -> list[tuple[int, str, Path, str | None, str | None
         text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
         for match in LINK.finditer(text):
             target = match.group(1)
+            if target.startswith(REPOSITORY_FILES):  # the README's links, absolute for an index page: this tree's files
+                path, _, anchor = target[len(REPOSITORY_FILES):].partition("#")
+                found.append((_line(text, match.start()), target, ROOT / path, anchor or None, None))
+                continue
             if re.match(r"[a-z][\w+.-]*:", target) or target.startswith("#"):
                 continue  # a URL, or an anchor of this page
             path, _, anchor = target.partition("#")
@@ -189,3 +196,20 @@ def test_references_exist() -> None:
             elif section is not None and not _has_section(path, section):
                 hits.append(f"{where} (no such section)")
     assert not hits, "references to what the repository does not have:\n" + "\n".join(hits)
+
+
+def test_the_readme_links_every_page_at_the_repository_so_an_index_page_reaches_it() -> None:
+    """The README is the package's description on an index page and in an installed package's
+    metadata, where a relative link leads nowhere: each link to a file of this tree is absolute,
+    at the repository pyproject.toml names, and names a file that exists."""
+    import tomllib
+
+    text = FENCE.sub("", (ROOT / "README.md").read_text(encoding="utf-8"))
+    targets = [m.group(1) for m in LINK.finditer(text)]
+    relative = [t for t in targets if not re.match(r"[a-z][\w+.-]*:", t) and not t.startswith("#")]
+    assert relative == []
+    home = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Homepage"]
+    assert REPOSITORY_FILES == f"{home}/blob/main/"
+    ours = [t[len(REPOSITORY_FILES):].partition("#")[0] for t in targets if t.startswith(REPOSITORY_FILES)]
+    assert "docs/own-project.md" in ours
+    assert [path for path in ours if not (ROOT / path).exists()] == []

@@ -1,6 +1,7 @@
-"""docs/own-project.md, run as written: a project of its own (conftest.py registering a kernel,
-a test module with its own shape table, a pyproject.toml placing its baselines) runs the
-built-in softmax suite with its kernel in it, its own shapes, and records into its own folder.
+"""docs/own-project.md, run as written: a project of its own (conftest.py registering a softmax
+and a linear kernel, test modules with their own shape tables, a pyproject.toml placing its
+baselines) runs the built-in suites with its kernels in them, its own shapes, and records into
+its own folder.
 
 The page's code blocks are the project's files and its ``pytest`` lines the commands, so the
 page cannot drift from what works. Fake hardware and a scripted timer (tests/kit.py's, as the
@@ -11,13 +12,9 @@ gate deterministic.
 from __future__ import annotations
 
 import os
-import re
-import shlex
 
 import kit
 import pytest
-
-PAGE = kit.ROOT / "docs" / "own-project.md"
 
 FAKES = kit.conftest("cpu", samples=kit.steps(5, centred=True))
 
@@ -26,24 +23,11 @@ HARNESS = ("-p", "pytest_attnperf.plugin", "-p", "attnperf_fakes", "-p", "no:ran
 
 
 def blocks(language: str) -> list[str]:
-    """The page's code blocks in ``language``."""
-    return re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), re.DOTALL)
-
-
-def files() -> dict[str, str]:
-    """Each python/toml block whose first line is ``# <path>``, by path."""
-    found = {}
-    for block in blocks("python") + blocks("toml"):
-        first, _, _ = block.partition("\n")
-        if first.startswith("# "):
-            found[first[2:].strip()] = block
-    return found
+    return kit.page_blocks(kit.OWN_PROJECT, language)
 
 
 def commands() -> list[list[str]]:
-    """The page's ``pytest`` command lines, as arguments after ``pytest``."""
-    lines = [line for block in blocks("bash") for line in block.splitlines() if line.startswith("pytest ")]
-    return [shlex.split(line, comments=True)[1:] for line in lines]
+    return kit.page_commands()
 
 
 @pytest.fixture
@@ -52,23 +36,22 @@ def own_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> p
     kit.pythonpath(monkeypatch, pytester.path)  # the fakes, from anywhere
     for name in [n for n in os.environ if n.startswith("ATTNPERF_")]:
         monkeypatch.delenv(name)
-    for path, text in files().items():
-        target = pytester.path / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+    kit.write_files(pytester.path, kit.page_files())
     (pytester.path / "attnperf_fakes.py").write_text(FAKES)
     return pytester
 
 
-def test_the_page_holds_a_whole_project_in_thirty_lines() -> None:
-    """conftest.py, a test module, pyproject.toml and two commands, in at most 30 lines of code."""
-    assert set(files()) == {"conftest.py", "tests/test_my_shapes.py", "pyproject.toml"}
-    assert [args[:1] for args in commands()] == [["--attnperf-suites=softmax"]] * 2
+def test_the_page_holds_a_whole_project_in_fifty_lines() -> None:
+    """conftest.py with a softmax and a linear kernel, two shape modules, pyproject.toml, .gitignore
+    and two commands, in at most 50 lines of code."""
+    assert set(kit.page_files()) == {"conftest.py", "tests/test_my_shapes.py", "tests/test_my_linear_shapes.py",
+                                     "pyproject.toml", ".gitignore"}
+    assert [args[:1] for args in commands()] == [["--attnperf-suites=softmax,linear"]] * 2
     assert "--update-baselines" in commands()[0]
     assert "--update-baselines" not in commands()[1]
-    code = [line for language in ("python", "toml", "bash") for block in blocks(language)
+    code = [line for language in ("python", "toml", "gitignore", "bash") for block in blocks(language)
             for line in block.splitlines() if line.strip()]
-    assert len(code) <= 30
+    assert len(code) <= 50
 
 
 def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
@@ -76,7 +59,7 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     shapes, and --update-baselines writes into the folder its pyproject.toml names."""
     record, check = commands()
     result = own_project.runpytest_subprocess(*record, *HARNESS)
-    result.assert_outcomes(passed=10, skipped=34)
+    result.assert_outcomes(passed=13, skipped=41)
     out = result.stdout.str()
     built_in = ("pytest_attnperf/families/softmax/suite.py::"
                 "test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-fwd]")
@@ -88,21 +71,23 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([f"*{gpu_row} SKIPPED*"])
     assert not (own_project.path / "baselines").exists()
     written = kit.entries(own_project, "cpu", folder="perf/baselines")
-    assert len(written) == 10
+    assert len(written) == 13
     assert built_in in written
     assert own in written
-    assert all("my-attention" in key for key in written)
+    assert "tests/test_my_linear_shapes.py::test_linear[cpu-b1-h2-t64-d16-fp32-my-linear-fwd]" in written
+    assert not [key for key in written if "my-linear-fwdbwd" in key]  # backward=False: forward only
+    assert all("my-attention" in key or "my-linear" in key for key in written)
 
     with pytest.MonkeyPatch.context() as mp:  # from a subfolder: the baselines still lie beside pyproject.toml
         mp.chdir(own_project.path / "tests")
         again = own_project.runpytest_subprocess(*check, *HARNESS)
-    again.assert_outcomes(passed=10, skipped=34)
-    assert "10 measured cases (10 unchanged)" in again.stdout.str()
+    again.assert_outcomes(passed=13, skipped=41)
+    assert "13 measured cases (13 unchanged)" in again.stdout.str()
     assert not (own_project.path / "tests" / "perf").exists()
 
     kit.set_speeds(own_project, {"tests/test_my_shapes.py::test_softmax[cpu-b1-h4-t64-d32-fp32-my-attention-fwd]": 1.2})
     slower = own_project.runpytest_subprocess(*check, *HARNESS)
-    slower.assert_outcomes(passed=9, failed=1, skipped=34)
+    slower.assert_outcomes(passed=12, failed=1, skipped=41)
     # two separate matches: how much of the message the short summary line keeps depends on the terminal's width
     slower.stdout.fnmatch_lines(["*test_my_shapes.py::test_softmax[[]cpu-b1-*-fwd[]]: REGRESSED +20.0%*"])
     slower.stdout.fnmatch_lines(["FAILED tests/test_my_shapes.py::test_softmax[[]cpu-b1-*-my-attention-fwd[]]*"])

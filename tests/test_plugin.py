@@ -133,7 +133,8 @@ def test_failed_test_is_not_recorded(project: pytest.Pytester) -> None:
 def test_hw_mismatch_is_a_usage_error(project: pytest.Pytester) -> None:
     result = project.runpytest(*PLUGIN, "--hw=h100")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--hw=h100 does not match the device present: 'NVIDIA H200'*is 'h200'*"])
+    result.stderr.fnmatch_lines(["*hardware 'h100' does not match the device present: 'NVIDIA H200'*is 'h200'*"
+                                 "(the name from --hw)*"])
 
 
 def test_unknown_hw_name_lists_known_ones(project: pytest.Pytester) -> None:

@@ -148,3 +148,19 @@ def pytest_attnperf_register_kernels(registry, config):
 ''')
     project.makepyfile(test_shapes=SHAPES.format(rows=GOOD_ROW))
     run(project, "-k", "naive").assert_outcomes(passed=2)
+
+
+def test_an_attnperf_marker_without_its_prefix_is_a_usage_error_unless_the_project_registered_it(
+    project: pytest.Pytester,
+) -> None:
+    project.makepyfile(test_shapes=SHAPES.format(rows=GOOD_ROW) + """
+import pytest
+
+pytestmark = pytest.mark.sdpa_bakend("math")
+""")
+    result = run(project)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown marker sdpa_bakend; did you mean attnperf_sdpa_backend?*"])
+    project.makeini("[pytest]\naddopts = -p no:cacheprovider -p no:randomly\n"
+                    "markers =\n    sdpa_bakend: the project's own\n")
+    run(project, "-k", "naive").assert_outcomes(passed=2)

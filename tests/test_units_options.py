@@ -106,10 +106,15 @@ def test_machine_offset_takes_a_time_with_its_unit(
         (("--attnperf-min-samples=2.5",), "--attnperf-min-samples"),
         (("--attnperf-hot-sample=0ms",), "--attnperf-hot-sample"),
         (("--attnperf-hot-sample=101ms",), "--attnperf-hot-sample"),
+        (("--attnperf-case-timeout=1e10",), "--attnperf-case-timeout"),
+        (("--attnperf-min-samples=100001",), "--attnperf-min-samples"),
+        (("--attnperf-cold-graphs=257",), "--attnperf-cold-graphs"),
+        (("--attnperf-processes=33",), "--attnperf-processes"),
     ],
     ids=["offset-negative", "offset-word", "offset-nan", "residual-negative", "mode-warm", "tolerance-abc",
          "tolerance-negative", "tolerance-huge", "budget-zero", "min-samples-zero", "min-samples-float",
-         "hot-sample-zero", "hot-sample-over-100ms"],
+         "hot-sample-zero", "hot-sample-over-100ms", "case-timeout-1e10", "min-samples-over", "cold-graphs-over",
+         "processes-over"],
 )
 def test_bad_flag_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: tuple[str, ...], source: str) -> None:
     """A bad value on the command line is refused at start-up, naming the flag and the value."""
@@ -197,3 +202,24 @@ def test_help_shows_the_tuning_options_apart(pytester: pytest.Pytester) -> None:
     assert everyday < text.index("--attnperf-tolerance") < tuning
     assert text.index("--attnperf-machine-offset") > tuning
     assert text.index("--attnperf-budget") > tuning
+
+
+def test_counts_and_times_are_taken_up_to_their_bounds(pytester: pytest.Pytester) -> None:
+    """The largest accepted values (a bound refuses only what the timers or the machine cannot take)."""
+    got = settings(pytester, "--attnperf-case-timeout=999999s", "--attnperf-min-samples=100000",
+                   "--attnperf-cold-graphs=256", "--attnperf-processes=32")
+    assert (got.case_timeout_s, got.min_samples, got.cold_graphs, got.processes) == (999999.0, 100000, 256, 32)
+    message = usage_error(pytester, "--attnperf-case-timeout=1e10")
+    assert "must be a time below 1e+06s" in message
+
+
+def test_a_relative_report_folder_is_resolved_against_the_ini_files_folder(pytester: pytest.Pytester) -> None:
+    """As the baselines folder: started in a subfolder, the report still lies beside the ini file."""
+    pytester.makeini("[pytest]\n")
+    sub = pytester.mkdir("sub")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(sub)
+        config = pytester.parseconfig("-p", "pytest_attnperf.plugin", "--attnperf-report=out/report")
+        got = read_settings(config)
+    assert got.report_dir == pytester.path / "out" / "report"
+    assert got.baselines_dir == pytester.path / "baselines"

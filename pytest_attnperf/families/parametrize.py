@@ -25,7 +25,7 @@ from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.hw.table import DetectedDevice
 
 __all__ = [
-    "DIRECTIONS", "DTYPES", "check_cases", "check_families", "generate", "parametrize", "plain_params",
+    "DIRECTIONS", "DTYPES", "check_cases", "check_families", "check_unique", "generate", "parametrize", "plain_params",
     "remove_invalid", "suite_modules",
 ]
 
@@ -278,5 +278,29 @@ def check_families(config: pytest.Config, registry: KernelRegistry, builtin: Seq
             names = ", ".join(k.name for k in registry.family(family))
             wrong.append(f"kernel {names} is registered in family {family!r}, which no suite of this run declares; "
                          f"did you mean {' or '.join(map(repr, close))}? (the built-in families: {', '.join(builtin)})")
+        elif registry.family(family):
+            import warnings
+
+            names = ", ".join(k.name for k in registry.family(family))
+            warnings.warn(pytest.PytestConfigWarning(
+                f"attnperf: kernel {names} is registered in family {family!r}, which no test of this run "
+                f"parametrizes, so it runs in none (the built-in families: {', '.join(builtin)}; a project's own "
+                "family is declared by its module's ATTNPERF_FAMILY)"), stacklevel=2)
     if wrong:
         raise pytest.UsageError("attnperf: " + "\n  ".join(wrong))
+
+
+def check_unique(items: Sequence[pytest.Item]) -> None:
+    """A usage error for an attnperf test collected twice in one run (a file given twice with
+    ``--keep-duplicates``): both would measure under one node id, and the last would replace the
+    other's entry without a word."""
+    seen: set[str] = set()
+    twice: set[str] = set()
+    for item in items:
+        if "attnperf" in getattr(item, "fixturenames", ()):
+            (twice if item.nodeid in seen else seen).add(item.nodeid)
+    if twice:
+        shown = ", ".join(sorted(twice)[:3]) + (f" and {len(twice) - 3} more" if len(twice) > 3 else "")
+        raise pytest.UsageError(f"attnperf: {len(twice)} test{'s' if len(twice) > 1 else ''} collected twice under "
+                                f"one node id ({shown}); each measured case needs its own baseline key: give each "
+                                "file once (without --keep-duplicates)")

@@ -263,7 +263,7 @@ def resolve(requested: str | None, device: DetectedDevice) -> HardwareSpec:
             f"the device present is {shown}, which runs as '{detected.name}'"
         )
     raise HardwareMismatch(
-        f"--hw={requested} does not match the device present: {shown} is '{detected.name}', "
+        f"hardware '{requested}' does not match the device present: {shown} is '{detected.name}', "
         f"not '{name}'"
     )
 

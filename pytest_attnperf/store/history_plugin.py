@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
@@ -24,7 +24,26 @@ from pytest_attnperf.store.history import git_commit, history_path
 
 if TYPE_CHECKING:
     from pytest_attnperf.outcome import PerfResult
-    from pytest_attnperf.session import AttnPerfSession
+
+
+class AttnPerfSession(Protocol):
+    """What the recorder reads of the run's state (``session.AttnPerfSession``, which sits above
+    the store: named here by what it offers, not imported)."""
+
+    @property
+    def config(self) -> pytest.Config: ...
+    @property
+    def settings(self) -> Any: ...
+    @property
+    def seat(self) -> Any: ...
+    @property
+    def hardware(self) -> Any: ...
+    @property
+    def device(self) -> Any: ...
+    @property
+    def environment(self) -> Any: ...
+    @property
+    def machine(self) -> Any: ...
 
 __all__ = ["NAME", "WINDOW", "DriftNote", "HistoryRecorder", "record_case", "since_recorded", "wanted"]
 

@@ -1,12 +1,14 @@
 """A recording's journal: each entry a recording commits is appended, as one JSON line, to
-``<baselines>/.<hw>.recording-<host>-<pid>.jsonl`` and synced to disk, so a run that dies
+``<baselines>/.<hw>.recording-<host>-<pid>-<token>.jsonl`` and synced to disk, so a run that dies
 before its end (SIGKILL, a crash, a machine taken back) leaves what it measured. The run removes
 its journal once its entries are written (or saved aside). The next ``--update-baselines`` for
 that hardware on that host merges the journals of runs no longer alive (its own entries win),
-then removes them; a gating run only names them.
+then removes them; a gating run only names them. The token, drawn once a process, keeps a dead
+run's journal apart from a later run that was given the same pid: a journal with this process's
+pid and another token is a dead run's.
 
 A run's marker (``RunMarker``), kept by every run with attention cases in
-``$XDG_CACHE_HOME/pytest-attnperf/runs/<host>-<pid>.json`` from collection to its clean end,
+``$XDG_CACHE_HOME/pytest-attnperf/runs/<host>-<pid>-<token>.json`` from collection to its clean end,
 says which case it was in: a process that ends where Python cannot stop it (a C-level exit, a
 kill) leaves it, possibly with exit status 0 and no summary, and the next run on that host
 names it."""
@@ -15,17 +17,40 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Journal", "RunMarker", "left_behind", "read"]
+__all__ = ["Journal", "RunMarker", "left_behind", "read", "run_id"]
 
 
 def _host() -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname()) or "host"
+
+
+_TOKENS: dict[int, str] = {}  # this process's token, by pid (a forked child draws its own)
+
+
+def run_id() -> str:
+    """``<pid>-<token>``: this process's name in journal and marker file names, apart from any
+    earlier process that had the same pid."""
+    pid = os.getpid()
+    token = _TOKENS.setdefault(pid, secrets.token_hex(4))
+    return f"{pid}-{token}"
+
+
+def _gone(name: str) -> bool:
+    """Whether the process named ``<pid>-<token>`` (or a bare ``<pid>``) has ended: another
+    token with this process's pid is an earlier process's; another pid is looked up."""
+    pid, _, token = name.partition("-")
+    if not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return name != run_id()
+    return not _alive(int(pid))
 
 
 def _plain(value: Any) -> Any:
@@ -38,7 +63,7 @@ class Journal:
     """The run's journal for one hardware's baseline file."""
 
     def __init__(self, folder: Path, hw: str) -> None:
-        self.path = folder / f".{hw}.recording-{_host()}-{os.getpid()}.jsonl"
+        self.path = folder / f".{hw}.recording-{_host()}-{run_id()}.jsonl"
         self.problem: str | None = None  # the first write that failed (the run goes on without it)
 
     def add(self, key: str, entry: Mapping[str, Any]) -> None:
@@ -89,8 +114,7 @@ def left_behind(folder: Path, hw: str) -> list[Path]:
     prefix = f".{hw}.recording-{_host()}-"
     found = []
     for path in sorted(folder.glob(f"{prefix}*.jsonl")):
-        pid = path.name[len(prefix):-len(".jsonl")]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if _gone(path.name[len(prefix):-len(".jsonl")]):
             found.append(path)
     return found
 
@@ -101,7 +125,7 @@ class RunMarker:
 
     def __init__(self, folder: Path, args: list[str]) -> None:
         self.folder = folder
-        self.path = folder / f"{_host()}-{os.getpid()}.json"
+        self.path = folder / f"{_host()}-{run_id()}.json"
         self.record: dict[str, Any] = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                        "cwd": os.getcwd(), "args": args, "case": None}
 
@@ -126,12 +150,12 @@ class RunMarker:
         prefix = f"{_host()}-"
         found = []
         for path in sorted(self.folder.glob(f"{prefix}*.json")):
-            pid = path.name[len(prefix):-len(".json")]
-            if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            name = path.name[len(prefix):-len(".json")]
+            if not _gone(name):
                 continue
             try:
                 found.append(dict(json.loads(path.read_text(encoding="utf-8"))))
             except (OSError, ValueError, TypeError):
-                found.append({"pid": int(pid)})
+                found.append({"pid": int(name.partition("-")[0])})
             path.unlink(missing_ok=True)
         return sorted(found, key=lambda record: str(record.get("started", "")))
