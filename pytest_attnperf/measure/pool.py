@@ -45,8 +45,9 @@ import pytest
 
 from pytest_attnperf.gate.verdict import centre_ms
 from pytest_attnperf.measure import child as child_run
+from pytest_attnperf.measure.pool_settings import settings_data, settings_from_data
 from pytest_attnperf.measure.timing import Measurement
-from pytest_attnperf.options import Settings, settings_data, settings_from_data
+from pytest_attnperf.options import Settings
 from pytest_attnperf.parallel.fleet import case_key, group_of
 from pytest_attnperf.store.baselines import BaselineError, BaselineFile
 
@@ -153,7 +154,7 @@ def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
 
 def write_input(path: Path, nodeids: Sequence[str], settings: Settings) -> None:
     """A pool run's input: ``{"format": 1, "nodeids": [...], "settings": {...}}``, the cases by
-    node id (relative to the rootdir) and this run's settings (``options.settings_data``)."""
+    node id (relative to the rootdir) and this run's settings (``pool_settings.settings_data``)."""
     data = {"format": INPUT_FORMAT, "nodeids": list(nodeids), "settings": settings_data(settings)}
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
