@@ -258,6 +258,13 @@ def test_timed_graphs_that_agree_pass_and_the_first_draw_differing_is_seen_too(g
         CudaTimer(H200).measure(Drifting(gpu, odd=1), PLAN)
 
 
+def test_a_graph_of_more_launches_than_the_profiler_may_keep_is_not_compared(
+        gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inventory, "AGREE_MAX_LAUNCHES", 0)
+    m = CudaTimer(H200).measure(Drifting(gpu, odd=5), PLAN)
+    assert m.kernels == {"pytorch_flash::flash_fwd_kernel": 1}
+
+
 def test_the_disagreement_counts_by_normalised_name() -> None:
     first = Counter({"void f<1>(int)": 1, "g": 2})
     assert disagreement(first, Counter({"void f<2>(int)": 3, "g": 6}), 3) is None  # variants of f count as one

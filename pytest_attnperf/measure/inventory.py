@@ -28,10 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange", "device_kernels", "diff",
-           "disagreement", "entry_kernels", "kernels_problem", "normalise", "per_call", "take"]
+__all__ = ["AGREE_MAX_LAUNCHES", "CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange",
+           "device_kernels", "diff", "disagreement", "entry_kernels", "kernels_problem", "normalise", "per_call", "take"]
 
 CUPTI_ENV = "TEARDOWN_CUPTI"
+# a graph of more launches than this is not compared with the case's other graphs: the profiler's
+# activity buffers may drop records of a long replay (a Python loop over tokens captured whole),
+# which would read as a graph doing less work
+AGREE_MAX_LAUNCHES = 2048
 GRAPH, EAGER = "graph replay", "eager call"
 # TEARDOWN_CUPTI as it was when this module's last profile stopped (None: none yet; markers.py reads it)
 cupti_at_stop: str | None = None
@@ -121,13 +125,14 @@ def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, e
     it) profiled less the harness's part, or one ``eager`` call profiled where there is no graph
     or the profiler does not see a graph's kernels. ``others``, the replays of the case's other
     timed graphs (cold mode's captures over other draws), are profiled together, once each, and
-    must launch what the first does, as many times each (``disagreement``)."""
+    must launch what the first does, as many times each (``disagreement``), where the first
+    launches at most ``AGREE_MAX_LAUNCHES``."""
     began = time.perf_counter()
     if replay is not None and harness.visible:
         part = harness.of_replay(holds_flush)
         seen = Counter(profile(replay)) - part
         disagrees = None
-        if others:
+        if others and sum(seen.values()) <= AGREE_MAX_LAUNCHES:
             def each_once() -> None:
                 for other in others:
                     other()
