@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["AGREE_MAX_LAUNCHES", "CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange",
-           "device_kernels", "diff", "disagreement", "entry_kernels", "kernels_problem", "normalise", "per_call", "take"]
+           "device_kernels", "diff", "disagreement", "entry_kernels", "kernels_problem", "normalise", "per_call",
+           "take"]
 
 CUPTI_ENV = "TEARDOWN_CUPTI"
 # a graph of more launches than this is not compared with the case's other graphs: the profiler's
