@@ -8,6 +8,7 @@ speeds than the main one, so a test can see the pool runs' samples reach the gat
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -327,8 +328,10 @@ def test_a_failing_pool_run_is_named_and_the_run_goes_on(project: pytest.Pyteste
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["pool run 1: measured 0 of 2 cases (the rest were skipped or failed there, and are "
                                  "pooled over fewer processes; log: *pool1.log)"])
-    assert Path(result.stdout.str().split("log: ")[-1].split(")")[0]).exists()  # kept, to be read
+    log = Path(result.stdout.str().split("log: ")[-1].split(")")[0])
+    assert log.exists()  # kept, to be read
     assert "processes pooled" not in result.stdout.str()
+    shutil.rmtree(log.parent)  # read: this test's leftovers go
 
 
 def test_a_case_a_pool_run_skipped_is_counted_not_called_a_failure(project: pytest.Pytester) -> None:

@@ -248,6 +248,7 @@ def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
     measured entries are saved aside and the run fails, naming both cards."""
     aside = tmp_path_factory.mktemp("aside")
     monkeypatch.setattr(tempfile, "tempdir", str(aside))  # where the controller saves what it cannot write
+    monkeypatch.setenv("TMPDIR", str(aside))  # and where the workers leave their group maps, for it to remove
     monkeypatch.setenv("FAKE_MIXED", "1")
     result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -259,6 +260,7 @@ def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
     assert not (project.path / "baselines").exists()
     saved = list(aside.glob("attnperf-*-unsaved-*.yaml"))
     assert len(saved) == 1
+    assert not list(aside.glob("attnperf-groups-*"))  # the workers' group maps, removed at the end
     assert sorted(yaml.safe_load(saved[0].read_text())["entries"]) == CASES
 
 
