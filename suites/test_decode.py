@@ -22,7 +22,7 @@ CPU_LEFT_OUT = ("flex-window",)
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     session = get_session(metafunc.config)
-    name = metafunc.function.__name__
+    name = metafunc.definition.name
     if name == "test_softmax_decode":
         kernels = [k.name for k in session.registry.family("softmax")
                    if session.device.is_gpu or k.name not in CPU_LEFT_OUT]

@@ -8,22 +8,18 @@ query heads over 8 K/V heads of 128, bf16): one token over caches of 1K, 32K and
 1K, 8K and 32K at B=32, chunks of 16 tokens, and Mistral's 4096-token window. Decode reads the whole cache
 for a few FLOPs per byte, so it is bandwidth bound: its cost model's bytes are the cache read
 (``costs.softmax_attention`` with ``kv_seq``), and the report's decode table gives its bandwidth
-against the measured copy ceiling (docs/decode.md).
+against the measured copy ceiling (docs/decode.md). The test is the softmax suite's own
+(``test_softmax``, under the name ``test_softmax_decode``): a decode row is checked, costed and
+timed as any other, forward only here.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
-from pytest_attnperf import costs
-from pytest_attnperf.families.checks import reported_plainly
-from pytest_attnperf.families.registry import Kernel
-from pytest_attnperf.families.softmax.kernels import SoftmaxCase, check_case
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+from pytest_attnperf.families.softmax.suite import test_softmax as test_softmax_decode
 
 __all__ = ["ATTNPERF_CASES", "ATTNPERF_DIRECTIONS", "ATTNPERF_FAMILY", "CASES", "CPU", "DIRECTIONS", "FAMILY", "GPU",
-           "cost", "decode_case", "test_softmax_decode"]
+           "decode_case", "test_softmax_decode"]
 
 FAMILY = "softmax"
 DIRECTIONS = ("fwd",)  # serving runs no backward
@@ -64,22 +60,3 @@ CPU = (
 CASES = GPU + CPU
 
 ATTNPERF_FAMILY, ATTNPERF_CASES, ATTNPERF_DIRECTIONS = FAMILY, CASES, DIRECTIONS  # what the plugin parametrizes
-
-
-def cost(case: SoftmaxCase) -> costs.Cost:
-    """The forward's FLOPs over the visible pairs and its bytes: the cache read, ``Q`` and ``O``."""
-    return costs.softmax_attention(batch=case.batch, heads=case.heads, kv_heads=case.kv_heads, seq=case.seq,
-                                   head_dim=case.head_dim, dtype=case.dtype, causal=case.causal, window=case.window,
-                                   kv_seq=case.n_kv_seq)
-
-
-def test_softmax_decode(
-    case: SoftmaxCase, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any,
-    request: pytest.FixtureRequest,
-) -> None:
-    """The output against fp64 (lower-right causal), then device time against the baseline."""
-    with reported_plainly(attnperf_seed):  # a wrong answer fails with its message alone
-        checked = check_case(kernel, case, direction, attnperf_device, seed=attnperf_seed)
-    for name, ratio in checked.properties():
-        request.node.user_properties.append((name, ratio))
-    attnperf.measure(checked.call, cost=cost(case), dtype=case.dtype, detect_backend=kernel.sdpa_backend is None)
