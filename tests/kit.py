@@ -287,6 +287,18 @@ def outcomes(result: pytest.RunResult) -> dict[str, str]:
 OWN_PROJECT = ROOT / "docs" / "own-project.md"  # the quick start: its blocks are a project's files
 
 
+def tool(name: str) -> Any:
+    """The maintainers' script ``tools/<name>.py`` imported as a module (tools/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def page_blocks(page: Path, language: str) -> list[str]:
     """The page's code blocks in ``language``."""
     return re.findall(rf"```{language}\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)

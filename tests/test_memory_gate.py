@@ -456,26 +456,15 @@ def softmax_or_linear(kernel: Kernel, case: Any, direction: str) -> float:
     return bound.mib
 
 
-def _memory_tool() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("memory_tool", kit.ROOT / "tools" / "memory.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_memory_tool_reads_the_committed_peaks_against_their_bounds() -> None:
-    lines = _memory_tool().from_baseline(kit.ROOT / "baselines" / "h200.yaml")
+    lines = kit.tool("memory").from_baseline(kit.ROOT / "baselines" / "h200.yaml")
     assert lines[0] == "| kernel | case | dir | peak MiB | bound MiB | peak / bound | kernel is | verdict |"
     assert "| softmax/naive | b32-h16-t1024-d64-causal-bf16 | fwd | 2113.0 | 152.0 | 13.901 | exempt | OVER |" in lines
     assert "tiled kernels' worst peak / bound 0.716" in lines[-1]
 
 
 def test_the_memory_tool_tables_a_runs_junit_and_the_noise_runs(tmp_path: Any) -> None:
-    tool, node = _memory_tool(), "test_softmax[b32-h16-t1024-d64-causal-bf16-{}-fwd]"
+    tool, node = kit.tool("memory"), "test_softmax[b32-h16-t1024-d64-causal-bf16-{}-fwd]"
     (tmp_path / "run.xml").write_text(
         '<testsuites><testsuite name="pytest">'
         f'<testcase classname="suites.test_softmax" name="{node.format("memory-bad-dense-scores")}"><properties>'

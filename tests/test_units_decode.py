@@ -367,21 +367,10 @@ def test_a_projects_own_decode_kernel_runs_through_the_hook(pytester: pytest.Pyt
 # -- the floors tool ------------------------------------------------------------------------
 
 
-def _floors_tool() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("decode_floors", kit.ROOT / "tools" / "decode_floors.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_suggested_floors_sit_below_what_was_measured_on_cases_beyond_the_l2() -> None:
     """70% of the measured fraction, rounded down; cases moving less than the threshold and failed
     cases get none; a slowed kernel is held to its model's floor, not its own."""
-    tool = _floors_tool()
+    tool = kit.tool("decode_floors")
     entries = [{"kernel": "sdpa-flash", "case": "big", "family": "softmax", "bandwidth_frac": 0.619, "bytes": 2e9,
                 "status": "new", "median_ms": 1.0},
                {"kernel": "sdpa-flash", "case": "small", "family": "softmax", "bandwidth_frac": 0.2, "bytes": 1e6,

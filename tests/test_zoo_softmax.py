@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kit
 import pytest
 from zoo import softmax as zoo  # tests/ is on the path, as for every test module here
 
@@ -236,14 +237,9 @@ def test_the_power_tool_reports_each_tensors_margin(tmp_path: Path) -> None:
     """``tools/power.py --kernels`` writes each tensor's worst error over its bound: a right
     kernel within the bounds, a wrong one beyond them where it is wrong, a kernel for another
     device left out."""
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("power", ROOT / "tools" / "power.py")
-    assert spec is not None
-    assert spec.loader is not None
-    power = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(power)
+    power = kit.tool("power")
     out = tmp_path / "margins.jsonl"
     power.main(["--kernels", "--zoo", "zoo.softmax", "--families", "softmax", "--cases", "cpu-b16-h8-t32-d64-fp32",
                 "--kernel-pattern", "^zoo-(ok-fp32|bad-dv-all|ok-compile-static)$", "--neighbours", "0,2",
