@@ -126,6 +126,7 @@ class Perf:
         """Prove the backend, time, gate, and place the case on the roofline."""
         session, node = self._session, self._request.node
         device = session.device
+        self._baseline_usable()  # a case whose baseline cannot be read fails before it costs its timing
         with pin_backend(pinned) if pinned else nullcontext():
             again, problem = _called_again(fn), None
             try:
@@ -170,24 +171,32 @@ class Perf:
             return None
         return inventory.verdict(self._baseline_entry(), measurement.kernels, measurement.kernels_source)
 
-    def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
-        """The verdict on ``measurement`` (``policy.decide``), after timing once more where it
-        suspects a regression; a baseline file or entry that cannot be read fails the case."""
+    def _baseline_usable(self) -> None:
+        """Fail the case, before anything is timed, when the baseline file cannot be read or this
+        case's entry in it is unusable (a gating run; a recording run rewrites the entry)."""
         session = self._session
+        if session.settings.pool_out is not None:
+            return
         problem = None
         try:
             baseline = session.baseline
         except BaselineError as exc:
             problem = f"{exc}\nNothing was written; fix or remove the file."
+        if problem is None and not session.settings.update_baselines and baseline and self._key in baseline.unusable:
+            problem = (f"{baseline.unusable[self._key].problem}\nRecord the case again with "
+                       "--update-baselines, or fix the entry.")  # costs this case only
         if problem is not None:  # failed outside the handler: the message alone, no chained traceback
             pytest.fail(problem, pytrace=False)
+
+    def _gate(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> tuple[Verdict, Measurement]:
+        """The verdict on ``measurement`` (``policy.decide``), after timing once more where it
+        suspects a regression (the baseline was found usable before timing: ``_baseline_usable``)."""
+        session = self._session
         if session.settings.pool_out is not None:
             return Verdict("pool run", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), measurement
-        if baseline and self._key in baseline.unusable:  # costs this case only
-            pytest.fail(f"{baseline.unusable[self._key].problem}\nRecord the case again with "
-                        "--update-baselines, or fix the entry.", pytrace=False)
+        baseline = session.baseline
         entry = baseline.entries.get(self._key) if baseline else None
         summary = baseline.summary(self._key) if baseline else None
         terms, here = session.gate_terms, session.here

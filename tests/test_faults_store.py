@@ -490,6 +490,22 @@ def test_bad_entries_are_named_at_start_up_and_cost_only_their_own_case(project:
     check_kept(path, CASES | {"elsewhere.py::test_x"})
 
 
+def test_a_case_whose_entry_is_unusable_fails_before_it_is_timed(project: pytest.Pytester) -> None:
+    """A gating run fails the case of a bad entry without timing it (its figure could not be judged);
+    a recording run times and records it."""
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    with kit.editing_baseline(project) as data:
+        data["entries"]["test_cases.py::test_case[b]"]["median_ms"] = -1
+    (project.path / "plan.json").unlink()
+    result = project.runpytest(*PLUGIN, "test_cases.py::test_case[b]")
+    result.assert_outcomes(failed=1)
+    assert "Record the case again with --update-baselines, or fix the entry." in result.stdout.str()
+    assert not (project.path / "plan.json").exists()  # the scripted timer writes it when it is called
+    project.runpytest(*PLUGIN, "test_cases.py::test_case[b]", "--update-baselines").assert_outcomes(passed=1)
+    assert (project.path / "plan.json").exists()
+    assert kit.entries(project)["test_cases.py::test_case[b]"]["median_ms"] > 0
+
+
 def test_a_file_that_is_not_yaml_is_named_at_start_up_and_fails_each_case(project: pytest.Pytester) -> None:
     """Binary junk in place of the file: named before any case, every measured case fails with
     the cause, and an update leaves the file as it was."""
@@ -506,6 +522,7 @@ def test_a_file_that_is_not_yaml_is_named_at_start_up_and_fails_each_case(projec
         "test_cases.py::test_case[a]")
     failures = out[:out.index("short test summary info")]  # the summary repeats as much as the terminal's width allows
     assert failures.count("Nothing was written; fix or remove the file.") == 2  # each case fails with the cause
+    assert not (project.path / "plan.json").exists()  # failed before the timer was called: no time spent timing
     result = project.runpytest(*PLUGIN, "--update-baselines")
     result.assert_outcomes(failed=2)
     assert result.ret != 0
