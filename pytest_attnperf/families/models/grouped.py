@@ -1,16 +1,7 @@
-"""Softmax attention with grouped K/V heads checked on two groups: for model shapes whose whole
-fp64 reference does not fit.
+"""Softmax attention with grouped K/V heads at model shapes: the check on two key/value groups
+(``softmax.sliced.run_sliced``) where the whole case's fp64 reference does not fit.
 
-At Llama-3-8B's 32 query heads and T=16384 the fp64 scores alone are 69 GB. As in
-``softmax.sliced``, the kernel runs on the whole case (the call that is timed) and two slices of
-its answer are compared against fp64: the first key/value head of the first batch entry and the
-last key/value head of the last one, each with every query head of its group, since a key/value
-head's gradients sum over its group. The references are computed one query head at a time (one
-T x T score matrix in fp64 at once), the key/value gradients summed over the group, and PyTorch's
-same-dtype answer likewise; the tolerance is ``checks.assert_close``'s, the rule of the softmax
-suite. The timed draws change signs only (``draws.timed`` with ``permute=False``), so the two
-slices' references still serve.
-"""
+At Llama-3-8B's 32 query heads and T=16384 the fp64 scores alone are 69 GB."""
 
 from __future__ import annotations
 
@@ -34,83 +25,9 @@ def fits_whole(case: Any) -> bool:
     return scores_gb(case) <= WHOLE_CHECK_MAX_GB
 
 
-def _slices(x: Any, per_group: int) -> Any:
-    """The first ``per_group`` heads of batch entry 0 and the last ``per_group`` of the last
-    entry of ``[B, H, T, d]``, as ``[2, per_group, T, d]``."""
-    import torch
-
-    return torch.stack([x[0, :per_group], x[-1, -per_group:]])
-
-
-def _by_head(fn: Any, q: Any, k: Any, v: Any, grad_out: Any, backward: bool, opts: dict[str, Any],
-             ) -> tuple[Any, ...]:
-    """``fn`` on each query head of the slices ``q`` ``[2, g, T, d]`` over ``k``, ``v`` ``[2, 1, T, d]``
-    in turn: the output and (``backward``) dq per head, dk and dv summed over the group."""
-    import torch
-
-    outs, dqs, dks, dvs = [], [], [], []
-    for head in range(q.shape[1]):
-        leaves = [x.detach().requires_grad_(backward) for x in (q[:, head:head + 1], k, v)]
-        out = fn(*leaves, **opts)
-        outs.append(out.detach())
-        if backward:
-            dq, dk, dv = torch.autograd.grad(out, leaves, grad_out[:, head:head + 1].to(out.dtype))
-            dqs.append(dq)
-            dks.append(dk)
-            dvs.append(dv)
-    if not backward:
-        return (torch.cat(outs, 1),)
-    return torch.cat(outs, 1), torch.cat(dqs, 1), sum(dks), sum(dvs)
-
-
 def run_grouped(kernel: Kernel, case: Any, direction: str, device: Any) -> Callable[[], Any]:
     """Check ``kernel`` on ``case`` (a ``SoftmaxCase``, grouped or not) on two key/value groups and
     return the zero-argument callable to time, which runs the whole case."""
-    import zlib
+    from pytest_attnperf.families.softmax.sliced import run_sliced
 
-    import torch
-
-    from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, Answer, assert_close, call_checked
-    from pytest_attnperf.families.draws import timed
-    from pytest_attnperf.families.softmax.kernels import naive
-    from pytest_attnperf.families.softmax.reference import softmax_attention as reference
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
-    gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"grouped:{case.id}".encode()))
-    backward = direction == "fwdbwd"
-    group = case.heads // case.n_kv_heads
-
-    def draw(heads: int) -> Any:
-        return torch.randn((case.batch, heads, case.seq, case.head_dim), generator=gen, device=device).to(dtype)
-
-    q = draw(case.heads).requires_grad_(backward)
-    k, v = (draw(case.n_kv_heads).requires_grad_(backward) for _ in range(2))
-    grad_out = draw(case.heads)
-    opts = dict(causal=case.causal, scale=case.scale, window=case.window)
-
-    def run_on(xs: tuple[Any, ...], grads: Any) -> Any:
-        out = kernel.fn(*xs, **opts)
-        if not backward:
-            return (out,)
-        return (out,) + tuple(torch.autograd.grad(out, xs, grads))
-
-    def call() -> Any:
-        return run_on((q, k, v), grad_out)
-
-    got = call_checked(kernel, call, "q, k, v", (q, k, v), device)
-    names = ("out", "dq", "dk", "dv")[: len(got)]
-    widths = {"out": group, "dq": group, "dk": 1, "dv": 1}
-    sq, sk, sv, sg = (_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group)))
-    exact = _by_head(reference, sq.double(), sk.double(), sv.double(), sg.double(), backward, opts)
-    mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
-
-    def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
-        factor = FACTOR if name == "out" else GRAD_FACTOR
-        close = assert_close(label, _slices(value.detach(), widths[name]), ref, own, case.dtype, factor)
-        return close.error / close.allowed if close.allowed > 0 else 0.0
-
-    for name, value, ref, own in zip(names, got, exact, mine, strict=True):
-        check(f"{kernel.name} {name}", name, value, ref, own)
-    answer = Answer(names, tuple(x.detach() for x in got), exact[: len(got)], mine[: len(got)], call, run_on=run_on,
-                    inputs=(q, k, v), input_names=("q", "k", "v"), grad_out=grad_out if backward else None)
-    return timed(answer, kernel.name, check, f"grouped:{case.id}:{direction}", 1, permute=False)
+    return run_sliced(kernel, case, direction, device, "grouped")

@@ -1,11 +1,14 @@
-"""Softmax attention checked on a slice: for shapes whose whole fp64 reference does not fit.
+"""Softmax attention checked on two slices: for shapes whose whole fp64 reference does not fit.
 
-At B=4 H=16 T=16384 the fp64 scores alone are 137 GB. Each (batch, head) pair of attention is
-computed on its own, so the kernel runs on the whole case (the call that is timed) and its output
-and gradients are compared, for the first and the last (batch, head) pair only, against the fp64
-reference and PyTorch's own same-dtype answer computed on those two pairs, with the tolerance of
-``checks.assert_close`` (the rule of the softmax suite). The timed draws (``families.draws``)
-are the checked inputs with signs changed only, so those two pairs' references still serve.
+At B=4 H=16 T=16384 the fp64 scores alone are 137 GB. Each (batch, key/value head) group of
+attention is computed on its own, so the kernel runs on the whole case (the call that is timed)
+and two slices of its answer are compared against fp64: the first key/value head of the first
+batch entry and the last key/value head of the last one, each with every query head of its group
+(one query head where K/V heads are not grouped), since a key/value head's gradients sum over its
+group. The references are computed one query head at a time (one T x T score matrix in fp64 at
+once), the key/value gradients summed over the group, and PyTorch's same-dtype answer likewise;
+the tolerance is ``checks.assert_close``'s, the rule of the softmax suite. The timed draws
+(``families.draws``) change signs only, so the two slices' references still serve.
 """
 
 from __future__ import annotations
@@ -15,21 +18,42 @@ from typing import Any
 
 from pytest_attnperf.families.registry import Kernel
 
-__all__ = ["run_softmax"]
-
-_DTYPES = ("bf16", "fp16", "fp32")
+__all__ = ["run_sliced", "run_softmax"]
 
 
-def _pairs(x: Any) -> Any:
-    """The first and the last (batch, head) pair of ``[B, H, T, d]``, as ``[2, 1, T, d]``."""
+def _slices(x: Any, per_group: int) -> Any:
+    """The first ``per_group`` heads of batch entry 0 and the last ``per_group`` of the last
+    entry of ``[B, H, T, d]``, as ``[2, per_group, T, d]``."""
     import torch
 
-    return torch.stack([x[0, 0], x[-1, -1]])[:, None]
+    return torch.stack([x[0, :per_group], x[-1, -per_group:]])
 
 
-def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Callable[[], Any]:
-    """Check ``kernel`` on ``case`` (a ``SoftmaxCase`` without GQA) on two (batch, head) pairs and
-    return the zero-argument callable to time, which runs the whole case."""
+def _by_head(fn: Any, q: Any, k: Any, v: Any, grad_out: Any, backward: bool, opts: dict[str, Any],
+             ) -> tuple[Any, ...]:
+    """``fn`` on each query head of the slices ``q`` ``[2, g, T, d]`` over ``k``, ``v`` ``[2, 1, T, d]``
+    in turn: the output and (``backward``) dq per head, dk and dv summed over the group."""
+    import torch
+
+    outs, dqs, dks, dvs = [], [], [], []
+    for head in range(q.shape[1]):
+        leaves = [x.detach().requires_grad_(backward) for x in (q[:, head:head + 1], k, v)]
+        out = fn(*leaves, **opts)
+        outs.append(out.detach())
+        if backward:
+            dq, dk, dv = torch.autograd.grad(out, leaves, grad_out[:, head:head + 1].to(out.dtype))
+            dqs.append(dq)
+            dks.append(dk)
+            dvs.append(dv)
+    if not backward:
+        return (torch.cat(outs, 1),)
+    return torch.cat(outs, 1), torch.cat(dqs, 1), sum(dks), sum(dvs)
+
+
+def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: str) -> Callable[[], Any]:
+    """Check ``kernel`` on ``case`` (a ``SoftmaxCase``, grouped or not) on two key/value groups and
+    return the zero-argument callable to time, which runs the whole case. ``label`` seeds the
+    inputs' draw and names the timed draws."""
     import zlib
 
     import torch
@@ -39,18 +63,17 @@ def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
     from pytest_attnperf.families.softmax.kernels import naive
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 
-    if case.n_kv_heads != case.heads:
-        raise ValueError(f"{case.id}: the sliced check takes no grouped K/V heads")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
-    gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"sliced:{case.id}".encode()))
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{label}:{case.id}".encode()))
     backward = direction == "fwdbwd"
-    shape = (case.batch, case.heads, case.seq, case.head_dim)
+    group = case.heads // case.n_kv_heads
 
-    def draw() -> Any:
-        return torch.randn(shape, generator=gen, device=device).to(dtype)
+    def draw(heads: int) -> Any:
+        return torch.randn((case.batch, heads, case.seq, case.head_dim), generator=gen, device=device).to(dtype)
 
-    q, k, v = (draw().requires_grad_(backward) for _ in range(3))
-    grad_out = draw()
+    q = draw(case.heads).requires_grad_(backward)
+    k, v = (draw(case.n_kv_heads).requires_grad_(backward) for _ in range(2))
+    grad_out = draw(case.heads)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
 
     def run_on(xs: tuple[Any, ...], grads: Any) -> Any:
@@ -63,26 +86,27 @@ def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Calla
         return run_on((q, k, v), grad_out)
 
     got = call_checked(kernel, call, "q, k, v", (q, k, v), device)
-
-    def both(fn: Any, cast: Any) -> tuple[Any, ...]:
-        leaves = [cast(_pairs(x.detach())).requires_grad_(backward) for x in (q, k, v)]
-        out = fn(*leaves, **opts)
-        if not backward:
-            return (out.detach(),)
-        grads = torch.autograd.grad(out, leaves, cast(_pairs(grad_out)).to(out.dtype))
-        return (out.detach(),) + tuple(g.detach() for g in grads)
-
-    exact = both(reference, lambda x: x.double())
-    mine = both(naive, lambda x: x)
+    names = ("out", "dq", "dk", "dv")[: len(got)]
+    widths = {"out": group, "dq": group, "dk": 1, "dv": 1}
+    sq, sk, sv, sg = (_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group)))
+    exact = _by_head(reference, sq.double(), sk.double(), sv.double(), sg.double(), backward, opts)
+    mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
 
     def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
         factor = FACTOR if name == "out" else GRAD_FACTOR
-        close = assert_close(label, _pairs(value.detach()), ref, own, case.dtype, factor)
+        close = assert_close(label, _slices(value.detach(), widths[name]), ref, own, case.dtype, factor)
         return close.error / close.allowed if close.allowed > 0 else 0.0
 
-    names = ("out", "dq", "dk", "dv")[: len(got)]
     for name, value, ref, own in zip(names, got, exact, mine, strict=True):
         check(f"{kernel.name} {name}", name, value, ref, own)
     answer = Answer(names, tuple(x.detach() for x in got), exact[: len(got)], mine[: len(got)], call, run_on=run_on,
                     inputs=(q, k, v), input_names=("q", "k", "v"), grad_out=grad_out if backward else None)
-    return timed(answer, kernel.name, check, f"sliced:{case.id}:{direction}", 1, permute=False)
+    return timed(answer, kernel.name, check, f"{label}:{case.id}:{direction}", 1, permute=False)
+
+
+def run_softmax(kernel: Kernel, case: Any, direction: str, device: Any) -> Callable[[], Any]:
+    """The sweep's check: ``run_sliced`` on a case without grouped K/V heads (its slices are the
+    first and the last (batch, head) pair)."""
+    if case.n_kv_heads != case.heads:
+        raise ValueError(f"{case.id}: the sliced check takes no grouped K/V heads")
+    return run_sliced(kernel, case, direction, device, "sliced")
