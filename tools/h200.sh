@@ -33,7 +33,10 @@ case "${1:-}" in
       --benchmark-disable ${K:+-k "$K"} 2>&1 | tee "$OUT/record-linear.log"
     cp baselines/h200.yaml "$OUT/"; keep_cache ;;
   gate)
+    # every test's setup, call and teardown time in the JUnit file (where the wall time goes, test by
+    # test), the slowest 40 on the terminal
     timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --benchmark-json="$OUT/gate.json" \
+      --junitxml="$OUT/gate.xml" -o junit_duration_report=total --durations=40 \
       ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
     keep_cache ;;
   noise)  # STAGES=record,steady NOISE_ARGS="--runs 3" [SUITE=suites/test_linear.py]
