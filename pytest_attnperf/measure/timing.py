@@ -28,8 +28,8 @@ the relative standard deviation is under the target or the per-case budget is sp
 Python's garbage collector run before and held off during the timed calls (``gc_paused``).
 Every graph a measurement captured is reset when it returns or fails, so its memory pool goes
 back to the allocator with the case (``_release_graphs``). After sampling and its checks, where
-the plan asks, one replay of the first graph is profiled for the case's kernel inventory
-(``inventory.py``).
+the plan asks, one replay of the first graph is profiled for the case's kernel inventory,
+which is compared with the eager checked call's kernels (``inventory.py``).
 """
 
 from __future__ import annotations
