@@ -87,8 +87,8 @@ class Perf:
             earlier = (self._baseline_entry() or {}).get("notes")
             if isinstance(earlier, list) and earlier:
                 extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
-            if result.kernels_changed:
-                extra += f"\n  {result.kernels_changed}"
+            for kernel_note in (result.kernels_changed, measurement.kernels_vs_eager):
+                extra += f"\n  {kernel_note}" if kernel_note else ""
             below = floors.failure_message(result, floors.for_session(session))
             more = "".join(f"\n{line}" for line in [below, *breached] if line)
             pytest.fail(f"{self._key}: {verdict.message}{extra}{more}", pytrace=False)
@@ -129,20 +129,21 @@ class Perf:
         self._baseline_usable()  # a case whose baseline cannot be read fails before it costs its timing
         with pin_backend(pinned) if pinned else nullcontext():
             again, problem = _called_again(fn), None
+            checked: list[str] | None = None  # the CUDA kernels of the proof's profile of the checked call
             try:
                 if pinned:
                     backend = pinned
-                    prove_backend(again, pinned, device)
+                    _, checked = prove_backend(again, pinned, device)
                 elif detect_backend:
-                    seen = backends_seen(*profile_names(again, device))
-                    backend = "+".join(sorted(seen)) or "-"
+                    ops, checked = profile_names(again, device)
+                    backend = "+".join(sorted(backends_seen(ops, checked))) or "-"
                 else:
                     backend = "-"
             except TimedDiffers as exc:
                 problem = str(exc)
             if problem is not None:  # failed outside the handler: the message alone, no chained traceback
                 pytest.fail(f"{self._key}: {problem}", pytrace=False)
-            plan = session.plan(mode)
+            plan = replace(session.plan(mode), checked_kernels=tuple(checked) if checked else None)
             measurement = self._pooled(self._sampled(fn, plan))
             if not measurement.median_ms > 0:
                 pytest.fail(f"{self._key}: the {measurement.clock} clock measured a median of "
@@ -212,7 +213,7 @@ class Perf:
         verdict, kept, refused = policy.decide_again(decision.verdict, measurement, again, summary, terms, here)
         self._refused(refused)
         return verdict, replace(kept, kernels=measurement.kernels, kernels_source=measurement.kernels_source,
-                                inventory_s=measurement.inventory_s)
+                                inventory_s=measurement.inventory_s, kernels_vs_eager=measurement.kernels_vs_eager)
 
     def _sampled(self, fn: Callable[[], Any], plan: Any) -> Measurement:
         """The timer's measurement of ``fn``; a timed result that fails its check
@@ -276,6 +277,7 @@ class Perf:
                 eager_change_pct=eager_change,
                 notes=(m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result)
                        + ((result.kernels_changed,) if result.kernels_changed else ())
+                       + ((m.kernels_vs_eager,) if m.kernels_vs_eager else ())
                        + ((drifted.text(),) if drifted is not None else ())),
                 roofline_frac=result.roofline.fraction if result.roofline else None,
                 ceilings=floors.for_session(self._session),
@@ -286,6 +288,7 @@ class Perf:
                 kernels_changed=result.kernels_changed,
                 kernels_source=m.kernels_source,
                 inventory_s=m.inventory_s,
+                kernels_vs_eager=m.kernels_vs_eager,
                 memory=memory,
                 drift_pct=None if drifted is None else drifted.pct,
             )
@@ -437,7 +440,8 @@ def _junit_properties(result: PerfResult, memory: tuple[MemoryCheck, ...] = ()) 
     m = result.measurement
     checks = [("attnperf_verified", str(m.verified))] + (
         [] if m.bitwise is None else [("attnperf_bitwise", "yes" if m.bitwise else "no")])
-    changed = [("attnperf_kernels_changed", result.kernels_changed)] if result.kernels_changed else []
+    changed = [(f"attnperf_{name}", text) for name, text in (("kernels_changed", result.kernels_changed),
+                                                             ("kernels_vs_eager", m.kernels_vs_eager)) if text]
     judged = [("attnperf_memory", "; ".join(c.status for c in memory))] if memory else []
     return [*found, *checks, *changed, *judged, ("attnperf_verdict", result.verdict.status)]
 

@@ -187,9 +187,10 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
     return ops, kernels
 
 
-def prove_backend(fn: Callable[[], Any], backend: str, device: DetectedDevice) -> set[str]:
+def prove_backend(fn: Callable[[], Any], backend: str, device: DetectedDevice) -> tuple[set[str], list[str]]:
     """Run ``fn`` once under the profiler; raise ``BackendProofError`` unless only ``backend``
-    left evidence (and, on CUDA, its own kernels ran). Returns the backends seen."""
+    left evidence (and, on CUDA, its own kernels ran). Returns the backends seen and the CUDA
+    kernels' raw names (the kernel inventory compares its graph's with them)."""
     ops, kernels = profile_names(fn, device)
     seen = backends_seen(ops, kernels)
     problems = []
@@ -204,7 +205,7 @@ def prove_backend(fn: Callable[[], Any], backend: str, device: DetectedDevice) -
         raise BackendProofError(
             f"attnperf_sdpa_backend('{backend}') was pinned but {'; '.join(problems)}. Seen: {shown}"
         )
-    return seen
+    return seen, kernels
 
 
 def _capability(value: object) -> tuple[int, int]:

@@ -87,5 +87,6 @@ class Row:
     kernels_changed: str | None = None  # how it differs from the baseline entry's (None: same, or not compared)
     kernels_source: str | None = None  # how the inventory was read: "graph replay" or "eager call"
     inventory_s: float = 0.0  # host seconds reading it took
+    kernels_vs_eager: str | None = None  # how the eager checked call's kernels differ from it (a note; None: same)
     memory: tuple[MemoryCheck, ...] = ()  # the peak against the baseline's and the family's bound (gate.memory)
     drift_pct: float | None = None  # a lasting slowdown on the run history, in percent (store.history_plugin)

@@ -377,6 +377,12 @@ class FakeGpu:
         self.now_ms += self.ms_per_call
         self.launch(*self.kernel_names)
 
+    @property
+    def replaying(self) -> bool:
+        """Whether a graph's replay is running: its captured work, which a kernel that takes
+        another path under capture (torch.cuda.is_current_stream_capturing) chose then."""
+        return self._in_graph
+
     def launch(self, *names: str) -> None:
         """Kernels launched (inside a replay, seen by the profiler only while ``graph_visible``)."""
         if self.graph_visible or not self._in_graph:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,17 @@ from kit import (
 )
 
 from pytest_attnperf.measure import inventory
-from pytest_attnperf.measure.inventory import EAGER, GRAPH, Harness, diff, disagreement, normalise, per_call, verdict
+from pytest_attnperf.measure.inventory import (
+    EAGER,
+    GRAPH,
+    Harness,
+    diff,
+    disagreement,
+    eager_difference,
+    normalise,
+    per_call,
+    verdict,
+)
 from pytest_attnperf.measure.timing import CudaTimer, SamplingPlan
 from pytest_attnperf.measure.verify import TimedDiffers
 from pytest_attnperf.store import baselines
@@ -155,11 +166,14 @@ def test_a_cold_graph_inventory_leaves_out_the_flush_and_what_the_replay_launche
 
 
 def test_the_harness_is_profiled_once_per_timer_and_each_case_once(gpu: FakeGpu) -> None:
+    """Without the backend proof's names, one eager checked call is profiled too; with them, none."""
     timer = CudaTimer(H200)
     timer.measure(gpu.call, PLAN)
-    assert gpu.profiles == 4  # the flush graph's replay, the flush, the case's first graph, its other graphs
+    assert gpu.profiles == 5  # the flush graph's replay, the flush, the first graph, the others, the checked call
     timer.measure(gpu.call, PLAN)
-    assert gpu.profiles == 6
+    assert gpu.profiles == 8
+    timer.measure(gpu.call, replace(PLAN, checked_kernels=gpu.kernel_names))
+    assert gpu.profiles == 10
 
 
 def test_no_inventory_unless_the_plan_asks(gpu: FakeGpu) -> None:
@@ -273,6 +287,99 @@ def test_the_disagreement_counts_by_normalised_name() -> None:
                     "g 5 where 3 x the first's would be 6")
 
 
+# -- against the eager checked call ---------------------------------------------------------------
+
+COPY = "Memcpy DtoD (Device -> Device)"
+SPLIT = "void pytorch_flash::flash_fwd_splitkv_kernel<Traits<64>, true>(Params)"
+
+
+class Captured:
+    """A kernel that launches other kernels eagerly than under capture (a library choosing its
+    engine by whether the stream is capturing): eagerly a split kernel twice, two device copies and
+    a host-to-device copy of its host-side parameters; in a graph the split kernel once and a
+    combine kernel."""
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+
+    def __call__(self) -> None:
+        self.gpu.now_ms += self.gpu.ms_per_call
+        if self.gpu.replaying:
+            self.gpu.launch(SPLIT, "void combine_kernel<4>(int)")
+        else:
+            self.gpu.launch(SPLIT, SPLIT, COPY, COPY, "Memcpy HtoD (Pageable -> Device)")
+
+
+def test_eager_and_graph_that_agree_give_no_note(gpu: FakeGpu) -> None:
+    """The checked call is profiled once after sampling (the harness's flush and fills are in the
+    graph's replay only, and left out of it)."""
+    m = CudaTimer(H200).measure(gpu.call, PLAN)
+    assert m.kernels == {"pytorch_flash::flash_fwd_kernel": 1}
+    assert m.kernels_vs_eager is None
+    assert gpu.profiles == 5
+
+
+def test_a_kernel_that_launches_other_kernels_eagerly_than_under_capture_is_noted(gpu: FakeGpu) -> None:
+    """The note names each kernel only one side launched, and each count that differs; the
+    host-to-device copy only the eager call makes is left out (no graph can hold one). The
+    measurement stands: the inventory is the graph's."""
+    m = CudaTimer(H200).measure(Captured(gpu), PLAN)
+    assert m.kernels == {"combine_kernel": 1, "pytorch_flash::flash_fwd_splitkv_kernel": 1}
+    assert m.kernels_vs_eager == (
+        "the eager checked call launches other kernels than the timed graph: only eager "
+        "Memcpy DtoD (Device -> Device) x2; only in the graph combine_kernel x1; "
+        "count pytorch_flash::flash_fwd_splitkv_kernel 1 in the graph, 2 eager")
+    assert m.median_ms == pytest.approx(0.02)
+
+
+def test_the_backend_proofs_profile_is_compared_and_nothing_is_profiled_again(gpu: FakeGpu) -> None:
+    proof = (gpu.kernel_names[0], COPY)  # the names the proof's profile of the checked call recorded
+    m = CudaTimer(H200).measure(gpu.call, replace(PLAN, checked_kernels=proof))
+    assert m.kernels_vs_eager == ("the eager checked call launches other kernels than the timed graph: "
+                                  "only eager Memcpy DtoD (Device -> Device) x1")
+    assert gpu.profiles == 4  # the harness's two, the first graph's, the other graphs': no eager call
+    agreeing = CudaTimer(H200).measure(gpu.call, replace(PLAN, checked_kernels=gpu.kernel_names))
+    assert agreeing.kernels_vs_eager is None
+
+
+def test_an_inventory_read_from_an_eager_call_is_not_compared_with_one(gpu: FakeGpu) -> None:
+    """Where the profiler cannot see a graph, the inventory is an eager call's already: nothing
+    is compared, even with the proof's names of another call, and nothing more is profiled."""
+    gpu.graph_visible = False
+    m = CudaTimer(H200).measure(Captured(gpu), replace(PLAN, checked_kernels=(COPY,)))
+    assert (m.kernels_source, m.kernels_vs_eager) == (EAGER, None)
+    assert gpu.profiles == 3  # the harness's two, the eager call's
+
+
+def test_an_eager_profile_that_fails_is_a_note_and_the_inventory_stays(
+        gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = Captured(gpu)
+
+    def profile(fn: Callable[[], Any]) -> list[str]:
+        if fn is case:
+            raise RuntimeError("Profiler is already enabled on this thread")
+        return gpu.profile(fn)
+
+    monkeypatch.setattr(CudaTimer, "kernels_of", staticmethod(profile))
+    m = CudaTimer(H200).measure(case, PLAN)
+    assert m.kernels == {"combine_kernel": 1, "pytorch_flash::flash_fwd_splitkv_kernel": 1}
+    assert m.kernels_vs_eager is None
+    assert ("eager checked call's kernels not read (RuntimeError: Profiler is already enabled on this thread)"
+            in m.notes)
+
+
+def test_only_eager_copies_from_or_to_pageable_host_memory_are_left_out() -> None:
+    graph = {"flash_fwd": 1}
+    host = Counter({"flash_fwd": 1, "Memcpy HtoD (Pageable -> Device)": 3, "Memcpy DtoH (Device -> Pageable)": 1})
+    assert eager_difference(graph, host) is None
+    pinned = eager_difference(graph, Counter({"flash_fwd": 1, "Memcpy HtoD (Pinned -> Device)": 1}))
+    assert pinned == ("the eager checked call launches other kernels than the timed graph: "
+                      "only eager Memcpy HtoD (Pinned -> Device) x1")  # a graph can hold a pinned copy
+    fills = eager_difference({}, Counter({f"fill_{i}": 1 for i in range(6)}), limit=2)
+    assert fills == "the eager checked call launches other kernels than the timed graph: only eager " \
+                    "fill_0 x1, fill_1 x1, and 4 more"
+
+
 # -- the verdict, end to end ----------------------------------------------------------------------
 
 INVENTORY_CONFTEST = CONFTEST + '''
@@ -282,17 +389,24 @@ import dataclasses
 
 class InventoryTimer(ScriptedTimer):
     """The scripted timer, with the inventory kernels.json gives the test (none where it gives
-    none) and 1.25 s of profiling; each plan's inventory flag is appended to plans.json."""
+    none), the difference from the eager checked call vs_eager.json gives it, and 1.25 s of
+    profiling; each plan's inventory flag is appended to plans.json, and the checked call's
+    kernels it carries (the backend proof's) are written to checked.json by test."""
 
     def measure(self, fn, plan):
         m = super().measure(fn, plan)
         asked = read_json("plans.json", [])
         (HERE / "plans.json").write_text(json.dumps(asked + [plan.inventory]))
         name, nodeid = current_test(plan)
+        checked = read_json("checked.json", {})
+        checked[name] = None if plan.checked_kernels is None else list(plan.checked_kernels)
+        (HERE / "checked.json").write_text(json.dumps(checked))
         kernels = for_test(read_json("kernels.json", {}), name, nodeid, None)
         if kernels is None or plan.overhead:
             return m
-        return dataclasses.replace(m, kernels=kernels, kernels_source="graph replay", inventory_s=1.25)
+        vs_eager = for_test(read_json("vs_eager.json", {}), name, nodeid, None)
+        return dataclasses.replace(m, kernels=kernels, kernels_source="graph replay", inventory_s=1.25,
+                                   kernels_vs_eager=vs_eager)
 
 
 def pytest_attnperf_make_timer(config, device):
@@ -300,6 +414,8 @@ def pytest_attnperf_make_timer(config, device):
 '''
 
 FLASH_CASE = {"pytorch_flash::flash_fwd_kernel": 1}
+VS_EAGER = ("the eager checked call launches other kernels than the timed graph: only eager "
+            "Memcpy DtoD (Device -> Device) x1")
 
 
 @pytest.fixture
@@ -372,11 +488,13 @@ def test_a_regression_names_the_changed_kernels_too(project: pytest.Pytester) ->
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
     set_speed(project, a=1.2)
     _kernels(project, {"fmha_cutlassF": 1})
+    (project.path / "vs_eager.json").write_text(json.dumps({"test_case[a]": VS_EAGER}))
     result = project.runpytest(*PLUGIN)
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     failure = out[out.index("REGRESSED"):out.index("short test summary")]
     assert "kernels changed: added fmha_cutlassF x1; removed pytorch_flash::flash_fwd_kernel x1" in failure
+    assert VS_EAGER in failure[:failure.index("= attnperf =")]  # and how the eager call's differ from the graph's
 
 
 def test_an_entry_without_an_inventory_gates_as_before(project: pytest.Pytester) -> None:
@@ -419,3 +537,79 @@ def test_the_harness_part_of_a_replay() -> None:
     assert harness.of_replay(holds_flush=True) == flush + fill
     assert harness.of_replay(holds_flush=False) == fill
     assert not Harness(fill, flush).visible  # the flush graph's replay showed no flush
+
+
+def test_a_difference_from_the_eager_call_is_a_note_that_never_fails_the_case(project: pytest.Pytester) -> None:
+    """Reported in the case's notes, report.json and the JUnit XML; not kept in the entry; and
+    ``--attnperf-fail-on-kernel-change`` still fails a changed inventory, and only that."""
+    (project.path / "vs_eager.json").write_text(json.dumps({"test_case[a]": VS_EAGER}))
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    assert VS_EAGER not in json.dumps(entries(project)["test_cases.py::test_case[a]"])
+    result = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change", "--attnperf-report=out",
+                               "--junitxml=junit.xml")
+    result.assert_outcomes(passed=2)
+    assert f"note: test_case[a]: {VS_EAGER}" in result.stdout.str()
+    by_case = {row["nodeid"]: row for row in json.loads((project.path / "out" / "report.json").read_text())["cases"]}
+    assert by_case["test_cases.py::test_case[a]"]["kernels_vs_eager"] == VS_EAGER
+    assert by_case["test_cases.py::test_case[b]"]["kernels_vs_eager"] is None
+    properties = junit_properties(project.path / "junit.xml")
+    assert properties["test_case[a]"]["attnperf_kernels_vs_eager"] == VS_EAGER
+    assert "attnperf_kernels_vs_eager" not in properties["test_case[b]"]
+    _kernels(project, FLASH_CASE, {"pytorch_flash::flash_fwd_kernel": 2})
+    changed = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change")
+    changed.assert_outcomes(passed=1, failed=1)
+    changed.stdout.fnmatch_lines(["*test_case?b?: kernels changed: count pytorch_flash::flash_fwd_kernel 1 -> 2 "
+                                  "(against *h200.yaml; --attnperf-fail-on-kernel-change is set)"])
+
+
+PROOF_CONFTEST = INVENTORY_CONFTEST + '''
+
+PROFILED = (["aten::_scaled_dot_product_flash_attention"],
+            ["void pytorch_flash::flash_fwd_kernel<Traits<64>>(Params)", "Memcpy DtoD (Device -> Device)"])
+
+
+@pytest.fixture(autouse=True)
+def profiled(monkeypatch):
+    """The backend proof's profile on the fake GPU: the flash op, a flash kernel and a copy."""
+    from pytest_attnperf import fixture, markers
+
+    def names(fn, device):
+        fn()
+        return PROFILED
+
+    monkeypatch.setattr(markers, "profile_names", names)
+    monkeypatch.setattr(fixture, "profile_names", names)
+'''
+
+PROOF_TESTS = '''
+import pytest
+
+from pytest_attnperf.costs import Cost
+
+COST = Cost(flops=1e9, bytes=1e6)
+
+
+@pytest.mark.attnperf_sdpa_backend("flash")
+def test_pinned(attnperf):
+    attnperf.measure(lambda: None, cost=COST, dtype="bf16")
+
+
+def test_detected(attnperf):
+    assert attnperf.measure(lambda: None, cost=COST, dtype="bf16", detect_backend=True).backend == "flash"
+
+
+def test_plain(attnperf):
+    attnperf.measure(lambda: None, cost=COST, dtype="bf16")
+'''
+
+
+def test_the_backend_proofs_profile_of_the_checked_call_is_handed_to_the_timer(pytester: pytest.Pytester) -> None:
+    """A pinned or detected backend's proof profiled the checked call: its kernels go to the timer
+    in the plan, for the inventory to compare with; a case with no proof gets none (the timer
+    profiles one eager call itself)."""
+    project = make_project(pytester, PROOF_CONFTEST, test_proof=PROOF_TESTS)
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=3)
+    kernels = ["void pytorch_flash::flash_fwd_kernel<Traits<64>>(Params)", "Memcpy DtoD (Device -> Device)"]
+    assert json.loads((project.path / "checked.json").read_text()) == {
+        "test_pinned": kernels, "test_detected": kernels, "test_plain": None}
+

@@ -14,7 +14,9 @@ no flush), one eager call of the same timed draw is profiled instead, and the in
 Names are normalised (``normalise``) before they are counted; the counts are per call. The
 baseline entry keeps them as ``kernels: {name: count}``, and ``diff`` says what a later run's
 inventory added, removed or launched a different number of times (docs/measurement.md, "The
-kernel inventory").
+kernel inventory"). ``against_checked`` compares the graph's inventory with the eager checked
+call's kernels (the backend proof's profile, or one more): a difference is a note, never a
+failure.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["AGREE_MAX_LAUNCHES", "CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange",
-           "device_kernels", "diff", "disagreement", "entry_kernels", "kernels_problem", "normalise", "per_call",
-           "take"]
+           "against_checked", "device_kernels", "diff", "disagreement", "eager_difference", "entry_kernels",
+           "kernels_problem", "normalise", "per_call", "take"]
 
 CUPTI_ENV = "TEARDOWN_CUPTI"
 # a graph of more launches than this is not compared with the case's other graphs: the profiler's
@@ -42,6 +44,10 @@ GRAPH, EAGER = "graph replay", "eager call"
 cupti_at_stop: str | None = None
 
 Profile = Callable[[Callable[[], Any]], list[str]]  # raw names of the device activity one call of fn made
+
+# launches the eager checked call may make and a graph cannot hold: copies from or to pageable host
+# memory block the host, which capture refuses (docs/measurement.md, "The kernel inventory")
+HOST_COPY = re.compile(r"^Memcpy (HtoD|DtoH) .*Pageable")
 
 _TEMPLATE = re.compile(r"<[^<>]*>")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -112,12 +118,14 @@ class Inventory:
     """The kernels one timed call launched (normalised names, counts per call), how they were read
     (``GRAPH`` or ``EAGER``) and the host seconds the profiling took. ``disagrees``: how the case's
     other timed graphs, replayed once each, launched other kernels than the first (None: the same,
-    or not compared)."""
+    or not compared). ``vs_eager``: how the eager checked call's kernels differ from a graph's
+    (``eager_difference``; None: the same, or not compared)."""
 
     kernels: dict[str, int]
     source: str
     seconds: float
     disagrees: str | None = None
+    vs_eager: str | None = None
 
 
 def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, eager: Callable[[], Any], *,
@@ -157,6 +165,48 @@ def disagreement(first: Counter[str], others: Counter[str], count: int) -> str |
     more = f", and {len(shown) - 4} more" if len(shown) > 4 else ""
     return (f"the case's {count + 1} timed graphs launch different kernels: over the other {count}, "
             + "; ".join(shown[:4]) + more)
+
+
+def against_checked(profile: Profile, taken: Inventory, checked: Sequence[str] | None, call: Callable[[], Any],
+                    notes: list[str]) -> str | None:
+    """How the eager checked call's kernels differ from ``taken``, a graph's inventory
+    (``eager_difference``): ``checked``, the raw names the backend proof's profile of that call
+    recorded, or where it took none, one call of ``call`` profiled now. None for an inventory
+    read from an eager call (nothing to compare); a profile that fails adds a note to ``notes``."""
+    if taken.source != GRAPH:
+        return None
+    try:
+        raw = list(checked) if checked else profile(call)
+    except Exception as exc:  # noqa: BLE001 - the comparison is a report; its failure is not the case's
+        notes.append(f"eager checked call's kernels not read ({type(exc).__name__}: {str(exc)[:120]})")
+        return None
+    return eager_difference(taken.kernels, Counter(raw))
+
+
+def eager_difference(graph: Mapping[str, int], eager: Counter[str], limit: int = 4) -> str | None:
+    """How one eager call's kernels (``eager``, raw names) differ from ``graph``, a graph's
+    inventory (normalised, per call); None when they agree. Copies from or to pageable host
+    memory that only the eager call makes (``HOST_COPY``) are left out. At most ``limit`` names a
+    part, then how many more."""
+    counted = {k: n for k, n in per_call(eager).items() if k in graph or not HOST_COPY.match(k)}
+    change = diff(graph, counted)
+    if change is None:
+        return None
+    parts = _parts((("only eager", [f"{k} x{n}" for k, n in change.added.items()]),
+                    ("only in the graph", [f"{k} x{n}" for k, n in change.removed.items()]),
+                    ("count", [f"{k} {a} in the graph, {b} eager" for k, (a, b) in change.recounted.items()])),
+                   limit)
+    return "the eager checked call launches other kernels than the timed graph: " + "; ".join(parts)
+
+
+def _parts(labelled: Sequence[tuple[str, list[str]]], limit: int) -> list[str]:
+    """``label a, b, and 3 more`` for each label with items, at most ``limit`` items shown."""
+    parts = []
+    for label, items in labelled:
+        if items:
+            more = f", and {len(items) - limit} more" if len(items) > limit else ""
+            parts.append(f"{label} {', '.join(items[:limit])}{more}")
+    return parts
 
 
 def _normalised(raw: Counter[str]) -> Counter[str]:
@@ -199,13 +249,9 @@ class KernelChange:
     def message(self, limit: int = 6) -> str:
         """``kernels changed: added a x1, b x2; removed c x1; count d 2 -> 3`` (at most ``limit``
         names a part, then how many more)."""
-        parts = []
-        for label, items in (("added", [f"{k} x{n}" for k, n in self.added.items()]),
-                             ("removed", [f"{k} x{n}" for k, n in self.removed.items()]),
-                             ("count", [f"{k} {a} -> {b}" for k, (a, b) in self.recounted.items()])):
-            if items:
-                more = f", and {len(items) - limit} more" if len(items) > limit else ""
-                parts.append(f"{label} {', '.join(items[:limit])}{more}")
+        parts = _parts((("added", [f"{k} x{n}" for k, n in self.added.items()]),
+                        ("removed", [f"{k} x{n}" for k, n in self.removed.items()]),
+                        ("count", [f"{k} {a} -> {b}" for k, (a, b) in self.recounted.items()])), limit)
         return "kernels changed: " + "; ".join(parts)
 
 

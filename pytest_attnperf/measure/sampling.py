@@ -34,6 +34,8 @@ class SamplingPlan:
     cold_graphs: int = 8  # cold mode: captures of the case, sampled in turn (see _capture_cold)
     hot_sample_ms: float = 20.0  # hot mode: calls per graph chosen so a sample lasts about this
     inventory: bool = False  # on CUDA, read the kernels one timed call launches after sampling (measure/inventory.py)
+    checked_kernels: tuple[str, ...] | None = None  # the raw names the backend proof's profile of the checked call
+    # recorded (None: it took none; the inventory profiles one more eager call to compare with its graph's)
     overhead: bool = False  # the run's sample overhead (AttnPerfSession.measure_overhead), not a case: a timer
     # that wraps another to change the cases (the noise benchmark's inject.py) leaves it alone
 
@@ -60,6 +62,7 @@ class Measurement:
     kernels: dict[str, int] | None = None  # the kernel inventory of one timed call (None: not read)
     kernels_source: str | None = None  # how it was read: a graph's replay or an eager call (measure/inventory.py)
     inventory_s: float = 0.0  # host seconds reading it took (the harness's cost)
+    kernels_vs_eager: str | None = None  # how the eager checked call's kernels differ from it (a note; None: same)
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:

@@ -28,8 +28,8 @@ the relative standard deviation is under the target or the per-case budget is sp
 Python's garbage collector run before and held off during the timed calls (``gc_paused``).
 Every graph a measurement captured is reset when it returns or fails, so its memory pool goes
 back to the allocator with the case (``_release_graphs``). After sampling and its checks, where
-the plan asks, one replay of the first graph is profiled for the case's kernel inventory
-(``inventory.py``).
+the plan asks, one replay of the first graph is profiled for the case's kernel inventory,
+which is compared with the eager checked call's kernels (``inventory.py``).
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ class CudaTimer:
         notes.extend([held] if held else [])
         take_ms.verify(replays)
         notes.extend(replays.notes(plan.overhead))
-        kernels = self._inventory(take_ms, replays, notes) if plan.inventory and not plan.overhead else None
+        kernels = self._inventory(take_ms, replays, notes, plan.checked_kernels) \
+            if plan.inventory and not plan.overhead else None
 
         return Measurement(
             tuple(samples),
@@ -180,14 +181,17 @@ class CudaTimer:
             kernels=kernels.kernels if kernels else None,
             kernels_source=kernels.source if kernels else None,
             inventory_s=kernels.seconds if kernels else 0.0,
+            kernels_vs_eager=kernels.vs_eager if kernels else None,
         )
 
-    def _inventory(self, sampler: Sampler, replays: Replays, notes: list[str]) -> inventory.Inventory | None:
+    def _inventory(self, sampler: Sampler, replays: Replays, notes: list[str],
+                   checked: tuple[str, ...] | None = None) -> inventory.Inventory | None:
         """The kernels one timed call launched: one replay of the graph the first timed draw was
         sampled on, profiled, less what the harness launches itself (``inventory.take``); the
         harness's part is measured on this timer's first case, and its seconds are the case's. A
         profile that fails (another profiler running, say) leaves the case without an inventory,
-        and a note says why."""
+        and a note says why. Then compared with the eager checked call's kernels, ``checked`` (the
+        backend proof's) or one call profiled (``inventory.against_checked``)."""
         began = time.perf_counter()
         _, _, again = sampler.timed[0]
         others = [replay for _, _, replay in sampler.timed[1:]] if sampler.graphed else []
@@ -202,7 +206,8 @@ class CudaTimer:
             return None
         if taken.disagrees:  # one graph of the case does other work than another: not what was checked
             raise TimedDiffers(taken.disagrees)
-        return replace(taken, seconds=time.perf_counter() - began)
+        vs_eager = inventory.against_checked(self.kernels_of, taken, checked, replays.fn, notes)
+        return replace(taken, seconds=time.perf_counter() - began, vs_eager=vs_eager)
 
     def _harness_kernels(self) -> inventory.Harness:
         """The raw names a replay of a graph holding only the L2 flush launches, and the flush's
