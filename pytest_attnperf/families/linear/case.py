@@ -25,8 +25,8 @@ def key_heads_refusal(family: str, key_heads: int | None) -> str | None:
     case has one head count, or the family groups its values)."""
     if key_heads is None or family in GROUPED_FAMILIES:
         return None
-    return (f"key_heads={key_heads} (fewer query/key heads than value heads) is a grouped-value input of "
-            f"{', '.join(sorted(GROUPED_FAMILIES))} only; family {family} has one head count")
+    return (f"key_heads is a grouped-value input of {', '.join(sorted(GROUPED_FAMILIES))} only (fewer query/key "
+            f"heads than value heads); {family} has one head count")
 
 
 @dataclass(frozen=True)
