@@ -183,7 +183,7 @@ def test_a_timed_draw_moves_each_key_head_with_its_value_heads(monkeypatch: pyte
     grad_out = torch.randn(inputs[2].shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
     def answer(xs: tuple[Any, ...], go: Any) -> tuple[Any, ...]:
-        out = ref.chunk_gated_delta_rule(*xs, scale=GVA.scale)
+        out: Any = ref.chunk_gated_delta_rule(*xs, scale=GVA.scale)
         return (out.detach(), *(g.detach() for g in torch.autograd.grad(out, xs, go)))
 
     answer0 = answer(inputs, grad_out)

@@ -248,7 +248,7 @@ def cost(family: str, case: LinearDecodeCase) -> Any:
 
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
              "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[BASE[family]]
-    grouped = {"key_heads": case.n_key_heads} if BASE[family] == "gdn" else {}
+    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if BASE[family] == "gdn" else {}
     return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim, value_dim=case.value_dim,
                  dtype=case.dtype, form="recurrent", initial_state=True, final_state=True, **grouped)
 

@@ -504,7 +504,7 @@ def cost(family: str, kernel: Kernel, case: LinearCase, direction: str) -> Any:
 
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
              "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[family]
-    grouped = {"key_heads": case.n_key_heads} if family == "gdn" else {}
+    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if family == "gdn" else {}
     return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim,
                  value_dim=case.value_dim, dtype=case.dtype, form=kernel.form or "chunk",
                  backward=direction == "fwdbwd", **grouped)
