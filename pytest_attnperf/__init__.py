@@ -16,7 +16,7 @@ Importing this package imports nothing heavy. The public pieces:
 
 from __future__ import annotations
 
-from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 

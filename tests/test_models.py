@@ -101,7 +101,8 @@ def test_llama_and_mistral_split_query_and_kv_heads(tp: int, heads: int, kv: int
 
 
 @pytest.mark.parametrize(("tp", "full", "gdn"), [(1, (16, 1, 1), (16, 32)), (2, (8, 1, 1), (8, 16)),
-                                                 (4, (4, 1, 2), (4, 8)), (8, (2, 1, 4), (2, 4))])
+                                                 (4, (4, 1, 2), (4, 8)), (8, (2, 1, 4), (2, 4)),
+                                                 (16, (1, 1, 8), (1, 2))])
 def test_qwen3_next_replicates_its_2_kv_heads_beyond_tp2_and_splits_gdn_heads(
         tp: int, full: tuple[int, int, int], gdn: tuple[int, int]) -> None:
     """vLLM's rule: below as many ranks as KV heads they are split; beyond, one a rank, replicated."""
@@ -115,6 +116,7 @@ def test_qwen3_next_replicates_its_2_kv_heads_beyond_tp2_and_splits_gdn_heads(
     ("llama3-8b", 3, "32 query heads do not split over 3 ranks"),
     ("llama3-8b", 64, "32 query heads do not split over 64 ranks"),
     ("qwen3-next-80b-a3b", 32, "16 linear key heads do not split over 32 ranks"),
+    ("qwen3-next-80b-a3b", 3, "16 linear key heads do not split over 3 ranks"),
 ])
 def test_a_split_that_does_not_divide_is_refused(name: str, tp: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -205,8 +207,20 @@ def test_a_case_has_its_layers_shape_at_the_default_shapes() -> None:
         8, 4, 1, 4096, 128, "bf16", True)
     assert llama.batch * llama.seq == 32 * 1024
     gdn = by_id["qwen3-next-80b-a3b.gdn.tp8.prefill-t16384"]
-    assert (gdn.batch, gdn.heads, gdn.seq, gdn.key_dim, gdn.value_dim) == (1, 4, 16384, 128, 128)  # value heads
+    # 4 value heads over 2 query/key heads a rank, as the layer has them
+    assert (gdn.batch, gdn.heads, gdn.key_heads, gdn.seq, gdn.key_dim, gdn.value_dim) == (1, 4, 2, 16384, 128, 128)
     assert made.layers[gdn.id] == ("qwen3-next-80b-a3b", specs("qwen3-next-80b-a3b", 8)[0])
+    whole = by_id["qwen3-next-80b-a3b.gdn.tp1.train-b8-t4096"]
+    assert (whole.batch, whole.heads, whole.n_key_heads, whole.seq) == (8, 32, 16, 4096)
+    assert whole.refusal("gdn") is None
+
+
+def test_a_gdn_case_has_key_heads_only_where_fewer_than_its_value_heads() -> None:
+    cpu = model_cases.shapes(gpu=False)
+    for key_heads, value_heads, expected in ((4, 4, None), (2, 4, 2)):
+        layers = LinearLayers("gdn", (0,), 1, key_heads, value_heads, 16, 16)
+        (case, *_) = model_cases.build([("m", {1: (layers,)})], cpu).linear
+        assert (case.heads, case.key_heads) == (value_heads, expected)
 
 
 def test_a_window_shorter_than_the_sequence_is_kept_and_a_longer_one_dropped() -> None:

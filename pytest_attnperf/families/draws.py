@@ -9,8 +9,9 @@ and its values negated, transformations under which every family's exact answer 
 exactly:
 
 - attention works on each batch entry and head on its own, so permuting batch entries (and
-  heads, query heads moving with their key/value head, so a GQA group stays one group)
-  permutes the outputs and gradients the same way;
+  heads, query heads moving with their key/value head, so a GQA group stays one group, and GDN's
+  grouped value heads with their query/key head alike: a group is consecutive heads of the
+  tensors with more, ``Timed.transform``) permutes the outputs and gradients the same way;
 - softmax attention's and every linear family's output is linear in ``v`` (the state starts at
   zero), and every loss gradient is linear in the output gradient: negating ``v`` negates the
   output and the gradients of ``q``, ``k``, the gates and ``beta`` (bilinear in ``v`` and the

@@ -133,9 +133,10 @@ DTYPES = ("bf16", "fp16", "fp32")
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
                 "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 # an id's tokens that state a field: b4 (batch), h16 (heads), t1024 (seq), d64 (head or key dim),
-# kv2 (key/value heads), w128 (window); checked where the letter appears once in the id
+# kv2 (key/value heads), hk2 (a linear case's query/key heads), w128 (window); checked where the
+# letter appears once in the id
 _ID_FIELDS = {"b": ("batch",), "h": ("heads",), "t": ("seq",), "d": ("head_dim", "key_dim"), "kv": ("kv_heads",),
-              "w": ("window",)}
+              "hk": ("n_key_heads",), "w": ("window",)}
 
 
 def _id_contradictions(case: Any) -> list[str]:
@@ -144,7 +145,7 @@ def _id_contradictions(case: Any) -> list[str]:
     found: dict[str, list[int]] = {}
     tokens = str(case.id).split("-")
     for token in tokens:
-        match = re.fullmatch(r"(kv|[bhtdw])(\d+)", token)
+        match = re.fullmatch(r"(kv|hk|[bhtdw])(\d+)", token)
         if match:
             found.setdefault(match.group(1), []).append(int(match.group(2)))
     wrong = []
@@ -165,7 +166,8 @@ def _id_contradictions(case: Any) -> list[str]:
 
 def check_cases(where: str, cases: Sequence[Any]) -> None:
     """A usage error, naming each row and the fix, for a table with rows a run cannot use: a
-    dtype other than bf16, fp16 or fp32, heads that the key/value heads do not divide, two rows
+    dtype other than bf16, fp16 or fp32, heads that the key/value heads (or a linear case's
+    query/key heads) do not divide, two rows
     of one id (pytest would rename them ``_0``, ``_1`` and their baseline keys would follow the
     table's order), an id whose tokens contradict the row's fields, fewer keys (``kv_seq``) than
     queries."""
@@ -182,6 +184,10 @@ def check_cases(where: str, cases: Sequence[Any]) -> None:
         heads, groups = getattr(case, "heads", None), getattr(case, "n_kv_heads", None)
         if isinstance(heads, int) and isinstance(groups, int) and (groups < 1 or heads % groups):
             problems.append(f"{label}: {heads} heads cannot share {groups} key/value heads (it must divide them)")
+        key_heads = getattr(case, "n_key_heads", None)
+        if isinstance(heads, int) and isinstance(key_heads, int) and (key_heads < 1 or heads % key_heads):
+            problems.append(f"{label}: {heads} value heads cannot share {key_heads} query/key heads (key_heads must "
+                            "be at least 1 and divide them)")
         seq, kv_seq = getattr(case, "seq", None), getattr(case, "kv_seq", None)
         if isinstance(seq, int) and isinstance(kv_seq, int) and kv_seq < seq:
             problems.append(f"{label}: kv_seq={kv_seq} keys for seq={seq} queries (the queries are the last seq of "
@@ -232,6 +238,9 @@ def invalid_reason(params: dict[str, Any]) -> str | None:
         return None
     if params.get("direction") == "fwdbwd" and not kernel.backward:
         return f"{kernel.name} has no backward"
+    refusal = getattr(case, "refusal", None)  # a case no kernel of a family can take (LinearCase's key_heads)
+    if callable(refusal) and (why := refusal(kernel.family)):
+        return str(why)
     return kernel.supports(case) if case is not None else None
 
 

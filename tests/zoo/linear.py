@@ -34,7 +34,10 @@ elements times 1.01 or 1.05; the last partial chunk's intra-chunk part or its st
 late; no scale; and per family: normalised or strictly causal linear attention, the decay
 applied after the write, a per-channel gate averaged over the channels, the state read
 undecayed across chunks, the delta rule's system undecayed, its correction reading the
-undecayed state or leaving beta out.
+undecayed state or leaving beta out, grouped values meeting the wrong key heads.
+
+GDN's kernels take grouped values (queries and keys with fewer heads than the values), repeating
+each key head over its group of consecutive value heads as fla does (``grouped``).
 """
 
 from __future__ import annotations
@@ -507,6 +510,19 @@ def strictly_causal(impl: Impl) -> Impl:
     return strict
 
 
+def grouped(inputs: Sequence[Tensor], tiled: bool = False) -> list[Tensor]:
+    """GDN's inputs with the queries and keys repeated to the values' heads, value head ``j``
+    meeting key head ``j // (HV / H)`` (fla's grouped values); ``tiled``: key head ``j % H``, the
+    wrong way round."""
+    q, k, v = inputs[:3]
+    group = v.shape[2] // k.shape[2]
+    if group == 1:
+        return list(inputs)
+    if tiled:
+        return [q.repeat(1, 1, group, 1), k.repeat(1, 1, group, 1), *inputs[2:]]
+    return [q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2), *inputs[2:]]
+
+
 # -- the zoo ------------------------------------------------------------------------------------------
 
 
@@ -520,6 +536,7 @@ class Zoo:
     doc: str
     form: str = "chunk"
     limit: str | None = None  # "parallel", "recurrent" or "materialised": the size it declines beyond
+    tiled_heads: bool = False  # GDN's grouped values meet key head j % H (wrong), not j // (HV / H)
 
     @property
     def correct(self) -> bool:
@@ -543,11 +560,12 @@ class Zoo:
         return None
 
     def kernel(self) -> Kernel:
-        """The registry's ``Kernel`` of this zoo entry, its function documented with ``doc``."""
-        impl = self.impl
+        """The registry's ``Kernel`` of this zoo entry, its function documented with ``doc``; a GDN
+        kernel takes grouped values (``grouped``)."""
+        impl, family, tiled = self.impl, self.family, self.tiled_heads
 
         def fn(*inputs: Tensor, scale: float) -> Tensor:
-            return impl(inputs, scale)
+            return impl(grouped(inputs, tiled) if family == "gdn" else inputs, scale)
 
         fn.__doc__ = self.doc
         fn.__name__ = fn.__qualname__ = self.name.replace("-", "_")
@@ -629,6 +647,8 @@ def _wrong(family: str) -> list[Zoo]:
             Zoo(family, f"{bad}-beta-value-only", recurrent(family, frozenset({"beta-value-only"})),
                 "The token recurrence; beta scales the value but not the correction.", form="recurrent",
                 limit="recurrent"),
+            Zoo(family, f"{bad}-key-heads-tiled", base,
+                "Grouped values: value head j reads key head j % H, not j // (HV / H).", tiled_heads=True),
         ]
     return zoo
 

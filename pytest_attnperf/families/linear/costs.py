@@ -137,6 +137,15 @@ def delta_rule_flops_per_head(seq: int, key_dim: int, value_dim: int, form: str,
     return intra + state_flops
 
 
+def _key_heads(heads: int, key_heads: int | None) -> int:
+    """The query/key heads, ``heads`` unless given; ValueError unless they divide the value heads."""
+    if key_heads is None:
+        return heads
+    if key_heads < 1 or heads % key_heads:
+        raise ValueError(f"{heads} value heads cannot share {key_heads} query/key heads (it must divide them)")
+    return key_heads
+
+
 def _cost(
     *,
     flops_per_head: float,
@@ -150,11 +159,13 @@ def _cost(
     initial_state: bool,
     final_state: bool,
     backward: bool,
+    key_heads: int | None = None,
 ) -> Cost:
-    """Assemble a Cost from per-head FLOPs and the bytes common to every variant."""
+    """Assemble a Cost from per-head FLOPs and the bytes common to every variant; ``heads`` are
+    the value heads (one state each), ``key_heads`` the query/key heads (``heads`` unless given)."""
     elem = _elem_bytes(dtype, "dtype")
     tokens = batch * seq * heads
-    qk_bytes = 2.0 * tokens * key_dim * elem
+    qk_bytes = 2.0 * batch * seq * _key_heads(heads, key_heads) * key_dim * elem
     v_bytes = tokens * value_dim * elem  # V, and equally O, dO, dV
     state_bytes = float(batch * heads * key_dim * value_dim * DTYPE_BYTES[STATE_DTYPE])
     inputs = qk_bytes + v_bytes + extra_input_bytes + (state_bytes if initial_state else 0.0)
@@ -272,12 +283,16 @@ def gated_delta_rule(
     initial_state: bool = False,
     final_state: bool = False,
     backward: bool = False,
+    key_heads: int | None = None,
 ) -> Cost:
     """Gated DeltaNet, ``g, beta: [B, T, H]`` (fla's ``chunk_gated_delta_rule``).
 
     In-kernel extras (``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``,
-    ``use_gate_in_kernel``) are element-wise and not counted; grouped values (``HV > H``) are not
-    modelled.
+    ``use_gate_in_kernel``) are element-wise and not counted. Grouped values (``key_heads``
+    query/key heads under ``heads`` value heads, fla's ``HV > H``): the FLOPs are every value
+    head's, as each has its own state, gates and beta, and fla's kernels run one program per
+    value head (the scores ``Q K^T`` of a key head are recomputed for each of its value heads);
+    the queries and keys are read, and their gradients written, once per key head.
     """
     beta_dtype = dtype if beta_dtype is None else beta_dtype
     per_token = _elem_bytes(gate_dtype, "gate_dtype") + _elem_bytes(beta_dtype, "beta_dtype")
@@ -285,5 +300,5 @@ def gated_delta_rule(
         flops_per_head=delta_rule_flops_per_head(seq, key_dim, value_dim, form, chunk),
         batch=batch, heads=heads, seq=seq, key_dim=key_dim, value_dim=value_dim, dtype=dtype,
         extra_input_bytes=float(batch * seq * heads * per_token),
-        initial_state=initial_state, final_state=final_state, backward=backward,
+        initial_state=initial_state, final_state=final_state, backward=backward, key_heads=key_heads,
     )

@@ -10,7 +10,8 @@ tokens; the state ``[B, H, K, V]`` in fp32, key-first as fla keeps it)::
     simple_gla_decode:  fn(q, k, v, g, *, scale, initial_state) -> (o, final_state)
     gdn_decode:         fn(q, k, v, g, beta, *, scale, initial_state) -> (o, final_state)
 
-The inputs and gates are the whole-sequence family's (``linear.kernels``); the initial state is
+The inputs and gates are the whole-sequence family's (``linear.kernels``; ``gdn_decode``'s queries
+and keys may have fewer heads than its values and states, ``key_heads``); the initial state is
 drawn at random. Both the output and the new state are checked against the fp64 recurrence
 (``linear.reference``, from the same state), the output as a recurrent kernel's (``linear.kernels``:
 its dtype's units, the fp32 token recurrence as the yardstick) and the state as an fp32 tensor.
@@ -31,6 +32,7 @@ import pytest
 
 from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear.case import key_heads_refusal
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
 __all__ = ["ATTNPERF_CASES", "ATTNPERF_DIRECTIONS", "ATTNPERF_FAMILY", "BASE", "CASES", "CPU", "DIRECTIONS",
@@ -47,7 +49,8 @@ STATE_CHECK_DTYPE = "fp32"  # the state is fp32 whatever the inputs' dtype
 
 @dataclass(frozen=True)
 class LinearDecodeCase:
-    """``seq`` new tokens (1 to a few) of ``batch`` requests, each with a state per head."""
+    """``seq`` new tokens (1 to a few) of ``batch`` requests, each with a state per (value) head;
+    ``key_heads`` (``gdn_decode`` only) the query/key heads when fewer (``linear.case``)."""
 
     id: str
     batch: int
@@ -57,6 +60,7 @@ class LinearDecodeCase:
     value_dim: int
     dtype: str
     gpu: bool = True
+    key_heads: int | None = None
 
     @property
     def scale(self) -> float:
@@ -64,10 +68,19 @@ class LinearDecodeCase:
         scale: float = self.key_dim**-0.5  # int ** negative int: typeshed says Any
         return scale
 
+    @property
+    def n_key_heads(self) -> int:
+        """The query/key heads: ``key_heads``, or ``heads`` when not grouped."""
+        return self.heads if self.key_heads is None else self.key_heads
+
+    def refusal(self, family: str) -> str | None:
+        """Why every kernel of decode family ``family`` refuses this case (None: none does)."""
+        return key_heads_refusal(BASE.get(family, family), self.key_heads)
+
     def whole(self) -> linear.LinearCase:
         """The whole-sequence case of these shapes (its inputs are drawn alike)."""
         return linear.LinearCase(self.id, self.batch, self.heads, self.seq, self.key_dim, self.value_dim, self.dtype,
-                                 gpu=self.gpu)
+                                 gpu=self.gpu, key_heads=self.key_heads)
 
 
 # -- kernels ------------------------------------------------------------------------------
@@ -235,8 +248,9 @@ def cost(family: str, case: LinearDecodeCase) -> Any:
 
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
              "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[BASE[family]]
+    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if BASE[family] == "gdn" else {}
     return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim, value_dim=case.value_dim,
-                 dtype=case.dtype, form="recurrent", initial_state=True, final_state=True)
+                 dtype=case.dtype, form="recurrent", initial_state=True, final_state=True, **grouped)
 
 
 # -- the suite ----------------------------------------------------------------------------
@@ -247,6 +261,8 @@ GPU = tuple(LinearDecodeCase(f"b{b}-h16-t{t}-d128-bf16", b, 16, t, 128, 128, "bf
 CPU = (
     LinearDecodeCase("cpu-b2-h2-t1-d16-fp32", 2, 2, 1, 16, 32, "fp32", gpu=False),
     LinearDecodeCase("cpu-b3-h4-t4-d32-bf16", 3, 4, 4, 32, 32, "bf16", gpu=False),
+    # grouped values (GDN only): 4 value heads over 2 query/key heads
+    LinearDecodeCase("cpu-b2-h4-hk2-t2-d16-fp32", 2, 4, 2, 16, 16, "fp32", gpu=False, key_heads=2),
 )
 CASES = GPU + CPU
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_attnperf.families.linear.case import LinearCase, value_grouped
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
 __all__ = [
@@ -57,27 +58,6 @@ FAMILY_OUT_FACTOR = {"gdn": 12.0}
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
 FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
-
-
-@dataclass(frozen=True)
-class LinearCase:
-    """One shape of a linear-attention family; ``beta_max`` 2 allows negative eigenvalues."""
-
-    id: str
-    batch: int
-    heads: int
-    seq: int
-    key_dim: int
-    value_dim: int
-    dtype: str
-    beta_max: float = 1.0
-    gpu: bool = True
-
-    @property
-    def scale(self) -> float:
-        """The attention scale, ``key_dim ** -0.5``."""
-        scale: float = self.key_dim**-0.5  # int ** negative int: typeshed says Any
-        return scale
 
 
 def _first(result: Any) -> Any:
@@ -165,6 +145,7 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
     import torch
 
     fn = _fla("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
+    q, k = value_grouped(q, k, v)  # it has one head count: grouped values get their key heads repeated
     with torch.device(q.device):
         return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
 
@@ -314,6 +295,8 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: in
     import torch
     import torch.nn.functional as F
 
+    if why := case.refusal(family):
+        raise ValueError(why)
     dtype = torch_dtype(case.dtype)
     label = f"{family}:{case.id}" + (f":{seed}" if seed else "")
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(label.encode()))
@@ -322,7 +305,8 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: in
     def draw(*shape: int) -> Any:
         return torch.randn(shape, generator=gen, device=device)
 
-    q, k, v = draw(b, t, h, kd), draw(b, t, h, kd), draw(b, t, h, vd)
+    hk = case.n_key_heads  # GDN's queries and keys may have fewer heads than its values (case.py)
+    q, k, v = draw(b, t, hk, kd), draw(b, t, hk, kd), draw(b, t, h, vd)
     if family == "gdn":  # GDN's keys and queries are L2-normalised, as in the layer
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
     tensors = [q.to(dtype), k.to(dtype), v.to(dtype)]
@@ -520,6 +504,7 @@ def cost(family: str, kernel: Kernel, case: LinearCase, direction: str) -> Any:
 
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
              "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[family]
+    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if family == "gdn" else {}
     return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim,
                  value_dim=case.value_dim, dtype=case.dtype, form=kernel.form or "chunk",
-                 backward=direction == "fwdbwd")
+                 backward=direction == "fwdbwd", **grouped)

@@ -15,6 +15,10 @@ element size of the dtype and fp32 (4 bytes) for what fla keeps in fp32:
   per-token intermediates ``8*N*W*4``; its intra-chunk matrices ``4*N*C*4``; the chunk states
   recomputed and their gradients ``2*B*H*Tc*K*V*4``.
 
+With grouped values (GDN's ``key_heads`` under ``H`` value heads) every term counts value heads:
+fla's kernels keep their intermediates per value head, and its backward writes ``dq`` and ``dk`` per
+value head before summing each group onto its key head; the fewer queries and keys are inputs.
+
 That is ``O(B*H*T*W)`` plus ``O(B*H*(T/C)*K*V)``: what a kernel needs that keeps neither a state
 per token (``B*H*T*K*V``, ``C`` times the chunk states: a torch loop under autograd) nor the
 ``T x T`` scores (the parallel form). A recurrent kernel fused over the sequence needs less. The
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.gate.memory import MIB, Bound
 
 __all__ = ["CHUNK", "FIXED_MIB", "SLACK", "memory_bound"]
@@ -39,7 +43,7 @@ FP32 = 4
 
 def memory_bound(case: LinearCase, direction: str) -> Bound:
     """The most a chunked kernel may hold above the inputs of ``case`` (``fwd`` or ``fwdbwd``)."""
-    tokens = case.batch * case.seq * case.heads
+    tokens = case.batch * case.seq * case.heads  # value heads, also where the queries and keys have fewer
     wide, e = max(case.key_dim, case.value_dim), ELEMENT_BYTES[case.dtype]
     states = case.batch * case.heads * math.ceil(case.seq / CHUNK) * case.key_dim * case.value_dim * FP32
     terms: list[tuple[str, float]] = [

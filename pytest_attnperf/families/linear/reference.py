@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, overload
 
+from pytest_attnperf.families.linear.case import value_grouped
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -315,6 +317,7 @@ def gated_delta_rule(
     """
     import torch
 
+    q, k = value_grouped(q, k, v)  # fewer query/key heads than value heads: grouped (case.value_grouped)
     _check_per_head("g", g, k)
     _check_per_head("beta", beta, k)
     if l2norm_qk:
@@ -566,6 +569,7 @@ def chunk_gated_delta_rule(
     """
     import torch
 
+    q, k = value_grouped(q, k, v)  # fewer query/key heads than value heads: grouped (case.value_grouped)
     _check_per_head("g", g, k)
     _check_per_head("beta", beta, k)
     if l2norm_qk:

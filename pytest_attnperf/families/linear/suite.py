@@ -4,7 +4,9 @@ forward and forward+backward, each kernel against our fp64 recurrence.
 The GPU table times linear attention at B=4 H=16 D=128 against T from 1K to 16K and D=64 at
 T=4096, and GDN at a model-ladder head (hidden 512 = 8 heads x 64, B=32 T=1024). The built-in
 kernels come from flash-linear-attention (``pip install pytest-attnperf[linear]``); without it
-each of their cases is skipped with that hint, and a project's own kernels still run.
+each of their cases is skipped with that hint, and a project's own kernels still run. A row with
+``key_heads`` (GDN's grouped values: fewer query/key heads than value heads) is removed for the
+other families at collection.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.linear import kernels as linear
-from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.families.registry import Kernel
 
 __all__ = ["ATTNPERF_CASES", "ATTNPERF_FAMILY", "CASES", "FAMILY", "fla_missing", "test_linear"]
@@ -44,6 +46,8 @@ GPU = (
 CPU = (
     LinearCase("cpu-b2-h2-t33-d16-fp32", 2, 2, 33, 16, 32, "fp32", gpu=False),
     LinearCase("cpu-b1-h4-t64-d32-beta2-fp32", 1, 4, 64, 32, 32, "fp32", beta_max=2.0, gpu=False),
+    # GDN's grouped values: 4 value heads over 2 query/key heads, a chunk and a tail of 6 tokens
+    LinearCase("cpu-b2-h4-hk2-t70-d16-fp32", 2, 4, 70, 16, 16, "fp32", gpu=False, key_heads=2),
 )
 
 CASES = GPU + CPU

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_attnperf.families.linear.kernels import LinearCase
+from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.families.models.layers import AttentionLayers, LayerSpec, LinearLayers
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 
@@ -103,10 +103,11 @@ def _softmax(case_id: str, spec: AttentionLayers, batch: int, seq: int, s: Shape
 
 
 def _linear(case_id: str, spec: LinearLayers, batch: int, seq: int, s: Shapes) -> LinearCase:
-    """A gated DeltaNet case at the layer's value heads: queries and keys are drawn per value head,
-    as a layer whose key heads serve several value heads feeds them once repeated
-    (docs/models.md, "Linear layers")."""
-    return LinearCase(case_id, batch, spec.value_heads, seq, spec.key_dim, spec.value_dim, s.dtype, gpu=s.gpu)
+    """A gated DeltaNet case at the rank's value heads and, where fewer, its query/key heads
+    (``key_heads``: each serves ``value_heads // key_heads`` value heads, docs/models.md, "Linear layers")."""
+    key_heads = spec.key_heads if spec.key_heads != spec.value_heads else None
+    return LinearCase(case_id, batch, spec.value_heads, seq, spec.key_dim, spec.value_dim, s.dtype, gpu=s.gpu,
+                      key_heads=key_heads)
 
 
 def build(models: Sequence[tuple[str, dict[int, tuple[LayerSpec, ...]]]], s: Shapes) -> ModelCases:

@@ -1,0 +1,85 @@
+"""The linear families' case type: one shape, its heads and widths; the grouped heads' mapping
+(nothing here imports torch).
+
+``heads`` counts the value heads, one ``[K, V]`` state and one output head each. Gated DeltaNet
+may have fewer query/key heads (``key_heads``: grouped value attention, GVA, as in Qwen3-Next's
+16 key heads over 32 value heads): value head ``j`` then reads query/key head
+``j // (heads // key_heads)``, a group of consecutive value heads sharing one key head, as
+fla 0.6.0's GDN kernels index their keys (``i_h // (HV // H)``). The other families have one head
+count and refuse such a case (``refusal``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GROUPED_FAMILIES", "LinearCase", "key_head_of", "key_heads_refusal", "value_grouped"]
+
+GROUPED_FAMILIES = frozenset({"gdn"})
+"""The linear families whose queries and keys may have fewer heads than their values."""
+
+
+def key_heads_refusal(family: str, key_heads: int | None) -> str | None:
+    """Why ``family`` cannot take a case of ``key_heads`` query/key heads (None when it can: the
+    case has one head count, or the family groups its values)."""
+    if key_heads is None or family in GROUPED_FAMILIES:
+        return None
+    return (f"key_heads is a grouped-value input of {', '.join(sorted(GROUPED_FAMILIES))} only (fewer query/key "
+            f"heads than value heads); {family} has one head count")
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    """One shape of a linear-attention family; ``beta_max`` 2 allows negative eigenvalues;
+    ``key_heads`` (GDN only) the query/key heads when fewer than the ``heads`` value heads."""
+
+    id: str
+    batch: int
+    heads: int
+    seq: int
+    key_dim: int
+    value_dim: int
+    dtype: str
+    beta_max: float = 1.0
+    gpu: bool = True
+    key_heads: int | None = None
+
+    @property
+    def scale(self) -> float:
+        """The attention scale, ``key_dim ** -0.5``."""
+        scale: float = self.key_dim**-0.5  # int ** negative int: typeshed says Any
+        return scale
+
+    @property
+    def n_key_heads(self) -> int:
+        """The query/key heads: ``key_heads``, or ``heads`` when not grouped."""
+        return self.heads if self.key_heads is None else self.key_heads
+
+    def refusal(self, family: str) -> str | None:
+        """Why a kernel of ``family`` cannot take this case whatever the kernel (None when it can):
+        the parametrizing removes such combinations at collection with this reason."""
+        return key_heads_refusal(family, self.key_heads)
+
+
+def key_head_of(value_head: int, value_heads: int, key_heads: int) -> int:
+    """The query/key head that value head ``value_head`` reads: ``value_head // (value_heads //
+    key_heads)``; ValueError unless ``key_heads`` divides ``value_heads``."""
+    if key_heads < 1 or value_heads % key_heads:
+        raise ValueError(f"{value_heads} value heads cannot share {key_heads} query/key heads (it must divide them)")
+    return value_head // (value_heads // key_heads)
+
+
+def value_grouped(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """Queries and keys ``[B, T, H, K]`` (tensors) repeated to the values' ``HV`` heads, so that
+    value head ``j`` meets head ``key_head_of(j, HV, H)``; ``(q, k)`` themselves when ``H == HV``.
+    ValueError unless ``H`` divides ``HV``. The repeat is differentiable: a key head's gradient
+    sums over its group."""
+    heads, value_heads = k.shape[2], v.shape[2]
+    if q.shape[2] != heads:
+        raise ValueError(f"q has {q.shape[2]} heads and k {heads}: queries and keys share their heads")
+    if value_heads == heads:
+        return q, k
+    key_head_of(0, value_heads, heads)  # the check
+    group = value_heads // heads
+    return q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
