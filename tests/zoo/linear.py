@@ -7,7 +7,7 @@ kernels to any ``KernelRegistry``. Every kernel takes the families' signatures
 (``pytest_attnperf.families.linear.kernels``: layout ``[B, T, H, D]``, output shaped like ``v``
 in the query's dtype) and is plain PyTorch, differentiable through autograd, on any device.
 
-Correct kernels, ``zoo-ok-<family>-<what>``, six per family, all written here from the
+Correct kernels, ``zoo-ok-<family>-<what>``, eight per family, all written here from the
 recurrences (none calls the package's references):
 
 * ``chunk16-rounded``, ``chunk64-fp32``, ``chunk64-rounded``, ``chunk128-rounded``: the chunked
@@ -20,6 +20,10 @@ recurrences (none calls the package's references):
   that no factor exceeds the decay of 16 tokens. GDN's writes solve each chunk's unit
   lower-triangular system (the UT/WY transform), by its inverse (chunk64) or against the
   right-hand side (chunk16, chunk128).
+* ``chunk64-tf32``, ``chunk64-tf32-rne``: ``chunk64-fp32`` with every matrix product's operands
+  (forward and backward) rounded to TF32, truncated as a tensor core reads an fp32 tile (Triton's
+  ``tl.dot`` default) or rounded half to even; on GPUs only, whose fp32 cases hold a chunk kernel
+  to a yardstick with TF32 products (on the CPU, whose yardstick has none, they would fail).
 * ``parallel``: the quadratic form, the ``T x T`` decay-masked scores materialised (GDN: one
   triangular solve over the whole sequence; GLA: ``T x T x K``), float32; declined beyond
   ``PARALLEL_MAX_TOKENS`` tokens or ``PARALLEL_MAX_ELEMENTS`` elements.
@@ -364,6 +368,62 @@ def recurrent(family: str, bugs: Bugs = NONE) -> Impl:
     return _gated_recurrent
 
 
+# -- products with TF32 operands, as a Triton chunk kernel's tl.dot of fp32 tiles -----------------------
+
+
+def _tf32(x: Tensor, nearest: bool) -> Tensor:
+    """``x`` with 11 significant bits (TF32's 10 stored and the implicit one): its frexp mantissa
+    scaled by 2^11 and truncated (toward zero) or rounded half to even, then scaled back."""
+    mantissa, exponent = torch.frexp(x)
+    scaled = mantissa * 2.0**11
+    kept = torch.round(scaled) if nearest else torch.trunc(scaled)
+    return torch.ldexp(kept / 2.0**11, exponent).to(x.dtype)
+
+
+class _TF32Matmul(torch.autograd.Function):
+    """``a @ b`` of TF32-rounded operands; backward, both gradients' products likewise."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor, nearest: bool) -> Tensor:
+        ra, rb = _tf32(a, nearest), _tf32(b, nearest)
+        ctx.save_for_backward(ra, rb)
+        ctx.nearest = nearest
+        return torch.matmul(ra, rb)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        ra, rb = ctx.saved_tensors
+        g = _tf32(grad, ctx.nearest)
+        return torch.matmul(g, rb.mT), torch.matmul(ra.mT, g), None
+
+
+class _TF32Mode(torch.overrides.TorchFunctionMode):
+    """Every ``@`` of two float32 matrices (or stacks of the same batch shape) through ``_TF32Matmul``."""
+
+    def __init__(self, nearest: bool) -> None:
+        super().__init__()
+        self.nearest = nearest
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in (torch.Tensor.matmul, torch.matmul) and len(args) == 2 and not kwargs:
+            a, b = args
+            if a.dtype == b.dtype == torch.float32 and a.dim() == b.dim() >= 2 and a.shape[:-2] == b.shape[:-2]:
+                matmul: Tensor = _TF32Matmul.apply(a, b, self.nearest)  # type: ignore[no-untyped-call]
+                return matmul
+        return func(*args, **(kwargs or {}))
+
+
+def tf32_operands(impl: Impl, nearest: bool = False) -> Impl:
+    """``impl`` with its matrix products' operands rounded to TF32 (truncated, as a tensor core
+    reads an fp32 tile that nothing rounded; ``nearest``: rounded half to even)."""
+
+    def rounded(inputs: Sequence[Tensor], scale: float) -> Tensor:
+        with _TF32Mode(nearest):
+            return impl(inputs, scale)
+
+    return rounded
+
+
 # -- what the wrong kernels do to a right one -----------------------------------------------------------
 
 
@@ -537,6 +597,7 @@ class Zoo:
     form: str = "chunk"
     limit: str | None = None  # "parallel", "recurrent" or "materialised": the size it declines beyond
     tiled_heads: bool = False  # GDN's grouped values meet key head j % H (wrong), not j // (HV / H)
+    device_kinds: tuple[str, ...] = ("cuda", "cpu")
 
     @property
     def correct(self) -> bool:
@@ -570,6 +631,7 @@ class Zoo:
         fn.__doc__ = self.doc
         fn.__name__ = fn.__qualname__ = self.name.replace("-", "_")
         return Kernel(self.family, self.name, fn, supports=self.supports, form=self.form, description=self.doc,
+                      device_kinds=self.device_kinds,
                       tiled=False)  # torch loops and dense chunk products: no memory bound
 
 
@@ -584,6 +646,12 @@ def _correct(family: str) -> list[Zoo]:
             limit="materialised" if family == "gla" else None),
         Zoo(family, f"{ok}-chunk64-fp32", chunked(family, 64, False),
             f"Chunks of 64, every intermediate in float32{factored.get(family, '')}."),
+        Zoo(family, f"{ok}-chunk64-tf32", tf32_operands(chunked(family, 64, False)),
+            f"Chunks of 64, float32, every product's operands truncated to TF32{factored.get(family, '')}.",
+            device_kinds=("cuda",)),
+        Zoo(family, f"{ok}-chunk64-tf32-rne", tf32_operands(chunked(family, 64, False), nearest=True),
+            f"Chunks of 64, float32, every product's operands rounded to TF32, ties to even{factored.get(family, '')}.",
+            device_kinds=("cuda",)),
         Zoo(family, f"{ok}-chunk64-rounded", chunked(family, 64, True),
             f"Chunks of 64, stored intermediates rounded to the inputs' dtype{factored.get(family, '')}."),
         Zoo(family, f"{ok}-chunk128-rounded", chunked(family, 128, True, variant=family != "gla"),

@@ -18,7 +18,8 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
   inputs to the tensor-core format at every chunk product, and its intermediates and output to
   ``d``; each rounding costs at most one unit roundoff ``u`` normwise, so outputs may be off by
   ``2u`` and gradients, which go through twice as many products, by ``4u``. fp32 kernels are
-  held to TF32's ``u`` (2^-11), since Triton's fp32 dots default to TF32. For bf16 that is
+  held to TF32's ``u`` with truncation (2^-10), since Triton's fp32 dots default to TF32 and
+  read the operands' top 10 mantissa bits (docs/checks.md, "TF32 products"). For bf16 that is
   7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
   5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
 * elementwise (``checks.assert_elementwise``): every element within one ulp (or ``u |ref_i|``) plus
@@ -50,7 +51,7 @@ __all__ = [
 FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 HEAD_AXIS = 2  # [B, T, H, ...]
 
-UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-11}
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-10}
 OUT_UNITS, GRAD_UNITS = 2.0, 4.0
 OUT_FACTOR, GRAD_FACTOR = 16.0, 32.0  # elementwise: see assert_checked and docs/checks.md
 # GDN's outputs: set from what fla's GDN forwards needed on the suite's GPU shapes (docs/checks.md, "Factors")
@@ -223,7 +224,10 @@ class Prepared:
         rounded, and for a chunk kernel (``form`` "chunk", or None: a user's kernel) with every
         intermediate that a chunk kernel stores rounded to the case's dtype (the scores of each
         chunk, each chunk's state, the decayed queries and keys of its products, and for GDN the
-        points ``reference_linear.chunk_gated_delta_rule`` names). A recurrent kernel (``form``
+        points ``reference_linear.chunk_gated_delta_rule`` names). In an fp32 case on a GPU
+        (``tf32.rounds_products``) a chunk kernel's yardstick instead takes every matrix product's
+        operands truncated to TF32, as Triton's ``tl.dot`` reads fp32 tiles there, in its backward
+        too (``tf32.tf32_products``; docs/checks.md, "TF32 products"). A recurrent kernel (``form``
         "recurrent") keeps its state in float32 and updates it token by token, so its output's
         yardstick is the token recurrence in float32: its state's rounding error grows with the
         sequence as the kernel's does (the chunked form updates the state once per 64 tokens; at
@@ -239,13 +243,17 @@ class Prepared:
         """
         import torch
 
+        from pytest_attnperf.families.linear import tf32
+
         if "fp64" not in self._computed:
             self._computed["fp64"] = self._run(torch.float64, None)
         rounded = self.dtype != "fp32"
-        key = "recurrent" if form == "recurrent" else "chunk" if rounded else "fp32"
+        products = not rounded and tf32.rounds_products(self.inputs[0].device)
+        key = "recurrent" if form == "recurrent" else "chunk" if rounded else "tf32" if products else "fp32"
         if key not in self._computed:
             self._computed[key] = (self._recurrent() if key == "recurrent"
-                                   else self._run(torch.float32, torch_dtype(self.dtype) if rounded else None))
+                                   else self._run(torch.float32, torch_dtype(self.dtype) if rounded else None,
+                                                  tf32=products))
         return self._computed["fp64"], self._computed[key]
 
     def _recurrent(self) -> tuple[Any, ...]:
@@ -270,13 +278,20 @@ class Prepared:
             grads = ref.recurrent_gradients(q, k, v, gate, self.grad_out, scale=self.scale, compute=torch.float32)
         return (out,) + tuple(grads)
 
-    def _run(self, compute: Any, store: Any) -> tuple[Any, ...]:
+    def _run(self, compute: Any, store: Any, tf32: bool = False) -> tuple[Any, ...]:
+        """The chunked form in ``compute``, ``store`` rounding what a chunk kernel stores; ``tf32``:
+        every product's operands rounded to TF32 (``linear.tf32``), forward and backward."""
+        import contextlib
+
         import torch
+
+        from pytest_attnperf.families.linear.tf32 import tf32_products
 
         fn = _chunked_fn(self.family)
         leaves = [x.detach().to(compute).requires_grad_(self.backward) for x in self.inputs]
         with torch.enable_grad() if self.backward else torch.no_grad():
-            out = fn(*leaves, scale=self.scale, compute=compute, store=store)
+            with tf32_products() if tf32 else contextlib.nullcontext():
+                out = fn(*leaves, scale=self.scale, compute=compute, store=store)
             if not self.backward:
                 return (out,)
             grads = torch.autograd.grad(out, leaves, self.grad_out.to(compute))

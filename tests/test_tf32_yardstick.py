@@ -1,0 +1,127 @@
+"""The fp32 yardstick of a chunk kernel on a GPU: every matrix product takes TF32 operands
+(``families.linear.tf32``). Its rounding bit for bit, the mode's products and gradients, and the
+rule with it: a chunk kernel whose products take TF32 operands passes against it and fails
+against the plain float32 chunked form; a 1% gradient error still fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo.linear import zoo  # tests/ is on sys.path
+
+from pytest_attnperf.families.checks import CheckFailed
+from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear import tf32
+from pytest_attnperf.families.linear.tf32 import round_tf32, tf32_products
+
+CPU = torch.device("cpu")
+CASE = linear.LinearCase("unit-b1-h2-t128-d32-fp32", 1, 2, 128, 32, 32, "fp32", gpu=False)
+ZOO = {e.name: e for e in zoo()}
+
+# input bits -> (truncated, nearest-even)
+PATTERNS = {
+    0x3F800000: (0x3F800000, 0x3F800000),  # 1.0, exact
+    0x3F800FFF: (0x3F800000, 0x3F800000),  # just below half of the last kept bit
+    0x3F801000: (0x3F800000, 0x3F800000),  # a tie, last kept bit even: stays
+    0x3F803000: (0x3F802000, 0x3F804000),  # a tie, last kept bit odd: up to even
+    0x3F801001: (0x3F800000, 0x3F802000),  # just above a tie
+    0xBF803000: (0xBF802000, 0xBF804000),  # negative: the magnitude rounds
+    0x3FFFFFFF: (0x3FFFE000, 0x40000000),  # largest mantissa: carries into the exponent
+    0x7F7FFFFF: (0x7F7FE000, 0x7F800000),  # largest finite float32: rounds to inf
+    0x7F7FE000: (0x7F7FE000, 0x7F7FE000),  # largest finite TF32
+    0x00000001: (0x00000000, 0x00000000),  # smallest subnormal
+    0x00003000: (0x00002000, 0x00004000),  # a subnormal tie, odd
+    0x007FFFFF: (0x007FE000, 0x00800000),  # largest subnormal: up to the smallest normal
+    0x80000000: (0x80000000, 0x80000000),  # -0
+    0x7F800000: (0x7F800000, 0x7F800000),  # inf
+    0xFF800000: (0xFF800000, 0xFF800000),  # -inf
+    0x7FC00000: (0x7FC00000, 0x7FC00000),  # quiet NaN
+    0x7F800001: (0x7F800001, 0x7F800001),  # a NaN whose payload lies in the dropped bits stays NaN
+    0xFFFFFFFF: (0xFFFFFFFF, 0xFFFFFFFF),
+}
+
+
+def _bits(values: list[int]) -> torch.Tensor:
+    return torch.tensor([v - (1 << 32) if v >= 1 << 31 else v for v in values], dtype=torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("rounding", tf32.ROUNDINGS)
+def test_round_tf32_bit_for_bit(rounding: str) -> None:
+    column = tf32.ROUNDINGS.index(rounding)
+    got = round_tf32(_bits(list(PATTERNS)), rounding).view(torch.int32).tolist()
+    want = _bits([pair[column] for pair in PATTERNS.values()]).view(torch.int32).tolist()
+    assert [hex(g & 0xFFFFFFFF) for g in got] == [hex(w & 0xFFFFFFFF) for w in want]
+
+
+def test_round_tf32_refuses_another_dtype_or_rounding() -> None:
+    with pytest.raises(ValueError, match="float32"):
+        round_tf32(torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rounding"):
+        round_tf32(torch.ones(2), "up")
+
+
+def test_inside_the_mode_products_and_their_gradients_take_tf32_operands() -> None:
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 8, 16, generator=gen, requires_grad=True)
+    b = torch.randn(3, 16, 4, generator=gen, requires_grad=True)
+    g = torch.randn(3, 8, 4, generator=gen)
+    with tf32_products():
+        c = a @ b
+    (da, db) = torch.autograd.grad(c, (a, b), g)
+    ra, rb, rg = (round_tf32(x.detach()) for x in (a, b, g))
+    assert torch.equal(c, ra @ rb)
+    assert not torch.equal(c, a @ b)
+    assert torch.equal(da, rg @ rb.mT)
+    assert torch.equal(db, ra.mT @ rg)
+    with tf32_products():
+        assert torch.equal(a.double() @ b.double(), (a.double() @ b.double()))  # float64: untouched
+        with pytest.raises(NotImplementedError, match="einsum"):
+            torch.einsum("bij,bjk->bik", a, b)
+
+
+def _check(family: str, name: str, direction: str = "fwd") -> float:
+    return float(max(linear.check_case(family, ZOO[name].kernel(), CASE, direction, CPU).ratios.values()))
+
+
+@pytest.fixture
+def gpu_yardstick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The yardstick of a GPU's fp32 cases, on the CPU."""
+    monkeypatch.setattr(linear, "_cache", {})
+    monkeypatch.setattr(tf32, "rounds_products", lambda device: True)
+
+
+@pytest.mark.parametrize("family", linear.FAMILIES)
+def test_a_tf32_chunk_kernel_passes_the_tf32_yardstick_and_fails_the_plain_one(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(linear, "_cache", {})
+    name = f"zoo-ok-{family}-chunk64-tf32"
+    with pytest.raises(CheckFailed, match="outside the elementwise bound"):
+        _check(family, name)  # the CPU's yardstick: float32 products
+    monkeypatch.setattr(linear, "_cache", {})
+    monkeypatch.setattr(tf32, "rounds_products", lambda device: True)
+    assert _check(family, name) < 1
+    assert _check(family, f"zoo-ok-{family}-chunk64-tf32-rne") < 1
+
+
+def test_the_tf32_chunk_kernels_gradients_pass(gpu_yardstick: None) -> None:
+    assert _check("gla", "zoo-ok-gla-chunk64-tf32", "fwdbwd") < 1
+
+
+def test_a_truncating_kernel_needs_truncations_unit_roundoff(gpu_yardstick: None) -> None:
+    """Truncation biases every product the same way: the output's normwise error is beyond 2 x
+    2^-11 (round to nearest's unit roundoff) and within 2 x 2^-10 (truncation's)."""
+    a = linear.answer("linear_attn", ZOO["zoo-ok-linear_attn-chunk64-tf32"].kernel(), CASE, "fwd", CPU)
+    error = float((a.got[0].double() - a.reference[0]).norm() / a.reference[0].norm())
+    assert 2 * 2.0**-11 < error <= 2 * linear.UNIT_ROUNDOFF["fp32"]
+
+
+@pytest.mark.parametrize("family", ["linear_attn", "gdn"])
+def test_a_gradient_one_percent_off_still_fails_at_fp32(gpu_yardstick: None, family: str) -> None:
+    with pytest.raises(CheckFailed, match="normwise"):
+        _check(family, f"zoo-bad-{family}-dv-1pct-all", "fwdbwd")
+
+
+def test_the_cpu_keeps_float32_products() -> None:
+    assert not tf32.rounds_products(CPU)
+    assert tf32.rounds_products(torch.device("cuda"))
