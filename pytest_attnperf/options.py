@@ -61,6 +61,9 @@ OPTIONS = (
            "the models' prefill lengths at B=1, comma-separated, or none (default 4096,16384; CPU 128)"),
     Option("model_train", "--attnperf-model-train", "ATTNPERF_MODEL_TRAIN", "attnperf_model_train", "",
            "the models' training shapes BATCHxSEQ, comma-separated, or none (default 8x4096; CPU 2x64)"),
+    Option("model_decode", "--attnperf-model-decode", "ATTNPERF_MODEL_DECODE", "attnperf_model_decode", "",
+           "the models' decode shapes BATCHxCACHE (one new token over CACHE keys), comma-separated, or none "
+           "(default 1x32768,32x8192; CPU 2x64)"),
     Option("check_only", "--attnperf-check-only", "ATTNPERF_CHECK_ONLY", "attnperf_check_only", "false",
            "run every correctness check but time, gate and record nothing (default: off)", is_flag=True),
     Option("seed", "--attnperf-seed", "ATTNPERF_SEED", "attnperf_seed", "0",
@@ -175,6 +178,7 @@ class Settings:
     tp: tuple[int, ...] = (1,)  # --attnperf-tp: the degrees the models' heads are split for
     model_prefill: str = ""  # --attnperf-model-prefill, checked ("": the device's defaults)
     model_train: str = ""  # --attnperf-model-train, checked ("": the device's defaults)
+    model_decode: str = ""  # --attnperf-model-decode, checked ("": the device's defaults)
     history_dir: Path | None = None  # --attnperf-history: where each measured case's record is appended
     commit: str | None = None  # --attnperf-commit: the commit the history's records name (else git's)
     fail_on_drift: bool = False  # --attnperf-fail-on-drift: a lasting slowdown on the history fails the case
@@ -538,7 +542,7 @@ def _model_settings(config: pytest.Config) -> dict[str, Any]:
     models = _get(config, "models", _model_specs(config))
     if not models:
         return {"models": (), "tp": _get(config, "tp", _degrees)}
-    from pytest_attnperf.families.models.cases import parse_prefill, parse_train
+    from pytest_attnperf.families.models.cases import parse_decode, parse_prefill, parse_train
     from pytest_attnperf.families.models.load import check_models
 
     tp = _get(config, "tp", _degrees)
@@ -548,4 +552,5 @@ def _model_settings(config: pytest.Config) -> dict[str, Any]:
         raise pytest.UsageError(f"attnperf: {exc}") from None
     return {"models": models, "tp": tp,
             "model_prefill": _get(config, "model_prefill", _model_shapes(parse_prefill)),
-            "model_train": _get(config, "model_train", _model_shapes(parse_train))}
+            "model_train": _get(config, "model_train", _model_shapes(parse_train)),
+            "model_decode": _get(config, "model_decode", _model_shapes(parse_decode))}

@@ -13,6 +13,18 @@ import torch.nn.functional
 import torch.profiler
 import torch.utils.flop_counter
 
+# fla, when installed: importing it starts torch.compile's machinery (its activations are compiled
+# at import); first loaded inside a pytester run and imported again after it, dynamo and inductor
+# register their backends twice and the second import fails ("duplicate name: eager")
+try:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fla's "Triton is not supported on current platform" on a CPU
+        import fla.ops  # noqa: F401
+except ImportError:
+    pass
+
 
 def _load_lazily_imported_modules() -> None:
     """Run once, tiny, what the plugin and the tests run (profiler, flop counter, SDPA pins),

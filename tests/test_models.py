@@ -223,6 +223,48 @@ def test_a_gdn_case_has_key_heads_only_where_fewer_than_its_value_heads() -> Non
         assert (case.heads, case.key_heads) == (value_heads, expected)
 
 
+def test_decode_cases_are_one_token_over_the_cache_at_the_ranks_heads_and_one_gdn_step_per_batch() -> None:
+    """At TP 1 and 8: Llama's softmax layers over 32K and 8K cached tokens at the rank's 32/4 query
+    and 8/1 KV heads; Qwen3-Next's full layers (2 KV heads of 256, replicated beyond TP 2) and its
+    gated DeltaNet step (16/2 key heads, 32/4 value heads a rank), one case per batch size."""
+    made = gpu_cases("llama3-8b", "qwen3-next-80b-a3b")
+    every: list[Any] = [*made.softmax_decode, *made.linear_decode]
+    by_id: dict[str, Any] = {c.id: c for c in every}
+    assert sorted(by_id) == sorted(
+        [f"llama3-8b.full.tp{tp}.decode-{p}" for tp in (1, 8) for p in ("b1-cache32k", "b32-cache8k")]
+        + [f"qwen3-next-80b-a3b.full.tp{tp}.decode-{p}" for tp in (1, 8) for p in ("b1-cache32k", "b32-cache8k")]
+        + [f"qwen3-next-80b-a3b.gdn.tp{tp}.decode-b{b}" for tp in (1, 8) for b in (1, 32)])
+    rows = {i: (c.batch, c.heads, c.n_kv_heads, c.seq, c.n_kv_seq, c.head_dim, c.causal, c.window)
+            for i, c in by_id.items() if ".full." in i}
+    assert rows["llama3-8b.full.tp1.decode-b1-cache32k"] == (1, 32, 8, 1, 32768, 128, True, None)
+    assert rows["llama3-8b.full.tp8.decode-b32-cache8k"] == (32, 4, 1, 1, 8192, 128, True, None)
+    assert rows["qwen3-next-80b-a3b.full.tp8.decode-b32-cache8k"] == (32, 2, 1, 1, 8192, 256, True, None)
+    gdn = by_id["qwen3-next-80b-a3b.gdn.tp8.decode-b32"]
+    assert (gdn.batch, gdn.heads, gdn.key_heads, gdn.seq, gdn.key_dim, gdn.value_dim, gdn.dtype) == (
+        32, 4, 2, 1, 128, 128, "bf16")
+    assert by_id["qwen3-next-80b-a3b.gdn.tp1.decode-b1"].n_key_heads == 16
+    assert made.layers[gdn.id] == ("qwen3-next-80b-a3b", specs("qwen3-next-80b-a3b", 8)[0])
+    from pytest_attnperf.families import parametrize
+
+    parametrize.check_cases("models", made.softmax_decode)
+    parametrize.check_cases("models", made.linear_decode)
+
+
+def test_a_decode_window_shorter_than_the_cache_is_kept_and_none_builds_no_decode_case() -> None:
+    by_id = {c.id: c for c in gpu_cases("mistral-7b", tps=(1,)).softmax_decode}
+    assert by_id["mistral-7b.sliding.tp1.decode-b1-cache32k"].window == 4096
+    from pytest_attnperf.families.models.layers import all_specs
+
+    model = model_load.load("mistral-7b")
+    off = model_cases.build([(model.name, all_specs(model.config, (1,)))],
+                            model_cases.shapes(gpu=True, decode="none"))
+    assert (off.softmax_decode, off.linear_decode) == ((), ())
+    assert off.softmax
+    short = model_cases.build([(model.name, all_specs(model.config, (1,)))],
+                              model_cases.shapes(gpu=True, decode="4x2048"))
+    assert [(c.id, c.window) for c in short.softmax_decode] == [("mistral-7b.sliding.tp1.decode-b4-cache2k", None)]
+
+
 def test_a_window_shorter_than_the_sequence_is_kept_and_a_longer_one_dropped() -> None:
     by_id = {c.id: c for c in gpu_cases("mistral-7b", tps=(1,)).softmax}
     assert by_id["mistral-7b.sliding.tp1.prefill-t16384"].window == 4096
@@ -238,14 +280,19 @@ def test_model_cases_pass_the_tables_checks() -> None:
 
 
 def test_shapes_default_by_device_and_parse_what_is_given() -> None:
-    assert model_cases.shapes(gpu=True) == model_cases.Shapes((4096, 16384), ((8, 4096),), "bf16", True)
-    assert model_cases.shapes(gpu=False) == model_cases.Shapes((128,), ((2, 64),), "fp32", False)
-    given = model_cases.shapes("1024, 2048", "none", gpu=True)
-    assert (given.prefill, given.train) == ((1024, 2048), ())
+    assert model_cases.shapes(gpu=True) == model_cases.Shapes((4096, 16384), ((8, 4096),), "bf16", True,
+                                                              ((1, 32768), (32, 8192)))
+    assert model_cases.shapes(gpu=False) == model_cases.Shapes((128,), ((2, 64),), "fp32", False, ((2, 64),))
+    given = model_cases.shapes("1024, 2048", "none", gpu=True, decode="none")
+    assert (given.prefill, given.train, given.decode) == ((1024, 2048), (), ())
     assert model_cases.parse_train("4x8192,2x16384") == ((4, 8192), (2, 16384))
+    assert model_cases.parse_decode("1x131072, 32x1024") == ((1, 131072), (32, 1024))
     for bad, message in (("4096x", "sequence length '' is not a whole number"), ("8", "'8' is not BATCHxSEQ")):
         with pytest.raises(ValueError, match=message):
             model_cases.parse_train(bad)
+    for bad, message in (("32x0", "cache length '0' must be at least 1"), ("32", "'32' is not BATCHxCACHE")):
+        with pytest.raises(ValueError, match=message):
+            model_cases.parse_decode(bad)
     with pytest.raises(ValueError, match="must be at least 1"):
         model_cases.parse_prefill("0")
 
@@ -359,12 +406,18 @@ def test_the_models_suite_checks_times_and_records_model_cases(pytester: pytest.
     assert got[f"{prefix}test_models_softmax[tiny-sliding.sliding.tp8.prefill-t128-sdpa-dense-window-fwd]"] == "PASSED"
     assert got[f"{prefix}test_models_softmax[qwen3-next-80b-a3b.full.tp8.prefill-t128-sdpa-math-fwd]"] == "PASSED"
     assert got[f"{prefix}test_models_linear[tiny-hybrid.gdn.tp8.prefill-t128-fla-naive-fwdbwd]"] == "PASSED"
+    # the decode phase: one token over a cache of 64 keys, one recurrent step from a state
+    assert got[f"{prefix}test_models_decode_softmax[llama3-8b.full.tp8.decode-b2-cache64-sdpa-flash-fwd]"] == "PASSED"
+    assert got[f"{prefix}test_models_decode_linear[tiny-hybrid.gdn.tp8.decode-b2-torch-recurrent-fwd]"] == "PASSED"
     failed = sorted(k for k, v in got.items() if v == "FAILED")
-    assert failed == [f"{prefix}test_models_softmax[{c}.prefill-t128-mine-off-by-2pc-{d}]"
-                      for c in ("llama3-8b.full.tp8", "tiny-sliding.sliding.tp8") for d in ("fwd", "fwdbwd")]
+    assert failed == sorted(
+        [f"{prefix}test_models_softmax[{c}.prefill-t128-mine-off-by-2pc-{d}]"
+         for c in ("llama3-8b.full.tp8", "tiny-sliding.sliding.tp8") for d in ("fwd", "fwdbwd")]
+        + [f"{prefix}test_models_decode_softmax[{c}.decode-b2-cache64-mine-off-by-2pc-fwd]"
+           for c in ("llama3-8b.full.tp8", "tiny-sliding.sliding.tp8")])
     recorded = kit.entries(pytester, "cpu")
     passed = {k for k, v in got.items() if v == "PASSED"}
-    assert len(passed) == 7
+    assert len(passed) == 11
     assert passed <= set(recorded)
 
 
@@ -398,6 +451,10 @@ def test_on_a_gpu_the_default_shapes_are_collected_and_kernels_that_cannot_hold_
     assert "test_models_softmax[llama3-8b.full.tp1.prefill-t4096-naive-fwd]" in ids  # 11 GB of scores
     assert not any("t16384-naive" in i or "train-b8-t4096-sdpa-math" in i for i in ids)
     assert "test_models_linear[no-linear-attention-layers]" in ids
+    assert {"test_models_decode_softmax[llama3-8b.full.tp1.decode-b32-cache8k-sdpa-cudnn-fwd]",
+            "test_models_decode_softmax[llama3-8b.full.tp1.decode-b1-cache32k-naive-fwd]",
+            "test_models_decode_linear[no-linear-attention-decode-layers]"} <= set(ids)
+    assert not any("decode" in i and i.endswith("fwdbwd]") for i in ids)  # serving runs no backward
     result.stdout.fnmatch_lines(["*naive: materialises T x T scores: about 172 GB at B=1 H=32 T=16384*"])
 
 

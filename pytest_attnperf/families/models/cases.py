@@ -1,11 +1,16 @@
-"""A model's layer specs as the families' cases: prefill (B=1) and training (B x T) shapes, one case
-per model, layer kind, tensor-parallel degree and shape, with ids such as
-``llama3-8b.full.tp8.prefill-t4096`` (pure but for the case types).
+"""A model's layer specs as the families' cases: prefill (B=1), training (B x T) and decode (one
+new token of each of B requests over a cache) shapes, one case per model, layer kind,
+tensor-parallel degree and shape, with ids such as ``llama3-8b.full.tp8.prefill-t4096`` or
+``llama3-8b.full.tp8.decode-b32-cache8k`` (pure but for the case types).
 
-Defaults: prefill at T=4096 and 16384, training at B=8 T=4096 (32K tokens), bf16, on a GPU; on
-the CPU, prefill at T=128 and training at B=2 T=64 in fp32, so a CPU run finishes in seconds.
-A sliding window at least as long as the sequence hides no key: such a case is causal attention
-without a window, as a kernel computes it (its id keeps the layer's kind).
+Defaults: prefill at T=4096 and 16384, training at B=8 T=4096 (32K tokens), decode at B=1 over
+32K cached tokens and B=32 over 8K, bf16, on a GPU; on the CPU, prefill at T=128, training at
+B=2 T=64 and decode at B=2 over 64 in fp32, so a CPU run finishes in seconds. A sliding window at
+least as long as the sequence (or the cache) hides no key: such a case is causal attention
+without a window, as a kernel computes it (its id keeps the layer's kind). A softmax layer's
+decode case is a ``SoftmaxCase`` with ``kv_seq`` (``softmax.decode``); a linear layer's is its
+family's recurrent step from a state (``LinearDecodeCase``), which has no cache length, so its
+decode cases are one per batch size (``qwen3-next-80b-a3b.gdn.tp8.decode-b32``).
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_attnperf.families.linear.case import LinearCase
+from pytest_attnperf.families.linear.decode import LinearDecodeCase
 from pytest_attnperf.families.models.layers import AttentionLayers, LayerSpec, LinearLayers
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 
-__all__ = ["ModelCases", "Shapes", "build", "parse_prefill", "parse_train", "shapes"]
+__all__ = ["ModelCases", "Shapes", "build", "parse_decode", "parse_prefill", "parse_train", "shapes"]
 
-GPU_PREFILL, GPU_TRAIN = (4096, 16384), ((8, 4096),)
-CPU_PREFILL, CPU_TRAIN = (128,), ((2, 64),)
+GPU_PREFILL, GPU_TRAIN, GPU_DECODE = (4096, 16384), ((8, 4096),), ((1, 32768), (32, 8192))
+CPU_PREFILL, CPU_TRAIN, CPU_DECODE = (128,), ((2, 64),), ((2, 64),)
 
 
 def _positive(text: str, what: str) -> int:
@@ -45,8 +51,7 @@ def parse_prefill(text: str) -> tuple[int, ...] | None:
     return () if items == ["none"] else tuple(_positive(p, "sequence length") for p in items)
 
 
-def parse_train(text: str) -> tuple[tuple[int, int], ...] | None:
-    """'8x4096,4x8192' as ((8, 4096), (4, 8192)), batch by sequence; 'none' as (); '' as None."""
+def _pairs(text: str, second: str, form: str, example: str) -> tuple[tuple[int, int], ...] | None:
     items = _items(text)
     if not items:
         return None
@@ -54,11 +59,21 @@ def parse_train(text: str) -> tuple[tuple[int, int], ...] | None:
         return ()
     out = []
     for item in items:
-        batch, sep, seq = item.partition("x")
+        batch, sep, length = item.partition("x")
         if not sep:
-            raise ValueError(f"{item!r} is not BATCHxSEQ, such as 8x4096")
-        out.append((_positive(batch, "batch"), _positive(seq, "sequence length")))
+            raise ValueError(f"{item!r} is not {form}, such as {example}")
+        out.append((_positive(batch, "batch"), _positive(length, second)))
     return tuple(out)
+
+
+def parse_train(text: str) -> tuple[tuple[int, int], ...] | None:
+    """'8x4096,4x8192' as ((8, 4096), (4, 8192)), batch by sequence; 'none' as (); '' as None."""
+    return _pairs(text, "sequence length", "BATCHxSEQ", "8x4096")
+
+
+def parse_decode(text: str) -> tuple[tuple[int, int], ...] | None:
+    """'1x32768,32x8192' as ((1, 32768), (32, 8192)), batch by cached tokens; 'none' as (); '' as None."""
+    return _pairs(text, "cache length", "BATCHxCACHE", "32x8192")
 
 
 @dataclass(frozen=True)
@@ -69,15 +84,18 @@ class Shapes:
     train: tuple[tuple[int, int], ...]
     dtype: str
     gpu: bool
+    decode: tuple[tuple[int, int], ...] = ()  # (batch, cached tokens)
 
 
-def shapes(prefill: str = "", train: str = "", gpu: bool = True) -> Shapes:
-    """The shapes given (``--attnperf-model-prefill``, ``--attnperf-model-train``), or the device's defaults."""
-    given_prefill, given_train = parse_prefill(prefill), parse_train(train)
+def shapes(prefill: str = "", train: str = "", gpu: bool = True, decode: str = "") -> Shapes:
+    """The shapes given (``--attnperf-model-prefill``, ``--attnperf-model-train``,
+    ``--attnperf-model-decode``), or the device's defaults."""
+    given_prefill, given_train, given_decode = parse_prefill(prefill), parse_train(train), parse_decode(decode)
     return Shapes(
         given_prefill if given_prefill is not None else GPU_PREFILL if gpu else CPU_PREFILL,
         given_train if given_train is not None else GPU_TRAIN if gpu else CPU_TRAIN,
         "bf16" if gpu else "fp32", gpu,
+        given_decode if given_decode is not None else GPU_DECODE if gpu else CPU_DECODE,
     )
 
 
@@ -88,6 +106,8 @@ class ModelCases:
     softmax: tuple[SoftmaxCase, ...]
     linear: tuple[LinearCase, ...]
     layers: dict[str, tuple[str, LayerSpec]]  # case id -> (model name, the layers it stands for)
+    softmax_decode: tuple[SoftmaxCase, ...] = ()
+    linear_decode: tuple[LinearDecodeCase, ...] = ()
 
 
 def _points(s: Shapes) -> list[tuple[str, int, int]]:
@@ -110,19 +130,51 @@ def _linear(case_id: str, spec: LinearLayers, batch: int, seq: int, s: Shapes) -
                       key_heads=key_heads)
 
 
+def _cache(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+
+
+def _softmax_decode(case_id: str, spec: AttentionLayers, batch: int, cache: int, s: Shapes) -> SoftmaxCase:
+    """One new token of each request over ``cache`` keys, causal aligned to the cache's end."""
+    window = spec.window if spec.window is not None and spec.window < cache else None
+    kv = spec.kv_heads if spec.kv_heads != spec.heads else None
+    return SoftmaxCase(case_id, batch, spec.heads, 1, spec.head_dim, s.dtype, True, kv_heads=kv, window=window,
+                       gpu=s.gpu, kv_seq=cache)
+
+
+def _linear_decode(case_id: str, spec: LinearLayers, batch: int, s: Shapes) -> LinearDecodeCase:
+    """One recurrent step of each request from its state, at the rank's value and query/key heads."""
+    key_heads = spec.key_heads if spec.key_heads != spec.value_heads else None
+    return LinearDecodeCase(case_id, batch, spec.value_heads, 1, spec.key_dim, spec.value_dim, s.dtype, gpu=s.gpu,
+                            key_heads=key_heads)
+
+
 def build(models: Sequence[tuple[str, dict[int, tuple[LayerSpec, ...]]]], s: Shapes) -> ModelCases:
     """The cases of each ``(model name, layer specs by tensor-parallel degree)`` at the shapes ``s``."""
     softmax: list[SoftmaxCase] = []
     linear: list[LinearCase] = []
+    softmax_decode: list[SoftmaxCase] = []
+    linear_decode: list[LinearDecodeCase] = []
     layers: dict[str, tuple[str, LayerSpec]] = {}
     for name, by_tp in models:
         for tp, specs in by_tp.items():
             for spec in specs:
+                base = f"{name}.{spec.kind}.tp{tp}"
                 for point, batch, seq in _points(s):
-                    case_id = f"{name}.{spec.kind}.tp{tp}.{point}"
+                    case_id = f"{base}.{point}"
                     layers[case_id] = (name, spec)
                     if isinstance(spec, AttentionLayers):
                         softmax.append(_softmax(case_id, spec, batch, seq, s))
                     else:
                         linear.append(_linear(case_id, spec, batch, seq, s))
-    return ModelCases(tuple(softmax), tuple(linear), layers)
+                if isinstance(spec, AttentionLayers):
+                    for batch, cache in s.decode:
+                        case_id = f"{base}.decode-b{batch}-cache{_cache(cache)}"
+                        layers[case_id] = (name, spec)
+                        softmax_decode.append(_softmax_decode(case_id, spec, batch, cache, s))
+                else:
+                    for batch in dict.fromkeys(b for b, _ in s.decode):  # a state has no cache length
+                        case_id = f"{base}.decode-b{batch}"
+                        layers[case_id] = (name, spec)
+                        linear_decode.append(_linear_decode(case_id, spec, batch, s))
+    return ModelCases(tuple(softmax), tuple(linear), layers, tuple(softmax_decode), tuple(linear_decode))

@@ -4,7 +4,10 @@ families (checked, timed, gated, recorded), collected when ``--attnperf-model`` 
 ``test_models_softmax`` runs every softmax kernel on the softmax layers (full and sliding) and
 ``test_models_linear`` every kernel of a linear layer's family (gated DeltaNet: ``gdn``) on the
 linear layers, at the shapes of ``cases.shapes``, one case per model, layer kind and
-tensor-parallel degree (``llama3-8b.full.tp8.prefill-t4096``). A case whose fp64 reference fits
+tensor-parallel degree (``llama3-8b.full.tp8.prefill-t4096``). The decode phase, forward only:
+``test_models_decode_softmax`` runs every softmax kernel on one new token over a KV cache (the
+decode suite's test), ``test_models_decode_linear`` every kernel of the layer's decode family
+(``gdn_decode``) on one recurrent step from a state. A case whose fp64 reference fits
 is checked as the family's suite checks it; a longer one on two key/value groups
 (``grouped``). Kernels that hold T x T scores in memory are removed where those would not fit,
 and an SDPA backend that refuses a shape (a head dim it lacks) is skipped quoting torch's reason
@@ -22,6 +25,7 @@ import pytest
 from pytest_attnperf import costs
 from pytest_attnperf.families import parametrize as suite
 from pytest_attnperf.families.checks import reported_plainly
+from pytest_attnperf.families.linear import decode as linear_decode
 from pytest_attnperf.families.linear import suite as linear_suite
 from pytest_attnperf.families.models import cases as model_cases
 from pytest_attnperf.families.models import grouped
@@ -29,7 +33,10 @@ from pytest_attnperf.families.models.layers import all_specs
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import suite as softmax_suite
 
-__all__ = ["built", "test_models_linear", "test_models_softmax"]
+__all__ = ["built", "test_models_decode_linear", "test_models_decode_softmax", "test_models_linear",
+           "test_models_softmax"]
+
+DECODE = ("fwd",)  # serving runs no backward
 
 CASES_KEY = pytest.StashKey[model_cases.ModelCases]()
 # kernels that hold fp32 T x T scores (about five such tensors forward+backward), and their cap
@@ -53,7 +60,7 @@ def built(config: pytest.Config) -> model_cases.ModelCases:
             models.append((model.name, all_specs(model.config, s.tp)))
         except ValueError as exc:
             raise pytest.UsageError(f"attnperf: --attnperf-model {spec}: {exc}") from None
-    shapes = model_cases.shapes(s.model_prefill, s.model_train, gpu=session.device.is_gpu)
+    shapes = model_cases.shapes(s.model_prefill, s.model_train, gpu=session.device.is_gpu, decode=s.model_decode)
     config.stash[CASES_KEY] = made = model_cases.build(models, shapes)
     return made
 
@@ -132,6 +139,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         families = tuple(dict.fromkeys(made.layers[c.id][1].family for c in made.linear))
         suite.check_cases(__name__, made.linear)
         suite.parametrize(metafunc, families, made.linear, kernels=_linear_kernels(registry, families))
+    elif name == "test_models_decode_softmax":
+        if not made.softmax_decode:
+            return _none(metafunc, "softmax-decode")
+        suite.check_cases(__name__, made.softmax_decode)
+        suite.parametrize(metafunc, "softmax", made.softmax_decode, DECODE, kernels=_softmax_kernels(registry))
+    elif name == "test_models_decode_linear":
+        if not made.linear_decode:
+            return _none(metafunc, "linear-attention-decode")
+        families = tuple(dict.fromkeys(f"{made.layers[c.id][1].family}_decode" for c in made.linear_decode))
+        suite.check_cases(__name__, made.linear_decode)
+        suite.parametrize(metafunc, families, made.linear_decode, DECODE, kernels=_linear_kernels(registry, families))
     return None
 
 
@@ -167,3 +185,23 @@ def test_models_linear(
     """A model's linear-attention layer: output and gradients against our fp64 recurrence, then device time."""
     _note(request, case)
     linear_suite.test_linear(case, kernel, direction, attnperf_device, attnperf_seed, attnperf, request)
+
+
+def test_models_decode_softmax(
+    case: Any, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A model's softmax layer decoding: one new token per request over its KV cache, against fp64,
+    then device time."""
+    _note(request, case)
+    softmax_suite.test_softmax(case, kernel, direction, attnperf_device, attnperf_seed, attnperf, request)
+
+
+def test_models_decode_linear(
+    case: Any, kernel: Kernel, direction: str, attnperf_device: Any, attnperf_seed: int, attnperf: Any,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A model's linear-attention layer decoding: one recurrent step per request from its state,
+    output and new state against the fp64 recurrence, then device time."""
+    _note(request, case)
+    linear_decode.test_linear_decode(case, kernel, direction, attnperf_device, attnperf_seed, attnperf, request)

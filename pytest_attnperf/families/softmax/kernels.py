@@ -257,7 +257,8 @@ def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: A
     output = name == "out"
     if not output:
         assert_reaches(label, value, reference)
-    largest = assert_close(label, value, reference, yardstick, dtype, FACTOR if output else GRAD_FACTOR, axes=AXES)
+    factor = FACTOR if output else GRAD_FACTOR[dtype]
+    largest = assert_close(label, value, reference, yardstick, dtype, factor, axes=AXES)
     return max(largest.error / largest.allowed, check_elements(label, name, value, reference, yardstick, dtype))
 
 

@@ -93,7 +93,7 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
 
     def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
-        factor = FACTOR if name == "out" else GRAD_FACTOR
+        factor = FACTOR if name == "out" else GRAD_FACTOR[case.dtype]
         close = assert_close(label, _slices(value.detach(), widths[name]), ref, own, case.dtype, factor)
         return close.error / close.allowed if close.allowed > 0 else 0.0
 
