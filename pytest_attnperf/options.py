@@ -62,8 +62,7 @@ OPTIONS = (
     Option("model_train", "--attnperf-model-train", "ATTNPERF_MODEL_TRAIN", "attnperf_model_train", "",
            "the models' training shapes BATCHxSEQ, comma-separated, or none (default 8x4096; CPU 2x64)"),
     Option("model_decode", "--attnperf-model-decode", "ATTNPERF_MODEL_DECODE", "attnperf_model_decode", "",
-           "the models' decode shapes BATCHxCACHE (one new token over CACHE keys), comma-separated, or none "
-           "(default 1x32768,32x8192; CPU 2x64)"),
+           "the models' decode shapes BATCHxCACHE, comma-separated, or none (default 1x32768,32x8192; CPU 2x64)"),
     Option("check_only", "--attnperf-check-only", "ATTNPERF_CHECK_ONLY", "attnperf_check_only", "false",
            "run every correctness check but time, gate and record nothing (default: off)", is_flag=True),
     Option("seed", "--attnperf-seed", "ATTNPERF_SEED", "attnperf_seed", "0",
