@@ -207,15 +207,16 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       tail -n 1 "$OUT/memory-noise-$run.log"
     done
     python3 tools/memory.py noise-table "$OUT"/memory-noise-[12].json --table-out "$OUT/memory-noise.md" ;;
-  models)  # the committed model configs at TP 1 and 8, prefill at T=4096 and 16384, fwd and fwd+bwd,
-    # the kernels K selects (default: cuDNN, flash, flex-window, fla's chunk GDN), recorded with
+  models)  # the committed model configs at TP 1 and 8, prefill at T=4096 and 16384 (fwd and fwd+bwd)
+    # and decode (one token, B=1 over 32K keys and B=32 over 8K), the kernels K selects (default:
+    # cuDNN, flash, flex-window, fla's chunk GDN and its fused recurrent step), recorded with
     # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from), stopped
     # at BUDGET (default 330 s; fla autotunes the GDN heads on a fresh machine); the table last
     BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
     timeout -s INT "${BUDGET:-330}" "${PYTEST[@]}" pytest_attnperf/families/models/suite.py --hw=h200 \
       --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}" \
       --attnperf-model-train="${TRAIN:-none}" --attnperf-baselines="$BASE" --update-baselines --benchmark-disable \
-      --attnperf-case-timeout=150 -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk}" \
+      --attnperf-case-timeout=150 -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}" \
       > "$OUT/models.log" 2>&1
     grep -E "passed|failed|skipped" "$OUT/models.log" | tail -n 1
     grep -E "^SKIPPED|^FAILED" "$OUT/models.log" | cut -c1-160 | sort | uniq -c | head -n 20
