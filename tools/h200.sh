@@ -2,7 +2,8 @@
 # Maintainers' runs on an H200, from the repo root:
 #   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory | memory |
 #     memory-noise | models | decode | history
-# Logs, JSON and the baseline file go to $OUT. fla comes from wheels carried in .whl/ and
+# Logs, JSON and the baseline file go to $OUT; a mode that writes many files (history, models,
+# decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
@@ -151,7 +152,9 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     python3 -m pytest_attnperf.report.drifts "$H" --plot "$OUT/plots" --out "$OUT/drift.md" > /dev/null
     cat "$OUT/drift.md"
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 tools/history_check.py "$H/h200.jsonl" --inject-log "$OUT/inject.jsonl" --first-injected $(( STEADY + 1 )) \
-      | tee "$OUT/history-check.md" ;;
+      | tee "$OUT/history-check.md"
+    (cd "$OUT" && tar czf history-runs.tgz history plots history-run*.log pr-run*.md inject.jsonl 2>/dev/null \
+      && rm -rf history plots history-run*.log pr-run*.md) ;;
   check)  # check-only runs of the GPU tables, one per seed of SEEDS (default 0), each with the
     # kernel zoos of tests/zoo registered (ZOO=0 leaves them out); K selects as -k does. Each
     # seed's JUnit report goes to $OUT/check-<seed>.xml, then one table of every kernel's counts
@@ -210,7 +213,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
   models)  # the committed model configs at TP 1 and 8, prefill at T=4096 and 16384 (fwd and fwd+bwd)
     # and decode (one token, B=1 over 32K keys and B=32 over 8K), the kernels K selects (default:
     # cuDNN, flash, flex-window, fla's chunk GDN and its fused recurrent step), recorded with
-    # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from), stopped
+    # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from, packed as $OUT/baselines.tgz), stopped
     # at BUDGET (default 330 s; fla autotunes the GDN heads on a fresh machine); the table last
     BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
     timeout -s INT "${BUDGET:-330}" "${PYTEST[@]}" pytest_attnperf/families/models/suite.py --hw=h200 \
@@ -230,10 +233,12 @@ print(f"{'case-kernel-direction':<72} {'median_ms':>10} {'tflops':>8} {'gb_per_s
 for name, e in rows:
     print(f"{name:<72} {e['median_ms']:>10.4g} {e.get('tflops') or 0:>8.1f} {e.get('gb_per_s') or 0:>9.0f}")
 PY
-    ;;
+    # the recorded file and its autotune choices (one file each) as one archive
+    (cd "$OUT" && tar czf baselines.tgz baselines && rm -rf baselines) ;;
   decode)  # the decode suite's GPU tables (suites/test_decode.py) recorded into a temporary copy of
     # baselines/ (the committed files untouched; the recorded file comes back as
-    # $OUT/decode-h200.yaml), with the report's decode table ($OUT/decode-report/report.md); floors
+    # $OUT/decode-h200.yaml, and with its autotune choices as $OUT/decode-baselines.tgz), with the
+    # report's decode table (report.md in $OUT/decode-report.tgz); floors
     # suggested at 70% of each case's measured bandwidth (roofline) fraction (tools/decode_floors.py:
     # $OUT/decode-floors.json, and BUILTIN lines in $OUT/decode-floors.txt); then a gate run against
     # that recording of sdpa-flash with those floors and of the decode zoo (tests/zoo/decode.py):
@@ -256,6 +261,9 @@ PY
     echo "below floor: sdpa-flash $(grep -c 'sdpa-flash-fwd\]: BELOW FLOOR' "$G"), reads-twice" \
       "$(grep -c 'reads-twice-fwd\]: BELOW FLOOR' "$G") (of $(grep -c '"sdpa-flash"' "$OUT/decode-floors.txt") sdpa-flash floors);" \
       "FAILED: upper-left $(grep -c '^FAILED.*upper-left' "$G"), split-kv $(grep -c '^FAILED.*split-kv' "$G")"
-    keep_cache >/dev/null; cat "$OUT/decode-floors.txt" ;;
+    keep_cache >/dev/null; cat "$OUT/decode-floors.txt"
+    # the recording with its autotune choices, and the report, as archives
+    tar czf "$OUT/decode-baselines.tgz" -C "$TMPB" . && (cd "$OUT" && tar czf decode-report.tgz decode-report \
+      && rm -rf decode-report) ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise|models|decode|history" >&2; exit 2 ;;
 esac

@@ -126,6 +126,7 @@ class Inventory:
     seconds: float
     disagrees: str | None = None
     vs_eager: str | None = None
+    note: str | None = None  # why the other graphs were not compared, where the profile missed them
 
 
 def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, eager: Callable[[], Any], *,
@@ -135,20 +136,28 @@ def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, e
     or the profiler does not see a graph's kernels. ``others``, the replays of the case's other
     timed graphs (cold mode's captures over other draws), are profiled together, once each, and
     must launch what the first does, as many times each (``disagreement``), where the first
-    launches at most ``AGREE_MAX_LAUNCHES``."""
+    launches at most ``AGREE_MAX_LAUNCHES``. A profile of the other replays that recorded no
+    kernel at all is a profile that missed them, not graphs that did nothing: their results were
+    checked after sampling (``verify``), before the inventory, and a graph that launches nothing
+    leaves its outputs as the check poisoned them. Such a case is not compared, and ``note`` says so."""
     began = time.perf_counter()
     if replay is not None and harness.visible:
         part = harness.of_replay(holds_flush)
         seen = Counter(profile(replay)) - part
-        disagrees = None
+        disagrees = note = None
         if others and sum(seen.values()) <= AGREE_MAX_LAUNCHES:
             def each_once() -> None:
                 for other in others:
                     other()
 
             together = Counter(profile(each_once)) - Counter({k: n * len(others) for k, n in part.items()})
-            disagrees = disagreement(seen, together, len(others))
-        return Inventory(per_call(seen, calls), GRAPH, time.perf_counter() - began, disagrees)
+            if seen and not together:
+                note = (f"kernel inventory: the profile of the other {len(others)} timed graphs' replays recorded "
+                        f"none of their kernels (the first's: {sum(seen.values())} launches); not compared, their "
+                        "results were checked")
+            else:
+                disagrees = disagreement(seen, together, len(others))
+        return Inventory(per_call(seen, calls), GRAPH, time.perf_counter() - began, disagrees, note=note)
     return Inventory(per_call(Counter(profile(eager))), EAGER, time.perf_counter() - began)
 
 

@@ -206,6 +206,7 @@ class CudaTimer:
             return None
         if taken.disagrees:  # one graph of the case does other work than another: not what was checked
             raise TimedDiffers(taken.disagrees)
+        notes.extend([taken.note] if taken.note else [])
         vs_eager = inventory.against_checked(self.kernels_of, taken, checked, replays.fn, notes)
         return replace(taken, seconds=time.perf_counter() - began, vs_eager=vs_eager)
 
