@@ -17,9 +17,8 @@ be exact. docs/checks.md has the evidence for the factors and the rule's power.
 ``factor`` is 2 for outputs and 3 for gradients, 8 for fp32 gradients (``GRAD_FACTOR``).
 Gradients sum over the whole sequence in a kernel-specific tile order, so they drift further from
 the unfused order than outputs do, and a correct kernel's gradient can be off by more than twice
-PyTorch's own error; a flash-style backward, which takes each row's ``rowsum(dO * O)`` from its own
-output, more than three times in fp32, where a wrong kernel's 1% is thousands of times PyTorch's
-error (docs/checks.md, "The largest error").
+PyTorch's own error; PyTorch's own flash backward, more than three times in fp32, where a wrong
+kernel's 1% is thousands of times PyTorch's error (docs/checks.md, "The largest error").
 
 A wrong answer raises ``CheckFailed`` (an ``AssertionError``), whose message names the tensor,
 the worst element by axis, its value and the reference's, the bound there and how many elements
