@@ -281,27 +281,19 @@ def test_a_graph_of_more_launches_than_the_profiler_may_keep_is_not_compared(
 
 def test_a_profile_that_recorded_none_of_the_other_graphs_kernels_compares_nothing_and_says_so(
         gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The profiler's activity records of the other graphs' replays lost (seen on the H200: a
-    flash decode case whose other seven replays showed no kernel at all, while each replay's
-    result had passed its check): not a disagreement. A graph that really launched nothing is
-    caught by the check of its results before the inventory is read."""
+    """The profiler's records of the other graphs' replays lost (each replay's result had passed
+    its check): not a disagreement, a note. A graph that really launched nothing is caught by the
+    check of its results before the inventory is read."""
     real = CudaTimer.kernels_of
-    profiled = [0]
 
     def losing(fn: Callable[[], Any]) -> list[str]:
-        names = real(fn)
-        profiled[0] += 1
-        return [] if getattr(fn, "__name__", "") == "each_once" else names
+        return [] if getattr(fn, "__name__", "") == "each_once" else real(fn)
 
     monkeypatch.setattr(CudaTimer, "kernels_of", staticmethod(losing))
     m = CudaTimer(H200).measure(Drifting(gpu, odd=99), PLAN)
     assert m.kernels == {"pytorch_flash::flash_fwd_kernel": 1}
     assert any(n.startswith("kernel inventory: the profile of the other 7 timed graphs' replays recorded none of "
                             "their kernels") for n in m.notes)
-    assert profiled[0] >= 2
-    monkeypatch.setattr(CudaTimer, "kernels_of", staticmethod(real))  # the same case with the records kept
-    with pytest.raises(TimedDiffers, match="would be 0"):
-        CudaTimer(H200).measure(Drifting(gpu, odd=5), PLAN)
 
 
 def test_the_disagreement_counts_by_normalised_name() -> None:

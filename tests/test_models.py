@@ -181,11 +181,11 @@ def test_a_hub_id_offline_fails_saying_so() -> None:
 # -- cases ----------------------------------------------------------------------------------------
 
 
-def gpu_cases(*names: str, tps: tuple[int, ...] = (1, 8)) -> model_cases.ModelCases:
+def gpu_cases(*names: str, tps: tuple[int, ...] = (1, 8), decode: str = "") -> model_cases.ModelCases:
     from pytest_attnperf.families.models.layers import all_specs
 
     models = [(model_load.load(n).name, all_specs(model_load.load(n).config, tps)) for n in names]
-    return model_cases.build(models, model_cases.shapes(gpu=True))
+    return model_cases.build(models, model_cases.shapes(gpu=True, decode=decode))
 
 
 def test_case_ids_name_model_layer_kind_degree_and_shape() -> None:
@@ -253,15 +253,10 @@ def test_decode_cases_are_one_token_over_the_cache_at_the_ranks_heads_and_one_gd
 def test_a_decode_window_shorter_than_the_cache_is_kept_and_none_builds_no_decode_case() -> None:
     by_id = {c.id: c for c in gpu_cases("mistral-7b", tps=(1,)).softmax_decode}
     assert by_id["mistral-7b.sliding.tp1.decode-b1-cache32k"].window == 4096
-    from pytest_attnperf.families.models.layers import all_specs
-
-    model = model_load.load("mistral-7b")
-    off = model_cases.build([(model.name, all_specs(model.config, (1,)))],
-                            model_cases.shapes(gpu=True, decode="none"))
+    off = gpu_cases("mistral-7b", tps=(1,), decode="none")
     assert (off.softmax_decode, off.linear_decode) == ((), ())
     assert off.softmax
-    short = model_cases.build([(model.name, all_specs(model.config, (1,)))],
-                              model_cases.shapes(gpu=True, decode="4x2048"))
+    short = gpu_cases("mistral-7b", tps=(1,), decode="4x2048")
     assert [(c.id, c.window) for c in short.softmax_decode] == [("mistral-7b.sliding.tp1.decode-b4-cache2k", None)]
 
 

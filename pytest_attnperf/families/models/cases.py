@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.families.linear.decode import LinearDecodeCase
 from pytest_attnperf.families.models.layers import AttentionLayers, LayerSpec, LinearLayers
+from pytest_attnperf.families.softmax.decode import cache_label
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 
 __all__ = ["ModelCases", "Shapes", "build", "parse_decode", "parse_prefill", "parse_train", "shapes"]
@@ -115,38 +116,32 @@ def _points(s: Shapes) -> list[tuple[str, int, int]]:
             + [(f"train-b{b}-t{t}", b, t) for b, t in s.train])
 
 
-def _softmax(case_id: str, spec: AttentionLayers, batch: int, seq: int, s: Shapes) -> SoftmaxCase:
-    window = spec.window if spec.window is not None and spec.window < seq else None
+def _softmax(case_id: str, spec: AttentionLayers, batch: int, seq: int, s: Shapes,
+             cache: int | None = None) -> SoftmaxCase:
+    """``seq`` queries over as many keys, or (decode) over ``cache`` keys, causal aligned to their end."""
+    keys = seq if cache is None else cache
+    window = spec.window if spec.window is not None and spec.window < keys else None
     kv = spec.kv_heads if spec.kv_heads != spec.heads else None
     return SoftmaxCase(case_id, batch, spec.heads, seq, spec.head_dim, s.dtype, True, kv_heads=kv, window=window,
-                       gpu=s.gpu)
+                       gpu=s.gpu, kv_seq=cache)
+
+
+def _key_heads(spec: LinearLayers) -> int | None:
+    """The rank's query/key heads where fewer than its value heads (``key_heads``: each serves
+    ``value_heads // key_heads`` value heads, docs/models.md, "Linear layers"), else None."""
+    return spec.key_heads if spec.key_heads != spec.value_heads else None
 
 
 def _linear(case_id: str, spec: LinearLayers, batch: int, seq: int, s: Shapes) -> LinearCase:
-    """A gated DeltaNet case at the rank's value heads and, where fewer, its query/key heads
-    (``key_heads``: each serves ``value_heads // key_heads`` value heads, docs/models.md, "Linear layers")."""
-    key_heads = spec.key_heads if spec.key_heads != spec.value_heads else None
+    """A gated DeltaNet case at the rank's value heads and query/key heads."""
     return LinearCase(case_id, batch, spec.value_heads, seq, spec.key_dim, spec.value_dim, s.dtype, gpu=s.gpu,
-                      key_heads=key_heads)
-
-
-def _cache(tokens: int) -> str:
-    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
-
-
-def _softmax_decode(case_id: str, spec: AttentionLayers, batch: int, cache: int, s: Shapes) -> SoftmaxCase:
-    """One new token of each request over ``cache`` keys, causal aligned to the cache's end."""
-    window = spec.window if spec.window is not None and spec.window < cache else None
-    kv = spec.kv_heads if spec.kv_heads != spec.heads else None
-    return SoftmaxCase(case_id, batch, spec.heads, 1, spec.head_dim, s.dtype, True, kv_heads=kv, window=window,
-                       gpu=s.gpu, kv_seq=cache)
+                      key_heads=_key_heads(spec))
 
 
 def _linear_decode(case_id: str, spec: LinearLayers, batch: int, s: Shapes) -> LinearDecodeCase:
     """One recurrent step of each request from its state, at the rank's value and query/key heads."""
-    key_heads = spec.key_heads if spec.key_heads != spec.value_heads else None
     return LinearDecodeCase(case_id, batch, spec.value_heads, 1, spec.key_dim, spec.value_dim, s.dtype, gpu=s.gpu,
-                            key_heads=key_heads)
+                            key_heads=_key_heads(spec))
 
 
 def build(models: Sequence[tuple[str, dict[int, tuple[LayerSpec, ...]]]], s: Shapes) -> ModelCases:
@@ -169,9 +164,9 @@ def build(models: Sequence[tuple[str, dict[int, tuple[LayerSpec, ...]]]], s: Sha
                         linear.append(_linear(case_id, spec, batch, seq, s))
                 if isinstance(spec, AttentionLayers):
                     for batch, cache in s.decode:
-                        case_id = f"{base}.decode-b{batch}-cache{_cache(cache)}"
+                        case_id = f"{base}.decode-b{batch}-cache{cache_label(cache)}"
                         layers[case_id] = (name, spec)
-                        softmax_decode.append(_softmax_decode(case_id, spec, batch, cache, s))
+                        softmax_decode.append(_softmax(case_id, spec, batch, 1, s, cache=cache))
                 else:
                     for batch in dict.fromkeys(b for b, _ in s.decode):  # a state has no cache length
                         case_id = f"{base}.decode-b{batch}"

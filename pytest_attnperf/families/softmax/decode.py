@@ -19,18 +19,23 @@ from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 from pytest_attnperf.families.softmax.suite import test_softmax as test_softmax_decode
 
 __all__ = ["ATTNPERF_CASES", "ATTNPERF_DIRECTIONS", "ATTNPERF_FAMILY", "CASES", "CPU", "DIRECTIONS", "FAMILY", "GPU",
-           "decode_case", "test_softmax_decode"]
+           "cache_label", "decode_case", "test_softmax_decode"]
 
 FAMILY = "softmax"
 DIRECTIONS = ("fwd",)  # serving runs no backward
+
+
+def cache_label(tokens: int) -> str:
+    """A cache length as ids write it: ``32k`` for 32768, ``100`` for 100."""
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
 
 
 def decode_case(batch: int, queries: int, cache: int, *, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
                 dtype: str = "bf16", causal: bool = True, window: int | None = None, gpu: bool = True,
                 prefix: str = "") -> SoftmaxCase:
     """A decode row with a readable id: ``b32-h32-kv8-t1-cache32k-d128-causal-bf16``."""
-    size = f"{cache // 1024}k" if cache % 1024 == 0 else str(cache)
-    parts = [prefix + f"b{batch}", f"h{heads}", f"kv{kv_heads}", f"t{queries}", f"cache{size}", f"d{head_dim}"]
+    parts = [prefix + f"b{batch}", f"h{heads}", f"kv{kv_heads}", f"t{queries}", f"cache{cache_label(cache)}",
+             f"d{head_dim}"]
     parts += [f"w{window}"] if window else []
     parts += ["causal"] if causal and not window else []
     return SoftmaxCase("-".join(parts + [dtype]), batch, heads, queries, head_dim, dtype, causal, kv_heads=kv_heads,
