@@ -19,6 +19,7 @@ import pytest
 
 from pytest_attnperf.gate.roofline import Floors
 from pytest_attnperf.hw.table import DetectedDevice
+from pytest_attnperf.measure import profiled
 
 __all__ = [
     "BACKENDS",
@@ -178,13 +179,7 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
             torch.cuda.synchronize()
     if device.is_gpu:  # what Kineto read as the profile stopped
         _cupti_at_stop = os.environ.get(CUPTI_ENV, "")
-    ops, kernels = [], []
-    for event in prof.events():
-        if str(event.device_type).endswith("CUDA"):
-            kernels.append(event.name)
-        else:
-            ops.append(event.name)
-    return ops, kernels
+    return profiled.names(prof)
 
 
 def prove_backend(fn: Callable[[], Any], backend: str, device: DetectedDevice) -> tuple[set[str], list[str]]:

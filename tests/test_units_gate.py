@@ -743,3 +743,26 @@ def test_a_fixed_time_between_machines_counts_over_the_centre() -> None:
     six = summarise(4, 0.106, n=200, rel_noise=0.001)
     assert judge(six, mid, 0.05, 0.005, 0.007, 0.001).status == "regressed"
     assert judge(six, mid, 0.05, 0.005, 0.007, 0.003).status == "unchanged"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_running_spread_is_the_exact_one(seed: int) -> None:
+    """The spread kept up to date sample by sample agrees with ``statistics`` (exact) at every
+    step, also for samples far from zero whose differences are small (where a running sum of
+    squares would lose them)."""
+    values = draw(seed, 1e3, 1e-6, 300)  # 1000 ms give or take 1 us
+    spread = sampling.RunningSpread()
+    for i, value in enumerate(values, start=1):
+        spread.add(value)
+        if i >= 2:
+            exact = statistics.stdev(values[:i]) / statistics.fmean(values[:i])
+            assert exact > 0
+            assert spread.stdrel() == pytest.approx(exact, rel=1e-9)
+    assert spread.n == 300
+
+
+def test_the_running_spread_of_fewer_than_two_values_is_zero() -> None:
+    spread = sampling.RunningSpread()
+    assert spread.stdrel() == 0.0
+    spread.add(5.0)
+    assert spread.stdrel() == 0.0

@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_attnperf.measure import profiled
+
 __all__ = ["AGREE_MAX_LAUNCHES", "CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange",
            "against_checked", "device_kernels", "diff", "disagreement", "eager_difference", "entry_kernels",
            "kernels_problem", "normalise", "per_call", "take"]
@@ -240,7 +242,7 @@ def device_kernels(fn: Callable[[], Any]) -> list[str]:
         fn()
         torch.cuda.synchronize()
     cupti_at_stop = os.environ.get(CUPTI_ENV, "")
-    return [event.name for event in prof.events() if str(event.device_type).endswith("CUDA")]
+    return profiled.names(prof)[1]
 
 
 # -- the verdict against the baseline entry ------------------------------------------------------
