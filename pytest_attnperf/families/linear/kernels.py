@@ -151,8 +151,8 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
         return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
 
 
-# batch x heads x sequence: the CPU table's rows and small model cases; none of the GPU table's
-# (its smallest, B=2 H=16 T=1000, cost 11-42 s a test on the H200, 135 s for its eight)
+# batch x heads x sequence: the CPU table's rows and small model cases, none of the GPU table's
+# (what they cost there: docs/evidence.md, "Where a whole-suite run's time went")
 NAIVE_MAX_TOKENS = 8192
 
 
