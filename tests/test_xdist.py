@@ -184,6 +184,19 @@ def test_more_workers_than_gpus_is_refused(project: pytest.Pytester) -> None:
     assert seen(project) == []  # nothing was timed
 
 
+def test_a_check_only_run_may_share_a_gpu_among_its_workers(project: pytest.Pytester) -> None:
+    """Nothing is timed there, so three workers on two GPUs are not refused and every case passes
+    unmeasured; the same workers asked to time are refused (above)."""
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-check-only", "-n", "3")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=9)
+    assert seen(project) == []  # nothing timed
+    assert not (project.path / "baselines").exists()
+
+    refused = project.runpytest(*PLUGIN, "--hw=h200", "-n", "3")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+
+
 def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU only: the workers' timed intervals never overlap, and the summary says the CPU was shared."""
     monkeypatch.setenv("FAKE_GPUS", "")

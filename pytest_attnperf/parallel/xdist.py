@@ -16,7 +16,8 @@ summary and the report.
 
 More timing workers than GPUs would time two cases at once on one card: with an explicit
 attnperf run (``--hw``, ``--update-baselines``, ``--attnperf-suites``) that is refused at start-up,
-otherwise every timed case on a worker that shares its GPU fails with the reason. Without a GPU,
+otherwise every timed case on a worker that shares its GPU fails with the reason. A check-only run
+times nothing, so its workers may share a card (``--attnperf-check-only -n 4`` on one GPU). Without a GPU,
 timing is serialised across the workers on a lock (the other workers' checks still share the
 CPU, which the summary says).
 """
@@ -130,7 +131,7 @@ def _plan(config: pytest.Config, session: AttnPerfSession) -> Fleet:
     if getattr(option, "dist", None) == "each":
         raise pytest.UsageError("attnperf: --dist each runs every case on every worker, and one baseline entry "
                                 "cannot hold several GPUs' figures; use --dist load (the default of -n)")
-    if fleet.shared_gpu and _explicit(session) and not option.collectonly:
+    if fleet.shared_gpu and _explicit(session) and not (option.collectonly or session.settings.check_only):
         raise pytest.UsageError(
             f"attnperf: {fleet.workers} pytest-xdist workers for {len(fleet.gpus)} GPU(s): two workers would time "
             f"on one card at once and each would slow the other; run with -n {len(fleet.gpus)} (or -n auto)")
