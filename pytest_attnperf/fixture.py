@@ -218,7 +218,11 @@ class Perf:
     def _sampled(self, fn: Callable[[], Any], plan: Any) -> Measurement:
         """The timer's measurement of ``fn``; a timed result that fails its check
         (``verify.TimedDiffers``) fails the case with its message, and under the
-        ``attnperf_deterministic`` marker so do replays that are not bitwise equal."""
+        ``attnperf_deterministic`` marker so do replays that are not bitwise equal. Not before the
+        run's pool runs have exited (``PoolRuns.settle``): no other process on the GPU."""
+        runs = PoolRuns.of(self._session.config)
+        if runs is not None:
+            runs.settle()
         try:
             measurement = self._session.timer.measure(fn, plan)
             node = self._request.node

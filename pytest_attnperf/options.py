@@ -219,6 +219,8 @@ def add_options(parser: pytest.Parser) -> None:
                        help=argparse.SUPPRESS)  # its cases and settings, a JSON file
     everyday.addoption("--attnperf-pool-out", action="store", default=None, dest="attnperf_pool_out",
                        help=argparse.SUPPRESS)  # where its samples go, a line per case
+    everyday.addoption("--attnperf-pool-turn", action="store", default=None, dest="attnperf_pool_turn",
+                       help=argparse.SUPPRESS)  # GO,DONE: the pipes its turn comes through (measure/turns.py)
 
 
 def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:

@@ -14,7 +14,7 @@ import pytest
 
 from pytest_attnperf import hookspecs, markers
 from pytest_attnperf.families import parametrize as suite
-from pytest_attnperf.families.registry import KernelRegistry
+from pytest_attnperf.families.registry import KernelRegistry, import_ahead
 from pytest_attnperf.fixture import PENDING_KEY, Perf
 from pytest_attnperf.hw.detect import detect_device
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
@@ -83,7 +83,7 @@ def _optional_plugins(
     if pool_run is not None:
         plugins.append((pool_run, POOL_RUN))
     elif s.processes > 1 and not s.check_only and not fleet.is_controller(config):
-        plugins.append((PoolRuns(session), POOL_RUNS))
+        plugins.append((PoolRuns(session, ahead=import_ahead), POOL_RUNS))
     if history_plugin.wanted(config, session) and not fleet.is_controller(config):  # those that measure append
         plugins.append((HistoryRecorder(session), history_plugin.NAME))
     root = autotune_plugin.cache_root(config) if pool_run is None else None

@@ -8,10 +8,13 @@ speeds than the main one, so a test can see the pool runs' samples reach the gat
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from kit import CONFTEST, PLUGIN, TESTS, set_speed
@@ -460,3 +463,157 @@ def pytest_attnperf_detect_device(config):
     result.assert_outcomes(failed=2)
     assert "INTERNALERROR" not in result.stdout.str()
     result.stdout.fnmatch_lines(["*CUDA driver initialisation failed (scripted)*"])
+
+
+# -- pool runs started together, timed one at a time -------------------------------------------
+
+TURNS = '''
+from pathlib import Path
+
+EVENTS = HERE / "turns.log"
+
+
+def _role(config):
+    out = config.getoption("attnperf_pool_out")
+    return Path(out).stem if out else "main"  # pool1, pool2 (their samples' files) or main
+
+
+def _log(event, role):
+    with open(EVENTS, "a") as sink:
+        sink.write(f"{event} {role}\\n")
+
+
+def _await(line, limit_s=120.0):
+    """Until ``line`` is in the log (a hang guard only: the test's assertions read the order)."""
+    import time
+    give_up = time.monotonic() + limit_s
+    while line not in (EVENTS.read_text().splitlines() if EVENTS.exists() else []):
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"no {line!r} in {limit_s} s")
+        time.sleep(0.05)
+
+
+ROLE = {}
+
+
+def pytest_configure(config):
+    ROLE["role"] = _role(config)
+    _log("start", ROLE["role"])
+
+
+def pytest_runtest_setup(item):
+    role = ROLE["role"]
+    if not ROLE.get("tests"):
+        ROLE["tests"] = True
+        _log("tests", role)
+        if role == "pool1":  # its tests run while the second pool run starts up
+            _await("start pool2")
+
+
+def pytest_unconfigure(config):
+    role = ROLE["role"]
+    if role == "pool2":  # the run's tests begin while the last pool run is still on its way out
+        _await("tests main")
+    _log("exit", role)
+
+
+class LoggingTimer(PoolRunAwareTimer):
+    def measure(self, fn, plan):
+        if not plan.overhead:
+            _log("measure", ROLE["role"])
+        return super().measure(fn, plan)
+
+
+def pytest_attnperf_make_timer(config, device):
+    return LoggingTimer(config.getoption("attnperf_pool_out") is not None)
+'''
+
+
+def test_pool_runs_start_together_and_take_the_gpu_one_at_a_time(project: pytest.Pytester) -> None:
+    """The second pool run starts up while the first runs its tests (whose first test waits to
+    see it start: run one after the other, it would give up); its tests begin only once the
+    first has exited; the run's own tests begin while the last pool run is still exiting (which
+    waits to see them begin), and the run times nothing until it has exited."""
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    project.makeconftest(CONFTEST + POOL_RUN_SPEED + TURNS)
+    events = project.path / "turns.log"
+    events.unlink(missing_ok=True)
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=2)
+    assert not [line for line in _pool_run_lines(result) if line.startswith("pool run ")]  # each measured both
+    assert "3 processes pooled" in result.stdout.str()
+    log = events.read_text().splitlines()
+    at = {line: log.index(line) for line in log if line.split()[0] != "measure"}
+    measured = [i for i, line in enumerate(log) if line == "measure main"]
+    assert at["start pool2"] < log.index("measure pool1")  # (before or after pool1's first test began)
+    assert at["exit pool1"] < at["tests pool2"]
+    assert log.index("measure pool1") < at["exit pool1"] < log.index("measure pool2")
+    assert at["tests main"] < at["exit pool2"] < measured[0]
+
+
+def test_a_turn_comes_through_its_pipe_and_a_closed_one_means_none() -> None:
+    from pytest_attnperf.measure.turns import Turn, Turns
+
+    class Running:
+        def poll(self) -> None:
+            return None
+
+    given = Turns()
+    turn = Turn(*(os.dup(fd) for fd in given.child_ends()))  # the pool run's own copies, as after a start
+    given.started()
+    given.give()
+    assert turn.wait() is True
+    turn.done()
+    given.wait_done(cast(Any, Running()))  # returns: DONE was written
+    given.close()
+
+    withheld = Turns()
+    turn = Turn(*(os.dup(fd) for fd in withheld.child_ends()))
+    withheld.close()  # the parent stopped: no turn
+    assert turn.wait() is False
+    turn.done()  # nobody to tell: no error
+
+
+@pytest.mark.parametrize("text", ["7", "a,b", "999990,999991"])
+def test_a_turn_that_is_not_two_open_descriptors_is_refused(text: str) -> None:
+    from pytest_attnperf.measure.turns import Turn
+
+    with pytest.raises(ValueError, match="not two open file descriptors GO,DONE"):
+        Turn.parse(text)
+
+
+def test_a_pool_run_whose_turn_never_comes_runs_no_test(pytester: pytest.Pytester) -> None:
+    from pytest_attnperf.measure.turns import Turns
+
+    pytester.makepyfile(test_t="def test_a():\n    open('ran', 'w').close()\n")
+    given = pytester.path / "in.json"
+    write_input(given, ["test_t.py::test_a"], _settings(pytester))
+    turns = Turns()
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "pytest_attnperf.plugin",
+                              f"--attnperf-pool-input={given}", "--attnperf-pool-out=w.jsonl", turns.flag()],
+                             cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             pass_fds=turns.child_ends())
+    turns.started()
+    turns.close()  # the parent stops before the turn
+    out, _ = child.communicate(timeout=300)
+    assert child.returncode == pytest.ExitCode.INTERRUPTED
+    assert b"this pool run's parent stopped before its turn came" in out
+    assert not (pytester.path / "ran").exists()
+
+
+def test_modules_named_by_the_selected_kernels_are_imported_ahead(pytester: pytest.Pytester) -> None:
+    from pytest_attnperf.families.registry import Kernel, import_ahead
+
+    pytester.makepyfile(ahead_mod="LOADED = True\n", ahead_bad="raise SystemExit('no')\n")
+    pytester.syspathinsert()
+    sys.modules.pop("ahead_mod", None)
+
+    class Item:
+        def __init__(self, **params: Any) -> None:
+            self.callspec = type("Spec", (), {"params": params})()
+
+    kernel = Kernel("softmax", "k", lambda: None, imports=("ahead_bad", "ahead_mod"))
+    other = Kernel("softmax", "plain", lambda: None)
+    failed = import_ahead([Item(kernel=kernel, direction="fwd"), Item(kernel=other), Item(kernel=kernel), object()])
+    assert failed == ["ahead_bad"]
+    assert sys.modules["ahead_mod"].LOADED is True

@@ -21,7 +21,7 @@ from typing import Any
 
 from pytest_attnperf.gate.roofline import Floors
 
-__all__ = ["Kernel", "KernelRegistry"]
+__all__ = ["Kernel", "KernelRegistry", "import_ahead"]
 
 Supports = Callable[[Any], "str | None"]
 
@@ -57,7 +57,8 @@ class Kernel:
     requirement on each of its cases (as the ``attnperf_deterministic`` marker does). ``tiled``
     says the kernel works in tiles, so its peak memory above the inputs is held to its family's
     analytic bound (``families.memory``, docs/memory.md); a kernel that materialises the scores
-    (or a per-step state) on purpose is registered with ``tiled=False``.
+    (or a per-step state) on purpose is registered with ``tiled=False``. ``imports`` names modules
+    its first call imports, which the run imports ahead (``import_ahead``).
     """
 
     family: str
@@ -73,6 +74,7 @@ class Kernel:
     floors: Any = None  # roofline/MFU/bandwidth floors (roofline.Floors.parse's shape); see floors.py
     deterministic: bool = False  # replays must be bitwise equal (the attnperf_deterministic marker's rule)
     tiled: bool = True  # held to the family's memory bound (families.memory); False: it materialises scores
+    imports: tuple[str, ...] = ()  # modules its first call imports: imported ahead (``import_ahead``)
 
     def __post_init__(self) -> None:
         try:
@@ -132,12 +134,14 @@ class KernelRegistry:
         floors: Any = None,
         deterministic: bool = False,
         tiled: bool = True,
+        imports: tuple[str, ...] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
-                            (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic, tiled))
+                            (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic, tiled,
+                            tuple(imports)))
             return fn
 
         return register
@@ -155,3 +159,24 @@ class KernelRegistry:
 
     def __len__(self) -> int:
         return len(self._kernels)
+
+
+def import_ahead(items: Sequence[Any]) -> list[str]:
+    """Import the modules that the kernels of ``items`` (collected cases, their kernel a
+    parameter) name in ``imports``, each once, in their order; the names of those that failed to
+    import (each case that needs one then meets its error itself). The run calls this while
+    its pool runs start up (``measure.pool``), so the time an import takes (flash-linear-attention
+    takes seconds) is not spent inside a case. An import must not use the GPU: a pool run may be
+    timing there."""
+    import importlib
+
+    names = dict.fromkeys(name for item in items
+                          for value in getattr(getattr(item, "callspec", None), "params", {}).values()
+                          if isinstance(value, Kernel) for name in value.imports)
+    failed = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except (Exception, SystemExit):  # noqa: BLE001 - the case that needs it reports it
+            failed.append(name)
+    return failed

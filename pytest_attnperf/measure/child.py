@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ECHO_S", "INTERRUPT_GRACE_S", "start", "stop_signals_as_interrupts", "wait_for"]
+__all__ = ["ECHO_S", "INTERRUPT_GRACE_S", "interrupt", "start", "stop_signals_as_interrupts", "wait_for"]
 
 INTERRUPT_GRACE_S = 20.0  # how long an interrupted pytest run may take to write its reports
 ECHO_S = 1.0  # a second interrupt this soon after the first is the same one (`timeout` signals twice)
@@ -47,11 +47,13 @@ def _in_child() -> None:
 
 
 def start(cmd: list[str], env: dict[str, str], cwd: str | os.PathLike[str] | None = None,
-          stdout: Any = None) -> subprocess.Popen[bytes]:
+          stdout: Any = None, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
     """``cmd`` in a session of its own (no terminal or group signal reaches it directly), in
-    ``cwd``, its output (stderr too, when ``stdout`` is given) to ``stdout``."""
+    ``cwd``, its output (stderr too, when ``stdout`` is given) to ``stdout``; ``pass_fds`` stay
+    open in it (POSIX)."""
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                            start_new_session=True, preexec_fn=_in_child if os.name == "posix" else None)
+                            start_new_session=True, preexec_fn=_in_child if os.name == "posix" else None,
+                            pass_fds=pass_fds)
 
 
 def wait_for(child: subprocess.Popen[bytes]) -> int:
@@ -61,11 +63,22 @@ def wait_for(child: subprocess.Popen[bytes]) -> int:
     try:
         return child.wait()
     except KeyboardInterrupt:
-        first = time.monotonic()
-        try:
-            child.send_signal(signal.SIGINT)
-        except (OSError, ValueError):  # gone already, or no SIGINT to send on this platform
-            pass
+        interrupt(child)
+        raise
+    finally:
+        _kill(child)
+
+
+def interrupt(child: subprocess.Popen[bytes]) -> None:
+    """Stop ``child`` as an interrupt does: one SIGINT, up to INTERRUPT_GRACE_S for it to write
+    its reports (a second interrupt, not within ECHO_S of the first, cuts that short), then a
+    kill of it and its process group if it still runs."""
+    first = time.monotonic()
+    try:
+        child.send_signal(signal.SIGINT)
+    except (OSError, ValueError):  # gone already, or no SIGINT to send on this platform
+        pass
+    try:
         while True:
             try:
                 child.wait(timeout=max(0.0, first + INTERRUPT_GRACE_S - time.monotonic()))
@@ -75,14 +88,18 @@ def wait_for(child: subprocess.Popen[bytes]) -> int:
             except KeyboardInterrupt:
                 if time.monotonic() - first >= ECHO_S:
                     break
-        raise
     finally:
-        if child.poll() is None:  # not left running on the GPU after this process stops waiting
-            try:
-                os.killpg(child.pid, signal.SIGKILL)  # with whatever it started (compile workers)
-            except (OSError, AttributeError):
-                child.kill()
-            child.wait()
+        _kill(child)
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    """Not left running on the GPU after this process stops waiting for it."""
+    if child.poll() is None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)  # with whatever it started (compile workers)
+        except (OSError, AttributeError):
+            child.kill()
+        child.wait()
 
 
 def stop_signals_as_interrupts() -> Callable[[], None]:

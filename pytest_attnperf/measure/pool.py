@@ -33,11 +33,12 @@ import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,10 @@ import pytest
 
 from pytest_attnperf.gate.verdict import centre_ms
 from pytest_attnperf.measure import child as child_run
+from pytest_attnperf.measure import turns
 from pytest_attnperf.measure.pool_settings import settings_data, settings_from_data
 from pytest_attnperf.measure.timing import Measurement
+from pytest_attnperf.measure.turns import Turn, Turns
 from pytest_attnperf.options import Settings
 from pytest_attnperf.parallel.fleet import case_key, group_of
 from pytest_attnperf.store.baselines import BaselineError, BaselineFile
@@ -222,6 +225,19 @@ def _pool_env() -> dict[str, str]:
 
 
 @dataclass
+class _Started:
+    """One pool run as ``PoolResults.run`` started it: its files, its process (None when it
+    could not start) and its turn's pipes (None where they are not passed)."""
+
+    index: int
+    out: Path
+    log: Path
+    child: subprocess.Popen[bytes] | None = None
+    turns: Turns | None = None
+    status: int | None = None  # once it has exited
+
+
+@dataclass
 class PoolResults:
     """What a session's pool runs measured."""
 
@@ -232,6 +248,9 @@ class PoolResults:
     problems: tuple[str, ...] = ()  # a pool run that failed: named with its kept log
     missing: tuple[str, ...] = ()  # a pool run that measured fewer cases (skipped or failed there)
     when: str = "before the tests"
+    _pending: list[_Started] = field(default_factory=list)  # started, their exit status not yet read
+    _folder: Path | None = None
+    _nodeids: tuple[str, ...] = ()
 
     def for_case(self, nodeid: str) -> list[Taken]:
         """What each pool run measured for ``nodeid``; empty when none did."""
@@ -239,6 +258,8 @@ class PoolResults:
 
     def add(self, other: PoolResults) -> None:
         """Take in another set of pool runs (a pytest-xdist worker's next group)."""
+        self.settle()
+        other.settle()
         for nodeid, taken in other.taken.items():
             self.taken.setdefault(nodeid, []).extend(taken)
         self.cases += other.cases
@@ -250,24 +271,28 @@ class PoolResults:
         """For the run's summary: nothing when no case was chosen (every case then timed here only,
         as without the option), else how many in how many processes, and any pool run that did not
         measure them all."""
+        self.settle()
         lines = [f"{self.cases} cases under {1e3 * below_ms:g} us timed in {self.processes} processes "
                  f"({self.processes - 1} pool runs {self.when}, {self.seconds:.0f} s)"] if self.cases else []
         return lines + [f"pool run {p}" for p in (*self.problems, *self.missing)]
 
     @classmethod
-    def run(cls, config: pytest.Config, settings: Settings, nodeids: Sequence[str]) -> PoolResults:
-        """Run ``settings.processes - 1`` pool runs over ``nodeids``, one after another, and read
-        what each measured. A pool run that fails (exit status other than 0, or 1 for failed
-        tests, or one that cannot start) is named with its log, which is kept with its input; one
-        that measured fewer cases is counted, with its log when a test failed there. Their cases
-        pool what the others measured."""
+    def run(cls, config: pytest.Config, settings: Settings, nodeids: Sequence[str],
+            meanwhile: Callable[[], object] | None = None) -> PoolResults:
+        """Run ``settings.processes - 1`` pool runs over ``nodeids`` and read what each measured.
+        They start together and take the GPU one after another (``measure.turns``): a pool
+        run's tests begin once the one before it has exited; ``meanwhile`` runs here while the
+        first starts up. This returns when the last one's tests are over, before it has exited
+        (``settle`` waits for that: this run times nothing before it). A pool run that fails
+        (exit status other than 0, or 1 for failed tests, or one that cannot start) is named
+        with its log, which is kept with its input; one that measured fewer cases is counted,
+        with its log when a test failed there. Their cases pool what the others measured."""
         processes = settings.processes
         runs = cls(taken={}, cases=len(nodeids), processes=processes)
         if not nodeids or processes < 2:
             return runs
         folder = Path(tempfile.mkdtemp(prefix="attnperf-pool-"))
         started = time.monotonic()
-        problems, missing, keep = [], [], False
         given = folder / "input.json"
         try:
             write_input(given, nodeids, settings)
@@ -275,46 +300,118 @@ class PoolResults:
             runs.problems = (f"s not started: {given} could not be written: {exc}",)
             shutil.rmtree(folder, ignore_errors=True)
             return runs
+        runs._folder, runs._nodeids = folder, tuple(nodeids)
+        pending = [_Started(i, folder / f"pool{i}.jsonl", folder / f"pool{i}.log") for i in range(1, processes)]
+        runs._pending = pending
+        together = turns.supported()
+        problems: list[str] = []
         try:
-            for i in range(1, processes):
-                out, log = folder / f"pool{i}.jsonl", folder / f"pool{i}.log"
-                cmd = [sys.executable, "-m", "pytest", *pool_run_args(config, given, out, folder / f"w{i}")]
-                with open(log, "w", encoding="utf-8") as sink:
-                    sink.write(shlex.join(cmd) + "\n")
-                    sink.flush()
-                    try:
-                        child = child_run.start(cmd, env=_pool_env(), cwd=config.invocation_params.dir, stdout=sink)
-                    except OSError as exc:  # no such interpreter any more, or no process to be had
-                        problems.append(f"{i}: could not start: {exc} (log: {log})")
-                        continue
-                    status = child_run.wait_for(child)
-                got = read_taken(out)
-                if status not in (0, 1):  # 1: a test failed there (it fails here too)
-                    problems.append(f"{i}: exit status {status}, measured {len(got)} of {len(nodeids)} cases; the "
-                                    f"rest are pooled over fewer processes (log: {log})")
-                elif len(got) < len(nodeids):  # a test failed there (1; its log is kept) or was skipped
-                    kept = f"; log: {log}" if status else ""
-                    keep = keep or bool(status)
-                    missing.append(f"{i}: measured {len(got)} of {len(nodeids)} cases (the rest were skipped or "
-                                   f"failed there, and are pooled over fewer processes{kept})")
-                for nodeid, taken in got.items():
+            if together:
+                for run in pending:
+                    _start(config, run, given, folder, problems, with_turn=True)
+                if meanwhile is not None:
+                    meanwhile()
+            before: _Started | None = None
+            for run in pending:
+                if not together:
+                    _start(config, run, given, folder, problems, with_turn=False)
+                if run.child is None:
+                    continue
+                if before is not None and before.child is not None and before.status is None:  # never two on the GPU
+                    before.status = child_run.wait_for(before.child)
+                if run.turns is not None:
+                    run.turns.give()
+                    run.turns.wait_done(run.child)
+                else:
+                    run.status = child_run.wait_for(run.child)
+                for nodeid, taken in read_taken(run.out).items():  # complete: its tests are over
                     runs.taken.setdefault(nodeid, []).append(taken)
+                before = run
+        except BaseException:
+            _stop(pending)
+            raise
         finally:
             runs.seconds = time.monotonic() - started
-            runs.problems, runs.missing = tuple(problems), tuple(missing)
-            if not (problems or keep):  # the logs are kept only to be read
-                shutil.rmtree(folder, ignore_errors=True)
+            runs.problems = tuple(problems)
         return runs
+
+    def settle(self) -> None:
+        """Wait for the pool runs to exit, and name those that failed or measured fewer cases;
+        their logs are removed unless kept to be read."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        problems, missing, keep = list(self.problems), list(self.missing), bool(self.problems)
+        try:
+            for run in pending:
+                if run.child is None:
+                    continue
+                if run.status is None:
+                    run.status = child_run.wait_for(run.child)
+                status, got, count = run.status, read_taken(run.out), len(self._nodeids)
+                if status not in (0, 1):  # 1: a test failed there (it fails here too)
+                    keep = True
+                    problems.append(f"{run.index}: exit status {status}, measured {len(got)} of {count} cases; "
+                                    f"the rest are pooled over fewer processes (log: {run.log})")
+                elif len(got) < count:  # a test failed there (1; its log is kept) or was skipped
+                    kept = f"; log: {run.log}" if status else ""
+                    keep = keep or bool(status)
+                    missing.append(f"{run.index}: measured {len(got)} of {count} cases (the rest were skipped or "
+                                   f"failed there, and are pooled over fewer processes{kept})")
+        except BaseException:
+            _stop(pending)
+            raise
+        finally:
+            self.problems, self.missing = tuple(problems), tuple(missing)
+            if not keep and self._folder is not None:  # the logs are kept only to be read
+                shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _start(config: pytest.Config, run: _Started, given: Path, folder: Path, problems: list[str],
+           with_turn: bool) -> None:
+    """Start pool run ``run`` (with its turn's pipes, ``with_turn``); one that cannot start is
+    named in ``problems``."""
+    run.turns = Turns() if with_turn else None
+    cmd = [sys.executable, "-m", "pytest", *pool_run_args(config, given, run.out, folder / f"w{run.index}")]
+    if run.turns is not None:
+        cmd.append(run.turns.flag())
+    with open(run.log, "w", encoding="utf-8") as sink:
+        sink.write(shlex.join(cmd) + "\n")
+        sink.flush()
+        try:
+            run.child = child_run.start(cmd, env=_pool_env(), cwd=config.invocation_params.dir, stdout=sink,
+                                        pass_fds=run.turns.child_ends() if run.turns is not None else ())
+        except OSError as exc:  # no such interpreter any more, or no process to be had
+            problems.append(f"{run.index}: could not start: {exc} (log: {run.log})")
+            if run.turns is not None:
+                run.turns.close()
+            run.turns = None
+            return
+    if run.turns is not None:
+        run.turns.started()
+
+
+def _stop(pending: Sequence[_Started]) -> None:
+    """Interrupted: every pool run still waiting for its turn ends without one, and one still
+    running is interrupted (``child.interrupt``)."""
+    for run in pending:
+        if run.turns is not None:
+            run.turns.close()
+    for run in pending:
+        if run.child is not None and run.child.poll() is None:
+            child_run.interrupt(run.child)
 
 
 class PoolRuns:
     """The pool runs of a run with ``--attnperf-processes`` above 1, and what they measured.
     Registered by ``pytest_configure`` (not in a pool run, a pytest-xdist controller, a
     check-only or collect-only run). ``session`` is the run's (its settings, device, baseline
-    and pytest-xdist seat)."""
+    and pytest-xdist seat); ``ahead(items)`` what this run does while its first pool run starts
+    up (the plugin's: import the modules its kernels name, ``registry.import_ahead``)."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, ahead: Callable[[Sequence[pytest.Item]], object] | None = None) -> None:
         self.session = session
+        self.ahead = ahead
         self.results: PoolResults | None = None  # once started
         self.plan: dict[str, list[str]] = {}  # a pytest-xdist worker: case -> its group's short cases
 
@@ -360,7 +457,9 @@ class PoolRuns:
             self.plan = {key: group for group in groups.values() for key in group}
             self.results = PoolResults({}, processes=s.processes, when="before each group's first case")
             return
-        self.results = PoolResults.run(state.config, s, chosen)
+        ahead = self.ahead
+        self.results = PoolResults.run(state.config, s, chosen,
+                                       meanwhile=(lambda: ahead(measured)) if ahead is not None else None)
 
     def for_case(self, key: str) -> list[Taken]:
         """The pool runs' measurements of a case; in a pytest-xdist worker, its group's pool runs
@@ -374,6 +473,11 @@ class PoolRuns:
             self.results.add(PoolResults.run(self.session.config, self.session.settings, group))
         return self.results.for_case(key)
 
+    def settle(self) -> None:
+        """Before this run times anything: every pool run has exited (``PoolResults.settle``)."""
+        if self.results is not None:
+            self.results.settle()
+
     def summary_lines(self) -> list[str]:
         """The summary's lines on the pool runs (``PoolResults.summary``); none before they started."""
         return self.results.summary(self.session.settings.processes_below_ms) if self.results is not None else []
@@ -385,10 +489,11 @@ class PoolRun:
     that file, not from its own options, and it collects exactly the file's cases; the fixture
     writes each measurement's samples to ``--attnperf-pool-out`` (``write_taken``)."""
 
-    def __init__(self, path: Path, nodeids: Sequence[str], settings: Settings) -> None:
+    def __init__(self, path: Path, nodeids: Sequence[str], settings: Settings, turn: Turn | None = None) -> None:
         self.path = path
         self.nodeids = tuple(nodeids)
         self.settings = settings
+        self.turn = turn  # started with the others: its tests wait for their turn (measure.turns)
 
     @classmethod
     def given(cls, config: pytest.Config) -> PoolRun | None:
@@ -407,7 +512,24 @@ class PoolRun:
             settings = settings_from_data(data, Path(config.invocation_params.dir, out))
         except ValueError as exc:
             raise pytest.UsageError(f"attnperf: pool run input {path}: {exc}") from None
-        return cls(path, nodeids, settings)
+        turn = config.getoption("attnperf_pool_turn")
+        try:
+            return cls(path, nodeids, settings, Turn.parse(turn) if turn is not None else None)
+        except ValueError as exc:
+            raise pytest.UsageError(f"attnperf: pool run input {path}: {exc}") from None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        """Its tests once it has its turn (the pool run before it has exited); it says so when
+        they are over. Without a turn (its parent stopped), no test runs."""
+        if self.turn is not None and not self.turn.wait():
+            pytest.exit("attnperf: this pool run's parent stopped before its turn came",
+                        returncode=pytest.ExitCode.INTERRUPTED)
+        try:
+            return (yield)
+        finally:
+            if self.turn is not None:
+                self.turn.done()
 
     def pytest_configure(self, config: pytest.Config) -> None:
         """Collect the input's cases and nothing else: each case of a file under the rootdir by

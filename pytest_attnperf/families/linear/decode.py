@@ -137,7 +137,8 @@ def register(registry: KernelRegistry) -> None:
     for family, fn in (("linear_attn_decode", la_fused_recurrent), ("gla_decode", gla_fused_recurrent),
                        ("simple_gla_decode", simple_gla_fused_recurrent), ("gdn_decode", gdn_fused_recurrent)):
         registry.add(Kernel(family, "fla-fused-recurrent", fn, backward=False, device_kinds=("cuda",),
-                            form="recurrent", unsupported=linear.FLA_REFUSALS, description=(fn.__doc__ or "").strip()))
+                            form="recurrent", unsupported=linear.FLA_REFUSALS, description=(fn.__doc__ or "").strip(),
+                            imports=linear.FLA_IMPORTS))
     for family in FAMILIES:
         step = torch_recurrent(family)
         registry.add(Kernel(family, "torch-recurrent", step, backward=False, form="recurrent",

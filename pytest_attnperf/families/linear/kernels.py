@@ -44,8 +44,8 @@ from pytest_attnperf.families.linear.case import LinearCase, value_grouped
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
 __all__ = [
-    "FAMILIES", "LinearCase", "answer", "check_case", "check_elements", "check_tensor", "cost", "prepare",
-    "register", "run_case",
+    "FAMILIES", "FLA_IMPORTS", "LinearCase", "answer", "check_case", "check_elements", "check_tensor", "cost",
+    "prepare", "register", "run_case",
 ]
 
 FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
@@ -63,6 +63,9 @@ FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
 
 def _first(result: Any) -> Any:
     return result[0] if isinstance(result, tuple) else result
+
+
+FLA_IMPORTS = ("fla",)  # what fla's kernels import on a first call: seconds, imported ahead (registry.import_ahead)
 
 
 def _fla(module: str, name: str) -> Callable[..., Any]:
@@ -196,7 +199,8 @@ def register(registry: KernelRegistry) -> None:
     ):
         registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
                             supports=_supports(family, name), description=(fn.__doc__ or "").strip(),
-                            tiled=name != "fla-naive"))  # a torch loop keeps every step's state for autograd
+                            tiled=name != "fla-naive",  # a torch loop keeps every step's state for autograd
+                            imports=FLA_IMPORTS))
 
 
 # -- running a case -----------------------------------------------------------------------
