@@ -235,6 +235,7 @@ class _Started:
     child: subprocess.Popen[bytes] | None = None
     turns: Turns | None = None
     status: int | None = None  # once it has exited
+    measured: int | None = None  # cases in its samples' file, read once its tests were over
 
 
 @dataclass
@@ -324,7 +325,9 @@ class PoolResults:
                     run.turns.wait_done(run.child)
                 else:
                     run.status = child_run.wait_for(run.child)
-                for nodeid, taken in read_taken(run.out).items():  # complete: its tests are over
+                got = read_taken(run.out)  # complete: its tests are over
+                run.measured = len(got)
+                for nodeid, taken in got.items():
                     runs.taken.setdefault(nodeid, []).append(taken)
                 before = run
         except BaseException:
@@ -348,15 +351,16 @@ class PoolResults:
                     continue
                 if run.status is None:
                     run.status = child_run.wait_for(run.child)
-                status, got, count = run.status, read_taken(run.out), len(self._nodeids)
+                got = run.measured if run.measured is not None else len(read_taken(run.out))  # not read: stopped
+                status, count = run.status, len(self._nodeids)
                 if status not in (0, 1):  # 1: a test failed there (it fails here too)
                     keep = True
-                    problems.append(f"{run.index}: exit status {status}, measured {len(got)} of {count} cases; "
+                    problems.append(f"{run.index}: exit status {status}, measured {got} of {count} cases; "
                                     f"the rest are pooled over fewer processes (log: {run.log})")
-                elif len(got) < count:  # a test failed there (1; its log is kept) or was skipped
+                elif got < count:  # a test failed there (1; its log is kept) or was skipped
                     kept = f"; log: {run.log}" if status else ""
                     keep = keep or bool(status)
-                    missing.append(f"{run.index}: measured {len(got)} of {count} cases (the rest were skipped or "
+                    missing.append(f"{run.index}: measured {got} of {count} cases (the rest were skipped or "
                                    f"failed there, and are pooled over fewer processes{kept})")
         except BaseException:
             _stop(pending)
