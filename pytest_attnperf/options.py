@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-__all__ = ["MODES", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir", "read_settings",
-           "seconds", "source"]
+__all__ = ["MODES", "OPT_IN", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir",
+           "read_settings", "seconds", "source"]
 
 MODES = ("cold", "hot")
 T = TypeVar("T")
@@ -50,6 +50,8 @@ OPTIONS = (
            "baseline folder, relative to the ini file's folder, else to the current one (default baselines)"),
     Option("suites", "--attnperf-suites", "ATTNPERF_SUITES", "attnperf_suites", "",
            "built-in suites to add to the run: softmax, linear or all, comma-separated (default: none)"),
+    Option("opt_in", "--attnperf-opt-in", "ATTNPERF_OPT_IN", "attnperf_opt_in", "",
+           "opt-in rows of the built-in tables: precision (the linear fp16 and fp32 rows) (default: none)"),
     # cases from a model's config (docs/models.md); opt-in: none unless a model is given
     Option("models", "--attnperf-model", "ATTNPERF_MODELS", "attnperf_models", "",
            "a model whose layers become cases: llama3-8b, a config.json, its folder, a hub id; "
@@ -168,6 +170,7 @@ class Settings:
     peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
     report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
     suites: tuple[str, ...] = ()  # built-in suites added to the collection (--attnperf-suites)
+    opt_in: tuple[str, ...] = ()  # --attnperf-opt-in: the opt-in row groups of the built-in tables collected
     check_only: bool = False  # correctness only: nothing timed, gated or recorded
     seed: int = 0  # --attnperf-seed: mixed into every case's input draw (0: the usual draw)
     benchmark_table: bool = False  # --attnperf-benchmark-table: pytest-benchmark's table keeps attnperf's cases
@@ -380,6 +383,20 @@ def _suites(text: str) -> tuple[str, ...]:
     return tuple(n for n in SUITES if n in names)
 
 
+OPT_IN = {"precision": "the linear GPU table's fp16 and fp32 rows: they catch a gradient 1% off on one head, "
+                        "and sparse 1% output errors, that bf16 cannot (docs/checks.md, \"Power\")"}
+"""The opt-in row groups of the built-in tables (a case's ``opt_in``), and what each adds."""
+
+
+def _opt_in(text: str) -> tuple[str, ...]:
+    """'precision' as ('precision',): names of ``OPT_IN``, each once."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in OPT_IN]
+    if unknown:
+        raise ValueError(f"unknown opt-in row group {', '.join(unknown)}: choose from {', '.join(OPT_IN)}")
+    return names
+
+
 def _model_specs(config: pytest.Config) -> Callable[[str], tuple[str, ...]]:
     """'llama3-8b,./my-model' as its specs, a path that exists (from the folder pytest was started
     in, else the project's) made absolute, so a pool run reads the same file."""
@@ -525,6 +542,7 @@ def read_settings(config: pytest.Config) -> Settings:
         peaks=_get(config, "peaks", peaks),
         report_dir=project_dir(config) / report if report else None,  # one base for every relative path
         suites=_get(config, "suites", _suites),
+        opt_in=_get(config, "opt_in", _opt_in),
         check_only=check_only,
         seed=_get(config, "seed", _seed),
         benchmark_table=_get(config, "benchmark_table", _bool),

@@ -124,3 +124,24 @@ def test_the_zoo_has_three_correct_and_two_wrong_kernels_a_family_at_least() -> 
         assert sum(not e.correct for e in ZOO if e.family == family) >= 2, family
     assert len({e.name for e in ZOO}) == len(ZOO)
     assert all(e.name.startswith((f"zoo-ok-{e.family}-", f"zoo-bad-{e.family}-")) for e in ZOO)
+
+
+def test_the_tf32_kernels_take_fp32_cases_only() -> None:
+    """TF32 operands are what a tensor core reads of fp32 tiles: the zoo's TF32 kernels decline an
+    fp16 or bf16 case (on the H200 they failed fp16 cases normwise, 0.00113-0.00115 against
+    2 x 2^-11: truncating float32 intermediates to 10 bits is coarser than an fp16 kernel's
+    rounding) and take an fp32 one."""
+    from pytest_attnperf.families.linear.case import LinearCase
+
+    tf32 = [e for e in zoo() if "tf32" in e.name]
+    assert {e.family for e in tf32} == set(FAMILIES)
+    assert all(e.correct for e in tf32)
+    for dtype in ("fp16", "bf16", "fp32"):
+        case = LinearCase(f"b2-h8-t1024-d64-{dtype}", 2, 8, 1024, 64, 64, dtype)
+        for entry in tf32:
+            why = entry.supports(case)
+            assert (why is None) == (dtype == "fp32"), (entry.name, dtype, why)
+            if why:
+                assert "TF32 operands come from fp32 tiles" in why
+    others = [e for e in zoo() if "tf32" not in e.name and e.limit is None]
+    assert all(e.supports(LinearCase("x-fp16", 2, 2, 64, 16, 16, "fp16")) is None for e in others)

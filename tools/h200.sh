@@ -159,11 +159,13 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # kernel zoos of tests/zoo registered (ZOO=0 leaves them out); K selects as -k does. Each
     # seed's JUnit report goes to $OUT/check-<seed>.xml, then one table of every kernel's counts
     # and worst passing ratio (tools/power.py --junit). WORKERS=N runs N pytest-xdist workers on the
-    # one GPU (a check-only run times nothing, so they may share it)
+    # one GPU (a check-only run times nothing, so they may share it); EXTRA="--attnperf-opt-in=precision"
+    # adds the opt-in rows
     ZOOS=(); [ "${ZOO:-1}" = 1 ] && ZOOS=(-p zoo.softmax -p zoo.linear) && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests"
     for seed in ${SEEDS:-0}; do
+      # shellcheck disable=SC2086  # EXTRA: more pytest arguments, split on spaces
       timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --attnperf-check-only --attnperf-seed="$seed" \
-        ${WORKERS:+-n "$WORKERS"} "${ZOOS[@]}" ${K:+-k "$K"} --junitxml="$OUT/check-$seed.xml" > "$OUT/check-$seed.log" 2>&1
+        ${EXTRA:-} ${WORKERS:+-n "$WORKERS"} "${ZOOS[@]}" ${K:+-k "$K"} --junitxml="$OUT/check-$seed.xml" > "$OUT/check-$seed.log" 2>&1
       tail -n 3 "$OUT/check-$seed.log"
     done
     python3 tools/power.py --junit "$OUT"/check-*.xml ${ZOOS:+--zoo zoo.softmax --zoo zoo.linear} \

@@ -81,13 +81,15 @@ def parametrize(
     as given.
 
     On a GPU the CPU table is left out (it exists so CPU-only machines run something real);
-    on the CPU the GPU table stays in and is skipped with its reason.
+    on the CPU the GPU table stays in and is skipped with its reason. A case whose ``opt_in``
+    names a row group is collected only when ``--attnperf-opt-in`` names that group.
     """
     session = metafunc.config.stash[RUN_KEY]
     device = session.device
     metafunc.config.stash.setdefault(USED_KEY, set()).update([family] if isinstance(family, str) else family)
     if "case" in metafunc.fixturenames:
-        chosen = [c for c in cases if c.gpu or not device.is_gpu]
+        opted = session.settings.opt_in
+        chosen = [c for c in cases if (c.gpu or not device.is_gpu) and getattr(c, "opt_in", None) in (None, *opted)]
         metafunc.parametrize("case", [_case_param(c) for c in chosen])
     if "kernel" in metafunc.fixturenames:
         families = [family] if isinstance(family, str) else list(family)

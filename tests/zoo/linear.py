@@ -597,6 +597,7 @@ class Zoo:
     form: str = "chunk"
     limit: str | None = None  # "parallel", "recurrent" or "materialised": the size it declines beyond
     tiled_heads: bool = False  # GDN's grouped values meet key head j % H (wrong), not j // (HV / H)
+    fp32_only: bool = False  # TF32 operands: what a tensor core reads of fp32 tiles, not of fp16 or bf16 ones
     device_kinds: tuple[str, ...] = ("cuda", "cpu")
 
     @property
@@ -608,6 +609,9 @@ class Zoo:
         """None when the kernel takes ``case`` (a ``LinearCase``), else why not."""
         if self.family != "gdn" and case.beta_max != 1.0:
             return "beta_max is a GDN input; this family has no beta"
+        if self.fp32_only and case.dtype != "fp32":
+            return (f"TF32 operands come from fp32 tiles; a {case.dtype} kernel's products take {case.dtype} operands "
+                    "(TF32 truncation keeps 10 mantissa bits, coarser than fp16's rounding to nearest)")
         elements = case.batch * case.heads * case.seq * case.seq * (case.key_dim if self.family == "gla" else 1)
         if self.limit == "parallel" and (case.seq > PARALLEL_MAX_TOKENS or elements > PARALLEL_MAX_ELEMENTS):
             return (f"the parallel form materialises B x H x T x T{' x K' if self.family == 'gla' else ''} = "
@@ -648,10 +652,10 @@ def _correct(family: str) -> list[Zoo]:
             f"Chunks of 64, every intermediate in float32{factored.get(family, '')}."),
         Zoo(family, f"{ok}-chunk64-tf32", tf32_operands(chunked(family, 64, False)),
             f"Chunks of 64, float32, every product's operands truncated to TF32{factored.get(family, '')}.",
-            device_kinds=("cuda",)),
+            device_kinds=("cuda",), fp32_only=True),
         Zoo(family, f"{ok}-chunk64-tf32-rne", tf32_operands(chunked(family, 64, False), nearest=True),
             f"Chunks of 64, float32, every product's operands rounded to TF32, ties to even{factored.get(family, '')}.",
-            device_kinds=("cuda",)),
+            device_kinds=("cuda",), fp32_only=True),
         Zoo(family, f"{ok}-chunk64-rounded", chunked(family, 64, True),
             f"Chunks of 64, stored intermediates rounded to the inputs' dtype{factored.get(family, '')}."),
         Zoo(family, f"{ok}-chunk128-rounded", chunked(family, 128, True, variant=family != "gla"),

@@ -44,6 +44,7 @@ class LinearCase:
     beta_max: float = 1.0
     gpu: bool = True
     key_heads: int | None = None
+    opt_in: str | None = None  # a row group collected only when --attnperf-opt-in names it (options.OPT_IN)
 
     @property
     def scale(self) -> float:

@@ -295,12 +295,26 @@ class Prepared:
 
         fn = _chunked_fn(self.family)
         leaves = [x.detach().to(compute).requires_grad_(self.backward) for x in self.inputs]
+        # grouped values (GDN): a kernel forms a key head's dq and dk from each value head of its
+        # group and may store those in the case's dtype before it sums them, so away from fp64 the
+        # yardstick does the same (docs/checks.md, "Yardsticks"); the fp64 reference sums exactly
+        split = self.backward and compute != torch.float64 and self.inputs[2].shape[2] != self.inputs[0].shape[2]
+        taken = list(leaves)
+        if split:
+            expanded = value_grouped(leaves[0], leaves[1], leaves[2])
+            taken[0], taken[1] = (x.detach().requires_grad_(True) for x in expanded)
         with torch.enable_grad() if self.backward else torch.no_grad():
             with tf32_products() if tf32 else contextlib.nullcontext():
-                out = fn(*leaves, scale=self.scale, compute=compute, store=store)
+                out = fn(*taken, scale=self.scale, compute=compute, store=store)
             if not self.backward:
                 return (out,)
-            grads = torch.autograd.grad(out, leaves, self.grad_out.to(compute))
+            grads = list(torch.autograd.grad(out, taken, self.grad_out.to(compute)))
+        if split:
+            kept = torch_dtype(self.dtype) if self.dtype != "fp32" else compute
+            heads = self.inputs[0].shape[2]
+            for i in (0, 1):
+                b, t, hv, d = grads[i].shape
+                grads[i] = grads[i].to(kept).to(compute).view(b, t, heads, hv // heads, d).sum(3)
         return (out.detach(),) + tuple(g.detach() for g in grads)
 
 

@@ -2,7 +2,8 @@
 forward and forward+backward, each kernel against our fp64 recurrence.
 
 The GPU table times linear attention at B=4 H=16 D=128 against T from 1K to 16K and D=64 at
-T=4096, and GDN at a model-ladder head (hidden 512 = 8 heads x 64, B=32 T=1024). The built-in
+T=4096, and at a model-ladder head (hidden 512 = 8 heads x 64, B=32 T=1024), in bf16; that head
+again at B=2 in fp16 and fp32, and GDN's grouped values (8 value heads over 4 key heads) in fp16. The built-in
 kernels come from flash-linear-attention (``pip install pytest-attnperf[linear]``); without it
 each of their cases is skipped with that hint, and a project's own kernels still run. A row with
 ``key_heads`` (GDN's grouped values: fewer query/key heads than value heads) is removed for the
@@ -41,6 +42,16 @@ GPU = (
     # the long end of sequence scaling, and head dim 64 at T=4096
     LinearCase("b4-h16-t16384-d128-bf16", 4, 16, 16384, 128, 128, "bf16"),
     LinearCase("b4-h16-t4096-d64-bf16", 4, 16, 4096, 64, 64, "bf16"),
+    # the higher precisions, at the ladder's head (8 heads x 64), two sequences: in bf16 a 1% error
+    # is one or two ulps, as large as a correct kernel's rounding, so a gradient 1% off on one head,
+    # or 0.1% of the outputs 1% off, passes every bf16 row; fp16 (1% is 10-20 ulps) catches them,
+    # fp32 (held to TF32) the denser ones (docs/checks.md, "Power"). Then GDN's grouped values on
+    # the GPU: 8 value heads over 4 query/key heads. Opt-in (--attnperf-opt-in=precision): each new
+    # dtype makes fla autotune every kernel again (recording them on a fresh H200: 7 cases in 331 s), and no
+    # baselines or autotune choices are recorded for them yet
+    LinearCase("b2-h8-t1024-d64-fp16", 2, 8, 1024, 64, 64, "fp16", opt_in="precision"),
+    LinearCase("b2-h8-t1024-d64-fp32", 2, 8, 1024, 64, 64, "fp32", opt_in="precision"),
+    LinearCase("b2-h8-hk4-t1024-d64-fp16", 2, 8, 1024, 64, 64, "fp16", key_heads=4, opt_in="precision"),
 )
 
 CPU = (
