@@ -30,9 +30,12 @@ keep_cache() {  # autotune results travel back, so the next machine skips autotu
 
 case "${1:-}" in
   record-linear)
+    # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
+    # the autotune choices recorded travel back with the file in one archive
+    # shellcheck disable=SC2086
     timeout -s INT "${BUDGET:-480}" "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines \
-      --benchmark-disable ${K:+-k "$K"} 2>&1 | tee "$OUT/record-linear.log"
-    cp baselines/h200.yaml "$OUT/"; keep_cache ;;
+      --benchmark-disable ${EXTRA:-} ${K:+-k "$K"} 2>&1 | tee "$OUT/record-linear.log"
+    cp baselines/h200.yaml "$OUT/"; tar czf "$OUT/recorded.tgz" baselines/h200.yaml baselines/h200.autotune; keep_cache ;;
   gate)
     # every test's setup, call and teardown time in the JUnit file (where the wall time goes, test by
     # test), the slowest 40 on the terminal
