@@ -393,7 +393,8 @@ def _opt_in(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
     unknown = [n for n in names if n not in OPT_IN]
     if unknown:
-        raise ValueError(f"unknown opt-in row group {', '.join(unknown)}: choose from {', '.join(OPT_IN)}")
+        known = "; ".join(f"{name} ({what})" for name, what in OPT_IN.items())
+        raise ValueError(f"unknown opt-in row group {', '.join(unknown)}: choose from {known}")
     return names
 
 

@@ -160,23 +160,12 @@ GVA_FP16 = LinearCase("cpu-b1-h4-hk2-t64-d16-fp16", 1, 4, 64, 16, 16, "fp16", gp
 
 
 def _one_head_dq_off(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
-    """Per value head as ``_exact``, but the first key head's dq 1% too large."""
-    weights = torch.ones(q.shape[2], 1, dtype=q.dtype)
-    weights[0] = 1.01
-    scaled = _GradScaled.apply(q, weights)  # type: ignore[no-untyped-call]
-    return _exact(value_grouped)(scaled, k, v, g, beta, scale=scale)
+    """Per value head as ``_exact``, but dq 1% too large on one key head of one sequence (the
+    zoo's ``grad_wrong``)."""
+    from zoo.linear import grad_wrong  # tests/ is on sys.path, as for every test module here
 
-
-class _GradScaled(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(weights)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (weights,) = ctx.saved_tensors
-        return grad * weights, None
+    exact = _exact(value_grouped)
+    return grad_wrong(lambda inputs, s: exact(*inputs, scale=s), 0, "head")((q, k, v, g, beta), scale)
 
 
 @pytest.mark.parametrize("form", ["recurrent", "chunk"])

@@ -45,4 +45,4 @@ def test_an_unknown_group_is_refused_with_the_known_ones(pytester: pytest.Pytest
     result = pytester.runpytest(*kit.PLUGIN, "--attnperf-suites=linear", "--collect-only", "--attnperf-opt-in=fp64")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*bad value 'fp64' from --attnperf-opt-in: unknown opt-in row group fp64: "
-                                 "choose from precision*"])
+                                 "choose from precision (the linear GPU table*"])
