@@ -336,12 +336,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     pool runs, baselines, autotune and the timeline."""
     state = get_session(config)
     gone = suite.removed(config)
+    opted_out = suite.opted_out_lines(config)
     checked = state.checked_only
     fleet_lines = xdist.summary_lines(state)
     pool_runs, autotuning = PoolRuns.of(config), AutotunePlugin.of(config)
     pooled = pool_runs is not None and pool_runs.results is not None
     reruns = _reruns(config) if state.seat is None else {}
-    if not (state.rows or state.write_note is not None or gone or pooled or checked or fleet_lines or reruns):
+    if not (state.rows or state.write_note is not None or gone or opted_out or pooled or checked or fleet_lines
+            or reruns):
         return
     terminalreporter.section("attnperf")
     for line in fleet_lines:
@@ -350,6 +352,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"{len(gone)} kernel x case combinations removed at collection:")
         for reason, count in suite.count_reasons(gone).items():
             terminalreporter.write_line(f"  {count:4d} x {reason}")
+    for line in opted_out:
+        terminalreporter.write_line(line)
     if checked:
         terminalreporter.write_line(f"{checked} cases checked only (--attnperf-check-only): correctness "
                                     "checked; nothing timed, gated or recorded")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -133,6 +134,7 @@ import json
 import os
 import sys
 import pathlib
+import signal
 import time
 
 import pytest
@@ -168,6 +170,8 @@ def _tune(name, seen, log):
 
 @pytest.mark.parametrize("name", ["a", "b"])
 def test_case(name, attnperf):
+    if name == os.environ.get("DIE_CASE"):
+        os.kill(os.getpid(), signal.SIGKILL)  # the run ends here, as a machine taken back would end it
     fake_kernel(name)
     time.sleep(0.1)  # the checks before the measurement
     attnperf.measure(lambda: None, cost=Cost(flops=1e12, bytes=1e9), dtype="bf16")
@@ -255,6 +259,38 @@ def test_a_case_skipped_after_autotuning_has_its_choices_recorded(project: pytes
     result = run(project, "fresh-cache")
     result.assert_outcomes(passed=2, skipped=1)
     assert log(project)["r"]["found"] is True  # the gating run meets the recorded choice, autotunes nothing
+    assert "autotuned in this run" not in result.stdout.str()
+
+
+def test_a_recording_that_dies_leaves_its_entries_with_their_choices(project: pytest.Pytester,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each case's choices are written as its entry is journaled: a recording killed after its
+    first case leaves that case's choice, the next recording merges the entry, and a gating run
+    on a fresh cache times the recorded configuration instead of autotuning anew."""
+    monkeypatch.setenv("DIE_CASE", "b")
+    died = project.runpytest_subprocess("--hw=h200", f"--attnperf-triton-cache={project.path / 'c1'}",
+                                        "--update-baselines")
+    assert died.ret == -signal.SIGKILL
+    folder = project.path / "baselines"
+    assert not (folder / "h200.yaml").exists()  # the run never reached its end
+    journal = [p.name for p in folder.glob(".h200.recording-*.jsonl")]
+    assert len(journal) == 1
+    assert "test_case[a]" in (folder / journal[0]).read_text()
+    entries = manifest(project)["entries"]
+    assert isinstance(entries, dict)
+    assert sorted(entries) == [HASH_A]
+    assert entries[HASH_A]["source"] == "test_cases.py::test_case[a]"
+
+    monkeypatch.delenv("DIE_CASE")
+    run(project, "c2", "--update-baselines", "-k", "b").assert_outcomes(passed=1)
+    recorded = yaml.safe_load((folder / "h200.yaml").read_text())["entries"]
+    assert sorted(recorded) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]  # a's merged
+    entries = manifest(project)["entries"]
+    assert isinstance(entries, dict)
+    assert sorted(entries) == [HASH_A, HASH_B]
+    result = run(project, "fresh")
+    result.assert_outcomes(passed=2)
+    assert log(project)["a"]["found"] is True  # the configuration a's entry was timed with
     assert "autotuned in this run" not in result.stdout.str()
 
 
@@ -405,3 +441,17 @@ def test_summary_says_where_the_runs_wall_time_went(project: pytest.Pytester) ->
     assert startup >= 0.4
     assert in_tests >= 0.2
     assert "(setup, call and teardown; 2 called)" in line
+
+
+def test_a_recording_in_turns_measures_only_the_cases_without_an_entry() -> None:
+    """``tools/missing.py`` (``tools/h200.sh record-linear`` with ``MISSING=1``): of the collected
+    node ids, those the committed file lacks, in collection order; pytest's other lines dropped."""
+    import kit
+
+    committed = yaml.safe_load((kit.ROOT / "baselines" / "h200.yaml").read_text())["entries"]
+    have = next(k for k in committed if k.startswith("suites/test_linear.py::"))
+    new = "suites/test_linear.py::test_linear[b2-h8-t1024-d64-fp16-gla-fla-chunk-fwd]"
+    assert new not in committed
+    lines = [have, new, "", "2/136 tests collected (134 deselected) in 0.05s", "<Module test_linear.py>"]
+    assert kit.tool("missing").missing(lines, committed) == [new]
+    assert kit.tool("missing").missing(lines, {}) == [have, new]

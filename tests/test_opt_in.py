@@ -34,10 +34,15 @@ def test_opt_in_rows_are_collected_only_when_named(pytester: pytest.Pytester, ho
     rows = _collected_rows(result)
     always = {c.id for c in GPU if c.opt_in is None}
     assert always <= rows  # the fake H200 collects the GPU table
+    named = [line for line in result.outlines if "opt-in row" in line and "not collected" in line]
     if how == "none":
         assert rows == always
+        # the summary names what was left out and the option that adds it
+        assert named == [f"{len(PRECISION)} opt-in rows not collected ({', '.join(sorted(c.id for c in PRECISION))}): "
+                         "--attnperf-opt-in=precision adds them"]
     else:
         assert rows == always | {c.id for c in PRECISION}
+        assert named == []
 
 
 def test_an_unknown_group_is_refused_with_the_known_ones(pytester: pytest.Pytester) -> None:

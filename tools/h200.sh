@@ -31,10 +31,23 @@ keep_cache() {  # autotune results travel back, so the next machine skips autotu
 case "${1:-}" in
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
-    # the autotune choices recorded travel back with the file in one archive
+    # the autotune choices recorded travel back with the file in one archive. Stopped at BUDGET, the
+    # run gets 30 s to end before it is killed (keep the call's timeout_s 60 s above BUDGET); a run
+    # killed leaves its entries journaled and each recorded case's choices written, and a
+    # collect-only update merges that journal into the file
+    # MISSING=1 runs only the selected cases that have no entry in baselines/h200.yaml yet, so calls
+    # in turn record a selection too long for one (commit what each brings back before the next)
+    SEL=(suites/test_linear.py); [ -n "${K:-}" ] && SEL+=(-k "$K")
+    if [ -n "${MISSING:-}" ]; then
+      # shellcheck disable=SC2086
+      mapfile -t SEL < <("${PYTEST[@]}" "${SEL[@]}" --hw=h200 --collect-only ${EXTRA:-} 2>/dev/null | python3 tools/missing.py)
+      echo "${#SEL[@]} selected cases without an entry"
+    fi
     # shellcheck disable=SC2086
-    timeout -s INT "${BUDGET:-480}" "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines \
-      --benchmark-disable ${EXTRA:-} ${K:+-k "$K"} 2>&1 | tee "$OUT/record-linear.log"
+    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "${BUDGET:-480}" "${PYTEST[@]}" "${SEL[@]}" --hw=h200 --update-baselines \
+      --benchmark-disable ${EXTRA:-} 2>&1 | tee "$OUT/record-linear.log"
+    "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines --collect-only ${EXTRA:-} 2>&1 \
+      | grep "^baselines:" | tee "$OUT/record-merge.log"
     cp baselines/h200.yaml "$OUT/"; tar czf "$OUT/recorded.tgz" baselines/h200.yaml baselines/h200.autotune; keep_cache ;;
   gate)
     # every test's setup, call and teardown time in the JUnit file (where the wall time goes, test by

@@ -32,6 +32,7 @@ __all__ = [
 DIRECTIONS = ("fwd", "fwdbwd")
 REMOVED_KEY = pytest.StashKey[list[str]]()
 USED_KEY = pytest.StashKey[set[str]]()  # the families this run parametrized
+OPTED_OUT_KEY = pytest.StashKey[dict[str, set[str]]]()  # opt-in rows not collected: case ids by group
 
 
 class RunKernels(Protocol):
@@ -89,7 +90,12 @@ def parametrize(
     metafunc.config.stash.setdefault(USED_KEY, set()).update([family] if isinstance(family, str) else family)
     if "case" in metafunc.fixturenames:
         opted = session.settings.opt_in
-        chosen = [c for c in cases if (c.gpu or not device.is_gpu) and getattr(c, "opt_in", None) in (None, *opted)]
+        here = [c for c in cases if c.gpu or not device.is_gpu]
+        chosen = [c for c in here if getattr(c, "opt_in", None) in (None, *opted)]
+        left_out = metafunc.config.stash.setdefault(OPTED_OUT_KEY, {})
+        for c in here:
+            if c not in chosen:
+                left_out.setdefault(c.opt_in, set()).add(c.id)
         metafunc.parametrize("case", [_case_param(c) for c in chosen])
     if "kernel" in metafunc.fixturenames:
         families = [family] if isinstance(family, str) else list(family)
@@ -270,6 +276,15 @@ def count_reasons(reasons: list[str]) -> dict[str, int]:
     for reason in reasons:
         counts[reason] = counts.get(reason, 0) + 1
     return counts
+
+
+def opted_out_lines(config: pytest.Config) -> list[str]:
+    """The summary's line for each opt-in row group this run did not collect, with the option
+    that adds it (a ``-k`` that matches nothing must not leave the user guessing)."""
+    groups = config.stash.get(OPTED_OUT_KEY, {})
+    return [f"{len(ids)} opt-in row{'s' if len(ids) > 1 else ''} not collected ({', '.join(sorted(ids))}): "
+            f"--attnperf-opt-in={group} adds {'them' if len(ids) > 1 else 'it'}"
+            for group, ids in sorted(groups.items())]
 
 
 def check_families(config: pytest.Config, registry: KernelRegistry, builtin: Sequence[str]) -> None:

@@ -129,7 +129,7 @@ def _record_into(run: AutotuneRun, cache_dir: Path, keep: Mapping[str, str]) -> 
     except (AutotuneError, OSError) as exc:
         run.write_note = f"NOT written: {exc}. The folder was left as it was."
     else:
-        run.problems.extend(problems)
+        run.problems.extend(p for p in problems if p not in run.problems)  # a case's, met again at the end
         run.write_note = f"wrote {written} autotune choices to {run.folder} ({kept} other entries kept)"
 
 
@@ -211,6 +211,7 @@ class AutotunePlugin:
             return (yield)
         finally:
             self._case_finished(item)
+            self._record_case(item)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
@@ -238,6 +239,21 @@ class AutotunePlugin:
         for i, row in enumerate(rows):
             if row.nodeid == key:
                 rows[i] = replace(row, notes=row.notes + notes)
+
+    def _record_case(self, item: pytest.Item) -> None:
+        """A recording outside pytest-xdist: the choices of a case whose entry was committed (and
+        journaled) as it ended, or that was skipped after its kernels ran, are written at once, so a
+        run that dies later leaves its journaled entries with the choices they were timed with (the
+        run's end writes them all again, with those made outside any test)."""
+        run, state = self.run, self.session
+        if run is None or not run.recording or state.seat is not None or state.fleet is not None:
+            return
+        key = case_key(item)
+        if key not in state.pending and key not in run.skipped:
+            return
+        keep = {rel: source for rel, source in run.produced.items() if source == key}
+        if keep:
+            _record_into(run, run.cache_dir, keep)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
