@@ -293,6 +293,49 @@ def junit_table(paths: list[str], known: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+DTYPES_IN_IDS = ("bf16", "fp16", "fp32")
+
+
+def junit_margins(paths: list[str]) -> str:
+    """Per family, dtype and direction, over JUnit XML reports of suite runs: the correct zoo's and
+    the built-in kernels' tests, failures, and worst ``attnperf_check_*`` ratio of their passing
+    tests, for the output and for the gradients (a ratio over 1 fails; its distance from 1 is the
+    margin). Wrong-zoo kernels are left out."""
+    import xml.etree.ElementTree as ET
+
+    groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for path in paths:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = case.get("name", "").split("@", 1)[0]
+            found = re.match(r"test_(\w+?)\[(.*)-(fwd|fwdbwd)\]$", name)
+            if not found or "zoo-bad-" in found.group(2) or case.find("skipped") is not None:
+                continue
+            tokens = found.group(2).split("-")
+            at = next((i for i, t in enumerate(tokens) if t in DTYPES_IN_IDS), None)
+            if at is None:
+                continue
+            family = found.group(1) if found.group(1) != "linear" else tokens[at + 1]
+            kind = "correct zoo" if "zoo-ok-" in found.group(2) else "built-in"
+            entry = groups.setdefault((family, tokens[at], found.group(3), kind),
+                                      {"tests": 0, "failed": 0, "out": 0.0, "grad": 0.0})
+            entry["tests"] += 1
+            if case.find("failure") is not None or case.find("error") is not None:
+                entry["failed"] += 1
+                continue
+            for prop in case.iter("property"):
+                tensor = (prop.get("name") or "").removeprefix("attnperf_check_")
+                if tensor != prop.get("name"):
+                    side = "out" if tensor == "out" else "grad"
+                    entry[side] = max(entry[side], float(prop.get("value") or 0))
+    lines = ["| family | dtype | direction | kernels | tests | failed | worst ratio, output | worst ratio, gradients |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (family, dtype, direction, kind), e in sorted(groups.items()):
+        grad = f"{e['grad']:.3g}" if direction == "fwdbwd" else "-"
+        lines.append(f"| {family} | {dtype} | {direction} | {kind} | {e['tests']} | {e['failed']} | {e['out']:.3g} | "
+                     f"{grad} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the table (see the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -309,12 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--neighbours", default=str(checks.NEIGHBOURS))
     parser.add_argument("--autotune", default="", help="a baselines' <hw>.autotune folder: its Triton choices are used")
-    parser.add_argument("--junit", nargs="+", default=[], help="summarise these JUnit XML reports instead")
+    parser.add_argument("--junit", nargs="+", default=[],
+                        help="summarise these JUnit XML reports instead: per kernel, then the margins per dtype")
     args = parser.parse_args(argv)
     if args.junit:
         found = registry(args.zoo)
         known = sorted({k.name for f in args.families.split(",") for k in found.family(f)}, key=len, reverse=True)
         print(junit_table(args.junit, tuple(known)))
+        print()
+        print(junit_margins(args.junit))
         return 0
     if args.autotune:  # before triton is imported: fla's kernels then skip autotuning
         import os
