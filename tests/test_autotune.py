@@ -264,9 +264,9 @@ def test_a_case_skipped_after_autotuning_has_its_choices_recorded(project: pytes
 
 def test_a_recording_that_dies_leaves_its_entries_with_their_choices(project: pytest.Pytester,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each case's choices are written as its entry is journaled: a recording killed after its
-    first case leaves that case's choice, the next recording merges the entry, and a gating run
-    on a fresh cache times the recorded configuration instead of autotuning anew."""
+    """Each case's choices are written as it ends, its entry journaled: a recording killed in its
+    second case leaves the first case's choice, a collect-only update merges the entry, and a
+    gating run on a fresh cache times the recorded configuration instead of autotuning anew."""
     monkeypatch.setenv("DIE_CASE", "b")
     died = project.runpytest_subprocess("--hw=h200", f"--attnperf-triton-cache={project.path / 'c1'}",
                                         "--update-baselines")
@@ -282,9 +282,14 @@ def test_a_recording_that_dies_leaves_its_entries_with_their_choices(project: py
     assert entries[HASH_A]["source"] == "test_cases.py::test_case[a]"
 
     monkeypatch.delenv("DIE_CASE")
+    merged = run(project, "c2", "--update-baselines", "--collect-only")  # merges the journal, measures nothing
+    assert merged.ret == 0
+    assert sorted(yaml.safe_load((folder / "h200.yaml").read_text())["entries"]) == ["test_cases.py::test_case[a]"]
+    assert not list(folder.glob(".h200.recording-*.jsonl"))
+    assert not (project.path / "log.json").exists()  # no kernel ran
     run(project, "c2", "--update-baselines", "-k", "b").assert_outcomes(passed=1)
     recorded = yaml.safe_load((folder / "h200.yaml").read_text())["entries"]
-    assert sorted(recorded) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]  # a's merged
+    assert sorted(recorded) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]
     entries = manifest(project)["entries"]
     assert isinstance(entries, dict)
     assert sorted(entries) == [HASH_A, HASH_B]
@@ -452,6 +457,7 @@ def test_a_recording_in_turns_measures_only_the_cases_without_an_entry() -> None
     have = next(k for k in committed if k.startswith("suites/test_linear.py::"))
     new = "suites/test_linear.py::test_linear[b2-h8-t1024-d64-fp16-gla-fla-chunk-fwd]"
     assert new not in committed
-    lines = [have, new, "", "2/136 tests collected (134 deselected) in 0.05s", "<Module test_linear.py>"]
+    lines = [have, new, new, "", "2/136 tests collected (134 deselected) in 0.05s", "<Module test_linear.py>",
+             "  UserWarning: c10::Half is not supported here"]
     assert kit.tool("missing").missing(lines, committed) == [new]
     assert kit.tool("missing").missing(lines, {}) == [have, new]

@@ -51,3 +51,14 @@ def test_an_unknown_group_is_refused_with_the_known_ones(pytester: pytest.Pytest
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*bad value 'fp64' from --attnperf-opt-in: unknown opt-in row group fp64: "
                                  "choose from precision (the linear GPU table*"])
+
+
+def test_a_pytest_xdist_run_names_the_rows_its_workers_left_out(pytester: pytest.Pytester) -> None:
+    """Under pytest-xdist only the workers collect: the controller's summary has the line from them."""
+    pytest.importorskip("xdist")
+    kit.make_project(pytester, kit.conftest("h200") + "\n\ndef pytest_attnperf_visible_gpus(config):\n"
+                                                       "    return ['0', '1']\n")
+    result = pytester.runpytest(*kit.PLUGIN, "--attnperf-suites=linear", "-n", "2", "-k", "no_case_is_named_so")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(
+        [f"{len(PRECISION)} opt-in rows not collected (*): --attnperf-opt-in=precision adds them"])

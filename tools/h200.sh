@@ -31,21 +31,27 @@ keep_cache() {  # autotune results travel back, so the next machine skips autotu
 case "${1:-}" in
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
-    # the autotune choices recorded travel back with the file in one archive. Stopped at BUDGET, the
-    # run gets 30 s to end before it is killed (keep the call's timeout_s 60 s above BUDGET); a run
-    # killed leaves its entries journaled and each recorded case's choices written, and a
-    # collect-only update merges that journal into the file
+    # the autotune choices recorded travel back with the file in one archive. BUDGET counts from the
+    # mode's start; stopped there, the run gets 30 s to end before it is killed (keep the call's
+    # timeout_s 90 s above BUDGET: the grace, the merge's start-up, the archive). A run killed leaves
+    # its entries journaled and each recorded case's choices written, and a collect-only update
+    # merges that journal into the file.
     # MISSING=1 runs only the selected cases that have no entry in baselines/h200.yaml yet, so calls
     # in turn record a selection too long for one (commit what each brings back before the next)
+    t0=$SECONDS
     SEL=(suites/test_linear.py); [ -n "${K:-}" ] && SEL+=(-k "$K")
     if [ -n "${MISSING:-}" ]; then
       # shellcheck disable=SC2086
-      mapfile -t SEL < <("${PYTEST[@]}" "${SEL[@]}" --hw=h200 --collect-only ${EXTRA:-} 2>/dev/null | python3 tools/missing.py)
+      if ! ids=$("${PYTEST[@]}" "${SEL[@]}" --hw=h200 --collect-only ${EXTRA:-} 2>"$OUT/record-collect.err"); then
+        echo "collecting the selection failed:"; printf '%s\n' "$ids" | tail -n 15; tail -n 15 "$OUT/record-collect.err"
+        exit 1
+      fi
+      mapfile -t SEL < <(printf '%s\n' "$ids" | python3 tools/missing.py)
       echo "${#SEL[@]} selected cases without an entry"
     fi
     # shellcheck disable=SC2086
-    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "${BUDGET:-480}" "${PYTEST[@]}" "${SEL[@]}" --hw=h200 --update-baselines \
-      --benchmark-disable ${EXTRA:-} 2>&1 | tee "$OUT/record-linear.log"
+    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 $(( ${BUDGET:-480} - (SECONDS - t0) )) "${PYTEST[@]}" "${SEL[@]}" \
+      --hw=h200 --update-baselines --benchmark-disable ${EXTRA:-} 2>&1 | tee "$OUT/record-linear.log"
     "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines --collect-only ${EXTRA:-} 2>&1 \
       | grep "^baselines:" | tee "$OUT/record-merge.log"
     cp baselines/h200.yaml "$OUT/"; tar czf "$OUT/recorded.tgz" baselines/h200.yaml baselines/h200.autotune; keep_cache ;;

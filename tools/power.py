@@ -300,7 +300,7 @@ def junit_margins(paths: list[str]) -> str:
     """Per family, dtype and direction, over JUnit XML reports of suite runs: the correct zoo's and
     the built-in kernels' tests, failures, and worst ``attnperf_check_*`` ratio of their passing
     tests, for the output and for the gradients (a ratio over 1 fails; its distance from 1 is the
-    margin). Wrong-zoo kernels are left out."""
+    margin; "-" where no passing test had one). Wrong-zoo kernels are left out."""
     import xml.etree.ElementTree as ET
 
     groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
@@ -317,7 +317,7 @@ def junit_margins(paths: list[str]) -> str:
             family = found.group(1) if found.group(1) != "linear" else tokens[at + 1]
             kind = "correct zoo" if "zoo-ok-" in found.group(2) else "built-in"
             entry = groups.setdefault((family, tokens[at], found.group(3), kind),
-                                      {"tests": 0, "failed": 0, "out": 0.0, "grad": 0.0})
+                                      {"tests": 0, "failed": 0, "out": None, "grad": None})
             entry["tests"] += 1
             if case.find("failure") is not None or case.find("error") is not None:
                 entry["failed"] += 1
@@ -326,13 +326,15 @@ def junit_margins(paths: list[str]) -> str:
                 tensor = (prop.get("name") or "").removeprefix("attnperf_check_")
                 if tensor != prop.get("name"):
                     side = "out" if tensor == "out" else "grad"
-                    entry[side] = max(entry[side], float(prop.get("value") or 0))
+                    entry[side] = max(entry[side] or 0.0, float(prop.get("value") or 0))
     lines = ["| family | dtype | direction | kernels | tests | failed | worst ratio, output | worst ratio, gradients |",
              "|---|---|---|---|---|---|---|---|"]
+    def shown(ratio: float | None) -> str:  # "-": no passing test had that tensor
+        return "-" if ratio is None else f"{ratio:.3g}"
+
     for (family, dtype, direction, kind), e in sorted(groups.items()):
-        grad = f"{e['grad']:.3g}" if direction == "fwdbwd" else "-"
-        lines.append(f"| {family} | {dtype} | {direction} | {kind} | {e['tests']} | {e['failed']} | {e['out']:.3g} | "
-                     f"{grad} |")
+        lines.append(f"| {family} | {dtype} | {direction} | {kind} | {e['tests']} | {e['failed']} | "
+                     f"{shown(e['out'])} | {shown(e['grad'])} |")
     return "\n".join(lines)
 
 

@@ -371,10 +371,11 @@ def worker_output(config: pytest.Config, session: AttnPerfSession) -> None:
     plugin sends its own part)."""
     if session.seat is None or not hasattr(config, "workeroutput"):
         return
-    from pytest_attnperf.families.parametrize import removed
+    from pytest_attnperf.families.parametrize import OPTED_OUT_KEY, removed
 
+    opted_out = {group: sorted(ids) for group, ids in config.stash.get(OPTED_OUT_KEY, {}).items()}
     payload: dict[str, Any] = {"worker": session.seat.worker, "checked_only": session.checked_only,
-                               "removed": removed(config)}
+                               "removed": removed(config), "opted_out": opted_out}
     if session.rows or session.pending:  # the device was looked up for them: its facts are known and cheap
         payload["facts"] = _facts(session)
         payload["drift"] = session.drift()
@@ -407,10 +408,12 @@ def node_down(session: AttnPerfSession, node: Any, error: object | None) -> None
         return
     share.finished = payload
     session.checked_only += int(payload.get("checked_only", 0))
-    from pytest_attnperf.families.parametrize import REMOVED_KEY
+    from pytest_attnperf.families.parametrize import OPTED_OUT_KEY, REMOVED_KEY
 
     if payload.get("removed") and REMOVED_KEY not in session.config.stash:  # every worker collects them all
         session.config.stash[REMOVED_KEY] = list(payload["removed"])
+    if payload.get("opted_out") and OPTED_OUT_KEY not in session.config.stash:
+        session.config.stash[OPTED_OUT_KEY] = {group: set(ids) for group, ids in payload["opted_out"].items()}
     if payload.get("facts"):
         _adopt_facts(session, payload["facts"], worker)
 

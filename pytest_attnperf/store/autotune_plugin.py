@@ -241,15 +241,16 @@ class AutotunePlugin:
                 rows[i] = replace(row, notes=row.notes + notes)
 
     def _record_case(self, item: pytest.Item) -> None:
-        """A recording outside pytest-xdist: the choices of a case whose entry was committed (and
-        journaled) as it ended, or that was skipped after its kernels ran, are written at once, so a
-        run that dies later leaves its journaled entries with the choices they were timed with (the
-        run's end writes them all again, with those made outside any test)."""
+        """A recording outside pytest-xdist: at the end of a case whose entry was committed (and
+        journaled), or that was skipped after its kernels ran once the run has committed an entry,
+        the case's choices are written, so a run that dies later leaves its journaled entries with
+        the choices they were timed with (the run's end writes them all again, with those made
+        outside any test)."""
         run, state = self.run, self.session
         if run is None or not run.recording or state.seat is not None or state.fleet is not None:
             return
         key = case_key(item)
-        if key not in state.pending and key not in run.skipped:
+        if key not in state.pending and not (key in run.skipped and state.pending):  # as _to_record keeps them
             return
         keep = {rel: source for rel, source in run.produced.items() if source == key}
         if keep:
