@@ -250,38 +250,47 @@ def margin_table(rows: list[dict[str, Any]], counts: list[str]) -> str:
     return "\n".join(lines)
 
 
+def junit_cases(paths: list[str]) -> Iterator[tuple[str, str, str, str, dict[str, float]]]:
+    """Each suite case of JUnit XML reports of suite runs (``--junitxml``): its test function's
+    name less ``test_``, its parametrize id less the direction, the direction, its outcome
+    (passed, failed or skipped; an error is a failure) with its first failure line, and its
+    ``attnperf_check_*`` ratios by tensor."""
+    import xml.etree.ElementTree as ET
+
+    for path in paths:
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = case.get("name", "").split("@", 1)[0]  # under pytest-xdist a case's name ends in @its group
+            found = re.match(r"test_(\w+?)\[(.*)-(fwd|fwdbwd)\]$", name)
+            if not found:
+                continue
+            failure = case.find("failure")
+            if failure is None:
+                failure = case.find("error")
+            outcome = "skipped" if case.find("skipped") is not None else "passed" if failure is None else "failed"
+            first = "" if failure is None else (failure.get("message") or "").splitlines()[0][:150]
+            ratios = {(p.get("name") or "").removeprefix("attnperf_check_"): float(p.get("value") or 0)
+                      for p in case.iter("property") if (p.get("name") or "").startswith("attnperf_check_")}
+            yield found.group(1), found.group(2), found.group(3), f"{outcome}:{first}", ratios
+
+
 def junit_table(paths: list[str], known: tuple[str, ...]) -> str:
     """Per kernel, over JUnit XML reports of suite runs (``--junitxml``, check-only or not): cases
     passed, failed and skipped, the worst ``attnperf_check_*`` ratio of its passing cases, and its
     first failure's first line; zoo kernels' expectation (``zoo-ok``: no failure; ``zoo-bad``: at
     least one) checked."""
-    import xml.etree.ElementTree as ET
-
     stats: dict[str, dict[str, Any]] = {}
-    for path in paths:
-        for case in ET.parse(path).getroot().iter("testcase"):
-            name = case.get("name", "").split("@", 1)[0]  # under pytest-xdist a case's name ends in @its group
-            found = re.search(r"\[(.*)-(fwd|fwdbwd)\]$", name)
-            if not found:
-                continue
-            kernel = next((k for k in known if f"-{k}-" in f"-{found.group(1)}-"), found.group(1).split("-")[-1])
-            for prefix in ("zoo-ok-", "zoo-bad-"):
-                if prefix in found.group(1):
-                    kernel = prefix + found.group(1).split(prefix, 1)[1]
-            entry = stats.setdefault(kernel, {"passed": 0, "failed": 0, "skipped": 0, "worst": 0.0, "first": ""})
-            failure = case.find("failure")
-            if failure is None:
-                failure = case.find("error")
-            if case.find("skipped") is not None:
-                entry["skipped"] += 1
-            elif failure is not None:
-                entry["failed"] += 1
-                entry["first"] = entry["first"] or (failure.get("message") or "").splitlines()[0][:150]
-            else:
-                entry["passed"] += 1
-                for prop in case.iter("property"):
-                    if (prop.get("name") or "").startswith("attnperf_check_"):
-                        entry["worst"] = max(entry["worst"], float(prop.get("value") or 0))
+    for _, params, _, result, ratios in junit_cases(paths):
+        outcome, first = result.split(":", 1)
+        kernel = next((k for k in known if f"-{k}-" in f"-{params}-"), params.split("-")[-1])
+        for prefix in ("zoo-ok-", "zoo-bad-"):
+            if prefix in params:
+                kernel = prefix + params.split(prefix, 1)[1]
+        entry = stats.setdefault(kernel, {"passed": 0, "failed": 0, "skipped": 0, "worst": 0.0, "first": ""})
+        entry[outcome] += 1
+        if outcome == "failed":
+            entry["first"] = entry["first"] or first
+        elif outcome == "passed":
+            entry["worst"] = max([entry["worst"], *ratios.values()])
     lines = ["| kernel | passed | failed | skipped | worst passing ratio | as expected | first failure |",
              "|---|---|---|---|---|---|---|"]
     for kernel, e in sorted(stats.items()):
@@ -301,37 +310,29 @@ def junit_margins(paths: list[str]) -> str:
     the built-in kernels' tests, failures, and worst ``attnperf_check_*`` ratio of their passing
     tests, for the output and for the gradients (a ratio over 1 fails; its distance from 1 is the
     margin; "-" where no passing test had one). Wrong-zoo kernels are left out."""
-    import xml.etree.ElementTree as ET
-
     groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for path in paths:
-        for case in ET.parse(path).getroot().iter("testcase"):
-            name = case.get("name", "").split("@", 1)[0]
-            found = re.match(r"test_(\w+?)\[(.*)-(fwd|fwdbwd)\]$", name)
-            if not found or "zoo-bad-" in found.group(2) or case.find("skipped") is not None:
-                continue
-            tokens = found.group(2).split("-")
-            at = next((i for i, t in enumerate(tokens) if t in DTYPES_IN_IDS), None)
-            if at is None:
-                continue
-            family = found.group(1) if found.group(1) != "linear" else tokens[at + 1]
-            kind = "correct zoo" if "zoo-ok-" in found.group(2) else "built-in"
-            entry = groups.setdefault((family, tokens[at], found.group(3), kind),
-                                      {"tests": 0, "failed": 0, "out": None, "grad": None})
-            entry["tests"] += 1
-            if case.find("failure") is not None or case.find("error") is not None:
-                entry["failed"] += 1
-                continue
-            for prop in case.iter("property"):
-                tensor = (prop.get("name") or "").removeprefix("attnperf_check_")
-                if tensor != prop.get("name"):
-                    side = "out" if tensor == "out" else "grad"
-                    entry[side] = max(entry[side] or 0.0, float(prop.get("value") or 0))
-    lines = ["| family | dtype | direction | kernels | tests | failed | worst ratio, output | worst ratio, gradients |",
-             "|---|---|---|---|---|---|---|---|"]
+    for function, params, direction, result, ratios in junit_cases(paths):
+        tokens = params.split("-")
+        at = next((i for i, t in enumerate(tokens) if t in DTYPES_IN_IDS), None)
+        if "zoo-bad-" in params or result.startswith("skipped") or at is None:
+            continue
+        family = function if function != "linear" else tokens[at + 1]
+        kind = "correct zoo" if "zoo-ok-" in params else "built-in"
+        entry = groups.setdefault((family, tokens[at], direction, kind),
+                                  {"tests": 0, "failed": 0, "out": None, "grad": None})
+        entry["tests"] += 1
+        if result.startswith("failed"):
+            entry["failed"] += 1
+            continue
+        for tensor, ratio in ratios.items():
+            side = "out" if tensor == "out" else "grad"
+            entry[side] = max(entry[side] or 0.0, ratio)
+
     def shown(ratio: float | None) -> str:  # "-": no passing test had that tensor
         return "-" if ratio is None else f"{ratio:.3g}"
 
+    lines = ["| family | dtype | direction | kernels | tests | failed | worst ratio, output | worst ratio, gradients |",
+             "|---|---|---|---|---|---|---|---|"]
     for (family, dtype, direction, kind), e in sorted(groups.items()):
         lines.append(f"| {family} | {dtype} | {direction} | {kind} | {e['tests']} | {e['failed']} | "
                      f"{shown(e['out'])} | {shown(e['grad'])} |")

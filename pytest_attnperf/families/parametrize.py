@@ -90,12 +90,13 @@ def parametrize(
     metafunc.config.stash.setdefault(USED_KEY, set()).update([family] if isinstance(family, str) else family)
     if "case" in metafunc.fixturenames:
         opted = session.settings.opt_in
-        here = [c for c in cases if c.gpu or not device.is_gpu]
-        chosen = [c for c in here if getattr(c, "opt_in", None) in (None, *opted)]
-        left_out = metafunc.config.stash.setdefault(OPTED_OUT_KEY, {})
-        for c in here:
-            if c not in chosen:
-                left_out.setdefault(c.opt_in, set()).add(c.id)
+        chosen, left_out = [], metafunc.config.stash.setdefault(OPTED_OUT_KEY, {})
+        for c in (c for c in cases if c.gpu or not device.is_gpu):
+            group = getattr(c, "opt_in", None)
+            if group in (None, *opted):
+                chosen.append(c)
+            else:  # a group name, not None
+                left_out.setdefault(str(group), set()).add(c.id)
         metafunc.parametrize("case", [_case_param(c) for c in chosen])
     if "kernel" in metafunc.fixturenames:
         families = [family] if isinstance(family, str) else list(family)

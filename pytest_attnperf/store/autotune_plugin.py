@@ -118,9 +118,14 @@ def _to_record(run: AutotuneRun, pending: Mapping[str, Any]) -> dict[str, str]:
     runs)."""
     for rel in sorted(set(scan(run.cache_dir)) - run.present_at_start - set(run.produced)):
         run.produced[rel] = OUTSIDE
-    if not (run.recording and pending):
-        return {}
-    return {rel: src for rel, src in run.produced.items() if src in pending or src in run.skipped or src == OUTSIDE}
+    return {rel: src for rel, src in run.produced.items() if _kept(run, pending, src)}
+
+
+def _kept(run: AutotuneRun, pending: Mapping[str, Any], source: str) -> bool:
+    """Whether a recording keeps the results that appeared in ``source`` (a test, or ``OUTSIDE``):
+    those of a passed, measured test, of a test skipped after its kernels ran and of pool runs,
+    once the run has an entry to record."""
+    return run.recording and bool(pending) and (source in pending or source in run.skipped or source == OUTSIDE)
 
 
 def _record_into(run: AutotuneRun, cache_dir: Path, keep: Mapping[str, str]) -> None:
@@ -247,13 +252,11 @@ class AutotunePlugin:
         the choices they were timed with (the run's end writes them all again, with those made
         outside any test)."""
         run, state = self.run, self.session
-        if run is None or not run.recording or state.seat is not None or state.fleet is not None:
+        if run is None or state.seat is not None or state.fleet is not None:
             return
         key = case_key(item)
-        if key not in state.pending and not (key in run.skipped and state.pending):  # as _to_record keeps them
-            return
         keep = {rel: source for rel, source in run.produced.items() if source == key}
-        if keep:
+        if keep and _kept(run, state.pending, key):
             _record_into(run, run.cache_dir, keep)
 
     @pytest.hookimpl(wrapper=True)
@@ -350,8 +353,7 @@ class AutotunePlugin:
             run.skipped |= other.skipped
             run.problems.extend(p for p in other.problems if p not in run.problems)
         self.run = run
-        keep = {rel: src for p in parts for rel, src in p.get("keep", {}).items()
-                if src in pending or src in run.skipped or src == OUTSIDE}
+        keep = {rel: src for p in parts for rel, src in p.get("keep", {}).items() if _kept(run, pending, src)}
         if run.recording and pending and not keep:
             run.write_note = NOTHING_AUTOTUNED
         if not (run.recording and keep):
