@@ -455,7 +455,7 @@ def test_a_recording_in_turns_measures_only_the_cases_without_an_entry() -> None
 
     committed = yaml.safe_load((kit.ROOT / "baselines" / "h200.yaml").read_text())["entries"]
     have = next(k for k in committed if k.startswith("suites/test_linear.py::"))
-    new = "suites/test_linear.py::test_linear[b2-h8-t1024-d64-fp16-gla-fla-chunk-fwd]"
+    new = "suites/test_linear.py::test_linear[b2-h8-t1024-d64-fp16-gla-never-recorded-fwd]"
     assert new not in committed
     lines = [have, new, new, "", "2/136 tests collected (134 deselected) in 0.05s", "<Module test_linear.py>",
              "  UserWarning: c10::Half is not supported here"]
