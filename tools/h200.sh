@@ -49,18 +49,29 @@ case "${1:-}" in
       mapfile -t SEL < <(printf '%s\n' "$ids" | python3 tools/missing.py)
       echo "${#SEL[@]} selected cases without an entry"
     fi
+    # A run still alive 25 s after its SIGINT gets SIGABRT 5 s before the kill: pytest's faulthandler
+    # writes every thread's stack into the log, which says where it did not stop
+    left=$(( ${BUDGET:-480} - (SECONDS - t0) ))
+    ( sleep $(( left + 25 ))
+      for pid in $(pgrep -f -- "-m pytest .*--update-baselines --benchmark-disable"); do
+        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = timeout ] || kill -ABRT "$pid" 2>/dev/null
+      done ) &
+    watcher=$!
     # shellcheck disable=SC2086
-    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 $(( ${BUDGET:-480} - (SECONDS - t0) )) "${PYTEST[@]}" "${SEL[@]}" \
+    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$left" "${PYTEST[@]}" "${SEL[@]}" \
       --hw=h200 --update-baselines --benchmark-disable ${EXTRA:-} 2>&1 | tee "$OUT/record-linear.log"
+    kill "$watcher" 2>/dev/null
     "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines --collect-only ${EXTRA:-} 2>&1 \
       | grep "^baselines:" | tee "$OUT/record-merge.log"
     cp baselines/h200.yaml "$OUT/"; tar czf "$OUT/recorded.tgz" baselines/h200.yaml baselines/h200.autotune; keep_cache ;;
   gate)
     # every test's setup, call and teardown time in the JUnit file (where the wall time goes, test by
-    # test), the slowest 40 on the terminal
+    # test), the slowest 40 on the terminal; EXTRA: more pytest arguments, split on spaces
+    # (EXTRA=--attnperf-opt-in=precision gates the precision rows too)
+    # shellcheck disable=SC2086
     timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --benchmark-json="$OUT/gate.json" \
       --junitxml="$OUT/gate.xml" -o junit_duration_report=total --durations=40 \
-      ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
+      ${EXTRA:-} ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
     keep_cache ;;
   noise)  # STAGES=record,steady NOISE_ARGS="--runs 3" [SUITE=suites/test_linear.py]
     # [EXTRA="--durations=20"] (more pytest arguments) [FROM_BASELINES=1] (a new work folder starts
