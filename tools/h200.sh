@@ -28,6 +28,30 @@ keep_cache() {  # autotune results travel back, so the next machine skips autotu
   echo "triton cache: ${kib} KiB"; ls -la "$OUT/autotune.tgz"
 }
 
+# RESUME=1: calls in turn on one machine kept warm (it goes back after 30 s idle, too soon to commit
+# between calls) record one selection: each starts from the last one's file and choices, kept on the
+# machine in $RESUMED, since each call copies the working tree anew
+RESUMED=/tmp/attnperf-resume
+resume_restore() {  # $1: the baselines folder the recording writes into
+  [ -n "${RESUME:-}" ] && [ -e "$RESUMED/h200.yaml" ] || return 0
+  cp "$RESUMED/h200.yaml" "$1/h200.yaml"
+  if [ -d "$RESUMED/h200.autotune" ]; then rm -rf "$1/h200.autotune"; cp -r "$RESUMED/h200.autotune" "$1/"; fi
+  echo "resumed from the last call's recording: $(grep -c 'run_medians_ms' "$1/h200.yaml") entries"
+}
+resume_save() {
+  [ -n "${RESUME:-}" ] || return 0
+  rm -rf "$RESUMED"; mkdir -p "$RESUMED"; cp "$1/h200.yaml" "$RESUMED/"
+  [ -d "$1/h200.autotune" ] && cp -r "$1/h200.autotune" "$RESUMED/"
+}
+missing_ids() {  # $1: the baseline file; the rest: a pytest selection. Its node ids without an entry, one a line
+  local file=$1 ids; shift
+  if ! ids=$("${PYTEST[@]}" "$@" --collect-only 2>"$OUT/record-collect.err"); then
+    echo "collecting the selection failed:" >&2; printf '%s\n' "$ids" | tail -n 15 >&2; tail -n 15 "$OUT/record-collect.err" >&2
+    return 1
+  fi
+  printf '%s\n' "$ids" | python3 tools/missing.py "$file"
+}
+
 case "${1:-}" in
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
@@ -37,16 +61,15 @@ case "${1:-}" in
     # its entries journaled and each recorded case's choices written, and a collect-only update
     # merges that journal into the file.
     # MISSING=1 runs only the selected cases that have no entry in baselines/h200.yaml yet, so calls
-    # in turn record a selection too long for one (commit what each brings back before the next)
+    # in turn record a selection too long for one (commit what each brings back before the next, or
+    # keep the machine warm with RESUME=1)
     t0=$SECONDS
+    resume_restore baselines
     SEL=(suites/test_linear.py); [ -n "${K:-}" ] && SEL+=(-k "$K")
     if [ -n "${MISSING:-}" ]; then
       # shellcheck disable=SC2086
-      if ! ids=$("${PYTEST[@]}" "${SEL[@]}" --hw=h200 --collect-only ${EXTRA:-} 2>"$OUT/record-collect.err"); then
-        echo "collecting the selection failed:"; printf '%s\n' "$ids" | tail -n 15; tail -n 15 "$OUT/record-collect.err"
-        exit 1
-      fi
-      mapfile -t SEL < <(printf '%s\n' "$ids" | python3 tools/missing.py)
+      ids=$(missing_ids baselines/h200.yaml "${SEL[@]}" --hw=h200 ${EXTRA:-}) || exit 1
+      mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
       echo "${#SEL[@]} selected cases without an entry"
     fi
     # A run still alive 25 s after its SIGINT gets SIGABRT 5 s before the kill: pytest's faulthandler
@@ -63,6 +86,7 @@ case "${1:-}" in
     kill "$watcher" 2>/dev/null
     "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines --collect-only ${EXTRA:-} 2>&1 \
       | grep "^baselines:" | tee "$OUT/record-merge.log"
+    resume_save baselines
     cp baselines/h200.yaml "$OUT/"; tar czf "$OUT/recorded.tgz" baselines/h200.yaml baselines/h200.autotune; keep_cache ;;
   gate)
     # every test's setup, call and teardown time in the JUnit file (where the wall time goes, test by
@@ -250,13 +274,25 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # and decode (one token, B=1 over 32K keys and B=32 over 8K), the kernels K selects (default:
     # cuDNN, flash, flex-window, fla's chunk GDN and its fused recurrent step), recorded with
     # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from, packed as $OUT/baselines.tgz), stopped
-    # at BUDGET (default 330 s; fla autotunes the GDN heads on a fresh machine); the table last
+    # at BUDGET (default 330 s, counted from the mode's start; fla autotunes the GDN heads on a fresh
+    # machine); the table last. MISSING=1 and RESUME=1 as for record-linear
+    t0=$SECONDS
     BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
-    timeout -s INT "${BUDGET:-330}" "${PYTEST[@]}" pytest_attnperf/families/models/suite.py --hw=h200 \
-      --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}" \
-      --attnperf-model-train="${TRAIN:-none}" --attnperf-baselines="$BASE" --update-baselines --benchmark-disable \
-      --attnperf-case-timeout=150 -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}" \
-      > "$OUT/models.log" 2>&1
+    resume_restore "$BASE"
+    OPTS=(--hw=h200 --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}"
+          --attnperf-model-train="${TRAIN:-none}" --attnperf-baselines="$BASE")
+    SEL=(pytest_attnperf/families/models/suite.py -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}")
+    if [ -n "${MISSING:-}" ]; then
+      ids=$(missing_ids "$BASE/h200.yaml" "${SEL[@]}" "${OPTS[@]}") || exit 1
+      mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
+      echo "${#SEL[@]} selected cases without an entry"
+    fi
+    # stopped at BUDGET, the run gets 30 s to end before it is killed, and its journal is merged
+    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$(( ${BUDGET:-330} - (SECONDS - t0) ))" "${PYTEST[@]}" "${SEL[@]}" \
+      "${OPTS[@]}" --update-baselines --benchmark-disable --attnperf-case-timeout=150 > "$OUT/models.log" 2>&1
+    "${PYTEST[@]}" pytest_attnperf/families/models/suite.py "${OPTS[@]}" --update-baselines --collect-only 2>&1 \
+      | grep "^baselines:" | tee "$OUT/models-merge.log"
+    resume_save "$BASE"
     grep -E "passed|failed|skipped" "$OUT/models.log" | tail -n 1
     grep -E "^SKIPPED|^FAILED" "$OUT/models.log" | cut -c1-160 | sort | uniq -c | head -n 20
     keep_cache >/dev/null

@@ -47,8 +47,8 @@ GPU = (
     # or 0.1% of the outputs 1% off, passes every bf16 row; fp16 (1% is 10-20 ulps) catches them,
     # fp32 (held to TF32) the denser ones (docs/checks.md, "Power"). Then GDN's grouped values on
     # the GPU: 8 value heads over 4 query/key heads. Opt-in (--attnperf-opt-in=precision): each new
-    # dtype makes fla autotune every kernel again, some 20 minutes on a card without recorded
-    # choices; the H200's are recorded (docs/evidence.md, "Recording the precision rows")
+    # dtype makes fla autotune every kernel again (recording them took about 1,400 s on an
+    # H200); the H200's choices are recorded (docs/evidence.md, "Recording the precision rows")
     LinearCase("b2-h8-t1024-d64-fp16", 2, 8, 1024, 64, 64, "fp16", opt_in="precision"),
     LinearCase("b2-h8-t1024-d64-fp32", 2, 8, 1024, 64, 64, "fp32", opt_in="precision"),
     LinearCase("b2-h8-hk4-t1024-d64-fp16", 2, 8, 1024, 64, 64, "fp16", key_heads=4, opt_in="precision"),
