@@ -198,6 +198,78 @@ def test_case_ids_name_model_layer_kind_degree_and_shape() -> None:
     assert len(ids) == len(set(ids)) == 2 * 2 * 3
 
 
+def test_every_case_id_reads_back_as_its_model_kind_degree_and_phase() -> None:
+    """What the report's model tables read: each id ``build`` gives, split back into its parts;
+    an id of the hand-picked tables is no model case."""
+    made = gpu_cases("llama3-8b", "mistral-7b", "qwen3-next-80b-a3b")
+    every: list[Any] = [*made.softmax, *made.linear, *made.softmax_decode, *made.linear_decode]
+    assert len(every) == len(made.layers)
+    for case in every:
+        name = model_cases.case_name(case.id)
+        model, spec = made.layers[case.id]
+        assert name is not None, case.id
+        assert (name.model, name.kind) == (model, spec.kind)
+        assert f"{name.model}.{name.kind}.tp{name.tp}.{name.phase}-{name.shape}" == case.id
+    assert model_cases.case_name("qwen3-next-80b-a3b.gdn.tp8.decode-b32") == model_cases.CaseName(
+        "qwen3-next-80b-a3b", "gdn", 8, "decode", "b32")
+    assert model_cases.case_name("llama3-8b.full.tp1.train-b8-t4096").phase == "train"  # type: ignore[union-attr]
+    for other in ("b2-h8-t1024-d64-fp16", "b32-h32-kv8-t1-cache32k-d128-causal-bf16", "a.b.tpx.prefill-t1",
+                  "a.b.tp1.warmup-t1"):
+        assert model_cases.case_name(other) is None
+
+
+def _model_row(case: str, kernel: str, direction: str, ms: float, *, test: str = "test_models_softmax",
+               tflops: float = 100.0, mfu: float | None = 0.1, gb: float = 1000.0, bound: str = "cmp",
+               roofline: float | None = 0.2) -> dict[str, Any]:
+    return {"nodeid": f"pytest_attnperf/families/models/suite.py::{test}[{case}-{kernel}-{direction}]",
+            "params": {"case": case, "kernel": kernel, "family": "softmax", "direction": direction, "dtype": "bf16"},
+            "median_ms": ms, "tflops": tflops, "mfu": mfu, "gb_per_s": gb, "bound": bound, "roofline_frac": roofline,
+            "status": "recorded"}
+
+
+def test_the_report_has_a_table_per_model_of_its_layers_phases_and_kernels() -> None:
+    """By degree, layer kind, phase (prefill, training, decode) and shape in numeric order; the
+    roofline fraction beside the spec MFU; cases of other suites and unmeasured ones left out; no
+    section without model cases."""
+    from pytest_attnperf.report import models as report_models
+    from pytest_attnperf.report import studies
+
+    decode = "test_models_decode_softmax"
+    cases = [
+        _model_row("llama3-8b.full.tp1.decode-b32-cache8k", "sdpa-cudnn", "fwd", 0.261, test=decode,
+                   tflops=2.0, mfu=0.002, gb=4117.0, bound="mem", roofline=0.97),
+        _model_row("llama3-8b.full.tp1.prefill-t16384", "sdpa-flash", "fwd", 5.5, roofline=0.71),
+        _model_row("llama3-8b.full.tp1.prefill-t4096", "sdpa-flash", "fwd", 0.45, roofline=None),
+        _model_row("llama3-8b.full.tp1.decode-b1-cache32k", "sdpa-cudnn", "fwd", 0.04, test=decode),
+        _model_row("llama3-8b.full.tp8.prefill-t4096", "sdpa-flash", "fwdbwd", 0.3),
+        _model_row("qwen3-next-80b-a3b.gdn.tp1.decode-b1", "fla-fused-recurrent", "fwd", 0.0069,
+                   test="test_models_decode_linear"),
+        {**_model_row("llama3-8b.full.tp1.train-b8-t4096", "naive", "fwd", 1.0), "median_ms": None},
+        {"nodeid": "suites/test_softmax.py::test_softmax[b2-h8-t1024-sdpa-flash-fwd]", "median_ms": 0.1,
+         "params": {"case": "b2-h8-t1024", "kernel": "sdpa-flash", "direction": "fwd"}},
+        {"nodeid": "suites/test_mine.py::test_mine[x.y.tp1.prefill-t1]", "median_ms": 0.1,
+         "params": {"case": "x.y.tp1.prefill-t1", "kernel": "mine", "direction": "fwd"}},
+    ]
+    entries = report_models.rows(cases)
+    assert [(e["model"], e["tp"], e["phase"], e["shape"]) for e in entries] == [
+        ("llama3-8b", 1, "prefill", "t4096"), ("llama3-8b", 1, "prefill", "t16384"),
+        ("llama3-8b", 1, "decode", "b1-cache32k"), ("llama3-8b", 1, "decode", "b32-cache8k"),
+        ("llama3-8b", 8, "prefill", "t4096"), ("qwen3-next-80b-a3b", 1, "decode", "b1")]
+    text = "\n".join(report_models.markdown(entries))
+    assert text.index("### llama3-8b") < text.index("### qwen3-next-80b-a3b")
+    lines = text.splitlines()
+    for row in ("full | 1 | decode | b32-cache8k | sdpa-cudnn | fwd | 261.0 us | 2.0 | 0.2 | 4117 | mem | 97.0",
+                "full | 1 | prefill | t16384 | sdpa-flash | fwd | 5.500 ms | 100.0 | 10.0 | 1000 | cmp | 71.0",
+                "full | 1 | prefill | t4096 | sdpa-flash | fwd | 450.0 us | 100.0 | 10.0 | 1000 | cmp | -"):
+        assert f"| {row} | recorded |" in lines
+    assert "| gdn | 1 | decode | b1 | fla-fused-recurrent | fwd | 6.9 us |" in text
+    assert report_models.markdown(report_models.rows(cases[-3:])) == []
+    report = studies.build(cases, {}, {"name": "h200"})
+    assert report["models"] == entries
+    assert "## Models" in studies.render_md(report)
+    assert "## Models" not in studies.render_md(studies.build(cases[-3:], {}, {"name": "h200"}))
+
+
 def test_a_case_has_its_layers_shape_at_the_default_shapes() -> None:
     made = gpu_cases("llama3-8b", "qwen3-next-80b-a3b")
     every: list[Any] = [*made.softmax, *made.linear]
@@ -392,7 +464,7 @@ def test_the_models_suite_checks_times_and_records_model_cases(pytester: pytest.
     result = pytester.runpytest(
         *kit.PLUGIN, "--attnperf-model=llama3-8b,tiny-sliding", "--attnperf-model=qwen3-next-80b-a3b,tiny-hybrid",
         "--attnperf-tp=8", "--attnperf-model-train=none", "--update-baselines", "--attnperf-ceilings=off",
-        "-p", "no:randomly", "-rA", "-W", "ignore::UserWarning",
+        "--attnperf-report=report", "-p", "no:randomly", "-rA", "-W", "ignore::UserWarning",
         "-k", "(llama3 and (sdpa-flash or mine)) or (tiny-sliding and (dense or mine)) or (tiny-hybrid and gdn) "
               "or (qwen and full and sdpa-math and fwd and not fwdbwd)")
     got = kit.outcomes(result)
@@ -414,6 +486,12 @@ def test_the_models_suite_checks_times_and_records_model_cases(pytester: pytest.
     passed = {k for k, v in got.items() if v == "PASSED"}
     assert len(passed) == 11
     assert passed <= set(recorded)
+    # the report's model tables: every measured case, under its model, degree, kind and phase
+    tables = json.loads((pytester.path / "report" / "report.json").read_text())["models"]
+    assert sorted(r["nodeid"] for r in tables) == sorted(passed)
+    assert {(r["model"], r["tp"], r["kind"], r["phase"]) for r in tables if r["model"] == "tiny-hybrid"} == {
+        ("tiny-hybrid", 8, "gdn", "prefill"), ("tiny-hybrid", 8, "gdn", "decode")}
+    assert "### tiny-sliding" in (pytester.path / "report" / "report.md").read_text()
 
 
 def test_a_split_that_does_not_divide_is_a_usage_error_of_the_run(pytester: pytest.Pytester) -> None:

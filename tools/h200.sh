@@ -275,7 +275,8 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # cuDNN, flash, flex-window, fla's chunk GDN and its fused recurrent step), recorded with
     # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from, packed as $OUT/baselines.tgz), stopped
     # at BUDGET (default 330 s, counted from the mode's start; fla autotunes the GDN heads on a fresh
-    # machine); the table last. MISSING=1 and RESUME=1 as for record-linear
+    # machine); the table last, the report's model tables in $OUT/models-report.tgz. MISSING=1 and
+    # RESUME=1 as for record-linear
     t0=$SECONDS
     BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
     resume_restore "$BASE"
@@ -289,7 +290,8 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     fi
     # stopped at BUDGET, the run gets 30 s to end before it is killed, and its journal is merged
     [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$(( ${BUDGET:-330} - (SECONDS - t0) ))" "${PYTEST[@]}" "${SEL[@]}" \
-      "${OPTS[@]}" --update-baselines --benchmark-disable --attnperf-case-timeout=150 > "$OUT/models.log" 2>&1
+      "${OPTS[@]}" --update-baselines --benchmark-disable --attnperf-case-timeout=150 \
+      --attnperf-report="$OUT/models-report" > "$OUT/models.log" 2>&1
     "${PYTEST[@]}" pytest_attnperf/families/models/suite.py "${OPTS[@]}" --update-baselines --collect-only 2>&1 \
       | grep "^baselines:" | tee "$OUT/models-merge.log"
     resume_save "$BASE"
@@ -306,7 +308,9 @@ for name, e in rows:
     print(f"{name:<72} {e['median_ms']:>10.4g} {e.get('tflops') or 0:>8.1f} {e.get('gb_per_s') or 0:>9.0f}")
 PY
     # the recorded file and its autotune choices (one file each) as one archive
-    (cd "$OUT" && tar czf baselines.tgz baselines && rm -rf baselines) ;;
+    (cd "$OUT" && tar czf baselines.tgz baselines && rm -rf baselines)
+    # the report, its model tables among them (report.md)
+    [ -d "$OUT/models-report" ] && (cd "$OUT" && tar czf models-report.tgz models-report && rm -rf models-report) ;;
   decode)  # the decode suite's GPU tables (suites/test_decode.py) recorded into a temporary copy of
     # baselines/ (the committed files untouched; the recorded file comes back as
     # $OUT/decode-h200.yaml, and with its autotune choices as $OUT/decode-baselines.tgz), with the

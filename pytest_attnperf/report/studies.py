@@ -6,7 +6,8 @@ plots from a saved ``report.json``. The JSON keeps every number as data (schema 
 docs/reports.md)::
 
     {"schema": 1, "environment": {...}, "hardware": {...}, "summary": {...}, "ceilings": [...],
-     "cases": [...], "scaling": [...], "crossover": [...], "ladder": [...], "decode": [...]}
+     "cases": [...], "scaling": [...], "crossover": [...], "ladder": [...], "decode": [...],
+     "models": [...]}
 
 A case joins a sweep through the ``attnperf_sweep(name, axis="seq")`` marker; its ``params``
 (the test's case, kernel and direction, flattened) give the axis value. Plots need matplotlib,
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from pytest_attnperf.report import decode, failures, fits
+from pytest_attnperf.report import decode, failures, fits, models
 from pytest_attnperf.report.params import _plain, case_params
 from pytest_attnperf.report.summary import case_labels
 
@@ -273,6 +274,7 @@ def build(
         "crossover": crossovers(cases),
         "ladder": ladder(cases, hardware),
         "decode": decode.rows(cases),
+        "models": models.rows(cases),
     }))
 
 
@@ -362,6 +364,7 @@ def render_md(report: Mapping[str, Any], plots: Sequence[str] = (), plot_note: s
          for r in report.get("ladder", [])])
 
     lines += decode.markdown(report.get("decode") or [])
+    lines += models.markdown(report.get("models") or [])
 
     lines += ["## Cases", ""]
     cases = report.get("cases", [])

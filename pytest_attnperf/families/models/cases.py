@@ -15,6 +15,7 @@ decode cases are one per batch size (``qwen3-next-80b-a3b.gdn.tp8.decode-b32``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,8 @@ from pytest_attnperf.families.models.layers import AttentionLayers, LayerSpec, L
 from pytest_attnperf.families.softmax.decode import cache_label
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 
-__all__ = ["ModelCases", "Shapes", "build", "parse_decode", "parse_prefill", "parse_train", "shapes"]
+__all__ = ["CaseName", "ModelCases", "Shapes", "build", "case_name", "parse_decode", "parse_prefill", "parse_train",
+           "shapes"]
 
 GPU_PREFILL, GPU_TRAIN, GPU_DECODE = (4096, 16384), ((8, 4096),), ((1, 32768), (32, 8192))
 CPU_PREFILL, CPU_TRAIN, CPU_DECODE = (128,), ((2, 64),), ((2, 64),)
@@ -98,6 +100,31 @@ def shapes(prefill: str = "", train: str = "", gpu: bool = True, decode: str = "
         "bf16" if gpu else "fp32", gpu,
         given_decode if given_decode is not None else GPU_DECODE if gpu else CPU_DECODE,
     )
+
+
+@dataclass(frozen=True)
+class CaseName:
+    """What a model case's id says: ``llama3-8b.full.tp8.decode-b32-cache8k`` is model ``llama3-8b``,
+    layer kind ``full``, degree 8, phase ``decode``, shape ``b32-cache8k``."""
+
+    model: str
+    kind: str
+    tp: int
+    phase: str  # prefill, train or decode
+    shape: str  # t4096, b8-t4096, b32-cache8k, b32
+
+
+# model names and kinds hold letters, digits, '-' and '_' (docs/models.md), never a dot
+_CASE_ID = re.compile(r"(?P<model>[\w-]+)\.(?P<kind>[\w-]+)\.tp(?P<tp>\d+)\."
+                      r"(?P<phase>prefill|train|decode)-(?P<shape>[\w-]+)")
+
+
+def case_name(case_id: str) -> CaseName | None:
+    """The parts of an id ``build`` gives a case; None for any other id."""
+    m = _CASE_ID.fullmatch(case_id)
+    if m is None:
+        return None
+    return CaseName(m["model"], m["kind"], int(m["tp"]), m["phase"], m["shape"])
 
 
 @dataclass(frozen=True)
