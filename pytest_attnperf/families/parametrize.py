@@ -95,7 +95,7 @@ def parametrize(
             group = getattr(c, "opt_in", None)
             if group in (None, *opted):
                 chosen.append(c)
-            else:  # a group name, not None
+            elif c.gpu == device.is_gpu:  # named in the summary where it would run (a GPU row on the CPU would skip)
                 left_out.setdefault(str(group), set()).add(c.id)
         metafunc.parametrize("case", [_case_param(c) for c in chosen])
     if "kernel" in metafunc.fixturenames:
