@@ -241,6 +241,7 @@ def test_the_report_has_a_table_per_model_of_its_layers_phases_and_kernels() -> 
         _model_row("llama3-8b.full.tp1.prefill-t16384", "sdpa-flash", "fwd", 5.5, roofline=0.71),
         _model_row("llama3-8b.full.tp1.prefill-t4096", "sdpa-flash", "fwd", 0.45, roofline=None),
         _model_row("llama3-8b.full.tp1.decode-b1-cache32k", "sdpa-cudnn", "fwd", 0.04, test=decode),
+        _model_row("llama3-8b.full.tp1.decode-b1-cache1536", "sdpa-cudnn", "fwd", 0.01, test=decode),  # 1.5K < 32K
         _model_row("llama3-8b.full.tp8.prefill-t4096", "sdpa-flash", "fwdbwd", 0.3),
         _model_row("qwen3-next-80b-a3b.gdn.tp1.decode-b1", "fla-fused-recurrent", "fwd", 0.0069,
                    test="test_models_decode_linear"),
@@ -253,7 +254,8 @@ def test_the_report_has_a_table_per_model_of_its_layers_phases_and_kernels() -> 
     entries = report_models.rows(cases)
     assert [(e["model"], e["tp"], e["phase"], e["shape"]) for e in entries] == [
         ("llama3-8b", 1, "prefill", "t4096"), ("llama3-8b", 1, "prefill", "t16384"),
-        ("llama3-8b", 1, "decode", "b1-cache32k"), ("llama3-8b", 1, "decode", "b32-cache8k"),
+        ("llama3-8b", 1, "decode", "b1-cache1536"), ("llama3-8b", 1, "decode", "b1-cache32k"),
+        ("llama3-8b", 1, "decode", "b32-cache8k"),
         ("llama3-8b", 8, "prefill", "t4096"), ("qwen3-next-80b-a3b", 1, "decode", "b1")]
     text = "\n".join(report_models.markdown(entries))
     assert text.index("### llama3-8b") < text.index("### qwen3-next-80b-a3b")

@@ -30,10 +30,16 @@ keep_cache() {  # autotune results travel back, so the next machine skips autotu
 
 # RESUME=1: calls in turn on one machine kept warm (it goes back after 30 s idle, too soon to commit
 # between calls) record one selection: each starts from the last one's file and choices, kept on the
-# machine in $RESUMED, since each call copies the working tree anew
-RESUMED=/tmp/attnperf-resume
+# machine in $RESUMED/<mode>, since each call copies the working tree anew. The committed file's
+# hash is kept with them: a call whose committed file differs (a new commit) does not resume
+RESUMED=/tmp/attnperf-resume/${1:-none}
+COMMITTED_SHA=$(sha256sum baselines/h200.yaml 2>/dev/null | cut -d' ' -f1)
 resume_restore() {  # $1: the baselines folder the recording writes into
   [ -n "${RESUME:-}" ] && [ -e "$RESUMED/h200.yaml" ] || return 0
+  if [ "$(cat "$RESUMED/committed.sha" 2>/dev/null)" != "$COMMITTED_SHA" ]; then
+    echo "not resumed: baselines/h200.yaml changed since the recording kept in $RESUMED (commit that one first)"
+    return 0
+  fi
   cp "$RESUMED/h200.yaml" "$1/h200.yaml"
   if [ -d "$RESUMED/h200.autotune" ]; then rm -rf "$1/h200.autotune"; cp -r "$RESUMED/h200.autotune" "$1/"; fi
   echo "resumed from the last call's recording: $(grep -c 'run_medians_ms' "$1/h200.yaml") entries"
@@ -41,7 +47,12 @@ resume_restore() {  # $1: the baselines folder the recording writes into
 resume_save() {
   [ -n "${RESUME:-}" ] || return 0
   rm -rf "$RESUMED"; mkdir -p "$RESUMED"; cp "$1/h200.yaml" "$RESUMED/"
-  [ -d "$1/h200.autotune" ] && cp -r "$1/h200.autotune" "$RESUMED/"
+  echo "$COMMITTED_SHA" > "$RESUMED/committed.sha"
+  if [ -d "$1/h200.autotune" ]; then cp -r "$1/h200.autotune" "$RESUMED/"; fi
+}
+left_of() {  # seconds left of BUDGET ($1) since $2, at least 30 (timeout reads 0 as no limit)
+  local left=$(( $1 - (SECONDS - $2) ))
+  echo $(( left < 30 ? 30 : left ))
 }
 missing_ids() {  # $1: the baseline file; the rest: a pytest selection. Its node ids without an entry, one a line
   local file=$1 ids; shift
@@ -74,11 +85,13 @@ case "${1:-}" in
     fi
     # A run still alive 25 s after its SIGINT gets SIGABRT 5 s before the kill: pytest's faulthandler
     # writes every thread's stack into the log, which says where it did not stop
-    left=$(( ${BUDGET:-480} - (SECONDS - t0) ))
-    ( sleep $(( left + 25 ))
+    # (no core file; the watcher holds no output open, and its sleep ends with it)
+    left=$(left_of "${BUDGET:-480}" "$t0")
+    ulimit -c 0
+    ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep $(( left + 25 )) & s=$!; wait $s
       for pid in $(pgrep -f -- "-m pytest .*--update-baselines --benchmark-disable"); do
         [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = timeout ] || kill -ABRT "$pid" 2>/dev/null
-      done ) &
+      done ) >/dev/null 2>&1 &
     watcher=$!
     # shellcheck disable=SC2086
     [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$left" "${PYTEST[@]}" "${SEL[@]}" \
@@ -280,6 +293,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     t0=$SECONDS
     BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
     resume_restore "$BASE"
+    # shellcheck disable=SC2054  # the commas are in one option's value
     OPTS=(--hw=h200 --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}"
           --attnperf-model-train="${TRAIN:-none}" --attnperf-baselines="$BASE")
     SEL=(pytest_attnperf/families/models/suite.py -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}")
@@ -289,7 +303,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
       echo "${#SEL[@]} selected cases without an entry"
     fi
     # stopped at BUDGET, the run gets 30 s to end before it is killed, and its journal is merged
-    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$(( ${BUDGET:-330} - (SECONDS - t0) ))" "${PYTEST[@]}" "${SEL[@]}" \
+    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$(left_of "${BUDGET:-330}" "$t0")" "${PYTEST[@]}" "${SEL[@]}" \
       "${OPTS[@]}" --update-baselines --benchmark-disable --attnperf-case-timeout=150 \
       --attnperf-report="$OUT/models-report" > "$OUT/models.log" 2>&1
     "${PYTEST[@]}" pytest_attnperf/families/models/suite.py "${OPTS[@]}" --update-baselines --collect-only 2>&1 \
@@ -310,7 +324,7 @@ PY
     # the recorded file and its autotune choices (one file each) as one archive
     (cd "$OUT" && tar czf baselines.tgz baselines && rm -rf baselines)
     # the report, its model tables among them (report.md)
-    [ -d "$OUT/models-report" ] && (cd "$OUT" && tar czf models-report.tgz models-report && rm -rf models-report) ;;
+    if [ -d "$OUT/models-report" ]; then (cd "$OUT" && tar czf models-report.tgz models-report && rm -rf models-report); fi ;;
   decode)  # the decode suite's GPU tables (suites/test_decode.py) recorded into a temporary copy of
     # baselines/ (the committed files untouched; the recorded file comes back as
     # $OUT/decode-h200.yaml, and with its autotune choices as $OUT/decode-baselines.tgz), with the

@@ -77,7 +77,7 @@ def markdown(entries: Sequence[Mapping[str, Any]]) -> list[str]:
                      str(r["direction"]), _time(r["median_ms"]),
                      "-" if r["tflops"] is None else f"{r['tflops']:.1f}", _pct(r["mfu"]),
                      "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.0f}", str(r["bound"] or "-"),
-                     _pct(r["roofline_frac"]), str(r["status"])]
+                     _pct(r["roofline_frac"]), str(r["status"] or "-")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return lines
