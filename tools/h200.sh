@@ -232,6 +232,13 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     # one GPU (a check-only run times nothing, so they may share it); EXTRA="--attnperf-opt-in=precision"
     # adds the opt-in rows
     ZOOS=(); [ "${ZOO:-1}" = 1 ] && ZOOS=(-p zoo.softmax -p zoo.linear) && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/tests"
+    # With EXTRA holding --attnperf-triton-cache=off the workers share TRITON_CACHE_DIR: the recorded
+    # choices are installed there first, so a kernel with a recorded choice autotunes in none of them
+    case " ${EXTRA:-} " in *" --attnperf-triton-cache=off "*)
+      python3 -c "import sys; from pathlib import Path; from pytest_attnperf.store.autotune import install
+got, problems = install(Path('baselines/h200.autotune'), Path(sys.argv[1]))
+print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *problems, sep=chr(10))" "$TRITON_CACHE_DIR" ;;
+    esac
     for seed in ${SEEDS:-0}; do
       # shellcheck disable=SC2086  # EXTRA: more pytest arguments, split on spaces
       timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --attnperf-check-only --attnperf-seed="$seed" \
