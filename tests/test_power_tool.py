@@ -35,3 +35,15 @@ def test_margins_are_the_worst_passing_ratios_by_family_dtype_direction_and_kind
         "| simple_gla | fp32 | fwd | built-in | 1 | 0 | 0.75 | - |",
         "| softmax | bf16 | fwd | built-in | 1 | 0 | 0.47 | - |",
     ]
+
+
+def test_a_family_is_measured_only_on_the_cases_it_takes() -> None:
+    """GDN's grouped-value and beta-range rows are not linear attention's (its suite removes them)."""
+    cases = kit.tool("power").cases
+    grouped = "b2-h8-hk4-t1024-d64-fp16"
+    assert [c.id for c in cases("gdn", "gpu", grouped)] == [grouped]
+    assert cases("linear_attn", "gpu", grouped) == []
+    beta = [c.id for c in cases("gdn", "gpu", ".") if c.beta_max != 1.0]
+    assert beta
+    assert not {c.id for c in cases("gla", "gpu", ".")} & set(beta)
+    assert {c.id for c in cases("gla", "gpu", "b2-h8")} == {"b2-h8-t1024-d64-fp16", "b2-h8-t1024-d64-fp32"}

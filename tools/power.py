@@ -88,9 +88,11 @@ def tensors(
 
 
 def cases(family: str, table: str, pattern: str) -> list[Any]:
-    """The family's cases of one table whose ids match ``pattern``."""
+    """The family's cases of one table whose ids match ``pattern``, less those the family does not
+    take (grouped values and a beta range are GDN's: the suite removes them at collection)."""
     rows = softmax_suite.CASES if family == "softmax" else linear_suite.CASES
-    return [c for c in rows if c.gpu == (table == "gpu") and re.search(pattern, c.id)]
+    return [c for c in rows if c.gpu == (table == "gpu") and re.search(pattern, c.id) and (
+        family == "softmax" or (c.refusal(family) is None and (family == "gdn" or c.beta_max == 1.0)))]
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
