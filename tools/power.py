@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--neighbours", default=str(checks.NEIGHBOURS))
     parser.add_argument("--autotune", default="", help="a baselines' <hw>.autotune folder: its Triton choices are used")
+    parser.add_argument("--tf32-products", action="store_true",
+                        help="the fp32 chunk yardstick's products take TF32 operands on any device, as on a GPU")
     parser.add_argument("--junit", nargs="+", default=[],
                         help="summarise these JUnit XML reports instead: per kernel, then the margins per dtype")
     args = parser.parse_args(argv)
@@ -377,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         choices, problems = install(Path(args.autotune), cache)
         os.environ["TRITON_CACHE_DIR"] = str(cache)
         print(f"{len(choices)} autotune choices installed into {cache}; {len(problems)} problems", flush=True)
+    if args.tf32_products:  # what tl.dot does with fp32 tiles on a GPU (docs/checks.md, "TF32 products")
+        from pytest_attnperf.families.linear import tf32
+
+        tf32.rounds_products = lambda device: True
     if args.kernels:
         print(margin_table(margins(args), args.neighbours.split(",")))
     else:
