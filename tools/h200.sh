@@ -54,6 +54,21 @@ left_of() {  # seconds left of BUDGET ($1) since $2, at least 30 (timeout reads 
   local left=$(( $1 - (SECONDS - $2) ))
   echo $(( left < 30 ? 30 : left ))
 }
+record_for() {  # $1: seconds; $2: the log; the rest: pytest's arguments. A recording (--update-baselines)
+  # stopped by SIGINT after $1 s and killed 30 s later. Alive 25 s after its SIGINT it gets SIGABRT:
+  # pytest's faulthandler writes every thread's stack into the log, which says where it did not stop
+  # (no core file; the watcher holds no output open, and its sleep ends with it)
+  local left=$1 log=$2 watcher; shift 2
+  ulimit -c 0
+  ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep $(( left + 25 )) & s=$!; wait $s
+    for pid in $(pgrep -f -- "-m pytest .*--update-baselines"); do
+      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = timeout ] || kill -ABRT "$pid" 2>/dev/null
+    done ) >/dev/null 2>&1 &
+  watcher=$!
+  timeout -s INT -k 30 "$left" "${PYTEST[@]}" "$@" --update-baselines > "$log" 2>&1
+  kill "$watcher" 2>/dev/null
+  return 0
+}
 missing_ids() {  # $1: the baseline file; the rest: a pytest selection. Its node ids without an entry, one a line
   local file=$1 ids; shift
   if ! ids=$("${PYTEST[@]}" "$@" --collect-only 2>"$OUT/record-collect.err"); then
@@ -67,7 +82,7 @@ case "${1:-}" in
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
     # the autotune choices recorded travel back with the file in one archive. BUDGET counts from the
-    # mode's start; stopped there, the run gets 30 s to end before it is killed (keep the call's
+    # mode's start; stopped there, the run gets 30 s to end before it is killed (record_for; keep the call's
     # timeout_s 90 s above BUDGET: the grace, the merge's start-up, the archive). A run killed leaves
     # its entries journaled and each recorded case's choices written, and a collect-only update
     # merges that journal into the file.
@@ -83,20 +98,9 @@ case "${1:-}" in
       mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
       echo "${#SEL[@]} selected cases without an entry"
     fi
-    # A run still alive 25 s after its SIGINT gets SIGABRT 5 s before the kill: pytest's faulthandler
-    # writes every thread's stack into the log, which says where it did not stop
-    # (no core file; the watcher holds no output open, and its sleep ends with it)
-    left=$(left_of "${BUDGET:-480}" "$t0")
-    ulimit -c 0
-    ( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep $(( left + 25 )) & s=$!; wait $s
-      for pid in $(pgrep -f -- "-m pytest .*--update-baselines --benchmark-disable"); do
-        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = timeout ] || kill -ABRT "$pid" 2>/dev/null
-      done ) >/dev/null 2>&1 &
-    watcher=$!
     # shellcheck disable=SC2086
-    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$left" "${PYTEST[@]}" "${SEL[@]}" \
-      --hw=h200 --update-baselines --benchmark-disable ${EXTRA:-} 2>&1 | tee "$OUT/record-linear.log"
-    kill "$watcher" 2>/dev/null
+    [ "${#SEL[@]}" -gt 0 ] && record_for "$(left_of "${BUDGET:-480}" "$t0")" "$OUT/record-linear.log" "${SEL[@]}" \
+      --hw=h200 --benchmark-disable ${EXTRA:-} && tail -n 3 "$OUT/record-linear.log"
     "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines --collect-only ${EXTRA:-} 2>&1 \
       | grep "^baselines:" | tee "$OUT/record-merge.log"
     resume_save baselines
@@ -309,10 +313,9 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
       mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
       echo "${#SEL[@]} selected cases without an entry"
     fi
-    # stopped at BUDGET, the run gets 30 s to end before it is killed, and its journal is merged
-    [ "${#SEL[@]}" -gt 0 ] && timeout -s INT -k 30 "$(left_of "${BUDGET:-330}" "$t0")" "${PYTEST[@]}" "${SEL[@]}" \
-      "${OPTS[@]}" --update-baselines --benchmark-disable --attnperf-case-timeout=150 \
-      --attnperf-report="$OUT/models-report" > "$OUT/models.log" 2>&1
+    # stopped at BUDGET (record_for), then its journal is merged
+    [ "${#SEL[@]}" -gt 0 ] && record_for "$(left_of "${BUDGET:-330}" "$t0")" "$OUT/models.log" "${SEL[@]}" \
+      "${OPTS[@]}" --benchmark-disable --attnperf-case-timeout=150 --attnperf-report="$OUT/models-report"
     "${PYTEST[@]}" pytest_attnperf/families/models/suite.py "${OPTS[@]}" --update-baselines --collect-only 2>&1 \
       | grep "^baselines:" | tee "$OUT/models-merge.log"
     resume_save "$BASE"

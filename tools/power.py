@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -89,10 +89,10 @@ def tensors(
 
 def cases(family: str, table: str, pattern: str) -> list[Any]:
     """The family's cases of one table whose ids match ``pattern``, less those the family does not
-    take (grouped values and a beta range are GDN's: the suite removes them at collection)."""
+    take (``LinearCase.refusal``: the suite removes them at collection)."""
     rows = softmax_suite.CASES if family == "softmax" else linear_suite.CASES
-    return [c for c in rows if c.gpu == (table == "gpu") and re.search(pattern, c.id) and (
-        family == "softmax" or (c.refusal(family) is None and (family == "gdn" or c.beta_max == 1.0)))]
+    return [c for c in rows if c.gpu == (table == "gpu") and re.search(pattern, c.id)
+            and (family == "softmax" or c.refusal(family) is None)]
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -252,11 +252,19 @@ def margin_table(rows: list[dict[str, Any]], counts: list[str]) -> str:
     return "\n".join(lines)
 
 
-def junit_cases(paths: list[str]) -> Iterator[tuple[str, str, str, str, dict[str, float]]]:
-    """Each suite case of JUnit XML reports of suite runs (``--junitxml``): its test function's
-    name less ``test_``, its parametrize id less the direction, the direction, its outcome
-    (passed, failed or skipped; an error is a failure) with its first failure line, and its
-    ``attnperf_check_*`` ratios by tensor."""
+class JUnitCase(NamedTuple):
+    """A suite case of a JUnit XML report."""
+
+    function: str  # the test function's name less ``test_``
+    params: str  # its parametrize id less the direction
+    direction: str
+    outcome: str  # passed, failed or skipped (an error is a failure)
+    first: str  # its failure's first line, or ""
+    ratios: dict[str, float]  # its ``attnperf_check_*`` ratios by tensor
+
+
+def junit_cases(paths: list[str]) -> Iterator[JUnitCase]:
+    """Each suite case of JUnit XML reports of suite runs (``--junitxml``)."""
     import xml.etree.ElementTree as ET
 
     for path in paths:
@@ -272,7 +280,7 @@ def junit_cases(paths: list[str]) -> Iterator[tuple[str, str, str, str, dict[str
             first = "" if failure is None else (failure.get("message") or "").splitlines()[0][:150]
             ratios = {(p.get("name") or "").removeprefix("attnperf_check_"): float(p.get("value") or 0)
                       for p in case.iter("property") if (p.get("name") or "").startswith("attnperf_check_")}
-            yield found.group(1), found.group(2), found.group(3), f"{outcome}:{first}", ratios
+            yield JUnitCase(found.group(1), found.group(2), found.group(3), outcome, first, ratios)
 
 
 def junit_table(paths: list[str], known: tuple[str, ...]) -> str:
@@ -281,18 +289,18 @@ def junit_table(paths: list[str], known: tuple[str, ...]) -> str:
     first failure's first line; zoo kernels' expectation (``zoo-ok``: no failure; ``zoo-bad``: at
     least one) checked."""
     stats: dict[str, dict[str, Any]] = {}
-    for _, params, _, result, ratios in junit_cases(paths):
-        outcome, first = result.split(":", 1)
+    for case in junit_cases(paths):
+        params = case.params
         kernel = next((k for k in known if f"-{k}-" in f"-{params}-"), params.split("-")[-1])
         for prefix in ("zoo-ok-", "zoo-bad-"):
             if prefix in params:
                 kernel = prefix + params.split(prefix, 1)[1]
         entry = stats.setdefault(kernel, {"passed": 0, "failed": 0, "skipped": 0, "worst": 0.0, "first": ""})
-        entry[outcome] += 1
-        if outcome == "failed":
-            entry["first"] = entry["first"] or first
-        elif outcome == "passed":
-            entry["worst"] = max([entry["worst"], *ratios.values()])
+        entry[case.outcome] += 1
+        if case.outcome == "failed":
+            entry["first"] = entry["first"] or case.first
+        elif case.outcome == "passed":
+            entry["worst"] = max([entry["worst"], *case.ratios.values()])
     lines = ["| kernel | passed | failed | skipped | worst passing ratio | as expected | first failure |",
              "|---|---|---|---|---|---|---|"]
     for kernel, e in sorted(stats.items()):
@@ -313,17 +321,17 @@ def junit_margins(paths: list[str]) -> str:
     tests, for the output and for the gradients (a ratio over 1 fails; its distance from 1 is the
     margin; "-" where no passing test had one). Wrong-zoo kernels are left out."""
     groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for function, params, direction, result, ratios in junit_cases(paths):
+    for function, params, direction, outcome, _, ratios in junit_cases(paths):
         tokens = params.split("-")
         at = next((i for i, t in enumerate(tokens) if t in DTYPES_IN_IDS), None)
-        if "zoo-bad-" in params or result.startswith("skipped") or at is None:
+        if "zoo-bad-" in params or outcome == "skipped" or at is None:
             continue
         family = function if function != "linear" else tokens[at + 1]
         kind = "correct zoo" if "zoo-ok-" in params else "built-in"
         entry = groups.setdefault((family, tokens[at], direction, kind),
                                   {"tests": 0, "failed": 0, "out": None, "grad": None})
         entry["tests"] += 1
-        if result.startswith("failed"):
+        if outcome == "failed":
             entry["failed"] += 1
             continue
         for tensor, ratio in ratios.items():

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_attnperf.report.cells import table as _table
+
 __all__ = ["markdown", "rows"]
 
 
@@ -78,8 +80,3 @@ def markdown(entries: Sequence[Mapping[str, Any]]) -> list[str]:
                           "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.0f}",
                           "-" if r["bandwidth_frac"] is None else f"{100 * r['bandwidth_frac']:.0f}"] for r in steps])
     return lines
-
-
-def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(r) + " |" for r in body] + [""]

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_attnperf.families.models.cases import case_name
+from pytest_attnperf.report.cells import ms, num, pct, table
 
 __all__ = ["markdown", "rows"]
 
@@ -51,14 +52,6 @@ def _shape_key(shape: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
-def _pct(frac: Any) -> str:
-    return "-" if frac is None else f"{100 * frac:.1f}"
-
-
-def _time(ms: float) -> str:
-    return f"{1e3 * ms:.1f} us" if ms < 1.0 else f"{ms:.3f} ms"
-
-
 def markdown(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     """The models section: one table per model; nothing without model cases."""
     if not entries:
@@ -71,13 +64,10 @@ def markdown(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     header = ["layer", "TP", "phase", "shape", "kernel", "direction", "time", "TFLOP/s", "MFU %", "GB/s", "bound",
               "roofline %", "status"]
     for model in dict.fromkeys(r["model"] for r in entries):
-        lines += [f"### {model}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        for r in (r for r in entries if r["model"] == model):
-            cells = [str(r["kind"]), str(r["tp"]), str(r["phase"]), str(r["shape"]), str(r["kernel"]),
-                     str(r["direction"]), _time(r["median_ms"]),
-                     "-" if r["tflops"] is None else f"{r['tflops']:.1f}", _pct(r["mfu"]),
-                     "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.0f}", str(r["bound"] or "-"),
-                     _pct(r["roofline_frac"]), str(r["status"] or "-")]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [f"### {model}", ""]
+        lines += table(header, [
+            [str(r["kind"]), str(r["tp"]), str(r["phase"]), str(r["shape"]), str(r["kernel"]), str(r["direction"]),
+             ms(r["median_ms"]), num(r["tflops"], ".1f"), pct(r["mfu"]), num(r["gb_per_s"], ".0f"),
+             str(r["bound"] or "-"), pct(r["roofline_frac"]), str(r["status"] or "-")]
+            for r in entries if r["model"] == model])
     return lines

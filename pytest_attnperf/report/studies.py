@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_attnperf.report import decode, failures, fits, models
+from pytest_attnperf.report.cells import ms as _ms
+from pytest_attnperf.report.cells import num as _num
+from pytest_attnperf.report.cells import pct as _pct
+from pytest_attnperf.report.cells import table as _table
 from pytest_attnperf.report.params import _plain, case_params
 from pytest_attnperf.report.summary import case_labels
 
@@ -279,25 +283,6 @@ def build(
 
 
 # -- markdown -------------------------------------------------------------------------------------
-
-
-def _num(value: Any, fmt: str = ".3g") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _pct(frac: Any) -> str:
-    return "-" if frac is None else f"{100 * frac:.1f}"
-
-
-def _ms(ms: Any) -> str:
-    if ms is None:
-        return "-"
-    return f"{ms * 1e3:.1f} us" if ms < 1.0 else f"{ms:.3f} ms"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
 
 def _crossover_text(entry: Mapping[str, Any]) -> str:

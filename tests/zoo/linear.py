@@ -606,9 +606,8 @@ class Zoo:
         return self.name.startswith("zoo-ok-")
 
     def supports(self, case: Any) -> str | None:
-        """None when the kernel takes ``case`` (a ``LinearCase``), else why not."""
-        if self.family != "gdn" and case.beta_max != 1.0:
-            return "beta_max is a GDN input; this family has no beta"
+        """None when the kernel takes ``case`` (a ``LinearCase``; the cases no kernel of its family
+        takes are the case's ``refusal``), else why not."""
         if self.fp32_only and case.dtype != "fp32":
             return (f"TF32 operands come from fp32 tiles; a {case.dtype} kernel's products take {case.dtype} operands "
                     "(TF32 truncation keeps 10 mantissa bits, coarser than fp16's rounding to nearest)")

@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GROUPED_FAMILIES", "LinearCase", "key_head_of", "key_heads_refusal", "value_grouped"]
+__all__ = ["BETA_FAMILIES", "GROUPED_FAMILIES", "LinearCase", "key_head_of", "key_heads_refusal", "value_grouped"]
 
 GROUPED_FAMILIES = frozenset({"gdn"})
 """The linear families whose queries and keys may have fewer heads than their values."""
+BETA_FAMILIES = frozenset({"gdn"})
+"""The linear families with a beta input (the delta rule's write strength)."""
 
 
 def key_heads_refusal(family: str, key_heads: int | None) -> str | None:
@@ -59,7 +61,10 @@ class LinearCase:
 
     def refusal(self, family: str) -> str | None:
         """Why a kernel of ``family`` cannot take this case whatever the kernel (None when it can):
-        the parametrizing removes such combinations at collection with this reason."""
+        the parametrizing removes such combinations at collection with this reason. Grouped values
+        and a beta range are GDN's inputs."""
+        if self.beta_max != 1.0 and family not in BETA_FAMILIES:
+            return "beta_max is a GDN input; this family has no beta"
         return key_heads_refusal(family, self.key_heads)
 
 

@@ -159,19 +159,12 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
 NAIVE_MAX_TOKENS = 8192
 
 
-def _beta_is_gdns(case: LinearCase) -> str | None:
-    return None if case.beta_max == 1.0 else "beta_max is a GDN input; this family has no beta"
-
-
-def _supports(family: str, name: str) -> Callable[[LinearCase], str | None]:
-    """GDN takes every case, the other families none with a beta. fla's naive recurrences loop
-    over T in Python, several launches and a saved state per token (docs/families.md,
-    "Linear attention"), so they take cases up to ``NAIVE_MAX_TOKENS`` (batch x heads x
-    sequence) only."""
+def _supports(name: str) -> Callable[[LinearCase], str | None]:
+    """fla's naive recurrences loop over T in Python, several launches and a saved state per
+    token (docs/families.md, "Linear attention"), so they take cases up to ``NAIVE_MAX_TOKENS``
+    (batch x heads x sequence) only. (A case no kernel of a family takes: ``LinearCase.refusal``.)"""
 
     def supports(case: LinearCase) -> str | None:
-        if family != "gdn" and (why := _beta_is_gdns(case)):
-            return why
         if name == "fla-naive" and case.batch * case.heads * case.seq > NAIVE_MAX_TOKENS:
             return ("fla's naive recurrence loops over T in Python: run at batch x heads x seq "
                     f"<= {NAIVE_MAX_TOKENS} only")
@@ -198,7 +191,7 @@ def register(registry: KernelRegistry) -> None:
         ("gdn", "fla-naive", gdn_naive, "recurrent", ("cuda", "cpu")),
     ):
         registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
-                            supports=_supports(family, name), description=(fn.__doc__ or "").strip(),
+                            supports=_supports(name), description=(fn.__doc__ or "").strip(),
                             tiled=name != "fla-naive",  # a torch loop keeps every step's state for autograd
                             imports=FLA_IMPORTS))
 
