@@ -210,3 +210,20 @@ def test_a_suite_case_is_re_run_by_its_suite_and_exact_name(pytester: pytest.Pyt
     assert args[2:5] == ["--attnperf-suites=softmax", "-k", node.rsplit("::", 1)[1]]
     collected = project.runpytest(*args, "--collect-only", "-q")
     assert [line for line in collected.stdout.lines if "::" in line] == [node]
+
+
+def test_a_model_case_is_re_run_with_the_models_degrees_and_shapes_of_its_run(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("transformers", reason="the optional extra models (transformers) is not installed")
+    from pytest_attnperf.options import read_settings
+    from pytest_attnperf.report.triage import rerun_args
+
+    project = make_project(pytester, conftest("cpu"), test_cases=TESTS)
+    run = ("--attnperf-model=llama3-8b", "--attnperf-tp=1,8", "--attnperf-model-prefill=64",
+           "--attnperf-model-train=none", "--attnperf-model-decode=none")
+    settings = read_settings(project.parseconfig(*PLUGIN, *run))
+    node = "pytest_attnperf/families/models/suite.py::test_models_softmax[llama3-8b.full.tp8.prefill-t64-sdpa-fwd]"
+    args = rerun_args(node, settings, "cpu", project.path, plugin_flag=True)
+    assert "--attnperf-suites=models" not in args
+    assert {"--attnperf-model=llama3-8b", "--attnperf-tp=1,8", "--attnperf-model-prefill=64"} <= set(args)
+    collected = project.runpytest(*args, "--collect-only", "-q")
+    assert [line for line in collected.stdout.lines if "::" in line] == [node]

@@ -142,6 +142,48 @@ def test_a_layer_type_no_family_runs_is_refused() -> None:
         layer_specs(kimi)
 
 
+ATTENTION = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=8, layer_types=["full_attention"])
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (dict(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128),
+     r"multi-head latent attention \(kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128\)"),
+    (dict(attn_logit_softcapping=50.0), r"soft-capped \(attn_logit_softcapping=50.0\)"),
+    (dict(model_type="gpt_oss"), "attention sinks"),
+    (dict(cross_attention_layers=[3, 8]), r"cross-attention layers \[3, 8\]"),
+    (dict(is_encoder_decoder=True), "an encoder-decoder model"),
+])
+def test_attention_beyond_the_softmax_family_is_refused_naming_what(extra: dict[str, Any], message: str) -> None:
+    """DeepSeek's latent attention, Gemma-2's capped logits, gpt-oss's sinks, Mllama's cross-attention
+    and an encoder-decoder would otherwise read as plain causal attention of some head width."""
+    with pytest.raises(ValueError, match=message):
+        layer_specs(SimpleNamespace(**ATTENTION, **extra))
+    assert layer_specs(SimpleNamespace(**ATTENTION, attn_logit_softcapping=None, kv_lora_rank=None))  # Gemma-3's None
+
+
+def test_query_heads_that_kv_heads_do_not_divide_are_refused() -> None:
+    with pytest.raises(ValueError, match="32 query heads cannot share 6 key/value heads"):
+        layer_specs(SimpleNamespace(**{**ATTENTION, "num_attention_heads": 32, "num_key_value_heads": 6}))
+
+
+def test_a_config_its_own_class_refuses_is_a_model_error_naming_the_cause(tmp_path: Path) -> None:
+    odd = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 30,
+           "num_key_value_heads": 30}  # LlamaConfig checks that the heads divide the hidden size
+    folder = tiny_folder(tmp_path, "odd", odd)
+    with pytest.raises(model_load.ModelError, match=r"transformers cannot read it as a config \(\w+Error\): .*30"):
+        model_load.check_models([str(folder)], [1])
+
+
+def test_two_specs_whose_cases_share_a_name_are_refused(tmp_path: Path) -> None:
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    first, second = tiny_folder(tmp_path / "a", "llama"), tiny_folder(tmp_path / "b", "llama")
+    with pytest.raises(model_load.ModelError, match=r"both name their cases 'llama'"):
+        model_load.check_models([str(first), str(second)], [1])
+    assert model_cases.parse_prefill("128,128") == (128,)
+    assert model_cases.parse_decode("2x64,2x64,1x64") == ((2, 64), (1, 64))
+
+
 # -- specs: local, missing transformers, the hub --------------------------------------------------
 
 
@@ -553,3 +595,33 @@ def test_an_sdpa_backend_without_a_kernel_for_a_shape_refuses_it_quoting_torch()
         _refusing(RuntimeError("No available kernel. Aborting execution."))(q, q, q)
     with pytest.raises(RuntimeError, match="CUDA error"):  # anything else stays a failure
         _refusing(RuntimeError("CUDA error: illegal memory access"))(q, q, q)
+
+
+@pytest.mark.parametrize(("memory", "gpu", "why"), [
+    (23.0, False, "50% of the 23 GB of this machine's host memory"),
+    (24.0, True, "50% of the 24 GB of this machine's GPU"),
+    (141.0, True, "40 GB"),
+    (None, True, "40 GB"),
+])
+def test_kernels_holding_the_scores_are_capped_by_the_machines_memory(
+        monkeypatch: pytest.MonkeyPatch, memory: float | None, gpu: bool, why: str) -> None:
+    """A naive kernel's scores (about 38 GB here) on a machine with less memory would be killed or
+    fail out of memory: a machine's limit, not the kernel's fault, so the case is not offered."""
+    from pytest_attnperf.families import builtin
+    from pytest_attnperf.families.models import suite as models_suite
+    from pytest_attnperf.families.registry import KernelRegistry
+    from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+
+    monkeypatch.setattr(models_suite, "memory_gb", lambda on_gpu: memory)
+    registry = KernelRegistry()
+    builtin.register_builtin(registry)
+    naive = next(k for k in models_suite._softmax_kernels(registry) if k.name == "naive")
+    case = SoftmaxCase("m.full.tp1.prefill-t8192", 1, 28, 8192, 128, "bf16" if gpu else "fp32", True, kv_heads=4,
+                       gpu=gpu)
+    assert models_suite.scores_gb(case) == pytest.approx(37.6, abs=0.1)
+    said = naive.supports(case)
+    if why == "40 GB":
+        assert said is None
+    else:
+        assert said is not None
+        assert said.endswith(f"(model cases cap it at {why})")

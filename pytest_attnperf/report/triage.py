@@ -30,12 +30,24 @@ def _shown_path(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _selection(nodeid: str) -> list[str]:
+MODELS_SUITE = "models"  # the suite --attnperf-model adds (families/models/suite.py), not --attnperf-suites
+
+
+def _selection(nodeid: str, settings: Settings) -> list[str]:
     """The arguments that select the case: its node id, or for a built-in suite's case (its file
-    lives in the installed package) the suite and its exact name."""
+    lives in the installed package) the suite and its exact name; a model's case is collected by
+    its models, degrees and shapes (``--attnperf-model``), which are given as the run had them."""
     if nodeid.startswith(SUITE_PREFIX):
         suite = nodeid[len(SUITE_PREFIX):].split("/", 1)[0]
-        return [f"--attnperf-suites={suite}", "-k", nodeid.rsplit("::", 1)[-1]]
+        name = nodeid.rsplit("::", 1)[-1]
+        if suite == MODELS_SUITE:
+            shapes = [(flag, value) for flag, value in (("--attnperf-model-prefill", settings.model_prefill),
+                                                        ("--attnperf-model-train", settings.model_train),
+                                                        ("--attnperf-model-decode", settings.model_decode)) if value]
+            return [f"--attnperf-model={','.join(settings.models)}",
+                    f"--attnperf-tp={','.join(str(tp) for tp in settings.tp)}",
+                    *(f"{flag}={value}" for flag, value in shapes), "-k", name]
+        return [f"--attnperf-suites={suite}", "-k", name]
     return [nodeid]
 
 
@@ -43,7 +55,7 @@ def rerun_args(nodeid: str, settings: Settings, hw: str | None, root: Path, plug
     """pytest's arguments that re-run one case alone, with the options that change its result:
     the hardware, the baselines folder, and the mode, seed, tolerance, recording or checking,
     and the history when drift fails cases, where they are not the defaults."""
-    args = (["-p", "pytest_attnperf.plugin"] if plugin_flag else []) + _selection(nodeid)
+    args = (["-p", "pytest_attnperf.plugin"] if plugin_flag else []) + _selection(nodeid, settings)
     args += [f"--hw={hw}"] if hw else []
     args.append(f"--attnperf-baselines={_shown_path(settings.baselines_dir, root)}")
     if settings.mode != "cold":

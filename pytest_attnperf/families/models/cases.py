@@ -51,7 +51,7 @@ def parse_prefill(text: str) -> tuple[int, ...] | None:
     items = _items(text)
     if not items:
         return None
-    return () if items == ["none"] else tuple(_positive(p, "sequence length") for p in items)
+    return () if items == ["none"] else tuple(dict.fromkeys(_positive(p, "sequence length") for p in items))
 
 
 def _pairs(text: str, second: str, form: str, example: str) -> tuple[tuple[int, int], ...] | None:
@@ -66,7 +66,7 @@ def _pairs(text: str, second: str, form: str, example: str) -> tuple[tuple[int, 
         if not sep:
             raise ValueError(f"{item!r} is not {form}, such as {example}")
         out.append((_positive(batch, "batch"), _positive(length, second)))
-    return tuple(out)
+    return tuple(dict.fromkeys(out))  # a shape given twice is one shape (its cases' ids would clash)
 
 
 def parse_train(text: str) -> tuple[tuple[int, int], ...] | None:

@@ -21,13 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["AttentionLayers", "LayerSpec", "LinearLayers", "all_specs", "layer_specs", "layer_types", "split_heads",
-           "split_kv_heads"]
+           "split_kv_heads", "unsupported"]
 
 # transformers' layer_types -> this module's kinds of softmax layers
 SOFTMAX_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 LINEAR_TYPE = "linear_attention"
 # the model types whose linear_attention layers are gated DeltaNet (the linear family "gdn")
 GATED_DELTANET = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+# model types whose softmax adds a learned sink logit per head (gpt-oss), which no config field names
+SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,8 @@ def _attention(config: Any, kind: str, layers: tuple[int, ...], tp: int) -> Atte
     heads = int(_get(config, "num_attention_heads"))
     kv = int(_get(config, "num_key_value_heads", heads))
     head_dim = int(_get(config, "head_dim", 0)) or int(_get(config, "hidden_size")) // heads
+    if kv < 1 or heads % kv:
+        raise ValueError(f"{heads} query heads cannot share {kv} key/value heads (they must divide them)")
     heads_rank = split_heads("query heads", heads, tp)
     kv_rank, replicas = split_kv_heads(kv, tp)
     window = _get(config, "sliding_window") if kind == "sliding" else None
@@ -139,11 +143,37 @@ def _linear(config: Any, layers: tuple[int, ...], tp: int) -> LinearLayers:
                         int(_get(config, "linear_key_head_dim")), int(_get(config, "linear_value_head_dim")))
 
 
+def unsupported(config: Any) -> str | None:
+    """Why the softmax family's attention is not this model's, where the config says so (None:
+    nothing it says is beyond the family): the family computes ``softmax(q k^T scale) v`` over
+    one head width for queries, keys and values, causal self-attention in a decoder. (An
+    encoder-only model's config, BERT's, says nothing of it: its layers read as a decoder's.)"""
+    config = _text(config)
+    mla = {name: _get(config, name) for name in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                                                  "qk_nope_head_dim", "v_head_dim") if _get(config, name)}
+    if "kv_lora_rank" in mla:
+        return ("multi-head latent attention (" + ", ".join(f"{k}={v}" for k, v in mla.items()) + "): queries and keys "
+                "of another width than the values, and a compressed key/value cache, which no family runs")
+    if _get(config, "attn_logit_softcapping"):
+        return (f"attention logits soft-capped (attn_logit_softcapping={_get(config, 'attn_logit_softcapping')}): "
+                "the softmax family's scores are not capped")
+    if str(_get(config, "model_type", "")) in SINK_MODEL_TYPES:
+        return "attention sinks (a learned logit per head in every softmax): the softmax family has none"
+    if _get(config, "cross_attention_layers"):
+        return (f"cross-attention layers {list(_get(config, 'cross_attention_layers'))}: the softmax family's "
+                "cases are causal self-attention")
+    if _get(config, "is_encoder_decoder", False):
+        return "an encoder-decoder model: the softmax family's cases are causal self-attention in a decoder"
+    return None
+
+
 def layer_specs(config: Any, tp: int = 1) -> tuple[LayerSpec, ...]:
     """One spec per kind of attention layer in ``config``, in the order of their first layer, as
-    one rank of ``tp`` runs them; ``ValueError`` for a split that does not divide or a layer type
-    no family runs."""
+    one rank of ``tp`` runs them; ``ValueError`` for a split that does not divide, a layer type no
+    family runs, or attention the families do not compute (``unsupported``)."""
     config = _text(config)
+    if why := unsupported(config):
+        raise ValueError(why)
     by_type: dict[str, list[int]] = {}
     for index, name in enumerate(layer_types(config)):
         by_type.setdefault(name, []).append(index)

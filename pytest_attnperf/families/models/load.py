@@ -98,19 +98,32 @@ def load(spec: str) -> Model:
                          f"{str(exc).splitlines()[0]} (give a local config.json or the folder holding it)") from None
     except ValueError as exc:  # transformers' own: an unknown model_type, a field its class refuses
         raise ModelError(f"{spec}: transformers cannot read it as a config: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - a config class's own checks: huggingface_hub's strict dataclasses'
+        # errors (their cause on the last line), an arithmetic error on a zero
+        lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        raise ModelError(f"{spec}: transformers cannot read it as a config ({type(exc).__name__}): "
+                         f"{lines[-1].strip()}") from None
     return Model(model_name(spec), source, config)
 
 
 def check_models(specs: Sequence[str], tps: Sequence[int]) -> None:
     """Read each spec and split it at each degree; ``ModelError`` naming the spec (and the degree)
     that fails: at start-up, before any collection."""
-    from pytest_attnperf.families.models.layers import layer_specs
+    from pytest_attnperf.families.models.layers import layer_specs, unsupported
 
+    named: dict[str, str] = {}
     for spec in specs:
         try:
             model = load(spec)
         except ModelError as exc:
-            raise ModelError(f"--attnperf-model {spec}: {exc}") from None
+            said = str(exc).removeprefix(f"{spec}: ")
+            raise ModelError(f"--attnperf-model {spec}: {said}") from None
+        if why := unsupported(model.config):
+            raise ModelError(f"--attnperf-model {spec}: {why}")
+        if named.setdefault(model.name, spec) != spec:
+            raise ModelError(f"--attnperf-model {named[model.name]} and {spec} both name their cases {model.name!r} "
+                             "(a folder's name, a file's stem or a hub id's last part): give one of them a folder "
+                             "or file of another name")
         for tp in tps:
             try:
                 layer_specs(model.config, tp)

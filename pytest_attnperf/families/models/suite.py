@@ -17,6 +17,7 @@ and an SDPA backend that refuses a shape (a head dim it lacks) is skipped quotin
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ CASES_KEY = pytest.StashKey[model_cases.ModelCases]()
 # kernels that hold fp32 T x T scores (about five such tensors forward+backward), and their cap
 SCORES_KERNELS = ("naive", "sdpa-math")
 SCORES_MAX_GB, SCORE_COPIES = 40.0, 5
+MEMORY_SHARE = 0.5  # ... and at most this share of the memory of the device the case runs on
 
 
 def built(config: pytest.Config) -> model_cases.ModelCases:
@@ -70,11 +72,40 @@ def scores_gb(case: Any) -> float:
     return float(SCORE_COPIES * 4.0 * case.batch * case.heads * case.seq**2 / 1e9)
 
 
+@functools.cache
+def memory_gb(gpu: bool) -> float | None:
+    """The memory of the device a case runs on, in GB: the first CUDA device's, or the host's
+    physical memory for a CPU case; None where it cannot be read."""
+    import os
+
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return float(torch.cuda.get_device_properties(0).total_memory / 1e9)
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9)
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def scores_cap(gpu: bool) -> tuple[float, str]:
+    """The most GB a scores-holding kernel may take on a model case, and why: ``SCORES_MAX_GB``,
+    or ``MEMORY_SHARE`` of the device's memory where that is less."""
+    memory = memory_gb(gpu)
+    if memory is not None and MEMORY_SHARE * memory < SCORES_MAX_GB:
+        return MEMORY_SHARE * memory, (f"{MEMORY_SHARE:.0%} of the {memory:.0f} GB of this machine's "
+                                       f"{'GPU' if gpu else 'host memory'}")
+    return SCORES_MAX_GB, f"{SCORES_MAX_GB:g} GB"
+
+
 def _capped(kernel: Kernel) -> Kernel:
     def supports(case: Any) -> str | None:
-        if scores_gb(case) > SCORES_MAX_GB:
+        cap, why = scores_cap(bool(case.gpu))
+        if scores_gb(case) > cap:
             return (f"materialises T x T scores: about {scores_gb(case):.0f} GB at B={case.batch} H={case.heads} "
-                    f"T={case.seq} (model cases cap it at {SCORES_MAX_GB:g} GB)")
+                    f"T={case.seq} (model cases cap it at {why})")
         return kernel.supports(case)
 
     return dataclasses.replace(kernel, supports=supports)
