@@ -145,3 +145,56 @@ def test_the_tf32_kernels_take_fp32_cases_only() -> None:
                 assert "TF32 operands come from fp32 tiles" in why
     others = [e for e in zoo() if "tf32" not in e.name and e.limit is None]
     assert all(e.supports(LinearCase("x-fp16", 2, 2, 64, 16, 16, "fp16")) is None for e in others)
+
+
+GATE_SUMMED_CONFTEST = """
+from tests.zoo.linear import zoo
+
+KEPT = {kept!r}
+
+
+def pytest_attnperf_register_kernels(registry, config):
+    for entry in zoo():
+        if entry.name in KEPT:
+            registry.add(entry.kernel())
+"""
+
+GATE_SUMMED_MODULE = """
+from pytest_attnperf import LinearCase
+from pytest_attnperf.families.linear.suite import test_linear  # noqa: F401
+
+ATTNPERF_FAMILY = {family!r}
+ATTNPERF_CASES = (LinearCase({case!r}, 1, 4, 1024, 64, 64, "fp16", gpu=False),)
+"""
+
+
+def test_a_gate_gradient_summed_over_the_sequence_passes_in_fp16_and_a_wrong_one_fails(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fla's chunk GLA forms the gate's gradient as reverse cumulative sums of ``q dq - k dk``: its
+    first elements are differences of sums over many tokens, zero exactly in fp64. The zoo's
+    kernel that sums over the whole sequence from float32 ``dq`` and ``dk`` with fp16
+    intermediates failed the rule while its yardstick took the gate's gradient through autograd
+    only (``dg``: 5 elements at t=0 outside the elementwise bound, as fla's chunk GLA on the H200
+    at d=128). It passes now, and the zoo's wrong gate gradients still fail on the same case, in
+    GLA and simple GLA."""
+    kept = ["zoo-ok-gla-chunk64-gate-summed", "zoo-bad-gla-dg-1pct-all", "zoo-bad-gla-dg-1pct-head",
+            "zoo-bad-gla-dg-dropped", "zoo-bad-simple_gla-dg-1pct-all", "zoo-bad-simple_gla-dg-1pct-head",
+            "zoo-bad-simple_gla-dg-dropped"]
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makeconftest(GATE_SUMMED_CONFTEST.format(kept=kept))
+    pytester.makepyfile(**{f"test_{family}": GATE_SUMMED_MODULE.format(family=family, case="b1-h4-t1024-d64-fp16")
+                           for family in ("gla", "simple_gla")})
+    junit = pytester.path / "junit.xml"
+    pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-k", "zoo- and fwdbwd", "--attnperf-check-only",
+                                  f"--junitxml={junit}")
+    found = list(map(_outcome, ET.parse(junit).getroot().iter("testcase")))
+    outcomes = {name: o for o in found for name in kept if o.test_id.endswith(f"-{name}-fwdbwd]")}
+    assert sorted(outcomes) == sorted(kept), found
+    assert len(found) == len(kept), found
+    for name, outcome in outcomes.items():
+        expected = "passed" if name.startswith("zoo-ok-") else "failed"
+        assert outcome.status == expected, (name, outcome)
+        if expected == "failed":
+            assert outcome.message.startswith(f"Failed: {name} dg"), outcome

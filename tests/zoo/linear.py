@@ -88,6 +88,16 @@ def _heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).float()
 
 
+Store = bool | torch.dtype  # stored intermediates: rounded to the queries' dtype (True), to this dtype, or not
+
+
+def _stored(q: Tensor, store: Store) -> torch.dtype | None:
+    """The dtype ``store`` rounds a chunk form's stored intermediates to (None: not rounded)."""
+    if isinstance(store, torch.dtype):
+        return store
+    return q.dtype if store else None
+
+
 def _rounder(store: torch.dtype | None) -> Callable[[Tensor], Tensor]:
     """Rounding to ``store`` and back to float32 (what a stored intermediate holds); identity for
     None or float32."""
@@ -138,7 +148,7 @@ def _check(bugs: Bugs) -> Bugs:
 # -- linear attention and simple GLA: one decay per head and token (none for linear attention) ------
 
 
-def _scalar_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: bool, bugs: Bugs = NONE) -> Tensor:
+def _scalar_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: Store, bugs: Bugs = NONE) -> Tensor:
     """Chunked linear attention with an optional per-head log decay ``g [B, T, H]``::
 
         o_r = scale * ((q_r Gamma_r)^T S + sum_{s <= r} (Gamma_r / Gamma_s) (q_r . k_s) v_s)
@@ -148,7 +158,7 @@ def _scalar_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: b
     the decayed queries and keys are rounded to the queries' dtype."""
     q, k, v = inputs[:3]
     g = inputs[3] if len(inputs) > 3 else None
-    rnd = _rounder(q.dtype if store else None)
+    rnd = _rounder(_stored(q, store))
     qh, kh, vh = _heads(q), _heads(k), _heads(v)
     gh = None if g is None else g.transpose(1, 2).float()  # [B, H, T]
     state = qh.new_zeros(qh.shape[0], qh.shape[1], qh.shape[3], vh.shape[3])
@@ -228,12 +238,12 @@ def _gla_scores(qc: Tensor, kc: Tensor, gamma: Tensor, direct: bool) -> Tensor:
     return torch.cat(rows, dim=2)
 
 
-def _gla_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: bool, direct: bool,
+def _gla_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: Store, direct: bool,
                  bugs: Bugs = NONE) -> Tensor:
     """Chunked GLA, ``g [B, T, H, K]``: the intra-chunk scores from ``_gla_scores``, the state read
     by ``q_r exp(gamma_r)`` and written by ``k_s exp(gamma_C - gamma_s)`` (both at most 1)."""
     q, k, v, g = inputs[:4]
-    rnd = _rounder(q.dtype if store else None)
+    rnd = _rounder(_stored(q, store))
     qh, kh, vh, gh = _heads(q), _heads(k), _heads(v), _heads(g)
     state = qh.new_zeros(qh.shape[0], qh.shape[1], qh.shape[3], vh.shape[3])
     outputs = []
@@ -260,7 +270,7 @@ def _gla_parallel(inputs: Sequence[Tensor], scale: float) -> Tensor:
 # -- Gated DeltaNet ---------------------------------------------------------------------------------
 
 
-def _gdn_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: bool, by_inverse: bool,
+def _gdn_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: Store, by_inverse: bool,
                  bugs: Bugs = NONE) -> Tensor:
     """Chunked gated delta rule (UT/WY). With ``Gamma`` the decay since the chunk's start and ``S``
     the state entering it, the chunk's writes ``U`` solve::
@@ -274,7 +284,7 @@ def _gdn_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: bool
     right-hand side. With ``store`` the inverse (or the solve's inputs), its products, the
     scores, the state read and the writes are rounded to the queries' dtype."""
     q, k, v, g, beta = inputs[:5]
-    rnd = _rounder(q.dtype if store else None)
+    rnd = _rounder(_stored(q, store))
     qh, kh, vh = _heads(q), _heads(k), _heads(v)
     gh, bh = g.transpose(1, 2).float(), beta.transpose(1, 2).float()
     state = qh.new_zeros(qh.shape[0], qh.shape[1], qh.shape[3], vh.shape[3])
@@ -337,7 +347,7 @@ def _gdn_recurrent(inputs: Sequence[Tensor], scale: float, bugs: Bugs = NONE) ->
 # -- the forms of each family -------------------------------------------------------------------------
 
 
-def chunked(family: str, chunk: int, store: bool, *, variant: bool = False, bugs: Bugs = NONE) -> Impl:
+def chunked(family: str, chunk: int, store: Store, *, variant: bool = False, bugs: Bugs = NONE) -> Impl:
     """The chunked form of ``family`` in chunks of ``chunk`` tokens; ``variant`` picks GLA's
     materialised decay (``[chunk, chunk, K]`` a chunk: for small chunks only) and GDN's solve
     against the right-hand side."""
@@ -366,6 +376,46 @@ def recurrent(family: str, bugs: Bugs = NONE) -> Impl:
     if bugs:
         raise ValueError(f"{family}'s recurrence has no bugs {sorted(bugs)}")
     return _gated_recurrent
+
+
+class _GateSummed(torch.autograd.Function):
+    """A chunk kernel with its own backward, as fla's chunk GLA has: ``dq``, ``dk`` and ``dv`` in
+    float32 through the chunked form (its stored intermediates rounded to the inputs' dtype, as in
+    the forward), then the gate's gradient as the reverse cumulative sum of ``q dq - k dk`` over
+    the sequence (over the key channels too for a per-head gate), in float32. fla sums within a
+    chunk and takes the rest from the state; summing over the whole sequence errs more where the
+    sums cancel (docs/checks.md, "Yardsticks")."""
+
+    @staticmethod
+    def forward(ctx: Any, family: str, chunk: int, scale: float, *inputs: Tensor) -> Tensor:
+        ctx.save_for_backward(*inputs)
+        ctx.family, ctx.chunk, ctx.scale = family, chunk, scale
+        with torch.no_grad():
+            return chunked(family, chunk, True)(inputs, scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, g = ctx.saved_tensors
+        leaves = [x.detach().float().requires_grad_(i < 3) for i, x in enumerate((q, k, v, g))]
+        with torch.enable_grad():
+            out = chunked(ctx.family, ctx.chunk, q.dtype)(leaves, ctx.scale)
+            dq, dk, dv = torch.autograd.grad(out, leaves[:3], grad.float())
+        terms = leaves[0].detach() * dq - leaves[1].detach() * dk
+        if g.dim() == 3:
+            terms = terms.sum(-1)
+        dg = terms.flip(1).cumsum(1).flip(1)
+        return None, None, None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype)
+
+
+def gate_summed(family: str, chunk: int) -> Impl:
+    """GLA's (or simple GLA's) chunked form in chunks of ``chunk``, intermediates rounded to the
+    inputs' dtype, with ``_GateSummed``'s backward."""
+
+    def impl(inputs: Sequence[Tensor], scale: float) -> Tensor:
+        out: Tensor = _GateSummed.apply(family, chunk, scale, *inputs)  # type: ignore[no-untyped-call]
+        return out
+
+    return impl
 
 
 # -- products with TF32 operands, as a Triton chunk kernel's tl.dot of fp32 tiles -----------------------
@@ -663,7 +713,10 @@ def _correct(family: str) -> list[Zoo]:
             "The quadratic form, decay-masked T x T scores materialised, in float32.", limit="parallel"),
         Zoo(family, f"{ok}-recurrent", recurrent(family),
             "The token recurrence, state in float32.", form="recurrent", limit="recurrent"),
-    ]
+    ] + ([Zoo(family, f"{ok}-chunk64-gate-summed", gate_summed(family, 64),
+              "Chunks of 64, stored intermediates rounded to the inputs' dtype; its own backward: dq, dk and dv "
+              "in float32, the gate's gradient the reverse cumulative sum of q dq - k dk over the sequence.")]
+         if family == "gla" else [])
 
 
 def _wrong(family: str) -> list[Zoo]:

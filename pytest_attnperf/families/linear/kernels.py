@@ -308,7 +308,28 @@ class Prepared:
             for i in (0, 1):
                 b, t, hv, d = grads[i].shape
                 grads[i] = grads[i].to(kept).to(compute).view(b, t, heads, hv // heads, d).sum(3)
+        if self.family in ("gla", "simple_gla") and compute != torch.float64:
+            grads[3] = self._gate_yardstick(leaves, grads)
         return (out.detach(),) + tuple(g.detach() for g in grads)
+
+    def _gate_yardstick(self, leaves: list[Any], grads: list[Any]) -> Any:
+        """A GLA or simple GLA gate's gradient as chunk kernels form it, element by element the
+        one further from the fp64 reference: through autograd (``grads[3]``), or as fla's chunk
+        backward does, the reverse cumulative sum of ``q dq - k dk`` over the rest of each chunk
+        of ``reference.CHUNK`` tokens from the float32 ``dq`` and ``dk``, plus what follows the
+        chunk (``reference.gate_gradient``): at a chunk's first token that sum is longest, and the
+        gradient there a small difference of large sums (the first token's is zero exactly;
+        docs/checks.md, "Yardsticks")."""
+        import torch
+
+        from pytest_attnperf.families.linear.reference import CHUNK, gate_gradient
+
+        q, k = (x.detach() for x in leaves[:2])
+        autograd = grads[3].detach()
+        summed = gate_gradient(q, k, grads[0].detach(), grads[1].detach(), per_head=self.family == "simple_gla",
+                               chunk=CHUNK, later=autograd)
+        ref = self._computed["fp64"][4].double()
+        return torch.where((summed.double() - ref).abs() > (autograd.double() - ref).abs(), summed, autograd)
 
 
 def torch_dtype(name: str) -> Any:
