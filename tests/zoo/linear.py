@@ -7,8 +7,8 @@ kernels to any ``KernelRegistry``. Every kernel takes the families' signatures
 (``pytest_attnperf.families.linear.kernels``: layout ``[B, T, H, D]``, output shaped like ``v``
 in the query's dtype) and is plain PyTorch, differentiable through autograd, on any device.
 
-Correct kernels, ``zoo-ok-<family>-<what>``, eight per family, all written here from the
-recurrences (none calls the package's references):
+Correct kernels, ``zoo-ok-<family>-<what>``, eight per family (nine for GLA), all written here
+from the recurrences (none calls the package's references):
 
 * ``chunk16-rounded``, ``chunk64-fp32``, ``chunk64-rounded``, ``chunk128-rounded``: the chunked
   form, intermediates in float32 or rounded to the inputs' dtype where a chunk kernel stores
@@ -29,6 +29,9 @@ recurrences (none calls the package's references):
   ``PARALLEL_MAX_TOKENS`` tokens or ``PARALLEL_MAX_ELEMENTS`` elements.
 * ``recurrent``: the token recurrence, state in float32 (``form="recurrent"``); declined beyond
   ``RECURRENT_MAX_TOKENS`` tokens on every device (autograd through a Python loop per token).
+* GLA's ``chunk64-gate-summed``: ``chunk64-rounded`` with a backward of its own, as fla's chunk
+  GLA has: ``dq``, ``dk`` and ``dv`` in float32, the gate's gradient the reverse cumulative sum
+  of ``q dq - k dk`` over the sequence (``_GateSummed``).
 
 Wrong kernels, ``zoo-bad-<family>-<what>``, built on the chunk64-fp32 kernel unless named
 otherwise: each gradient scaled by 1.01 on one head of one sequence, on one sequence, or
