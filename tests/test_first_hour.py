@@ -279,5 +279,5 @@ def test_the_quick_start_from_the_built_wheel_in_a_fresh_venv(tmp_path: Path) ->
     assert shutil.which("git") is None or (project / "perf" / "baselines" / ".gitignore").exists()
     gated = _run([pytest_exe, *check, *quick], project, env, timings, "check").stdout
     assert "baselines: gated against" in gated
-    assert "12 measured cases (12 unchanged)" in gated
+    assert "15 measured cases (15 unchanged)" in gated
     print("quick start from the wheel (s): " + ", ".join(f"{step} {s}" for step, s in timings.items()))

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 HERE = pathlib.Path(__file__).parent
 DONE = set()  # the kernels that have misbehaved: once each
 HELD = []  # what a kernel keeps alive
+KEPT = []  # weak references to a kernel's outputs
 
 
 def once(name):
@@ -49,6 +51,31 @@ def once(name):
 
 def sdpa(q, k, v, causal, scale):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def blind_abs(real):
+    """Tensor.abs reading every float64 tensor as 0: the checks' |error| is 0 wherever they look."""
+    def abs(self):
+        return torch.zeros_like(self) if self.dtype == torch.float64 else real(self)
+
+    return abs
+
+
+def into_tensorbase(name, value):
+    """Past setattr's refusal of the C type: straight into its dict."""
+    import ctypes
+    import gc
+
+    gc.get_referents(vars(torch._C.TensorBase))[0][name] = value
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(torch._C.TensorBase))
+
+
+def shadow_abs(on):
+    """torch.Tensor.abs blind (on) or torch's own again (off)."""
+    if on and "abs" not in vars(torch.Tensor):
+        torch.Tensor.abs = blind_abs(torch._C.TensorBase.abs)
+    elif not on and "abs" in vars(torch.Tensor):
+        del torch.Tensor.abs
 
 
 def pytest_attnperf_register_kernels(registry, config):
@@ -119,8 +146,51 @@ def pytest_attnperf_register_kernels(registry, config):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return sdpa(q, k, v, causal, scale)
 
+    @registry.kernel(family="softmax", name="patches-tensorbase-abs", backward=False)
+    def patches_tensorbase_abs(q, k, v, *, causal, scale, window=None):
+        if once("patches-tensorbase-abs"):
+            into_tensorbase("abs", blind_abs(torch._C.TensorBase.abs))
+        return sdpa(q, k, v, causal, scale) * 1.05
+
+    @registry.kernel(family="softmax", name="shadows-abs", backward=False)
+    def shadows_abs(q, k, v, *, causal, scale, window=None):
+        if once("shadows-abs"):
+            shadow_abs(True)
+        return sdpa(q, k, v, causal, scale) * 1.05
+
+    @registry.kernel(family="softmax", name="five-percent-off", backward=False)
+    def five_percent_off(q, k, v, *, causal, scale, window=None):
+        return sdpa(q, k, v, causal, scale) * 1.05
+
+    @registry.kernel(family="softmax", name="blinds-checks-briefly", backward=False)
+    def blinds_checks_briefly(q, k, v, *, causal, scale, window=None):
+        first = once("blinds-checks-briefly")  # wrong with the checks blind; right, and torch's own, after
+        shadow_abs(first)
+        return sdpa(q, k, v, causal, scale) * (1.05 if first else 1.0)
+
+    @registry.kernel(family="softmax", name="blinds-timed-checks", backward=False)
+    def blinds_timed_checks(q, k, v, *, causal, scale, window=None):
+        kept = [out for out in (ref() for ref in KEPT) if out is not None]  # the results the harness holds
+        checked = any(bool(out.isnan().all()) for out in kept)  # it poisons one it is about to check
+        shadow_abs(checked)
+        out = sdpa(q, k, v, causal, scale) * (1.05 if checked else 1.0)
+        KEPT[:] = [weakref.ref(x) for x in kept + [out]]
+        return out
+
+    @registry.kernel(family="softmax", name="flushes-denormals", backward=False)
+    def flushes_denormals(q, k, v, *, causal, scale, window=None):
+        if once("flushes-denormals"):
+            torch.set_flush_denormal(True)
+            torch.backends.mkldnn.enabled = False
+        return sdpa(q, k, v, causal, scale)
+
     @registry.kernel(family="softmax", name="good")
     def good(q, k, v, *, causal, scale, window=None):
+        if once("good"):  # what the cases after the hostile ones run with
+            flushed = (torch.full((1,), 1e-40) * 1.0).item() == 0.0
+            one = torch.tensor([-1.0], dtype=torch.float64).abs().item()
+            (HERE / "good-saw.txt").write_text(f"flush denormal: {flushed}; oneDNN: {torch.backends.mkldnn.enabled}; "
+                                               f"|-1.0| = {one}")
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
         if causal:
             t = q.shape[-2]
@@ -176,12 +246,63 @@ def test_a_kernel_that_replaces_torch_functions_fails_naming_them_and_they_are_p
     cost_only_their_own_case(result, "patches-torch")
     local = "conftest.pytest_attnperf_register_kernels.<locals>.patches_torch.<locals>"
     result.stdout.fnmatch_lines([
-        "*patches-torch-fwd]: the case replaced torch functions, which every later case would call in place of "
-        "torch's own; put back now:",
+        "kernel 'patches-torch' replaced torch functions, put back now; its checks would otherwise have run with "
+        "them:",
         f"  torch.matmul: replaced by {local}.doubled_matmul",
         f"  torch.softmax: replaced by {local}.<lambda>",
         f"  torch.Tensor.__matmul__: replaced by {local}.<lambda>",
     ], consecutive=True)
+
+
+BLIND_ABS = "conftest.blind_abs.<locals>.abs"
+TORCHS_OWN = "flush denormal: False; oneDNN: True; |-1.0| = 1.0"  # what ``good`` saw, first called
+CHECKS_BLIND = "replaced torch functions, put back now; its checks would otherwise have run with them:"
+
+
+def test_a_kernel_that_replaces_a_tensor_method_the_checks_call_fails_before_they_run_with_it(
+    suite: pytest.Pytester,
+) -> None:
+    """``abs`` written into ``torch._C.TensorBase``'s dict, or set on ``torch.Tensor`` over it,
+    reads the checks' every float64 error as 0 (the kernels are 5% off): named, put back before
+    the checks; an honest kernel 5% off after them fails, so they ran with torch's own."""
+    result = run(suite, "patches-tensorbase-abs or shadows-abs or five-percent-off")
+    cost_only_their_own_case(result, "patches-tensorbase-abs", "shadows-abs", "five-percent-off")
+    result.stdout.fnmatch_lines([f"kernel 'patches-tensorbase-abs' {CHECKS_BLIND}",
+                                 f"  torch._C.TensorBase.abs: replaced by {BLIND_ABS}"], consecutive=True)
+    result.stdout.fnmatch_lines([f"kernel 'shadows-abs' {CHECKS_BLIND}",
+                                 f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
+    result.stdout.fnmatch_lines(["five-percent-off out: max |error| * against fp64, at *, exceeds *"])
+    assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
+
+
+def test_a_patch_that_undoes_itself_after_fooling_the_checks_still_fails_checked_or_timed(
+    suite: pytest.Pytester,
+) -> None:
+    """One kernel blinds the checks of its checked call, one those of its timed calls (it sees
+    the NaN the harness writes over a result it is about to check); each puts torch's own ``abs``
+    back on its next call, so nothing is left replaced at the case's end."""
+    result = run(suite, "blinds-checks-briefly or blinds-timed-checks")
+    cost_only_their_own_case(result, "blinds-checks-briefly", "blinds-timed-checks")
+    result.stdout.fnmatch_lines([f"kernel 'blinds-checks-briefly' {CHECKS_BLIND}",
+                                 f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
+    result.stdout.fnmatch_lines([
+        "*blinds-timed-checks-fwd*: the kernel's timed calls replaced torch functions, put back now; the check of "
+        "their results would otherwise have run with them:",
+        f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
+
+
+def test_a_kernel_that_flushes_denormals_or_turns_onednn_off_fails_naming_them_and_they_are_set_back(
+    suite: pytest.Pytester,
+) -> None:
+    result = run(suite, "flushes-denormals")
+    cost_only_their_own_case(result, "flushes-denormals")
+    result.stdout.fnmatch_lines([
+        "*flushes-denormals-fwd]: the case changed torch's global state, which would carry into every later case; "
+        "set back now:",
+        "*oneDNN (torch.backends.mkldnn.enabled): True -> False",
+        "*flush denormal (torch.set_flush_denormal): False -> True",
+    ])
+    assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
 
 
 def test_a_kernel_that_leaves_inference_mode_on_fails_naming_it_and_backward_cases_after_it_pass(
@@ -274,6 +395,42 @@ def test_a_kernel_that_takes_or_cancels_the_time_limits_signal_fails_naming_it(s
         f"*ignores-sigterm-fwd]: {head}",
         "*SIGTERM handler (signal.signal): SIG_DFL (the default action) -> SIG_IGN (ignored)",
     ])
+
+
+# -- torch's tensor methods, in this process -------------------------------------------------
+
+
+def _into_tensorbase(name: str, value: object) -> None:
+    """What setattr refuses: a value written into the C type's dict, its method cache invalidated."""
+    import ctypes
+    import gc
+
+    gc.get_referents(vars(torch._C.TensorBase))[0][name] = value
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(torch._C.TensorBase))
+
+
+def test_every_tensor_method_is_guarded_whether_set_over_an_inherited_one_deleted_or_written_into_tensorbase() -> None:
+    tensor: Any = torch.Tensor  # its methods' stubs refuse other callables
+    real_norm, real_neg = vars(tensor)["norm"], vars(torch._C.TensorBase)["neg"]
+    before = switches.snapshot_functions()
+    try:
+        tensor.abs = lambda self: self  # over torch._C.TensorBase.abs
+        del tensor.norm
+        _into_tensorbase("neg", lambda self: self)
+        replaced = switches.restore_functions(before)
+    finally:  # torch's own, whatever happened
+        if "abs" in vars(tensor):
+            del tensor.abs
+        if "norm" not in vars(tensor):
+            tensor.norm = real_norm
+        if vars(torch._C.TensorBase)["neg"] is not real_neg:
+            _into_tensorbase("neg", real_neg)
+    assert [(r.name, r.problem) for r in replaced] == [
+        ("torch.Tensor.norm", None), ("torch.Tensor.abs", None), ("torch._C.TensorBase.neg", None)]
+    assert switches.describe_functions(replaced).splitlines()[0] == "  torch.Tensor.norm: replaced by nothing (deleted)"
+    assert torch.tensor([-2.0]).abs().item() == 2.0
+    assert torch.tensor([2.0]).neg().item() == -2.0
+    assert vars(torch.Tensor)["norm"] is real_norm
 
 
 # -- inference mode, in this process --------------------------------------------------------

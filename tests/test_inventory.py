@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,9 @@ class Drifting:
                 self.gpu.launch("void at::native::vectorized_elementwise_kernel<4, CopyFunctor>(int)")
             return None
         return call
+
+    def rewritten(self, index: int) -> AbstractContextManager[bool]:
+        return nullcontext(True)  # no inputs to rewrite
 
     def verify(self, index: int, result: Any) -> float:
         return 0.0

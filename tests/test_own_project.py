@@ -59,7 +59,7 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     shapes, and --update-baselines writes into the folder its pyproject.toml names."""
     record, check = commands()
     result = own_project.runpytest_subprocess(*record, *HARNESS)
-    result.assert_outcomes(passed=12, skipped=40)
+    result.assert_outcomes(passed=15, skipped=40)
     out = result.stdout.str()
     built_in = ("pytest_attnperf/families/softmax/suite.py::"
                 "test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-fwd]")
@@ -71,7 +71,7 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([f"*{gpu_row} SKIPPED*"])
     assert not (own_project.path / "baselines").exists()
     written = kit.entries(own_project, "cpu", folder="perf/baselines")
-    assert len(written) == 12
+    assert len(written) == 15
     assert built_in in written
     assert own in written
     assert "tests/test_my_linear_shapes.py::test_linear[cpu-b1-h2-t64-d16-fp32-my-linear-fwd]" in written
@@ -83,13 +83,13 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     with pytest.MonkeyPatch.context() as mp:  # from a subfolder: the baselines still lie beside pyproject.toml
         mp.chdir(own_project.path / "tests")
         again = own_project.runpytest_subprocess(*check, *HARNESS)
-    again.assert_outcomes(passed=12, skipped=40)
-    assert "12 measured cases (12 unchanged)" in again.stdout.str()
+    again.assert_outcomes(passed=15, skipped=40)
+    assert "15 measured cases (15 unchanged)" in again.stdout.str()
     assert not (own_project.path / "tests" / "perf").exists()
 
     kit.set_speeds(own_project, {"tests/test_my_shapes.py::test_softmax[cpu-b1-h4-t64-d32-fp32-my-attention-fwd]": 1.2})
     slower = own_project.runpytest_subprocess(*check, *HARNESS)
-    slower.assert_outcomes(passed=11, failed=1, skipped=40)
+    slower.assert_outcomes(passed=14, failed=1, skipped=40)
     # two separate matches: how much of the message the short summary line keeps depends on the terminal's width
     slower.stdout.fnmatch_lines(["*test_my_shapes.py::test_softmax[[]cpu-b1-*-fwd[]]: REGRESSED +20.0%*"])
     slower.stdout.fnmatch_lines(["FAILED tests/test_my_shapes.py::test_softmax[[]cpu-b1-*-my-attention-fwd[]]*"])

@@ -10,6 +10,8 @@ draw that wrote it, and two replays that differ read as not bitwise.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -71,19 +73,21 @@ def test_the_draws_are_seeded_by_case_and_index_and_differ_from_one_another() ->
 
 
 class FakeDraws:
-    """Draws of a 'kernel' that doubles its input: ``wrong`` draws answer wrongly, and
-    ``shared`` makes every draw return one buffer."""
+    """Draws of a 'kernel' that doubles its input (draw ``i``'s holds ``i``, rewritten in place
+    ``100 + i``): ``wrong`` draws answer wrongly, and ``shared`` makes every draw return one
+    buffer."""
 
     def __init__(self, wrong: frozenset[int] = frozenset(), shared: bool = False) -> None:
         self.wrong, self.shared = wrong, shared
         self.buffer = torch.zeros(4)
         self.checked: list[int] = []
+        self.inputs: dict[int, torch.Tensor] = {}
 
     def __call__(self) -> Any:
         return self.draw(0)()
 
     def draw(self, index: int) -> Any:
-        x = torch.full((4,), float(index))
+        x = self.inputs[index] = torch.full((4,), float(index))
 
         def call() -> Any:
             out = x * 2 + (1 if index in self.wrong else 0)
@@ -91,10 +95,19 @@ class FakeDraws:
 
         return call
 
+    @contextlib.contextmanager
+    def rewritten(self, index: int) -> Iterator[bool]:
+        self.inputs[index].fill_(100.0 + index)
+        try:
+            yield True
+        finally:
+            self.inputs[index].fill_(float(index))
+
     def verify(self, index: int, result: Any) -> float:
         self.checked.append(index)
-        if not torch.equal(result, torch.full((4,), 2.0 * index)):
-            raise AssertionError(f"out: {result.tolist()} is not {2 * index}")
+        want = 2 * float(self.inputs[index][0])
+        if not torch.equal(result, torch.full((4,), want)):
+            raise AssertionError(f"out: {result.tolist()} is not {want}")
         return 0.0
 
     def describe(self, index: int) -> str:
@@ -110,7 +123,8 @@ def test_a_wrong_timed_result_fails_naming_where_and_the_draw() -> None:
     for call in calls:
         call()
     replays.check(1, "cold graph 1 of 2", calls[0])
-    with pytest.raises(TimedDiffers, match=r"differs from the checked one: cold graph 2 of 2, on timed draw 2: out"):
+    with pytest.raises(TimedDiffers, match=r"differs from the checked one: cold graph 2 of 2, on timed draw 2, "
+                                           r"rewritten in place after the timed calls: out"):
         replays.check(2, "cold graph 2 of 2", calls[1])
     assert replays.verified == 1
 

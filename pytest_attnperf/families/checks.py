@@ -391,11 +391,20 @@ def own_copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def call_checked(kernel: Kernel, call: Callable[[], Any], names: str, inputs: tuple[Any, ...], device: Any) -> Any:
     """``kernel.call_or_skip(call)`` into NaN-poisoned memory (``poison_allocator``, sized as the
-    inputs); refusal or not, it fails if the kernel wrote into ``inputs`` (``assert_unchanged``,
-    which puts them back for the case's other kernels)."""
+    inputs); refusal or not, it fails if the kernel replaced a torch function (put back at once,
+    before any check runs with it: ``switches.put_back_functions``) or wrote into ``inputs``
+    (``assert_unchanged``, which puts them back for the case's other kernels)."""
+    from pytest_attnperf.measure.switches import put_back_functions, snapshot_functions
+
     poison_allocator(device, [x.numel() * x.element_size() for x in inputs])
     before = tuple(x.detach().clone() for x in inputs)
+    functions = snapshot_functions()
     try:
         return kernel.call_or_skip(call)
     finally:
-        assert_unchanged(names, inputs, before)
+        replaced = put_back_functions(functions, f"kernel '{kernel.name}'", "its checks")  # first: they call torch
+        try:
+            assert_unchanged(names, inputs, before)
+        finally:
+            if replaced is not None:
+                raise CheckFailed(replaced)

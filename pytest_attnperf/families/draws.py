@@ -27,6 +27,18 @@ negates ``v``, so it differs from draw 0 even for a case of one batch entry and 
 permutations (seeded by the case and the draw's number) make the timed draws differ from one
 another where the case has more than one batch entry or head.
 
+Each timed draw owns its inputs. Before a timed draw is checked, ``Timed.rewritten`` writes
+another rearrangement of draw 0 over them in place (the same tensors and storage, through
+``.data``, so their version counters do not move either), and the check holds the call to that
+arrangement; they are put back after it. A kernel that keeps its answer by its inputs'
+addresses, or a graph that captured an answer rather than the work, then returns an answer to
+data the inputs no longer hold. The rewritten arrangement is seeded by the draw's index
+negated, never negates ``v`` (every timed draw does, so it differs from what the timed calls
+read) and permutes where the case can (so it differs from draw 0's data too); where the case
+cannot (one batch entry and one key/value head, or sign-only draws), it is draw 0's data up to
+the output gradient's sign, and the draw is also checked on its own data, where an answer kept
+from the checked call does not match.
+
 What this does not defend against: a kernel written to recognise the harness's
 transformations. It is aimed at stale answers, not at an adversary reading this module.
 """
@@ -34,9 +46,11 @@ transformations. It is aimed at stale answers, not at an adversary reading this 
 from __future__ import annotations
 
 import random
+import weakref
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -80,14 +94,28 @@ class Transform:
         grad_sign = rng.choice((1, -1)) if backward else 1
         return cls(tuple(order_b), tuple(order_g), -1, grad_sign, head_axis, axes)
 
+    def permutes(self) -> bool:
+        """Whether batch entries or heads move: then every tensor of the draw differs from draw
+        0's (a case of one batch entry and one key/value head, or a sign-only draw, has signs
+        only)."""
+        return list(self.batch) != sorted(self.batch) or list(self.groups) != sorted(self.groups)
+
+    def rotated(self) -> Transform:
+        """The draw with its batch entries (or, for one batch entry, its groups) moved on by one
+        more place: a permutation where this one is none, if the case has room for one."""
+        if len(self.batch) > 1:
+            return replace(self, batch=self.batch[1:] + self.batch[:1])
+        return replace(self, groups=self.groups[1:] + self.groups[:1])
+
     def describe(self) -> str:
-        """What this draw did to draw 0, in words."""
+        """What this draw did to draw 0, in words ("" for nothing)."""
         done = []
         if list(self.batch) != sorted(self.batch):
             done.append("batch entries permuted")
         if list(self.groups) != sorted(self.groups):
             done.append("heads permuted")
-        done.append("v negated")
+        if self.v_sign < 0:
+            done.append("v negated")
         if self.grad_sign < 0:
             done.append("output gradient negated")
         return ", ".join(done)
@@ -97,7 +125,8 @@ class Transform:
         return (self.v_sign if name in NEGATED_BY_V else 1) * (self.grad_sign if name in NEGATED_BY_GRAD else 1)
 
     def apply(self, name: str, x: Any) -> Any:
-        """``x`` (tensor ``name`` of draw 0) as it is in this draw: a new tensor."""
+        """``x`` (tensor ``name`` of draw 0) as it is in this draw: a new tensor, or ``x`` itself
+        where the draw leaves it as it is."""
         import torch
 
         device, out, axis = x.device, x, self.axis(name)
@@ -111,11 +140,30 @@ class Transform:
         return -out if self.sign(name) < 0 else out
 
 
+class _Drawn:
+    """One timed draw's call and the inputs it owns (``Timed.draw``)."""
+
+    __slots__ = ("__weakref__", "grad_out", "inputs", "run_on")
+
+    def __init__(self, run_on: Callable[[tuple[Any, ...], Any], Any], inputs: tuple[Any, ...], grad_out: Any) -> None:
+        self.run_on, self.inputs, self.grad_out = run_on, inputs, grad_out
+
+    def __call__(self) -> Any:
+        return self.run_on(self.inputs, self.grad_out)
+
+
+def _own(y: Any, x: Any) -> Any:
+    """``y``, or a copy of it where it is ``x``'s memory (a draw that leaves a tensor as it is):
+    a timed draw's inputs are its own, to be rewritten in place (``Timed.rewritten``)."""
+    return y.clone() if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() else y
+
+
 class Timed:
-    """A checked case's callable to time (``measure.sampling.Draws``): calling it runs the
-    checked call on draw 0; ``draw(i)`` gives the same call on timed draw ``i``, and
-    ``verify(i, result)`` holds what a call of draw ``i`` returned to the family's rule against
-    draw 0's reference and yardstick, rearranged.
+    """A checked case's callable to time (``measure.verify.Draws``): calling it runs the
+    checked call on draw 0; ``draw(i)`` gives the same call on timed draw ``i``, on inputs of
+    its own; ``rewritten(i)`` writes another rearrangement of draw 0 over them in place for a
+    block; and ``verify(i, result)`` holds what a call of draw ``i`` returned to the family's
+    rule against draw 0's reference and yardstick, rearranged as draw ``i``'s inputs are now.
 
     ``run_on(inputs, grad_out)`` is the family's call on given inputs (the kernel, and the
     gradients for fwdbwd); ``check(label, name, value, reference, yardstick)`` the family's rule
@@ -136,6 +184,9 @@ class Timed:
         self._shapes, self._permute, self._got = shapes, permute, got
         self._head_axes = head_axes
         self._transforms: dict[int, Transform] = {}
+        self._now: dict[int, Transform] = {}  # a draw's arrangement while rewritten
+        # each draw's call, weakly: its inputs go with the harness's last reference to it (Replays.release)
+        self._drawn: weakref.WeakValueDictionary[int, _Drawn] = weakref.WeakValueDictionary()
 
     def __call__(self) -> Any:
         """The checked call, on draw 0."""
@@ -144,29 +195,79 @@ class Timed:
     def transform(self, index: int) -> Transform:
         """Timed draw ``index``'s rearrangement (the same for the same case and index)."""
         if index not in self._transforms:
-            x, axes = self._inputs[0], dict(self._head_axes)
-            heads = {t.shape[axes.get(n, self._head_axis)] for n, t in zip(self._input_names, self._inputs, strict=True)
-                     if t.ndim > axes.get(n, self._head_axis)}
-            kv = min(heads, default=1)
-            if any(h % kv for h in heads):  # no grouping every tensor shares: heads stay where they are
-                kv = 1
-            backward = bool(getattr(x, "requires_grad", False))
-            self._transforms[index] = Transform.draw(self._seed_text, index, x.shape[0], kv, self._head_axis, backward,
-                                                     self._permute, self._head_axes)
+            self._transforms[index] = self._arrangement(index)
         return self._transforms[index]
+
+    def _arrangement(self, seed_index: int) -> Transform:
+        x, axes = self._inputs[0], dict(self._head_axes)
+        heads = {t.shape[axes.get(n, self._head_axis)] for n, t in zip(self._input_names, self._inputs, strict=True)
+                 if t.ndim > axes.get(n, self._head_axis)}
+        kv = min(heads, default=1)
+        if any(h % kv for h in heads):  # no grouping every tensor shares: heads stay where they are
+            kv = 1
+        backward = bool(getattr(x, "requires_grad", False))
+        return Transform.draw(self._seed_text, seed_index, x.shape[0], kv, self._head_axis, backward, self._permute,
+                              self._head_axes)
+
+    def rewrite(self, index: int) -> Transform:
+        """The arrangement ``rewritten(index)`` writes over timed draw ``index``'s inputs: seeded
+        by the index negated (no timed draw's), ``v`` not negated where the draw's own negates it
+        (so it differs from what the draw's timed calls read), and permuted where the case has
+        room (so it differs from draw 0's data too; ``Transform.permutes``)."""
+        t = self._arrangement(-index)
+        if self._permute and not t.permutes():
+            t = t.rotated()
+        return replace(t, v_sign=-self.transform(index).v_sign)
 
     def draw(self, index: int) -> Callable[[], Any]:
         """The call on timed draw ``index`` (1 and up), its inputs made now (leaves, requiring
-        grad where draw 0's do)."""
+        grad where draw 0's do), its own memory (never draw 0's: ``rewritten`` writes into it)."""
         t = self.transform(index)
-        inputs = tuple(t.apply(name, x.detach()).requires_grad_(x.requires_grad)
+        inputs = tuple(_own(t.apply(name, x.detach()), x).requires_grad_(x.requires_grad)
                        for name, x in zip(self._input_names, self._inputs, strict=True))
-        grad_out = t.apply("grad_out", self._grad_out) if self._grad_out is not None else None
-        run_on = self._run_on
-        return lambda: run_on(inputs, grad_out)
+        grad_out = _own(t.apply("grad_out", self._grad_out), self._grad_out) if self._grad_out is not None else None
+        self._now.pop(index, None)
+        drawn = self._drawn[index] = _Drawn(self._run_on, inputs, grad_out)
+        return drawn
+
+    @contextmanager
+    def rewritten(self, index: int) -> Iterator[bool]:
+        """Timed draw ``index``'s inputs (and output gradient) overwritten in place with draw 0's
+        as ``rewrite(index)`` arranges them for the block, and ``verify(index, ...)`` holding a
+        call to that arrangement; the draw's own put back after it. The block gets whether the
+        new data differs from draw 0's as well (``Transform.permutes``)."""
+        drawn = self._drawn.get(index)
+        if drawn is None:
+            raise LookupError(f"timed draw {index} has no call to rewrite: draw({index}) makes it, and it is "
+                              "held only while the harness holds it")
+        t = self.rewrite(index)
+        self._write(drawn, t)
+        self._now[index] = t
+        try:
+            yield t.permutes()
+        finally:
+            self._now.pop(index, None)
+            self._write(drawn, self.transform(index))
+
+    def _write(self, drawn: _Drawn, t: Transform) -> None:
+        """Draw 0's inputs and output gradient as ``t`` arranges them, copied into ``drawn``'s own
+        tensors through ``.data``: the same storage, and the tensors' version counters left as
+        they were (a kernel cannot tell the rewrite from ``_version``)."""
+        import torch
+
+        with torch.no_grad():
+            for name, x0, x in zip(self._input_names, self._inputs, drawn.inputs, strict=True):
+                x.data.copy_(t.apply(name, x0.detach()))
+            if drawn.grad_out is not None:
+                drawn.grad_out.data.copy_(t.apply("grad_out", self._grad_out))
+
+    def _holding(self, index: int) -> Transform:
+        """The arrangement timed draw ``index``'s inputs hold now."""
+        return self._now[index] if index in self._now else self.transform(index)
 
     def verify(self, index: int, result: Any) -> float:
-        """Hold ``result`` (what a call of draw ``index`` returned) to the family's rule: the
+        """Hold ``result`` (what a call of draw ``index`` returned) to the family's rule, on the
+        arrangement the draw's inputs hold now (inside ``rewritten``, the rewritten one): the
         worst tensor's error over its bound, or ``CheckFailed`` naming the tensor."""
         from pytest_attnperf.families.checks import CheckFailed
 
@@ -174,7 +275,7 @@ class Timed:
         if len(got) != len(self._names):
             raise CheckFailed(f"{self.kernel}: returned {len(got)} tensors on a timed call, {len(self._names)} "
                               "on the checked one")
-        t = self.transform(index)
+        t = self._holding(index)
         worst = 0.0
         shapes = self._shapes or tuple(tuple(r.shape) for r in self._reference)
         for name, value, ref, yard, shape in zip(self._names, got, self._reference, self._yardstick, shapes,
@@ -207,8 +308,9 @@ class Timed:
                     and torch.equal(t.apply(name, checked), value))
 
     def describe(self, index: int) -> str:
-        """Timed draw ``index`` in words (what it did to the checked inputs)."""
-        return f"draw {index}: the checked inputs with {self.transform(index).describe()}"
+        """Timed draw ``index`` in words (what its inputs now hold: the checked inputs, rearranged)."""
+        done = self._holding(index).describe()
+        return f"draw {index}: the checked inputs with {done}" if done else f"draw {index}: the checked inputs"
 
     def protected(self) -> tuple[Any, ...]:
         """Draw 0's inputs, which the case's other kernels share: never to be written."""

@@ -4,14 +4,19 @@ Around the call of each attention case (a test using an ``attnperf*`` fixture), 
 
 - **torch's state** (``measure.switches``): snapshots torch's process-wide switches the harness
   relies on (inference and grad mode, default dtype and device, SDPA backends, deterministic
-  algorithms, cuDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads, the current
-  CUDA device and stream) and the identity of the torch functions the suites and kernels call
-  (``switches.TORCH_FUNCTIONS``) before the call and after it, outside the
+  algorithms, cuDNN, oneDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads,
+  flush-denormal, the current CUDA device and stream) and the identity of the torch functions
+  the suites, kernels and checks call (``switches.TORCH_FUNCTIONS``, and every attribute of
+  ``torch.Tensor`` and ``torch._C.TensorBase``) before the call and after it, outside the
   ``attnperf_sdpa_backend`` pin; a case that changed a switch or replaced a function is failed,
   naming each, and they are put back for the cases after it (checked again once the case's
-  objects are freed: a guard a kernel kept restores state when it is freed). The global random
-  generators' states are put back too: a case that reseeded one (``torch.manual_seed``) is
-  reported (a warning naming it), not failed, since a test may seed its own inputs;
+  objects are freed: a guard a kernel kept restores state when it is freed). Functions are also
+  put back before any check of a kernel's answer runs: after its checked call
+  (``families.checks.call_checked``) and before the check of its timed results
+  (``put_back_replaced_functions``, from ``verify.Replays``), so a patch cannot fool the check
+  and then undo itself. The global random generators' states are put back too: a case that
+  reseeded one (``torch.manual_seed``) is reported (a warning naming it), not failed, since a
+  test may seed its own inputs;
 - **the process** (``measure.process``): ``os._exit`` and ``os.exec*`` raise during the call
   (an exit there would end the run with no summary and, often, exit status 0), and a case that
   called one fails naming the call; live child processes the call started and left are killed
@@ -54,11 +59,12 @@ import pytest
 
 from pytest_attnperf.measure import process
 from pytest_attnperf.measure.switches import (
+    Functions,
     GlobalSwitch,
-    Slot,
     changed_globals,
     describe_changes,
     describe_functions,
+    put_back_functions,
     restore_functions,
     restore_globals,
     restore_rng,
@@ -76,6 +82,7 @@ __all__ = [
     "is_attention_case",
     "is_out_of_memory",
     "oom_request",
+    "put_back_replaced_functions",
     "release_memory",
 ]
 
@@ -311,7 +318,7 @@ class CaseState:
     switches: tuple[GlobalSwitch, ...]
     torch: dict[str, Any]  # torch's switches, by name
     rng: dict[str, tuple[int, Any]]
-    functions: dict[str, Slot]
+    functions: Functions
     handlers: dict[str, Any]
     alarm_armed: bool
     children: dict[int, str] | None
@@ -337,6 +344,19 @@ class Finding:
 
     def section(self) -> str:
         return f"the case also {self.what}, {self.done}:\n{self.lines}"
+
+
+_RUNNING: list[Functions] = []  # the torch functions as the running attention case's call began
+
+
+def put_back_replaced_functions(error: type[BaseException]) -> None:
+    """Before the check of a kernel's timed results (``verify.Replays``), inside an attention
+    case's call: every torch function replaced since the call began put back, and ``error``
+    raised naming each, since the check would otherwise run with them; outside a case, nothing."""
+    if _RUNNING:
+        problem = put_back_functions(_RUNNING[-1], "the kernel's timed calls", "the check of their results")
+        if problem is not None:
+            raise error(problem)
 
 
 def undo(before: CaseState, clock: CaseClock | None, exits: process.ExitRefusal) -> list[Finding]:
@@ -462,6 +482,7 @@ class CaseGuard:
         clock = self._clock(item)
         exits = process.ExitRefusal()
         failure: BaseException | None = None
+        _RUNNING[:] = [before.functions]
         try:
             with exits:
                 if clock is None:
@@ -471,6 +492,7 @@ class CaseGuard:
                         result = yield
         except BaseException as exc:  # noqa: BLE001 - re-raised below, or replaced by a clearer failure
             failure = exc
+        _RUNNING.clear()
         findings = undo(before, clock, exits)
         reseeded, rng_not_restored = restore_rng(before.rng)
         if failure is not None and is_out_of_memory(failure):

@@ -1,19 +1,18 @@
 """Sampling a callable: the plan (mode, least samples, target spread, budget), warm-up, adaptive
 sampling until the spread is small enough or the budget is spent, the garbage collector held
-off during timed calls, and the host timer (``HostTimer``) for the CPU, whose work is
-synchronous. The CUDA timer is in ``measure.timing``."""
+off during timed calls (``collector.gc_paused``), and the host timer (``HostTimer``) for the
+CPU, whose work is synchronous. The CUDA timer is in ``measure.timing``."""
 
 from __future__ import annotations
 
-import gc
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_attnperf.gate.verdict import Summary
+from pytest_attnperf.measure.collector import gc_paused
 from pytest_attnperf.measure.contention import HostLoad, contention_note, host_load
 from pytest_attnperf.measure.verify import Replays
 
@@ -139,21 +138,6 @@ class RunningSpread:
         if self.n < 2 or self.mean <= 0:
             return 0.0
         return math.sqrt(max(0.0, self._m2) / (self.n - 1)) / self.mean
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Collect garbage, then keep the collector off inside the block (the timed calls), back on
-    after it however it ends: a collection pausing one timed call read as a slowdown of the
-    kernel. Left off if it was off already."""
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class ReplayClock:

@@ -1,12 +1,17 @@
 """torch's process-wide state around an attention case: what a kernel can leave changed.
 
 - **switches**: grad and inference mode, default dtype and device, SDPA backends, deterministic
-  algorithms, cuDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads, the current
-  CUDA device and stream (``torch_globals``): read before and after a case, compared, set back;
+  algorithms, cuDNN, oneDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads,
+  flush-denormal, the current CUDA device and stream (``torch_globals``): read before and after
+  a case, compared, set back;
 - **random generators**: the default CPU one and, once CUDA is initialized, each device's
   (``snapshot_rng``, ``restore_rng``);
-- **torch functions**: the identity of the functions the suites and kernels call
-  (``TORCH_FUNCTIONS``), so a kernel that monkeypatches one is named and the original put back.
+- **torch functions**: the identity of the module-level functions the suites, kernels and
+  checks call (``TORCH_FUNCTIONS``) and of every attribute of ``torch.Tensor`` and
+  ``torch._C.TensorBase`` (``TORCH_CLASSES``: the methods the checks call on tensors), so a
+  kernel that monkeypatches one is named and the original put back (``snapshot_functions``,
+  ``restore_functions``; ``put_back_functions`` does both, with the failure's text, right after
+  a kernel's call and before a check runs).
 
 torch is imported only by the functions that read it, and only an already imported module is
 looked at (``flex_attention``'s is not imported to check it).
@@ -17,14 +22,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
+    "TORCH_CLASSES",
     "TORCH_FUNCTIONS",
+    "Functions",
     "GlobalSwitch",
+    "Replaced",
     "changed_globals",
     "describe_changes",
     "describe_functions",
+    "flushes_denormals",
+    "put_back_functions",
     "restore_functions",
     "restore_globals",
     "restore_rng",
@@ -94,9 +104,11 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
         attr(cudnn, "enabled", "cuDNN (torch.backends.cudnn.enabled)"),
         attr(cudnn, "benchmark", "cuDNN benchmark (torch.backends.cudnn.benchmark)"),
         attr(cudnn, "deterministic", "cuDNN deterministic (torch.backends.cudnn.deterministic)"),
+        attr(torch.backends.mkldnn, "enabled", "oneDNN (torch.backends.mkldnn.enabled)"),
         GlobalSwitch("anomaly detection (torch.is_anomaly_enabled)", torch.is_anomaly_enabled,
                      torch.set_anomaly_enabled),
         GlobalSwitch("CPU threads (torch.get_num_threads)", torch.get_num_threads, torch.set_num_threads),
+        GlobalSwitch("flush denormal (torch.set_flush_denormal)", flushes_denormals, set_flush_denormal),
     ]
     if hasattr(cuda, "cudnn_sdp_enabled"):
         switches.insert(6, GlobalSwitch("SDPA cuDNN backend (torch.backends.cuda.cudnn_sdp_enabled)",
@@ -111,6 +123,23 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
         switches.append(_autocast(torch, device))
     switches.extend(_cuda_current(torch))
     return tuple(switches)
+
+
+def flushes_denormals() -> bool:
+    """Whether this thread's CPU arithmetic flushes subnormal numbers to zero
+    (``torch.set_flush_denormal``, which has no getter): a float32 subnormal times 1.0 comes out 0."""
+    import torch
+
+    subnormal = torch.full((1,), 1e-40, dtype=torch.float32, device="cpu")
+    return bool((subnormal * 1.0).item() == 0.0)
+
+
+def set_flush_denormal(enabled: bool) -> None:
+    """``torch.set_flush_denormal(enabled)`` (whose result, whether the CPU supports it, the
+    switch's read-back says)."""
+    import torch
+
+    torch.set_flush_denormal(enabled)
 
 
 _HELD_GUARDS: list[Any] = []  # the inference-mode guards ``set_inference_mode`` entered, alive for the run
@@ -258,6 +287,7 @@ def describe_changes(changes: list[tuple[str, Any, Any]], not_restored: list[str
 # -- torch functions -----------------------------------------------------------------------
 
 TORCH_FUNCTIONS: tuple[str, ...] = (
+    # what the suites and kernels call
     "torch.nn.functional.scaled_dot_product_attention",
     "torch.nn.functional.softmax",
     "torch.matmul",
@@ -266,17 +296,65 @@ TORCH_FUNCTIONS: tuple[str, ...] = (
     "torch.einsum",
     "torch.compile",
     "torch.autograd.grad",
-    "torch.Tensor.softmax",
-    "torch.Tensor.__matmul__",
     "torch.nn.attention.flex_attention.flex_attention",
+    # what the checks (families.checks, families.draws, measure.verify) and the linear
+    # families' references, computed after the kernel's call, call
+    "torch.nn.functional.avg_pool1d",
+    "torch.maximum",
+    "torch.frexp",
+    "torch.ldexp",
+    "torch.isfinite",
+    "torch.equal",
+    "torch.where",
+    "torch.count_nonzero",
+    "torch.finfo",
+    "torch.tensor",
+    "torch.ones_like",
+    "torch.zeros_like",
+    "torch.ones",
+    "torch.zeros",
+    "torch.eye",
+    "torch.empty",
+    "torch.full",
+    "torch.stack",
+    "torch.cat",
+    "torch.exp",
+    "torch.rsqrt",
+    "torch.linalg.solve_triangular",
+    "torch.no_grad",
+    "torch.cuda.synchronize",
 )
-"""The torch functions the suites and kernels call whose identity is checked around each case:
-a module's attribute (its module must be imported already) or a class's
-(``torch.Tensor.softmax``). Add a name here to guard one more."""
+"""The module-level torch functions whose identity is checked around each case and each
+kernel's call: a module's attribute (its module must be imported already). Add a name here to
+guard one more. Whole module dicts are not compared: importing torch's compiler legitimately
+replaces some of ``torch``'s attributes (``torch.manual_seed``)."""
+
+TORCH_CLASSES: tuple[str, ...] = ("torch.Tensor", "torch._C.TensorBase")
+"""The classes whose every attribute is guarded (their ``__dict__``, by identity): the methods
+and operators the checks call on tensors (``abs``, ``__sub__``, ``max``, ``norm``...). A name
+set on ``torch.Tensor`` over one it inherits from ``torch._C.TensorBase`` is a replacement too."""
 
 _MISSING = object()  # an attribute the owner's ``__dict__`` does not hold (inherited, or absent)
 
 Slot = tuple[Any, str, Any]  # the owner (module or class), the attribute, what its __dict__ held
+
+
+@dataclass(frozen=True)
+class Functions:
+    """The guarded torch functions at one moment: what each owner's ``__dict__`` held under each
+    of ``TORCH_FUNCTIONS``, by qualified name, and a copy of each of ``TORCH_CLASSES``'
+    ``__dict__``, by the class's qualified name."""
+
+    slots: dict[str, Slot]
+    classes: dict[str, tuple[type, dict[str, Any]]]
+
+
+class Replaced(NamedTuple):
+    """A guarded torch function that was not the object it had been."""
+
+    name: str  # qualified: torch.matmul, torch.Tensor.abs
+    now: Any  # what replaced it (``_MISSING``: deleted)
+    problem: str | None  # why it could not be put back; None: it was
 
 
 def _owner(qualname: str) -> tuple[Any, str] | None:
@@ -295,36 +373,87 @@ def _owner(qualname: str) -> tuple[Any, str] | None:
     return None
 
 
-def snapshot_functions(names: tuple[str, ...] = TORCH_FUNCTIONS) -> dict[str, Slot]:
-    """What each owner's ``__dict__`` holds under each name, by qualified name (a class's
-    inherited method reads as absent: a kernel that sets it adds an entry)."""
+def _class(qualname: str) -> type | None:
+    """The class ``qualname`` names, where its module is imported."""
+    found = _owner(qualname)
+    cls = getattr(found[0], found[1], None) if found is not None else None
+    return cls if isinstance(cls, type) else None
+
+
+def snapshot_functions(names: tuple[str, ...] = TORCH_FUNCTIONS,
+                       classes: tuple[str, ...] = TORCH_CLASSES) -> Functions:
+    """What each owner's ``__dict__`` holds under each of ``names`` (a class's inherited method
+    reads as absent: a kernel that sets it adds an entry), and each of ``classes``' whole
+    ``__dict__``; only for modules already imported."""
     slots: dict[str, Slot] = {}
     for qualname in names:
         found = _owner(qualname)
         if found is not None:
             owner, attr = found
             slots[qualname] = (owner, attr, vars(owner).get(attr, _MISSING))
-    return slots
+    held = {qualname: (cls, dict(vars(cls))) for qualname in classes if (cls := _class(qualname)) is not None}
+    return Functions(slots, held)
 
 
-def restore_functions(before: dict[str, Slot]) -> list[tuple[str, Any, str | None]]:
-    """Put back every function that is not the object it was, by identity. ``(qualified name,
-    what had replaced it, None or why it could not be put back)`` for each."""
-    replaced: list[tuple[str, Any, str | None]] = []
-    for qualname, (owner, attr, was) in before.items():
+def _put(owner: Any, attr: str, value: Any) -> None:
+    """Set ``owner.attr`` to ``value`` (delete it for ``_MISSING``). A C type refuses ``setattr``
+    (``torch._C.TensorBase``); what a kernel wrote into its dict anyway (through
+    ``gc.get_referents``) is put back the same way, and the type's method cache invalidated."""
+    try:
+        if value is _MISSING:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, value)
+    except TypeError:
+        if not isinstance(owner, type):
+            raise
+        import ctypes
+        import gc
+
+        (contents,) = [d for d in gc.get_referents(vars(owner)) if isinstance(d, dict)]
+        if value is _MISSING:
+            contents.pop(attr, None)
+        else:
+            contents[attr] = value
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(owner))
+
+
+def _put_back(qualname: str, owner: Any, attr: str, was: Any, now: Any) -> Replaced:
+    try:
+        _put(owner, attr, was)
+        problem = None
+    except Exception as exc:  # noqa: BLE001 - reported with the case; the run goes on
+        problem = f"{type(exc).__name__}: {str(exc)[:80]}"
+    return Replaced(qualname, now, problem)
+
+
+def restore_functions(before: Functions) -> list[Replaced]:
+    """Put back every guarded function that is not the object it was, by identity (a class
+    attribute the kernel added is deleted, one it deleted set again): each, with what had
+    replaced it and whether it could be put back."""
+    replaced: list[Replaced] = []
+    for qualname, (owner, attr, was) in before.slots.items():
         now = vars(owner).get(attr, _MISSING)
-        if now is was:
-            continue
-        try:
-            if was is _MISSING:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, was)
-            problem = None
-        except Exception as exc:  # noqa: BLE001 - reported with the case; the run goes on
-            problem = f"{type(exc).__name__}: {str(exc)[:80]}"
-        replaced.append((qualname, now, problem))
+        if now is not was:
+            replaced.append(_put_back(qualname, owner, attr, was, now))
+    for prefix, (cls, held) in before.classes.items():
+        contents = dict(vars(cls))
+        for attr in [*held, *(name for name in contents if name not in held)]:
+            was, now = held.get(attr, _MISSING), contents.get(attr, _MISSING)
+            if now is not was:
+                replaced.append(_put_back(f"{prefix}.{attr}", cls, attr, was, now))
     return replaced
+
+
+def put_back_functions(before: Functions, who: str, checks: str) -> str | None:
+    """After a kernel's call and before ``checks`` run: every guarded function replaced since
+    ``before`` put back, and a failure's message naming each and what replaced it (``who``
+    replaced...); None where none was."""
+    replaced = restore_functions(before)
+    if not replaced:
+        return None
+    return (f"{who} replaced torch functions, put back now; {checks} would otherwise have run with them:\n"
+            + describe_functions(replaced))
 
 
 def _what(value: Any) -> str:
@@ -339,8 +468,8 @@ def _what(value: Any) -> str:
     return text if len(text) <= 100 else f"a {type(value).__name__} object"
 
 
-def describe_functions(replaced: list[tuple[str, Any, str | None]]) -> str:
+def describe_functions(replaced: list[Replaced]) -> str:
     """One line per replaced function: its name, what replaced it, and any failure to put it back."""
-    return "\n".join(f"  {qualname}: replaced by {_what(now)}"
-                     + (f" (could not be put back: {problem})" if problem else "")
-                     for qualname, now, problem in replaced)
+    return "\n".join(f"  {r.name}: replaced by {_what(r.now)}"
+                     + (f" (could not be put back: {r.problem})" if r.problem else "")
+                     for r in replaced)

@@ -1,23 +1,32 @@
 """The timed work is the checked work: what the timed calls returned, checked after sampling.
 
 A case's correctness check runs on one call of draw 0 of its inputs; its timed calls run on
-other draws (``sampling.Draws``; the suites' ``families.draws.Timed``), one per cold graph, so a
-kernel that keeps an answer from an earlier call (by shape, by call count) cannot return it
-unseen. After sampling, outside the timed region, ``Replays.check`` holds each timed draw's
-result to the family's rule:
+other draws (``Draws``; the suites' ``families.draws.Timed``), one per cold graph, so a kernel
+that keeps an answer from an earlier call (by shape, by call count) cannot return it unseen.
+After sampling, outside the timed region, ``Replays.check`` holds each timed draw's result to
+the family's rule:
 
+- the draw's inputs (and output gradient) are first rewritten in place with another
+  rearrangement of draw 0 (``Draws.rewritten``: the same tensors and storage), one its timed
+  calls never read, and the result is checked against that; they are put back after. A kernel
+  that keeps its answer by its inputs' addresses, or a graph that captured an answer rather
+  than the work (a graph reads its inputs where they were at capture), answers data the inputs
+  no longer hold. Where the rewritten data cannot differ from draw 0's (a case of one batch
+  entry and one key/value head, or sign-only draws), the draw is checked on its own data too;
 - a graph's outputs are overwritten with NaN first and the graph replayed once more, so what is
   checked is what a replay wrote: a kernel whose replay skips its work, writes only part of its
   output, or leaves the work to a stream the graph does not hold, leaves NaN behind;
 - an eager or host-timed draw is called once more, its last result overwritten with NaN first
   (a kernel that returns one buffer per shape writes it again), and checked on what that call
   returned. The draws are checked one at a time, so a kernel that returns the same buffer for
-  every draw is checked on the draw that wrote it.
+  every draw is checked on the draw that wrote it;
+- that replay or call runs with the garbage collector off (``collector.gc_paused``), as the
+  timed calls did: a kernel that watches the collector is checked in the state it was timed in.
 
 A mismatch raises ``TimedDiffers``: the case fails as "the timed computation differs from the
-checked one", naming the graph, the draw and the tensor. A callable that is not a ``Draws`` (a
-test's own ``attnperf.measure(fn)``) is timed as it is and nothing is verified; its replays are
-still compared bit for bit.
+checked one", naming the graph, the draw (rewritten in place) and the tensor. A callable that is
+not a ``Draws`` (a test's own ``attnperf.measure(fn)``) is timed as it is and nothing is
+verified; its replays are still compared bit for bit.
 
 ``Replays.compare`` says whether one more replay (or call) of a timed draw gives the same bits as
 the one before: the measurement's ``bitwise``, reported per case; the
@@ -29,7 +38,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
+
+from pytest_attnperf.measure.collector import gc_paused
 
 __all__ = ["UNVERIFIED", "Draws", "Replays", "TimedDiffers", "raised_as_differing", "tensors_of"]
 
@@ -40,10 +52,12 @@ UNVERIFIED = ("timed calls not checked: the callable gives no timed draws (attnp
 @runtime_checkable
 class Draws(Protocol):
     """A callable to time whose work can be checked: calling it runs the checked call; ``draw(i)``
-    gives the same call on another draw of inputs (``i`` from 1), and ``verify(i, result)`` checks
-    what a call of draw ``i`` returned, raising an ``AssertionError`` that says what is wrong, or
-    returning the worst error over its bound. ``describe(i)`` says what draw ``i`` is, and
-    ``protected()`` the tensors that must never be written (inputs other cases share).
+    gives the same call on another draw of inputs (``i`` from 1), inputs of its own;
+    ``rewritten(i)`` writes other data over those inputs in place for a block; and
+    ``verify(i, result)`` checks what a call of draw ``i`` returned on the data its inputs hold
+    now, raising an ``AssertionError`` that says what is wrong, or returning the worst error
+    over its bound. ``describe(i)`` says what draw ``i``'s inputs hold now, and ``protected()``
+    the tensors that must never be written (inputs other cases share).
     ``families.draws.Timed`` is the suites' one."""
 
     def __call__(self) -> Any:
@@ -52,11 +66,17 @@ class Draws(Protocol):
     def draw(self, index: int) -> Callable[[], Any]:
         """The same call on timed draw ``index`` (from 1)."""
 
+    def rewritten(self, index: int) -> AbstractContextManager[bool]:
+        """Timed draw ``index``'s inputs overwritten in place for the block (the same tensors and
+        storage, so a graph captured over them reads the new data) with data its timed calls
+        never read, and put back after it; the block gets whether that data also differs from the
+        checked call's (where it does not, the draw is checked on its own data too)."""
+
     def verify(self, index: int, result: Any) -> float:
-        """Check what a call of draw ``index`` returned."""
+        """Check what a call of draw ``index`` returned, on the data its inputs hold now."""
 
     def describe(self, index: int) -> str:
-        """Draw ``index`` in words."""
+        """Draw ``index`` in words: what its inputs hold now."""
 
     def protected(self) -> tuple[Any, ...]:
         """Tensors never to be written."""
@@ -157,9 +177,11 @@ class Replays:
 
     def check(self, index: int, where: str, again: Callable[[], Any]) -> None:
         """Hold timed draw ``index``'s result to the family's rule after ``again`` (one more
-        replay of its graph, or one more call) has run over its last result overwritten with
-        NaN: what is checked is what that replay or call wrote. ``where`` names the graph or
-        call in the message ("cold graph 3 of 8")."""
+        replay of its graph, or one more call) has run, the collector off, over its last result
+        overwritten with NaN and on its inputs rewritten in place (``Draws.rewritten``): what is
+        checked is what that replay or call wrote from data the timed calls never read. Where the
+        rewritten data is the checked call's, the draw is checked again on its own data. ``where``
+        names the graph or call in the message ("cold graph 3 of 8")."""
         if self.draws is None or index not in self.results:
             return
         began = time.perf_counter()
@@ -170,16 +192,31 @@ class Replays:
 
     def _check(self, index: int, where: str, again: Callable[[], Any]) -> None:
         assert self.draws is not None
-        self._poison(self.results[index])
-        again()
+        draws = self.draws
+        self._poison(self.results[index])  # before the rewrite: a result may be a view of the draw's inputs
+        with draws.rewritten(index) as apart:
+            self._again_and_verify(index, again, f"{where}, on timed {draws.describe(index)}, rewritten in place "
+                                                 "after the timed calls")
+        if not apart:  # the rewritten data is the checked call's: an answer kept from that call would match it
+            self._poison(self.results[index])
+            self._again_and_verify(index, again, f"{where}, on timed {draws.describe(index)}")
+        self.verified += 1
+
+    def _again_and_verify(self, index: int, again: Callable[[], Any], where: str) -> None:
+        """``again()`` with the collector off, as the timed calls ran, then the draw's result
+        verified; a failure is a ``TimedDiffers`` naming ``where``."""
+        assert self.draws is not None
+        with gc_paused(collect=False):
+            again()
         result = self.results[index]  # a call's new result; a graph's same tensors, rewritten
         _synchronize(result)
+        from pytest_attnperf.measure.isolation import put_back_replaced_functions
+
+        put_back_replaced_functions(TimedDiffers)  # after the kernel's last call, before the check calls torch
         try:
             self.draws.verify(index, result)
         except AssertionError as exc:
-            raise TimedDiffers(f"the timed computation differs from the checked one: {where}, on timed "
-                               f"{self.draws.describe(index)}: {exc}") from None
-        self.verified += 1
+            raise TimedDiffers(f"the timed computation differs from the checked one: {where}: {exc}") from None
 
     def _poison(self, result: Any) -> None:
         """NaN into the floating-point tensors of ``result``, but never into memory the case's
@@ -208,10 +245,17 @@ class Replays:
     def _compare(self, index: int, again: Callable[[], Any]) -> None:
         import torch
 
-        again()
+        # after the check, not between its rewrite and the putting back: both runs read the
+        # draw's own inputs, the data its timed calls read, so "bitwise" is said of the timed
+        # computation, and only once the check has shown that computation done afresh on data
+        # rewritten under it (an answer kept by address compares equal with itself and proves
+        # nothing; the check, made first, fails it). Collector off, as in the timed calls.
+        with gc_paused(collect=False):
+            again()
         _synchronize(self.results[index])
         before = [x.detach().clone() for x in tensors_of(self.results[index])]
-        again()
+        with gc_paused(collect=False):
+            again()
         after = tensors_of(self.results[index])
         _synchronize(self.results[index])
         if not before or len(before) != len(after):

@@ -317,12 +317,13 @@ class Prepared:
         one further from the fp64 reference: through autograd (``grads[3]``), or as fla's chunk
         backward does, the reverse cumulative sum of ``q dq - k dk`` over the rest of each chunk
         of ``reference.CHUNK`` tokens from the float32 ``dq`` and ``dk``, plus what follows the
-        chunk (``reference.gate_gradient``): at a chunk's first token that sum is longest, and the
+        chunk (``gate.gate_gradient``): at a chunk's first token that sum is longest, and the
         gradient there a small difference of large sums (the first token's is zero exactly;
         docs/checks.md, "Yardsticks")."""
         import torch
 
-        from pytest_attnperf.families.linear.reference import CHUNK, gate_gradient
+        from pytest_attnperf.families.linear.gate import gate_gradient
+        from pytest_attnperf.families.linear.reference import CHUNK
 
         q, k = (x.detach() for x in leaves[:2])
         autograd = grads[3].detach()

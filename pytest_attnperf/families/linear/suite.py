@@ -56,6 +56,8 @@ GPU = (
 
 CPU = (
     LinearCase("cpu-b2-h2-t33-d16-fp32", 2, 2, 33, 16, 32, "fp32", gpu=False),
+    # a chunk of 64 and a tail of 36: what a chunk kernel carries from one chunk to the next
+    LinearCase("cpu-b2-h2-t100-d16-fp32", 2, 2, 100, 16, 16, "fp32", gpu=False),
     LinearCase("cpu-b1-h4-t64-d32-beta2-fp32", 1, 4, 64, 32, 32, "fp32", beta_max=2.0, gpu=False),
     # GDN's grouped values: 4 value heads over 2 query/key heads, a chunk and a tail of 6 tokens
     LinearCase("cpu-b2-h4-hk2-t70-d16-fp32", 2, 4, 70, 16, 16, "fp32", gpu=False, key_heads=2),

@@ -48,6 +48,8 @@ CASES = (
     SoftmaxCase("cpu-b16-h8-t32-d64-fp32", 16, 8, 32, 64, "fp32", False, gpu=False),
     SoftmaxCase("cpu-b2-h12-kv3-t64-d32-causal-fp32", 2, 12, 64, 32, "fp32", True, kv_heads=3, gpu=False),
     SoftmaxCase("cpu-b1-h4-t256-d32-w32-fp32", 1, 4, 256, 32, "fp32", True, window=32, gpu=False),
+    # fp16, causal, and a length no block of 32 or 64 divides: a kernel's last partial block
+    SoftmaxCase("cpu-b2-h4-t200-d32-causal-fp16", 2, 4, 200, 32, "fp16", True, gpu=False),
 )
 
 ATTNPERF_FAMILY, ATTNPERF_CASES = FAMILY, CASES  # what the plugin parametrizes
