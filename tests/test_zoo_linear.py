@@ -198,3 +198,22 @@ def test_a_gate_gradient_summed_over_the_sequence_passes_in_fp16_and_a_wrong_one
         assert outcome.status == expected, (name, outcome)
         if expected == "failed":
             assert outcome.message.startswith(f"Failed: {name} dg"), outcome
+
+
+def test_the_quadratic_forms_pass_a_longer_fp32_case(pytester: pytest.Pytester,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zoo's quadratic forms sum each decay's exponent over its own segment: formed as the
+    difference of two cumulative sums over the sequence (about 160 at T=200) in float32, GLA's
+    and GDN's failed this case by 1 to 5 elements (each decay then off by float32's rounding of
+    160, about 1e-5 of itself, where cancelling terms leave an output element far smaller)."""
+    kept = [f"zoo-ok-{family}-parallel" for family in FAMILIES]
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makeconftest(GATE_SUMMED_CONFTEST.format(kept=kept))
+    module = GATE_SUMMED_MODULE.replace('LinearCase({case!r}, 1, 4, 1024, 64, 64, "fp16", gpu=False)',
+                                        'LinearCase({case!r}, 2, 4, 200, 32, 32, "fp32", gpu=False)')
+    pytester.makepyfile(**{f"test_{family}": module.format(family=family, case="b2-h4-t200-d32-fp32")
+                           for family in FAMILIES})
+    result = pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-k", "zoo-", "--attnperf-check-only")
+    result.assert_outcomes(passed=2 * len(FAMILIES))

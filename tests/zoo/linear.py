@@ -25,7 +25,8 @@ from the recurrences (none calls the package's references):
   ``tl.dot`` default) or rounded half to even; on GPUs only, whose fp32 cases hold a chunk kernel
   to a yardstick with TF32 products (on the CPU, whose yardstick has none, they would fail).
 * ``parallel``: the quadratic form, the ``T x T`` decay-masked scores materialised (GDN: one
-  triangular solve over the whole sequence; GLA: ``T x T x K``), float32; declined beyond
+  triangular solve over the whole sequence; GLA: ``T x T x K``), float32, each decay's exponent
+  summed over its own segment (``_segment_decay``); declined beyond
   ``PARALLEL_MAX_TOKENS`` tokens or ``PARALLEL_MAX_ELEMENTS`` elements.
 * ``recurrent``: the token recurrence, state in float32 (``form="recurrent"``); declined beyond
   ``RECURRENT_MAX_TOKENS`` tokens on every device (autograd through a Python loop per token).
@@ -121,6 +122,24 @@ def _decay(gamma: Tensor, strict: bool = False) -> Tensor:
     return (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~mask, float("-inf")).exp()
 
 
+def _segment_decay(g: Tensor, strict: bool = False) -> Tensor:
+    """``exp(sum_{s < u <= r} g_u)`` where ``s <= r`` (``s < r`` when strict), 0 elsewhere, as
+    ``[..., T, T]`` from ``g [..., T]`` (or ``[..., T, T, K]`` from ``g [..., T, K]``, per channel):
+    each entry summed over its own segment (Mamba-2's ``segsum``), not as the difference of two
+    cumulative sums over the sequence, which loses what their size rounds away (in float32 at
+    T=200, the GLA form from such differences failed an fp32 case of 1 to 5 elements)."""
+    per_channel = g.dim() == 4  # [B, H, T, K]
+    x = g[..., :, None, :] if per_channel else g[..., :, None]  # x[..., u, s(, k)] = g_u
+    size = g.shape[-2] if per_channel else g.shape[-1]
+    x = x.expand(*g.shape[:-1], size, g.shape[-1]) if per_channel else x.expand(*g.shape, size)
+    later = torch.ones(size, size, dtype=torch.bool, device=g.device).tril(-1)  # u > s
+    seen = _visible(size, g.device, strict)
+    if per_channel:
+        later, seen = later[..., None], seen[..., None]
+    segments = x.masked_fill(~later, 0.0).cumsum(-3 if per_channel else -2)  # [r, s]: sum over s < u <= r
+    return segments.masked_fill(~seen, float("-inf")).exp()
+
+
 def _out(o: Tensor, like: Tensor) -> Tensor:
     """``[B, H, T, V]`` float32 back to ``[B, T, H, V]`` in ``like``'s dtype."""
     return o.transpose(1, 2).to(like.dtype).contiguous()
@@ -186,12 +205,13 @@ def _scalar_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: S
 
 def _scalar_parallel(inputs: Sequence[Tensor], scale: float) -> Tensor:
     """The quadratic form: ``o = scale * ((Q K^T) . D) V``, ``D_rs = exp(G_r - G_s)`` on ``s <= r``
-    (``G`` the cumulative log decay over the sequence; 1 without a gate)."""
+    (``G`` the cumulative log decay; each exponent summed over its segment: ``_segment_decay``;
+    1 without a gate)."""
     q, k, v = inputs[:3]
     qh, kh, vh = _heads(q), _heads(k), _heads(v)
     scores = qh @ kh.mT
     if len(inputs) > 3:
-        scores = scores * _decay(inputs[3].transpose(1, 2).float().cumsum(-1))
+        scores = scores * _segment_decay(inputs[3].transpose(1, 2).float())
     else:
         scores = scores.masked_fill(~_visible(qh.shape[2], q.device), 0.0)
     return _out(scale * (scores @ vh), q)
@@ -264,10 +284,12 @@ def _gla_chunked(inputs: Sequence[Tensor], scale: float, chunk: int, store: Stor
 
 def _gla_parallel(inputs: Sequence[Tensor], scale: float) -> Tensor:
     """The quadratic form of GLA: ``A_rs = sum_i q_ri k_si exp(G_ri - G_si)`` materialised as
-    ``[T, T, K]`` (``G`` the cumulative log decay over the sequence), ``o = scale A V``."""
+    ``[T, T, K]`` (``G`` the cumulative log decay, each exponent summed over its segment:
+    ``_segment_decay``), ``o = scale A V``."""
     q, k, v, g = inputs[:4]
     qh, kh, vh = _heads(q), _heads(k), _heads(v)
-    return _out(scale * (_gla_scores(qh, kh, _heads(g).cumsum(-2), direct=True) @ vh), q)
+    scores = (qh[..., :, None, :] * kh[..., None, :, :] * _segment_decay(_heads(g))).sum(-1)
+    return _out(scale * (scores @ vh), q)
 
 
 # -- Gated DeltaNet ---------------------------------------------------------------------------------
@@ -323,10 +345,10 @@ def _gdn_parallel(inputs: Sequence[Tensor], scale: float) -> Tensor:
     ``o = scale ((Q K^T) . D) U``."""
     q, k, v, g, beta = inputs[:5]
     qh, kh, vh = _heads(q), _heads(k), _heads(v)
-    cumulative, bh = g.transpose(1, 2).float().cumsum(-1), beta.transpose(1, 2).float()
-    lower = bh[..., :, None] * (kh @ kh.mT) * _decay(cumulative, strict=True)
+    gh, bh = g.transpose(1, 2).float(), beta.transpose(1, 2).float()
+    lower = bh[..., :, None] * (kh @ kh.mT) * _segment_decay(gh, strict=True)
     writes = torch.linalg.solve_triangular(lower, bh[..., None] * vh, upper=False, unitriangular=True)
-    return _out(scale * (((qh @ kh.mT) * _decay(cumulative)) @ writes), q)
+    return _out(scale * (((qh @ kh.mT) * _segment_decay(gh)) @ writes), q)
 
 
 def _gdn_recurrent(inputs: Sequence[Tensor], scale: float, bugs: Bugs = NONE) -> Tensor:
