@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | integrity | inventory | memory |
+#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | power | integrity | inventory | memory |
 #     memory-noise | models | decode | history
 # Logs, JSON and the baseline file go to $OUT; a mode that writes many files (history, models,
 # decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
@@ -251,6 +251,14 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
     done
     python3 tools/power.py --junit "$OUT"/check-*.xml ${ZOOS:+--zoo zoo.softmax --zoo zoo.linear} \
       > "$OUT/check-table.md" 2>&1; grep -c . "$OUT/check-table.md" ;;
+  power)  # the correctness rule's power on this GPU (tools/power.py --device cuda: references and
+    # yardsticks only, no kernel): CASES, a regular expression over the GPU table's case ids, opt-in
+    # rows included (default the precision rows), FAMILIES (comma-separated, default all); the table
+    # in $OUT/power.log, the rows in $OUT/power.jsonl
+    # shellcheck disable=SC2086  # FAMILIES: one argument or none
+    python3 tools/power.py --table gpu --device cuda ${FAMILIES:+--families "$FAMILIES"} \
+      --cases "${CASES:-b2-h8-(hk4-)?t1024-d64-fp(16|32)}" --out "$OUT/power.jsonl" > "$OUT/power.log" 2>&1
+    grep "^|" "$OUT/power.log" | tail -n 60 ;;
   integrity)  # the timing-integrity zoo (tests/zoo/integrity.py) through the softmax suite, timed,
     # on the cases K selects (default three: GQA bf16, causal bf16, fp16); every integrity-bad-*
     # case should fail ("the timed computation differs from the checked one") and every
@@ -365,5 +373,5 @@ PY
     # the recording with its autotune choices, and the report, as archives
     tar czf "$OUT/decode-baselines.tgz" -C "$TMPB" . && (cd "$OUT" && tar czf decode-report.tgz decode-report \
       && rm -rf decode-report) ;;
-  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|integrity|inventory|memory|memory-noise|models|decode|history" >&2; exit 2 ;;
+  *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|power|integrity|inventory|memory|memory-noise|models|decode|history" >&2; exit 2 ;;
 esac
