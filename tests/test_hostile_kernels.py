@@ -433,6 +433,28 @@ def test_every_tensor_method_is_guarded_whether_set_over_an_inherited_one_delete
     assert vars(torch.Tensor)["norm"] is real_norm
 
 
+def test_a_name_added_to_tensor_that_shadows_nothing_is_no_replacement_and_stays() -> None:
+    """Python's copyreg adds ``__slotnames__`` to ``torch.Tensor`` the first time a tensor is
+    copied or pickled: a correct kernel that copies one must not fail, nor lose it for later cases."""
+    import copy
+
+    tensor: Any = torch.Tensor
+    had = "__slotnames__" in vars(tensor)
+    before = switches.snapshot_functions()
+    saved = vars(tensor).get("__slotnames__")
+    try:
+        if had:
+            del tensor.__slotnames__
+            before = switches.snapshot_functions()
+        copy.copy(torch.ones(2))
+        assert "__slotnames__" in vars(tensor)  # what copyreg did
+        assert switches.restore_functions(before) == []
+        assert "__slotnames__" in vars(tensor)
+    finally:
+        if had:
+            tensor.__slotnames__ = saved
+
+
 # -- inference mode, in this process --------------------------------------------------------
 
 

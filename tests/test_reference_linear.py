@@ -728,3 +728,42 @@ def test_modules_import_nothing_heavy() -> None:
     )
     assert done.returncode == 0, done.stderr
 
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("seq", [1, 33, 64, 100, 128, 130])
+def test_a_gates_gradient_summed_within_chunks_is_the_sum_over_the_sequence(seq: int, per_head: bool) -> None:
+    """``gate_gradient``'s chunk form (each chunk's own terms, then what follows it) is the whole
+    reverse cumulative sum, for sequences shorter than a chunk, of whole chunks and with a tail."""
+    from pytest_attnperf.families.linear.gate import gate_gradient
+
+    gen = torch.Generator().manual_seed(seq)
+    q, k, dq, dk = (torch.randn(2, seq, 3, 5, generator=gen, dtype=torch.float64) for _ in range(4))
+    whole = gate_gradient(q, k, dq, dk, per_head=per_head)
+    assert whole.shape == ((2, seq, 3) if per_head else (2, seq, 3, 5))
+    terms = (q * dq - k * dk).sum(-1) if per_head else q * dq - k * dk
+    assert torch.allclose(whole[:, 0], terms.sum(1), atol=1e-12)
+    chunked = gate_gradient(q, k, dq, dk, per_head=per_head, chunk=16, later=whole)
+    assert torch.allclose(chunked, whole, atol=1e-12)
+    wrong_later = gate_gradient(q, k, dq, dk, per_head=per_head, chunk=16, later=whole + 1.0)
+    assert seq <= 16 or not torch.allclose(wrong_later, whole)  # the part after a chunk is used
+
+
+def test_the_gates_yardstick_errs_at_least_as_much_as_autograds_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate's yardstick is the worse of autograd's and the chunk form's, element by element,
+    so its bound is never tighter than autograd's alone."""
+    from pytest_attnperf.families.linear import kernels as linear
+    from pytest_attnperf.families.linear.case import LinearCase
+
+    case = LinearCase("units-b1-h2-t100-d16-fp16", 1, 2, 100, 16, 16, "fp16", gpu=False)
+    for family in ("gla", "simple_gla"):
+        with monkeypatch.context() as patched:  # autograd's gate gradient alone
+            patched.setattr(linear.Prepared, "_gate_yardstick", lambda self, leaves, grads: grads[3].detach())
+            linear._cache.clear()
+            autograd = linear.prepare(family, case, "fwdbwd", torch.device("cpu")).reference("chunk")[1][4]
+        linear._cache.clear()
+        reference, yardstick = linear.prepare(family, case, "fwdbwd", torch.device("cpu")).reference("chunk")
+        ref = reference[4].double()
+        assert bool(((yardstick[4].double() - ref).abs() >= (autograd.double() - ref).abs()).all()), family
+        assert not torch.equal(yardstick[4], autograd), family  # the chunk form is the worse somewhere
+    linear._cache.clear()

@@ -290,3 +290,18 @@ def test_through_the_hook_the_kernels_that_skip_their_timed_work_fail_and_the_ho
         result.stdout.fnmatch_lines([f"*{name}-fwd*the timed computation differs from the checked one: a host-timed "
                                      "call, on timed draw 1: the checked inputs with *, rewritten in place after the "
                                      f"timed calls: {name} out: *"])
+
+
+def test_draws_of_a_familys_own_without_rewritten_are_refused_not_left_unchecked() -> None:
+    from pytest_attnperf.measure.verify import Replays
+
+    class OldDraws:  # a family's own draws written before rewritten was asked for
+        def __call__(self) -> None: ...
+        def draw(self, index: int) -> Any: ...
+        def verify(self, index: int, result: Any) -> float: return 0.0
+        def describe(self, index: int) -> str: return "draw"
+        def protected(self) -> tuple[Any, ...]: return ()
+
+    with pytest.raises(TypeError, match=r"OldDraws gives timed draws \(draw, verify\) but not rewritten"):
+        Replays(OldDraws())
+    assert Replays(lambda: None).draws is None  # a plain callable: timed unchecked, as before

@@ -164,7 +164,7 @@ from pytest_attnperf import LinearCase
 from pytest_attnperf.families.linear.suite import test_linear  # noqa: F401
 
 ATTNPERF_FAMILY = {family!r}
-ATTNPERF_CASES = (LinearCase({case!r}, 1, 4, 1024, 64, 64, "fp16", gpu=False),)
+ATTNPERF_CASES = (LinearCase({case!r}, {shape}, gpu=False),)
 """
 
 
@@ -184,7 +184,8 @@ def test_a_gate_gradient_summed_over_the_sequence_passes_in_fp16_and_a_wrong_one
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     pytester.makeconftest(GATE_SUMMED_CONFTEST.format(kept=kept))
-    pytester.makepyfile(**{f"test_{family}": GATE_SUMMED_MODULE.format(family=family, case="b1-h4-t1024-d64-fp16")
+    pytester.makepyfile(**{f"test_{family}": GATE_SUMMED_MODULE.format(family=family, case="b1-h4-t1024-d64-fp16",
+                                                                       shape='1, 4, 1024, 64, 64, "fp16"')
                            for family in ("gla", "simple_gla")})
     junit = pytester.path / "junit.xml"
     pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-k", "zoo- and fwdbwd", "--attnperf-check-only",
@@ -211,9 +212,8 @@ def test_the_quadratic_forms_pass_a_longer_fp32_case(pytester: pytest.Pytester,
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     pytester.makeconftest(GATE_SUMMED_CONFTEST.format(kept=kept))
-    module = GATE_SUMMED_MODULE.replace('LinearCase({case!r}, 1, 4, 1024, 64, 64, "fp16", gpu=False)',
-                                        'LinearCase({case!r}, 2, 4, 200, 32, 32, "fp32", gpu=False)')
-    pytester.makepyfile(**{f"test_{family}": module.format(family=family, case="b2-h4-t200-d32-fp32")
+    pytester.makepyfile(**{f"test_{family}": GATE_SUMMED_MODULE.format(family=family, case="b2-h4-t200-d32-fp32",
+                                                                       shape='2, 4, 200, 32, 32, "fp32"')
                            for family in FAMILIES})
     result = pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-k", "zoo-", "--attnperf-check-only")
     result.assert_outcomes(passed=2 * len(FAMILIES))

@@ -322,6 +322,9 @@ TORCH_FUNCTIONS: tuple[str, ...] = (
     "torch.rsqrt",
     "torch.linalg.solve_triangular",
     "torch.no_grad",
+    "torch.enable_grad",
+    "torch.arange",
+    "torch.nn.functional.pad",
     "torch.cuda.synchronize",
 )
 """The module-level torch functions whose identity is checked around each case and each
@@ -429,8 +432,9 @@ def _put_back(qualname: str, owner: Any, attr: str, was: Any, now: Any) -> Repla
 
 def restore_functions(before: Functions) -> list[Replaced]:
     """Put back every guarded function that is not the object it was, by identity (a class
-    attribute the kernel added is deleted, one it deleted set again): each, with what had
-    replaced it and whether it could be put back."""
+    attribute the kernel added over an inherited one is deleted, one it deleted set again; one
+    that shadows nothing is left): each, with what had replaced it and whether it could be put
+    back."""
     replaced: list[Replaced] = []
     for qualname, (owner, attr, was) in before.slots.items():
         now = vars(owner).get(attr, _MISSING)
@@ -438,11 +442,20 @@ def restore_functions(before: Functions) -> list[Replaced]:
             replaced.append(_put_back(qualname, owner, attr, was, now))
     for prefix, (cls, held) in before.classes.items():
         contents = dict(vars(cls))
-        for attr in [*held, *(name for name in contents if name not in held)]:
+        added = [name for name in contents if name not in held and _inherited(cls, name)]
+        for attr in [*held, *added]:
             was, now = held.get(attr, _MISSING), contents.get(attr, _MISSING)
             if now is not was:
                 replaced.append(_put_back(f"{prefix}.{attr}", cls, attr, was, now))
     return replaced
+
+
+def _inherited(cls: type, name: str) -> bool:
+    """Whether one of ``cls``'s bases holds ``name``: a name added to ``cls`` then shadows it (a
+    replacement), while a name no base holds changes nothing the checks call (Python's
+    ``copyreg`` adds ``__slotnames__`` to ``torch.Tensor`` the first time a tensor is copied or
+    pickled)."""
+    return any(name in vars(base) for base in cls.__mro__[1:])
 
 
 def put_back_functions(before: Functions, who: str, checks: str) -> str | None:

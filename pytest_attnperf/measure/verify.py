@@ -82,6 +82,9 @@ class Draws(Protocol):
         """Tensors never to be written."""
 
 
+DRAWS_METHODS = ("draw", "rewritten", "verify", "describe", "protected")  # Draws', besides __call__
+
+
 class TimedDiffers(AssertionError):
     """The timed computation differs from the checked one: the message names the graph (or
     call), the draw and what the check found."""
@@ -119,6 +122,10 @@ class Replays:
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
         self.draws: Draws | None = fn if isinstance(fn, Draws) else None
+        lacking = [name for name in DRAWS_METHODS if not callable(getattr(fn, name, None))]
+        if self.draws is None and {"draw", "verify"} <= set(DRAWS_METHODS) - set(lacking):
+            raise TypeError(f"{type(fn).__name__} gives timed draws (draw, verify) but not {', '.join(lacking)} "
+                            "(measure.verify.Draws): its timed calls would go unchecked")
         self.results: dict[int, Any] = {}
         self._calls: dict[int, Callable[[], Any]] = {}
         self._bases: dict[int, Callable[[], Any]] = {}
