@@ -5,6 +5,7 @@ hub offline, the case ids, the options, the grouped check, and runs of the model
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -203,6 +204,9 @@ def test_a_folder_without_config_json_and_an_unknown_name_are_refused(tmp_path: 
         model_load.load(str(tmp_path))
     with pytest.raises(model_load.ModelError, match=r"'llama9' is no committed config \(llama3-8b, mistral-7b"):
         model_load.load("llama9")
+    for path in ("./nope", "../nope/config.json", str(tmp_path / "gone"), "nope.json"):  # paths, not hub ids
+        with pytest.raises(model_load.ModelError, match=f"no such file or folder: {re.escape(path)}$"):
+            model_load.load(path)
 
 
 def test_without_transformers_a_model_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,7 +75,9 @@ def _source(spec: str) -> tuple[str, bool]:
         if not (path / "config.json").is_file():
             raise ModelError(f"folder {spec} holds no config.json")
         return str(path), False
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not spec.endswith(".json"):
+    if spec.startswith(("./", "../", "/", "~")) or spec.endswith(".json"):
+        raise ModelError(f"no such file or folder: {spec}")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         return spec, True
     raise ModelError(f"{spec!r} is no committed config ({', '.join(committed())}), no config.json, no folder "
                      "holding one and no Hugging Face model id (owner/name)")

@@ -148,10 +148,12 @@ def _linear_kernels(registry: Any, families: tuple[str, ...]) -> list[Kernel]:
     return [k for family in families for k in registry.family(family)]
 
 
-def _none(metafunc: pytest.Metafunc, what: str) -> None:
-    """One skipped item, saying why, where the models given have no layer of this family."""
+def _none(metafunc: pytest.Metafunc, what: str, shapes: str) -> None:
+    """One skipped item, saying why, where the models given have no layer of this family or no
+    shape for it (``shapes``: the options that give them)."""
     names = [n for n in ("case", "kernel", "direction") if n in metafunc.fixturenames]
-    skip = pytest.mark.skip(reason=f"no {what} layers in the models given")
+    layers = what.removesuffix("-decode")
+    skip = pytest.mark.skip(reason=f"no {what} cases: the models given have no {layers} layers, or {shapes} none")
     metafunc.parametrize(names, [pytest.param(*[None] * len(names), id=f"no-{what}-layers", marks=skip)])
 
 
@@ -161,23 +163,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     name = metafunc.function.__name__
     if name == "test_models_softmax":
         if not made.softmax:
-            return _none(metafunc, "softmax")
+            return _none(metafunc, "softmax", "--attnperf-model-prefill and --attnperf-model-train are")
         suite.check_cases(__name__, made.softmax)
         suite.parametrize(metafunc, "softmax", made.softmax, kernels=_softmax_kernels(registry))
     elif name == "test_models_linear":
         if not made.linear:
-            return _none(metafunc, "linear-attention")
+            return _none(metafunc, "linear-attention", "--attnperf-model-prefill and --attnperf-model-train are")
         families = tuple(dict.fromkeys(made.layers[c.id][1].family for c in made.linear))
         suite.check_cases(__name__, made.linear)
         suite.parametrize(metafunc, families, made.linear, kernels=_linear_kernels(registry, families))
     elif name == "test_models_decode_softmax":
         if not made.softmax_decode:
-            return _none(metafunc, "softmax-decode")
+            return _none(metafunc, "softmax-decode", "--attnperf-model-decode is")
         suite.check_cases(__name__, made.softmax_decode)
         suite.parametrize(metafunc, "softmax", made.softmax_decode, DECODE, kernels=_softmax_kernels(registry))
     elif name == "test_models_decode_linear":
         if not made.linear_decode:
-            return _none(metafunc, "linear-attention-decode")
+            return _none(metafunc, "linear-attention-decode", "--attnperf-model-decode is")
         families = tuple(dict.fromkeys(f"{made.layers[c.id][1].family}_decode" for c in made.linear_decode))
         suite.check_cases(__name__, made.linear_decode)
         suite.parametrize(metafunc, families, made.linear_decode, DECODE, kernels=_linear_kernels(registry, families))
