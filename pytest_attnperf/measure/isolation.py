@@ -13,8 +13,8 @@ Around the call of each attention case (a test using an ``attnperf*`` fixture), 
   objects are freed: a guard a kernel kept restores state when it is freed). Functions are also
   put back before any check of a kernel's answer runs: after its checked call
   (``families.checks.call_checked``) and before the check of its timed results
-  (``put_back_replaced_functions``, from ``verify.Replays``), so a patch cannot fool the check
-  and then undo itself. The global random generators' states are put back too: a case that
+  (``verify.Replays``, against what they were as its timing began), so a patch cannot fool the
+  check and then undo itself. The global random generators' states are put back too: a case that
   reseeded one (``torch.manual_seed``) is reported (a warning naming it), not failed, since a
   test may seed its own inputs;
 - **the process** (``measure.process``): ``os._exit`` and ``os.exec*`` raise during the call
@@ -64,7 +64,6 @@ from pytest_attnperf.measure.switches import (
     changed_globals,
     describe_changes,
     describe_functions,
-    put_back_functions,
     restore_functions,
     restore_globals,
     restore_rng,
@@ -82,7 +81,6 @@ __all__ = [
     "is_attention_case",
     "is_out_of_memory",
     "oom_request",
-    "put_back_replaced_functions",
     "release_memory",
 ]
 
@@ -346,19 +344,6 @@ class Finding:
         return f"the case also {self.what}, {self.done}:\n{self.lines}"
 
 
-_RUNNING: list[Functions] = []  # the torch functions as the running attention case's call began
-
-
-def put_back_replaced_functions(error: type[BaseException]) -> None:
-    """Before the check of a kernel's timed results (``verify.Replays``), inside an attention
-    case's call: every torch function replaced since the call began put back, and ``error``
-    raised naming each, since the check would otherwise run with them; outside a case, nothing."""
-    if _RUNNING:
-        problem = put_back_functions(_RUNNING[-1], "the kernel's timed calls", "the check of their results")
-        if problem is not None:
-            raise error(problem)
-
-
 def undo(before: CaseState, clock: CaseClock | None, exits: process.ExitRefusal) -> list[Finding]:
     """After a case's call: its left children killed, its replaced torch functions, torch
     switches and signal handlers put back; a finding for each kind of change."""
@@ -482,7 +467,6 @@ class CaseGuard:
         clock = self._clock(item)
         exits = process.ExitRefusal()
         failure: BaseException | None = None
-        _RUNNING[:] = [before.functions]
         try:
             with exits:
                 if clock is None:
@@ -492,7 +476,6 @@ class CaseGuard:
                         result = yield
         except BaseException as exc:  # noqa: BLE001 - re-raised below, or replaced by a clearer failure
             failure = exc
-        _RUNNING.clear()
         findings = undo(before, clock, exits)
         reseeded, rng_not_restored = restore_rng(before.rng)
         if failure is not None and is_out_of_memory(failure):

@@ -42,6 +42,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_attnperf.measure.collector import gc_paused
+from pytest_attnperf.measure.switches import put_back_functions, snapshot_functions
 
 __all__ = ["UNVERIFIED", "Draws", "Replays", "TimedDiffers", "raised_as_differing", "tensors_of"]
 
@@ -133,6 +134,9 @@ class Replays:
         self.bitwise: bool | None = None
         self.bitwise_diff: float | None = None
         self.seconds = 0.0  # host time spent checking and comparing (the harness's cost, for the timeline)
+        # torch's functions as the timing begins (the checked call's replacements already put back):
+        # what the timed calls replace is put back before their results are checked
+        self._functions = snapshot_functions()
 
     def release(self) -> None:
         """Drop the timed draws and what they returned now (a graph's outputs hold its memory
@@ -217,9 +221,9 @@ class Replays:
             again()
         result = self.results[index]  # a call's new result; a graph's same tensors, rewritten
         _synchronize(result)
-        from pytest_attnperf.measure.isolation import put_back_replaced_functions
-
-        put_back_replaced_functions(TimedDiffers)  # after the kernel's last call, before the check calls torch
+        replaced = put_back_functions(self._functions, "the kernel's timed calls", "the check of their results")
+        if replaced is not None:  # after the kernel's last call, before the check calls torch
+            raise TimedDiffers(replaced)
         try:
             self.draws.verify(index, result)
         except AssertionError as exc:
