@@ -147,7 +147,7 @@ def test_the_tf32_kernels_take_fp32_cases_only() -> None:
     assert all(e.supports(LinearCase("x-fp16", 2, 2, 64, 16, 16, "fp16")) is None for e in others)
 
 
-GATE_SUMMED_CONFTEST = """
+KEPT_CONFTEST = """
 from tests.zoo.linear import zoo
 
 KEPT = {kept!r}
@@ -159,13 +159,25 @@ def pytest_attnperf_register_kernels(registry, config):
             registry.add(entry.kernel())
 """
 
-GATE_SUMMED_MODULE = """
+CASE_MODULE = """
 from pytest_attnperf import LinearCase
 from pytest_attnperf.families.linear.suite import test_linear  # noqa: F401
 
 ATTNPERF_FAMILY = {family!r}
 ATTNPERF_CASES = (LinearCase({case!r}, {shape}, gpu=False),)
 """
+
+
+def _zoo_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, kept: list[str],
+                 families: tuple[str, ...], case: str, shape: str) -> None:
+    """A project whose conftest registers the zoo kernels ``kept`` and whose test modules, one a
+    family, run the linear suite's test on one case (``shape``: its arguments after the id)."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makeconftest(KEPT_CONFTEST.format(kept=kept))
+    pytester.makepyfile(**{f"test_{family}": CASE_MODULE.format(family=family, case=case, shape=shape)
+                           for family in families})
 
 
 def test_a_gate_gradient_summed_over_the_sequence_passes_in_fp16_and_a_wrong_one_fails(
@@ -180,13 +192,8 @@ def test_a_gate_gradient_summed_over_the_sequence_passes_in_fp16_and_a_wrong_one
     kept = ["zoo-ok-gla-chunk64-gate-summed", "zoo-bad-gla-dg-1pct-all", "zoo-bad-gla-dg-1pct-head",
             "zoo-bad-gla-dg-dropped", "zoo-bad-simple_gla-dg-1pct-all", "zoo-bad-simple_gla-dg-1pct-head",
             "zoo-bad-simple_gla-dg-dropped"]
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
-    pytester.makeconftest(GATE_SUMMED_CONFTEST.format(kept=kept))
-    pytester.makepyfile(**{f"test_{family}": GATE_SUMMED_MODULE.format(family=family, case="b1-h4-t1024-d64-fp16",
-                                                                       shape='1, 4, 1024, 64, 64, "fp16"')
-                           for family in ("gla", "simple_gla")})
+    _zoo_project(pytester, monkeypatch, kept, ("gla", "simple_gla"), "b1-h4-t1024-d64-fp16",
+                 '1, 4, 1024, 64, 64, "fp16"')
     junit = pytester.path / "junit.xml"
     pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-k", "zoo- and fwdbwd", "--attnperf-check-only",
                                   f"--junitxml={junit}")
@@ -208,12 +215,6 @@ def test_the_quadratic_forms_pass_a_longer_fp32_case(pytester: pytest.Pytester,
     and GDN's failed this case by 1 to 5 elements (each decay then off by float32's rounding of
     160, about 1e-5 of itself, where cancelling terms leave an output element far smaller)."""
     kept = [f"zoo-ok-{family}-parallel" for family in FAMILIES]
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
-    pytester.makeconftest(GATE_SUMMED_CONFTEST.format(kept=kept))
-    pytester.makepyfile(**{f"test_{family}": GATE_SUMMED_MODULE.format(family=family, case="b2-h4-t200-d32-fp32",
-                                                                       shape='2, 4, 200, 32, 32, "fp32"')
-                           for family in FAMILIES})
+    _zoo_project(pytester, monkeypatch, kept, FAMILIES, "b2-h4-t200-d32-fp32", '2, 4, 200, 32, 32, "fp32"')
     result = pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-k", "zoo-", "--attnperf-check-only")
     result.assert_outcomes(passed=2 * len(FAMILIES))

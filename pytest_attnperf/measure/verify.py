@@ -124,7 +124,7 @@ class Replays:
         self.fn = fn
         self.draws: Draws | None = fn if isinstance(fn, Draws) else None
         lacking = [name for name in DRAWS_METHODS if not callable(getattr(fn, name, None))]
-        if self.draws is None and {"draw", "verify"} <= set(DRAWS_METHODS) - set(lacking):
+        if self.draws is None and not {"draw", "verify"} & set(lacking):
             raise TypeError(f"{type(fn).__name__} gives timed draws (draw, verify) but not {', '.join(lacking)} "
                             "(measure.verify.Draws): its timed calls would go unchecked")
         self.results: dict[int, Any] = {}
@@ -136,7 +136,7 @@ class Replays:
         self.seconds = 0.0  # host time spent checking and comparing (the harness's cost, for the timeline)
         # torch's functions as the timing begins (the checked call's replacements already put back):
         # what the timed calls replace is put back before their results are checked
-        self._functions = snapshot_functions()
+        self._functions = snapshot_functions() if self.draws is not None else None
 
     def release(self) -> None:
         """Drop the timed draws and what they returned now (a graph's outputs hold its memory
@@ -221,6 +221,7 @@ class Replays:
             again()
         result = self.results[index]  # a call's new result; a graph's same tensors, rewritten
         _synchronize(result)
+        assert self._functions is not None  # taken with the draws
         replaced = put_back_functions(self._functions, "the kernel's timed calls", "the check of their results")
         if replaced is not None:  # after the kernel's last call, before the check calls torch
             raise TimedDiffers(replaced)

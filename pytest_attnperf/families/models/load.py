@@ -93,17 +93,17 @@ def load(spec: str) -> Model:
         config = transformers.AutoConfig.from_pretrained(source)
     except OSError as exc:
         if not on_hub:
-            raise ModelError(f"{spec}: {str(exc).splitlines()[0]}") from None
+            raise ModelError(str(exc).splitlines()[0]) from None
         offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else ""
         raise ModelError(f"{spec!r} is no committed config ({', '.join(committed())}) and no local file or folder, "
                          f"and the Hugging Face hub could not give its config{offline}: "
                          f"{str(exc).splitlines()[0]} (give a local config.json or the folder holding it)") from None
     except ValueError as exc:  # transformers' own: an unknown model_type, a field its class refuses
-        raise ModelError(f"{spec}: transformers cannot read it as a config: {str(exc).splitlines()[0]}") from None
+        raise ModelError(f"transformers cannot read it as a config: {str(exc).splitlines()[0]}") from None
     except Exception as exc:  # noqa: BLE001 - a config class's own checks: huggingface_hub's strict dataclasses'
         # errors (their cause on the last line), an arithmetic error on a zero
         lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-        raise ModelError(f"{spec}: transformers cannot read it as a config ({type(exc).__name__}): "
+        raise ModelError(f"transformers cannot read it as a config ({type(exc).__name__}): "
                          f"{lines[-1].strip()}") from None
     return Model(model_name(spec), source, config)
 
@@ -118,8 +118,7 @@ def check_models(specs: Sequence[str], tps: Sequence[int]) -> None:
         try:
             model = load(spec)
         except ModelError as exc:
-            said = str(exc).removeprefix(f"{spec}: ")
-            raise ModelError(f"--attnperf-model {spec}: {said}") from None
+            raise ModelError(f"--attnperf-model {spec}: {exc}") from None
         if why := unsupported(model.config):
             raise ModelError(f"--attnperf-model {spec}: {why}")
         if named.setdefault(model.name, spec) != spec:
