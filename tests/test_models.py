@@ -412,6 +412,22 @@ def test_shapes_default_by_device_and_parse_what_is_given() -> None:
         model_cases.parse_prefill("0")
 
 
+def test_a_sequence_of_one_token_is_refused_for_prefill_and_training_and_allowed_as_decode() -> None:
+    """One token attends to itself alone: dq and dk are zero, so SDPA's correct dq (rounding of
+    dp - rowsum(dO o O), 1e-6 in fp32) fails any bound relative to the answer; decode takes it."""
+    for parse, text in ((model_cases.parse_prefill, "4096,1"), (model_cases.parse_train, "8x1")):
+        with pytest.raises(ValueError, match="sequence length 1: .*attends to itself alone.*--attnperf-model-decode"):
+            parse(text)
+    assert model_cases.parse_prefill("2") == (2,)
+    assert model_cases.parse_train("8x2") == ((8, 2),)
+    assert model_cases.parse_decode("1x1") == ((1, 1),)
+
+
+def test_a_one_token_prefill_is_a_usage_error_at_start_up(pytester: pytest.Pytester) -> None:
+    with pytest.raises(pytest.UsageError, match="--attnperf-model-prefill.*sequence length 1"):
+        settings(pytester, "--attnperf-model=llama3-8b", "--attnperf-model-prefill=1")
+
+
 # -- options --------------------------------------------------------------------------------------
 
 
