@@ -30,19 +30,21 @@ def suite_copy(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> py
 
 
 def run_cpu_case(
-    pytester: pytest.Pytester, name: str, case: str = "cpu-b2-h4-t128-d32-causal-fp32", suite: str = "softmax"
+    pytester: pytest.Pytester, name: str, *args: str, case: str = "cpu-b2-h4-t128-d32-causal-fp32",
+    suite: str = "softmax",
 ) -> pytest.RunResult:
+    """One CPU case of a suite, for the kernels ``-k`` selects by ``name`` (``my-attention-``)."""
     return pytester.runpytest_subprocess(
-        "-p", "pytest_attnperf.plugin", f"suites/test_{suite}.py", "-k", f"{case} and {name}-",
-        "--attnperf-budget=0.01", "--benchmark-disable", "-rs",
+        "-p", "pytest_attnperf.plugin", f"suites/test_{suite}.py", "-k", f"{case} and {name}",
+        "--attnperf-budget=0.01", "--benchmark-disable", "-rs", *args,
     )
 
 
 def test_readme_example_passes(suite_copy: pytest.Pytester) -> None:
     suite_copy.makeconftest(readme_conftest())
-    result = run_cpu_case(suite_copy, "my-attention")
+    result = run_cpu_case(suite_copy, "my-attention-")
     result.assert_outcomes(passed=2)
-    result = run_cpu_case(suite_copy, "my-attention", case="w32")
+    result = run_cpu_case(suite_copy, "my-attention-", case="w32")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*my-attention does not support this case: NotImplementedError*"])
 
@@ -95,26 +97,40 @@ def pytest_attnperf_register_kernels(registry, config):
 '''
 
 
-@pytest.mark.parametrize(
-    ("name", "outcome", "message", "where"),
-    [
-        ("wrong-scale", dict(failed=2), "*wrong-scale out: max |error|*exceeds*", ()),
-        ("mask-off-by-one", dict(failed=2), "*mask-off-by-one out: max |error|*exceeds*", ()),
-        ("one-nan", dict(failed=2), "*one-nan out: 1 of * elements are not finite (the first at b=*", ()),
-        ("zeroed-dq", dict(passed=1, failed=1), "*zeroed-dq dq is zero everywhere, the reference's is not*", ()),
-        ("writes-into-q", dict(failed=2), "*the kernel wrote into its input q*", ()),
-        ("writes-into-k-then-refuses", dict(failed=2), "*the kernel wrote into its input k (restored*", ()),
-        ("dropped-gate", dict(failed=2), "*dropped-gate out: normwise relative error*exceeds*",
-         ("cpu-b2-h2-t33-d16-fp32", "linear")),
-    ],
-)
-def test_wrong_kernels_fail(
-    suite_copy: pytest.Pytester, name: str, outcome: dict[str, int], message: str, where: tuple[str, ...]
-) -> None:
+# each softmax kernel above: its verdicts on the fwd and fwdbwd cases, and a line its failure shows
+SOFTMAX_WRONG = {
+    "wrong-scale": ("failed", "failed", "*wrong-scale out: max |error|*exceeds*"),
+    "mask-off-by-one": ("failed", "failed", "*mask-off-by-one out: max |error|*exceeds*"),
+    "one-nan": ("failed", "failed", "*one-nan out: 1 of * elements are not finite (the first at b=*"),
+    "zeroed-dq": ("passed", "failed", "*zeroed-dq dq is zero everywhere, the reference's is not*"),
+    "writes-into-q": ("failed", "failed", "*the kernel wrote into its input q*"),
+    "writes-into-k-then-refuses": ("failed", "failed", "*the kernel wrote into its input k (restored*"),
+}
+
+
+def verdicts(result: pytest.RunResult) -> dict[str, str]:
+    """Each test's verdict from a ``-rA`` short summary, by its id's last part (``wrong-scale-fwd``)."""
+    found = re.findall(r"^(PASSED|FAILED|SKIPPED|ERROR) \S+?\[cpu-[\w-]+?-fp\d\d-(\S+?)\]", result.stdout.str(), re.M)
+    return {name: verdict.lower() for verdict, name in found}
+
+
+def test_wrong_softmax_kernels_fail_each_with_its_message(suite_copy: pytest.Pytester) -> None:
+    """The wrong softmax kernels, in one run (one process: each costs its own cases only)."""
     suite_copy.makeconftest(WRONG)
-    result = run_cpu_case(suite_copy, name, *where)
-    result.assert_outcomes(**outcome)
-    result.stdout.fnmatch_lines([message])
+    result = run_cpu_case(suite_copy, "(" + " or ".join(f"{name}-" for name in SOFTMAX_WRONG) + ")",
+                          "-rA")
+    got = verdicts(result)
+    for name, (fwd, fwdbwd, message) in SOFTMAX_WRONG.items():
+        assert (got.get(f"{name}-fwd"), got.get(f"{name}-fwdbwd")) == (fwd, fwdbwd), name
+        result.stdout.fnmatch_lines([message])
+    assert len(got) == 2 * len(SOFTMAX_WRONG)
+
+
+def test_a_linear_kernel_that_drops_its_gate_fails(suite_copy: pytest.Pytester) -> None:
+    suite_copy.makeconftest(WRONG)
+    result = run_cpu_case(suite_copy, "dropped-gate-", case="cpu-b2-h2-t33-d16-fp32", suite="linear")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*dropped-gate out: normwise relative error*exceeds*"])
 
 
 RESEEDS = '''
