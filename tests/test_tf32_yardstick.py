@@ -1,7 +1,7 @@
-"""The fp32 yardstick of a chunk kernel on a GPU: every matrix product takes TF32 operands
-(``families.linear.tf32``). Its rounding bit for bit, the mode's products and gradients, and the
-rule with it: a chunk kernel whose products take TF32 operands passes against it and fails
-against the plain float32 chunked form; a 1% gradient error still fails."""
+"""The fp32 yardstick of a kernel whose products take TF32 operands (``families.tf32``): a linear
+chunk kernel on a GPU, a softmax kernel registered with ``tf32=True``. Its rounding bit for bit,
+the mode's products and gradients, and the rule with it: a TF32 kernel passes against it and
+fails against the plain float32 computation; a 1% error still fails."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import pytest
 import torch
 from zoo.linear import zoo  # tests/ is on sys.path
 
+from pytest_attnperf.families import tf32
 from pytest_attnperf.families.checks import CheckFailed
 from pytest_attnperf.families.linear import kernels as linear
-from pytest_attnperf.families.linear import tf32
-from pytest_attnperf.families.linear.tf32 import round_tf32, tf32_products
+from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax import kernels as softmax
+from pytest_attnperf.families.tf32 import round_tf32, tf32_products
 
 CPU = torch.device("cpu")
 CASE = linear.LinearCase("unit-b1-h2-t128-d32-fp32", 1, 2, 128, 32, 32, "fp32", gpu=False)
@@ -125,3 +127,57 @@ def test_a_gradient_one_percent_off_still_fails_at_fp32(gpu_yardstick: None, fam
 def test_the_cpu_keeps_float32_products() -> None:
     assert not tf32.rounds_products(CPU)
     assert tf32.rounds_products(torch.device("cuda"))
+
+
+# -- softmax kernels registered with tf32=True ------------------------------------------------------
+
+
+def _softmax_zoo() -> dict[str, object]:
+    from zoo import softmax as softmax_zoo
+
+    return {k.name: k.fn for k in softmax_zoo.KERNELS}
+
+
+SOFTMAX_FP32 = softmax.SoftmaxCase("unit-b2-h4-t128-d32-causal-fp32", 2, 4, 128, 32, "fp32", True, gpu=False)
+
+
+def _softmax_ratios(name: str, *, declared: bool) -> dict[str, float]:
+    """A softmax zoo kernel's ratios on the fp32 case, registered with ``tf32=declared``."""
+    kernel = Kernel("softmax", name, _softmax_zoo()[name], tf32=declared)  # type: ignore[arg-type]
+    return dict(softmax.check_case(kernel, SOFTMAX_FP32, "fwdbwd", CPU).ratios)
+
+
+def test_a_softmax_kernel_with_tf32_products_passes_declared_and_fails_undeclared_with_the_hint() -> None:
+    ratios = _softmax_ratios("zoo-ok-tf32-online-b64", declared=True)
+    assert set(ratios) == {"out", "dq", "dk", "dv"}
+    assert max(ratios.values()) < 0.6  # 0.43 measured
+    with pytest.raises(CheckFailed) as failed:
+        _softmax_ratios("zoo-ok-tf32-online-b64", declared=False)
+    assert "out: max |error|" in str(failed.value)
+    assert failed.value.ratio > 100  # about 1,700 times the bound
+    assert softmax.TF32_HINT in str(failed.value)
+
+
+def test_a_wrong_kernel_gets_no_tf32_hint_and_a_declared_one_percent_error_still_fails() -> None:
+    with pytest.raises(CheckFailed) as wrong:
+        _softmax_ratios("zoo-bad-dense-3pct", declared=False)
+    assert softmax.TF32_HINT not in str(wrong.value)
+    with pytest.raises(CheckFailed) as declared:
+        _softmax_ratios("zoo-bad-tf32-dense-1pct", declared=True)
+    assert "out: max |error|" in str(declared.value)
+    assert softmax.TF32_HINT not in str(declared.value)
+
+
+def test_the_tf32_yardstick_rounds_fp32_products_only() -> None:
+    prepared = softmax.prepare(SOFTMAX_FP32, "fwdbwd", CPU)
+    rounded = prepared.yardstick(True)
+    assert all(not torch.equal(a, b) for a, b in zip(rounded, prepared.torch_value, strict=True))
+    assert prepared.yardstick(True) is rounded  # made once
+    bf16 = softmax.SoftmaxCase("unit-b2-h4-t128-d32-causal-bf16", 2, 4, 128, 32, "bf16", True, gpu=False)
+    half = softmax.prepare(bf16, "fwd", CPU)
+    assert half.yardstick(True) is half.torch_value
+
+
+def test_tf32_is_refused_outside_the_softmax_family() -> None:
+    with pytest.raises(ValueError, match="kernel 'mine' in family 'gla': tf32=True is the softmax family's"):
+        Kernel("gla", "mine", lambda *a, **k: None, tf32=True)

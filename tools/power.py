@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_CACHE_DIR"] = str(cache)
         print(f"{len(choices)} autotune choices installed into {cache}; {len(problems)} problems", flush=True)
     if args.tf32_products:  # what tl.dot does with fp32 tiles on a GPU (docs/checks.md, "TF32 products")
-        from pytest_attnperf.families.linear import tf32
+        from pytest_attnperf.families import tf32
 
         tf32.rounds_products = lambda device: True
     if args.kernels:

@@ -58,7 +58,10 @@ class Kernel:
     says the kernel works in tiles, so its peak memory above the inputs is held to its family's
     analytic bound (``families.memory``, docs/memory.md); a kernel that materialises the scores
     (or a per-step state) on purpose is registered with ``tiled=False``. ``imports`` names modules
-    its first call imports, which the run imports ahead (``import_ahead``).
+    its first call imports, which the run imports ahead (``import_ahead``). ``tf32`` (softmax)
+    says its fp32 cases run their matrix products in TF32, as Triton's ``tl.dot`` of fp32 operands
+    does by default: they are held to a yardstick whose products take TF32 operands
+    (``families.tf32``; the linear families' chunk kernels are so held on a GPU already).
     """
 
     family: str
@@ -75,8 +78,12 @@ class Kernel:
     deterministic: bool = False  # replays must be bitwise equal (the attnperf_deterministic marker's rule)
     tiled: bool = True  # held to the family's memory bound (families.memory); False: it materialises scores
     imports: tuple[str, ...] = ()  # modules its first call imports: imported ahead (``import_ahead``)
+    tf32: bool = False  # softmax: its fp32 products run in TF32 (held to a TF32 yardstick)
 
     def __post_init__(self) -> None:
+        if self.tf32 and self.family != "softmax":
+            raise ValueError(f"kernel '{self.name}' in family '{self.family}': tf32=True is the softmax family's "
+                             "(a linear family's chunk kernel is held to TF32 products on a GPU already)")
         try:
             object.__setattr__(self, "floors", Floors.parse(self.floors))
         except ValueError as exc:
@@ -135,13 +142,14 @@ class KernelRegistry:
         deterministic: bool = False,
         tiled: bool = True,
         imports: tuple[str, ...] = (),
+        tf32: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
                             (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic, tiled,
-                            tuple(imports)))
+                            tuple(imports), tf32))
             return fn
 
         return register

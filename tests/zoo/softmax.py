@@ -416,6 +416,26 @@ def ok_gqa_grouped(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: floa
     return attend(q, k, v, _grouped, Mask(causal, window), scale, expand=False)
 
 
+def _tf32(piece: Piece) -> Piece:
+    """``piece`` with every fp32 matrix product's operands truncated to TF32, forward and backward,
+    as Triton's ``tl.dot`` reads fp32 tiles by default (``families.tf32``); bf16 and fp16 lose
+    nothing to it. Entered in the piece, so a recomputed piece (checkpoint) rounds alike."""
+    from pytest_attnperf.families.tf32 import tf32_products
+
+    def rounded(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scale: float) -> Tensor:
+        with tf32_products():
+            return piece(q, k, v, seen, scale)
+
+    return rounded
+
+
+@_zoo("zoo-ok-tf32-online-b64", tf32=True)
+def ok_tf32_online_b64(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
+                       window: int | None = None) -> Tensor:
+    """Online softmax over key blocks of 64 with TF32 products (fp32 P), registered with tf32=True."""
+    return attend(q, k, v, _tf32(_online(64, p_fp32=True)), Mask(causal, window), scale, align=64)
+
+
 def _bf16_only(case: SoftmaxCase) -> str | None:
     return None if case.dtype == "bf16" else "computes bf16 inputs in fp16; this case is not bf16"
 
@@ -581,6 +601,14 @@ def bad_drops_dk(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
     """Forward right; k's gradient dropped (k detached, kept in the graph with a zero gradient)."""
     # a k left out of the graph altogether would make autograd.grad raise, not give a wrong number
     return _fp32(q, k.detach() + 0 * k, v, causal=causal, scale=scale, window=window)
+
+
+@_zoo("zoo-bad-tf32-dense-1pct", tf32=True)
+def bad_tf32_dense_1pct(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
+                        window: int | None = None) -> Tensor:
+    """TF32 products, registered with tf32=True, then every output element times 1.01."""
+    out = attend(q, k, v, _tf32(_online(64, p_fp32=True)), Mask(causal, window), scale, align=64)
+    return (out.float() * 1.01).to(out.dtype)
 
 
 def _grad_times(x: Tensor, factor: float, where: str) -> Tensor:

@@ -242,7 +242,7 @@ class Prepared:
         """
         import torch
 
-        from pytest_attnperf.families.linear import tf32
+        from pytest_attnperf.families import tf32
 
         if "fp64" not in self._computed:
             self._computed["fp64"] = self._run(torch.float64, None)
@@ -279,12 +279,12 @@ class Prepared:
 
     def _run(self, compute: Any, store: Any, tf32: bool = False) -> tuple[Any, ...]:
         """The chunked form in ``compute``, ``store`` rounding what a chunk kernel stores; ``tf32``:
-        every product's operands rounded to TF32 (``linear.tf32``), forward and backward."""
+        every product's operands rounded to TF32 (``families.tf32``), forward and backward."""
         import contextlib
 
         import torch
 
-        from pytest_attnperf.families.linear.tf32 import tf32_products
+        from pytest_attnperf.families.tf32 import tf32_products
 
         fn = _chunked_fn(self.family)
         leaves = [x.detach().to(compute).requires_grad_(self.backward) for x in self.inputs]

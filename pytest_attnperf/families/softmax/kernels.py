@@ -14,7 +14,7 @@ decode case; the decode suite runs it forward only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
@@ -192,6 +192,33 @@ class Prepared:
     grad_out: Any
     reference: tuple[Any, ...]  # out[, dq, dk, dv] in fp64
     torch_value: tuple[Any, ...]  # the same from ``naive`` in the case's dtype
+    opts: dict[str, Any] = field(default_factory=dict)  # causal, scale, window
+    _tf32: list[tuple[Any, ...]] = field(default_factory=list)  # ``tf32_value``, once made
+
+    def yardstick(self, tf32: bool = False) -> tuple[Any, ...]:
+        """``torch_value``, or (``tf32``, an fp32 case) ``naive`` with every matrix product's
+        operands truncated to TF32 (``families.tf32``), as a tensor core reads fp32 tiles."""
+        import torch
+
+        if not tf32 or self.q.dtype != torch.float32:
+            return self.torch_value
+        if not self._tf32:
+            from pytest_attnperf.families.tf32 import tf32_products
+
+            with tf32_products():
+                self._tf32.append(_outputs(naive, (self.q, self.k, self.v), self.grad_out, self.opts))
+        return self._tf32[0]
+
+
+def _outputs(fn: Any, xs: tuple[Any, ...], grad_out: Any, opts: dict[str, Any]) -> tuple[Any, ...]:
+    """``fn``'s output on ``xs``, and its gradients against each where they require grad."""
+    import torch
+
+    out = fn(*xs, **opts)
+    if not xs[0].requires_grad:
+        return (out.detach(),)
+    grads = torch.autograd.grad(out, xs, grad_out.to(out.dtype))
+    return (out.detach(),) + tuple(g.detach() for g in grads)
 
 
 def _seed(text: str) -> int:
@@ -229,16 +256,9 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     q, k, v = draw(shape_q), draw(shape_kv), draw(shape_kv)
     grad_out = torch.randn(shape_q, generator=gen, device=device).to(dtype)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
-
-    def both(fn: Any, *xs: Any) -> tuple[Any, ...]:
-        out = fn(*xs, **opts)
-        if not backward:
-            return (out.detach(),)
-        grads = torch.autograd.grad(out, xs, grad_out.to(out.dtype))
-        return (out.detach(),) + tuple(g.detach() for g in grads)
-
-    leaves64 = [x.detach().double().requires_grad_(backward) for x in (q, k, v)]
-    prepared = Prepared(q, k, v, grad_out, both(reference, *leaves64), both(naive, q, k, v))
+    leaves64 = tuple(x.detach().double().requires_grad_(backward) for x in (q, k, v))
+    prepared = Prepared(q, k, v, grad_out, _outputs(reference, leaves64, grad_out, opts),
+                        _outputs(naive, (q, k, v), grad_out, opts), opts)
     _cache[key] = prepared
     return prepared
 
@@ -246,12 +266,17 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
 TENSORS = ("out", "dq", "dk", "dv")
 
 
-def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
+# what TF32 keeps of an fp32 operand: 10 mantissa bits, truncated (``families.tf32``)
+TF32_UNIT = 2.0**-10
+
+
+def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str,
+                 tf32: bool = False) -> float:
     """The family's rule for one output or gradient (``name`` in ``TENSORS``): a gradient reaches
     its input, the largest error (``checks.assert_close``) and every element
     (``check_elements``) against the fp64 reference, PyTorch's own answer in the case's dtype as
-    the yardstick. Returns the worst error over its bound (at most 1: it raises ``CheckFailed``
-    above)."""
+    the yardstick (``tf32``: with TF32 products, ``Prepared.yardstick``). Returns the worst error
+    over its bound (at most 1: it raises ``CheckFailed`` above)."""
     from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, assert_close, assert_reaches
 
     output = name == "out"
@@ -259,16 +284,21 @@ def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: A
         assert_reaches(label, value, reference)
     factor = FACTOR if output else GRAD_FACTOR[dtype]
     largest = assert_close(label, value, reference, yardstick, dtype, factor, axes=AXES)
-    return max(largest.error / largest.allowed, check_elements(label, name, value, reference, yardstick, dtype))
+    return max(largest.error / largest.allowed,
+               check_elements(label, name, value, reference, yardstick, dtype, tf32))
 
 
-def check_elements(label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
-    """The elementwise part of ``check_tensor`` alone; returns the worst element's error over its bound."""
+def check_elements(label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str,
+                   tf32: bool = False) -> float:
+    """The elementwise part of ``check_tensor`` alone; returns the worst element's error over its
+    bound. With ``tf32`` (fp32), no element's bound is below TF32's unit times its magnitude."""
     from pytest_attnperf.families.checks import ELEMENT_FACTOR, ELEMENT_GRAD_FACTOR, assert_elementwise
 
     factor = ELEMENT_FACTOR[dtype] if name == "out" else ELEMENT_GRAD_FACTOR
+    held = tf32 and dtype == "fp32"
     return assert_elementwise(label, value, reference, yardstick, dtype=dtype, factor=factor,
-                              yardstick_name=f"PyTorch's {dtype}", axes=AXES).worst_ratio
+                              yardstick_name=f"PyTorch's {dtype}" + (" with TF32 products" if held else ""),
+                              unit=TF32_UNIT if held else 0.0, axes=AXES).worst_ratio
 
 
 def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
@@ -280,7 +310,7 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies
 
     p = prepare(case, direction, device, seed)
-    opts = dict(causal=case.causal, scale=case.scale, window=case.window)
+    opts = p.opts
     backward = direction == "fwdbwd"
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
@@ -301,7 +331,7 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     got = tuple(x.detach() for x in call_checked(kernel, lambda: run_on(inputs, grad_out, True), "q, k, v",
                                                  inputs, device))
     n = len(got)
-    return Answer(TENSORS[:n], got, p.reference[:n], p.torch_value[:n], call, run_on=run_on, inputs=inputs,
+    return Answer(TENSORS[:n], got, p.reference[:n], p.yardstick(kernel.tf32)[:n], call, run_on=run_on, inputs=inputs,
                   input_names=("q", "k", "v"), grad_out=grad_out if backward else None)
 
 
@@ -309,17 +339,38 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
     ``fwdbwd``): its return value first (``answer``), then each tensor (``check_tensor``);
     return a ``checks.Checked``: the callable to time and each tensor's worst error over its bound."""
-    from pytest_attnperf.families.checks import Checked
+    from pytest_attnperf.families.checks import Checked, CheckFailed
     from pytest_attnperf.families.draws import timed
 
     a = answer(kernel, case, direction, device, seed)
-    ratios = {name: check_tensor(f"{kernel.name} {name}", name, value, ref, mine, case.dtype)
-              for name, value, ref, mine in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
 
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
-        return check_tensor(label, name, value, reference, yardstick, case.dtype)
+        return check_tensor(label, name, value, reference, yardstick, case.dtype, kernel.tf32)
 
+    try:
+        ratios = {name: check(f"{kernel.name} {name}", name, value, ref, mine)
+                  for name, value, ref, mine in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
+    except CheckFailed as exc:
+        if case.dtype != "fp32" or kernel.tf32 or not _passes_tf32(a, prepare(case, direction, device, seed)):
+            raise
+        raise CheckFailed(f"{exc}\n  {TF32_HINT}", exc.ratio) from None
     return Checked(timed(a, kernel.name, check, f"{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
+
+
+TF32_HINT = ("held to PyTorch's fp32 with TF32 products, every tensor passes: a kernel whose fp32 matrix products "
+             "run in TF32 (Triton's tl.dot of fp32 operands does by default) is registered with tf32=True")
+
+
+def _passes_tf32(a: Any, p: Prepared) -> bool:
+    """Whether every tensor of an fp32 answer passes when held to the TF32 yardstick."""
+    from pytest_attnperf.families.checks import CheckFailed
+
+    try:
+        for name, value, ref, mine in zip(a.names, a.got, a.reference, p.yardstick(True), strict=False):
+            check_tensor(name, name, value, ref, mine, "fp32", True)
+    except CheckFailed:
+        return False
+    return True
 
 
 def run_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:

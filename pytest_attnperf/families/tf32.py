@@ -1,5 +1,6 @@
-"""TF32 products for the chunked forms: the fp32 yardstick of a chunk kernel whose matrix products run
-on tensor cores (Triton's ``tl.dot`` of fp32 operands, whose default input precision is TF32).
+"""TF32 products: the fp32 yardstick of a kernel whose matrix products run on tensor cores (Triton's
+``tl.dot`` of fp32 operands, whose default input precision is TF32): a linear family's chunk kernel
+on a GPU, a softmax kernel registered with ``tf32=True``.
 
 TF32 keeps float32's sign and 8 exponent bits and the top 10 of its 23 mantissa bits. Inside
 :func:`tf32_products` every matrix product of two float32 tensors (``@``, ``torch.matmul``,
