@@ -60,6 +60,8 @@ from torch import Tensor
 
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
+from .tf32 import TF32Mode
+
 __all__ = [
     "FAMILIES", "MATERIALISED_MAX_ELEMENTS", "PARALLEL_MAX_ELEMENTS", "PARALLEL_MAX_TOKENS", "RECURRENT_MAX_TOKENS",
     "Zoo", "pytest_attnperf_register_kernels", "register", "zoo",
@@ -443,49 +445,7 @@ def gate_summed(family: str, chunk: int) -> Impl:
     return impl
 
 
-# -- products with TF32 operands, as a Triton chunk kernel's tl.dot of fp32 tiles -----------------------
-
-
-def _tf32(x: Tensor, nearest: bool) -> Tensor:
-    """``x`` with 11 significant bits (TF32's 10 stored and the implicit one): its frexp mantissa
-    scaled by 2^11 and truncated (toward zero) or rounded half to even, then scaled back."""
-    mantissa, exponent = torch.frexp(x)
-    scaled = mantissa * 2.0**11
-    kept = torch.round(scaled) if nearest else torch.trunc(scaled)
-    return torch.ldexp(kept / 2.0**11, exponent).to(x.dtype)
-
-
-class _TF32Matmul(torch.autograd.Function):
-    """``a @ b`` of TF32-rounded operands; backward, both gradients' products likewise."""
-
-    @staticmethod
-    def forward(ctx: Any, a: Tensor, b: Tensor, nearest: bool) -> Tensor:
-        ra, rb = _tf32(a, nearest), _tf32(b, nearest)
-        ctx.save_for_backward(ra, rb)
-        ctx.nearest = nearest
-        return torch.matmul(ra, rb)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        ra, rb = ctx.saved_tensors
-        g = _tf32(grad, ctx.nearest)
-        return torch.matmul(g, rb.mT), torch.matmul(ra.mT, g), None
-
-
-class _TF32Mode(torch.overrides.TorchFunctionMode):
-    """Every ``@`` of two float32 matrices (or stacks of the same batch shape) through ``_TF32Matmul``."""
-
-    def __init__(self, nearest: bool) -> None:
-        super().__init__()
-        self.nearest = nearest
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in (torch.Tensor.matmul, torch.matmul) and len(args) == 2 and not kwargs:
-            a, b = args
-            if a.dtype == b.dtype == torch.float32 and a.dim() == b.dim() >= 2 and a.shape[:-2] == b.shape[:-2]:
-                matmul: Tensor = _TF32Matmul.apply(a, b, self.nearest)  # type: ignore[no-untyped-call]
-                return matmul
-        return func(*args, **(kwargs or {}))
+# -- products with TF32 operands, as a Triton chunk kernel's tl.dot of fp32 tiles (zoo.tf32) -----------
 
 
 def tf32_operands(impl: Impl, nearest: bool = False) -> Impl:
@@ -493,7 +453,7 @@ def tf32_operands(impl: Impl, nearest: bool = False) -> Impl:
     reads an fp32 tile that nothing rounded; ``nearest``: rounded half to even)."""
 
     def rounded(inputs: Sequence[Tensor], scale: float) -> Tensor:
-        with _TF32Mode(nearest):
+        with TF32Mode(nearest):
             return impl(inputs, scale)
 
     return rounded

@@ -28,6 +28,8 @@ from torch import Tensor
 from pytest_attnperf.families.registry import KernelRegistry
 from pytest_attnperf.families.softmax.kernels import SoftmaxCase
 
+from .tf32 import TF32Mode
+
 __all__ = ["FAMILY", "KERNELS", "ZooKernel", "pytest_attnperf_register_kernels", "register"]
 
 FAMILY = "softmax"
@@ -416,14 +418,14 @@ def ok_gqa_grouped(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: floa
     return attend(q, k, v, _grouped, Mask(causal, window), scale, expand=False)
 
 
-def _tf32(piece: Piece) -> Piece:
-    """``piece`` with every fp32 matrix product's operands truncated to TF32, forward and backward,
-    as Triton's ``tl.dot`` reads fp32 tiles by default (``families.tf32``); bf16 and fp16 lose
-    nothing to it. Entered in the piece, so a recomputed piece (checkpoint) rounds alike."""
-    from pytest_attnperf.families.tf32 import tf32_products
+def _tf32(piece: Piece, nearest: bool = False) -> Piece:
+    """``piece`` with every fp32 matrix product's operands rounded to TF32, forward and backward:
+    truncated, as Triton's ``tl.dot`` reads fp32 tiles by default, or (``nearest``) rounded half to
+    even, as a kernel that rounds them first; bf16 and fp16 lose nothing to it. Entered in the
+    piece, so a recomputed piece (checkpoint) rounds alike."""
 
     def rounded(q: Tensor, k: Tensor, v: Tensor, seen: Tensor | None, scale: float) -> Tensor:
-        with tf32_products():
+        with TF32Mode(nearest):
             return piece(q, k, v, seen, scale)
 
     return rounded
@@ -434,6 +436,13 @@ def ok_tf32_online_b64(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: 
                        window: int | None = None) -> Tensor:
     """Online softmax over key blocks of 64 with TF32 products (fp32 P), registered with tf32=True."""
     return attend(q, k, v, _tf32(_online(64, p_fp32=True)), Mask(causal, window), scale, align=64)
+
+
+@_zoo("zoo-ok-tf32-rne-online-b128", tf32=True)
+def ok_tf32_rne_online_b128(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
+                            window: int | None = None) -> Tensor:
+    """Online softmax over key blocks of 128, TF32 products rounded half to even, registered with tf32=True."""
+    return attend(q, k, v, _tf32(_online(128), nearest=True), Mask(causal, window), scale, align=128)
 
 
 def _bf16_only(case: SoftmaxCase) -> str | None:
