@@ -153,13 +153,17 @@ ATTENTION = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=8, layer
     (dict(model_type="gpt_oss"), "attention sinks"),
     (dict(cross_attention_layers=[3, 8]), r"cross-attention layers \[3, 8\]"),
     (dict(is_encoder_decoder=True), "an encoder-decoder model"),
+    (dict(model_type="bert"), r"an encoder \(model type 'bert', a masked language model, is_decoder not set\)"),
+    (dict(model_type="modernbert", is_decoder=False), "an encoder .*bidirectional"),
 ])
 def test_attention_beyond_the_softmax_family_is_refused_naming_what(extra: dict[str, Any], message: str) -> None:
-    """DeepSeek's latent attention, Gemma-2's capped logits, gpt-oss's sinks, Mllama's cross-attention
-    and an encoder-decoder would otherwise read as plain causal attention of some head width."""
+    """DeepSeek's latent attention, Gemma-2's capped logits, gpt-oss's sinks, Mllama's cross-attention,
+    an encoder-decoder and an encoder would otherwise read as plain causal attention of some head width."""
     with pytest.raises(ValueError, match=message):
         layer_specs(SimpleNamespace(**ATTENTION, **extra))
     assert layer_specs(SimpleNamespace(**ATTENTION, attn_logit_softcapping=None, kv_lora_rank=None))  # Gemma-3's None
+    assert layer_specs(SimpleNamespace(**ATTENTION, model_type="bert", is_decoder=True))  # BERT as a causal decoder
+    assert layer_specs(SimpleNamespace(**ATTENTION, model_type="llama"))
 
 
 def test_query_heads_that_kv_heads_do_not_divide_are_refused() -> None:

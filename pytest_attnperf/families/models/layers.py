@@ -32,6 +32,17 @@ GATED_DELTANET = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 
 
+def masked_lm_types() -> frozenset[str]:
+    """The model types transformers builds a masked language model of (BERT, RoBERTa, ModernBERT...):
+    encoders, whose attention is bidirectional unless the config sets ``is_decoder``; none without
+    transformers."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    except ImportError:
+        return frozenset()
+    return frozenset(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
 @dataclass(frozen=True)
 class AttentionLayers:
     """The softmax layers of one kind (``full`` or ``sliding``), as one rank of ``tp`` runs them.
@@ -146,8 +157,8 @@ def _linear(config: Any, layers: tuple[int, ...], tp: int) -> LinearLayers:
 def unsupported(config: Any) -> str | None:
     """Why the softmax family's attention is not this model's, where the config says so (None:
     nothing it says is beyond the family): the family computes ``softmax(q k^T scale) v`` over
-    one head width for queries, keys and values, causal self-attention in a decoder. (An
-    encoder-only model's config, BERT's, says nothing of it: its layers read as a decoder's.)"""
+    one head width for queries, keys and values, causal self-attention in a decoder. An encoder
+    is known by its model type (``masked_lm_types``), its config saying nothing of it."""
     config = _text(config)
     mla = {name: _get(config, name) for name in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                                                   "qk_nope_head_dim", "v_head_dim") if _get(config, name)}
@@ -164,6 +175,11 @@ def unsupported(config: Any) -> str | None:
                 "cases are causal self-attention")
     if _get(config, "is_encoder_decoder", False):
         return "an encoder-decoder model: the softmax family's cases are causal self-attention in a decoder"
+    model_type = str(_get(config, "model_type", ""))
+    if model_type in masked_lm_types() and not _get(config, "is_decoder", False):
+        return (f"an encoder (model type '{model_type}', a masked language model, is_decoder not set): its attention "
+                "is bidirectional, and a model's cases are causal self-attention in a decoder; the softmax suite's "
+                "non-causal rows run bidirectional attention")
     return None
 
 
