@@ -305,3 +305,24 @@ def test_draws_of_a_familys_own_without_rewritten_are_refused_not_left_unchecked
     with pytest.raises(TypeError, match=r"OldDraws gives timed draws \(draw, verify\) but not rewritten"):
         Replays(OldDraws())
     assert Replays(lambda: None).draws is None  # a plain callable: timed unchecked, as before
+
+
+def test_an_error_inside_the_rewrite_is_the_one_raised_when_putting_the_draw_back_fails_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a device fault (a sticky CUDA error), writing the draw's own data back raises as well:
+    the error reported is the block's, which says what went wrong."""
+    draws = timed(sdpa, LONE)
+    call = draws.draw(1)  # held: a draw's call lives while the harness holds it
+    writes: list[Any] = []
+
+    def write(drawn: Any, t: Any) -> None:
+        writes.append(t)
+        if len(writes) > 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (again)")
+
+    monkeypatch.setattr(draws, "_write", write)
+    with pytest.raises(RuntimeError, match=r"^the kernel's own fault$"), draws.rewritten(1):
+        raise RuntimeError("the kernel's own fault")
+    assert len(writes) == 2  # the put-back was tried
+    del call

@@ -201,3 +201,25 @@ def test_a_suite_failure_is_its_message_alone_with_the_seed(pytester: pytest.Pyt
     assert "pytest_attnperf" not in section
     assert "Traceback" not in section
     assert len([line for line in section.splitlines()[1:] if line.strip() and not line.startswith("-")]) <= 4, section
+
+
+def test_the_inputs_copies_are_made_before_the_allocator_is_poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``poison_allocator`` frees NaN-filled blocks sized as the inputs for the kernel's outputs to
+    take: copies of the inputs made after it would take them instead (CUDA's caching allocator
+    serves the best-fitting free block), and an element a kernel never writes would not show."""
+    events: list[str] = []
+    made = checks.snapshots
+
+    def copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        events.append("copies")
+        return made(inputs)
+
+    def call() -> int:
+        events.append("call")
+        return 7
+
+    monkeypatch.setattr(checks, "snapshots", copies)
+    monkeypatch.setattr(checks, "poison_allocator", lambda device, sizes: events.append(f"poison {sizes}"))
+    kernel = Kernel("softmax", "mine", lambda: None)
+    assert checks.call_checked(kernel, call, "x", (torch.ones(2, 3),), torch.device("cpu")) == 7
+    assert events == ["copies", "poison [24]", "call"]

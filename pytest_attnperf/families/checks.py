@@ -41,7 +41,7 @@ __all__ = [
     "NEIGHBOURS", "PRECISION", "allowance", "assert_close", "assert_elementwise", "assert_finite", "assert_reaches",
     "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "own_copies",
     "poison_allocator",
-    "reported_plainly", "smoothed", "ulp", "where",
+    "reported_plainly", "smoothed", "snapshots", "ulp", "where",
 ]
 
 FACTOR = 2.0
@@ -367,6 +367,11 @@ def poison_allocator(device: Any, sizes: list[int]) -> None:
     del blocks
 
 
+def snapshots(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Copies of ``inputs`` as they are now, for ``assert_unchanged``."""
+    return tuple(x.detach().clone() for x in inputs)
+
+
 def assert_unchanged(names: str, tensors: tuple[Any, ...], snapshots: tuple[Any, ...]) -> None:
     """Fail when a kernel wrote into one of its inputs, after copying the snapshots back into
     them: the case's other kernels share the inputs, and its reference is computed from them."""
@@ -396,8 +401,8 @@ def call_checked(kernel: Kernel, call: Callable[[], Any], names: str, inputs: tu
     (``assert_unchanged``, which puts them back for the case's other kernels)."""
     from pytest_attnperf.measure.switches import put_back_functions, snapshot_functions
 
+    before = snapshots(inputs)  # first: copies made after the poisoning would take its blocks
     poison_allocator(device, [x.numel() * x.element_size() for x in inputs])
-    before = tuple(x.detach().clone() for x in inputs)
     functions = snapshot_functions()
     try:
         return kernel.call_or_skip(call)

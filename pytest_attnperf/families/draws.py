@@ -49,7 +49,7 @@ import random
 import weakref
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -245,9 +245,15 @@ class Timed:
         self._now[index] = t
         try:
             yield t.permutes()
-        finally:
+        except BaseException:
             self._now.pop(index, None)
-            self._write(drawn, self.transform(index))
+            # the block's error is the one to report: after a device fault (a sticky CUDA error)
+            # putting the draw back raises too, and would stand in its place
+            with suppress(Exception):
+                self._write(drawn, self.transform(index))
+            raise
+        self._now.pop(index, None)
+        self._write(drawn, self.transform(index))
 
     def _write(self, drawn: _Drawn, t: Transform) -> None:
         """Draw 0's inputs and output gradient as ``t`` arranges them, copied into ``drawn``'s own
