@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh record-linear | gate | noise | pair | short | full | check | power | integrity | inventory | memory |
-#     memory-noise | models | decode | history
+#   bash tools/h200.sh preflight | record-linear | gate | noise | pair | short | full | check | power | integrity |
+#     inventory | memory | memory-noise | models | decode | history
 # Logs, JSON and the baseline file go to $OUT; a mode that writes many files (history, models,
 # decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
@@ -79,6 +79,10 @@ missing_ids() {  # $1: the baseline file; the rest: a pytest selection. Its node
 }
 
 case "${1:-}" in
+  preflight)  # tools/preflight.py: the torch guard around each first use of a CUDA subsystem, the
+    # checked and timed path of a few built-ins per family on small shapes, and two cheats that must
+    # fail (FULL=1: every built-in); a minute or three, before a whole run on a new machine or stack
+    python3 tools/preflight.py ${FULL:+--full} 2>&1 | tee "$OUT/preflight.log" | tail -n 60 ;;
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
     # the autotune choices recorded travel back with the file in one archive. BUDGET counts from the
