@@ -223,3 +223,29 @@ def test_the_inputs_copies_are_made_before_the_allocator_is_poisoned(monkeypatch
     kernel = Kernel("softmax", "mine", lambda: None)
     assert checks.call_checked(kernel, call, "x", (torch.ones(2, 3),), torch.device("cpu")) == 7
     assert events == ["copies", "poison [24]", "call"]
+
+
+def test_flex_window_compiles_past_dynamos_default_limit_of_eight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shape, direction and mask is a compilation of flex_attention's one frame; past dynamo's
+    default limit of 8 (the GPU tables and a model's window layers take more in one run), it would
+    run unfused, materialising the scores. On the CPU, 9 shapes gave torch's warning "flex_attention
+    called without torch.compile()" at the 9th before; none now. Here the limit in force as the
+    compiled call runs is read, without compiling."""
+    import torch._dynamo
+    import torch.nn.attention.flex_attention as flex
+
+    seen: list[int] = []
+    default = torch._dynamo.config.recompile_limit
+
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch._dynamo.config.recompile_limit)
+        return args[0]
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled)
+    monkeypatch.setattr(flex, "create_block_mask", lambda *args, **kwargs: None)
+    monkeypatch.setattr(softmax, "_flex", {})
+    q = torch.zeros(1, 2, 8, 4)
+    softmax.flex_window(q, q, q, causal=True, scale=0.5, window=4)
+    assert seen == [softmax.FLEX_RECOMPILES]
+    assert softmax.FLEX_RECOMPILES > default
+    assert torch._dynamo.config.recompile_limit == default  # put back

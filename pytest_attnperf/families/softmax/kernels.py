@@ -122,12 +122,14 @@ def sdpa_dense_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, win
 
 
 _flex: dict[tuple[int, int, int, str], Any] = {}
+FLEX_RECOMPILES = 256  # compilations of flex_attention a run may make (dynamo's default: 8)
 
 
 def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
     """True sliding window: compiled flex_attention with a block mask, so only the blocks
     inside the window are computed (the block mask is built once per shape)."""
     import torch
+    import torch._dynamo
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     seq, kv_seq = q.shape[2], k.shape[2]
@@ -142,7 +144,11 @@ def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: i
         _flex[key] = (torch.compile(flex_attention, dynamic=False), block_mask)
     compiled, block_mask = _flex[key]
     gqa = q.shape[1] != k.shape[1]
-    return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    # every shape, direction and mask is a compilation of flex_attention's one frame: the GPU tables,
+    # the decode table and a model's window layers take more than dynamo's default limit of 8, past
+    # which flex_attention runs eagerly, materialising the scores
+    with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILES):
+        return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 def _plain(case: SoftmaxCase) -> str | None:
