@@ -199,7 +199,7 @@ class Prepared:
     reference: tuple[Any, ...]  # out[, dq, dk, dv] in fp64
     torch_value: tuple[Any, ...]  # the same from ``naive`` in the case's dtype
     opts: dict[str, Any] = field(default_factory=dict)  # causal, scale, window
-    _tf32: list[tuple[Any, ...]] = field(default_factory=list)  # ``tf32_value``, once made
+    _tf32: list[tuple[Any, ...]] = field(default_factory=list)  # the TF32 yardstick, once made (``yardstick``)
 
     def yardstick(self, tf32: bool = False) -> tuple[Any, ...]:
         """``torch_value``, or (``tf32``, an fp32 case) ``naive`` with every matrix product's
