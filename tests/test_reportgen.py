@@ -74,8 +74,11 @@ def test_case_params_flattens_kernel_case_and_fills_the_sweep_name() -> None:
     assert got["beta_max"] == 1.0
     assert (got["kernel"], got["family"], got["form"], got["direction"]) == ("fla-chunk", "gdn", "chunk", "fwdbwd")
     assert (got["sweep"], got["axis"], got["flops"], got["bytes"]) == ("seq-b4-h16-bf16", "seq", 2.0, 3.0)
-    softmax = reportgen.case_params({"case": SoftmaxCase("x", 1, 2, 64, 32, "fp32", True)}, ("{nope}", "seq"),
-                                    Cost(1.0, 1.0))
+    assert "tf32" not in got
+    declared = Kernel("softmax", "mine", lambda: None, tf32=True)
+    softmax = reportgen.case_params({"case": SoftmaxCase("x", 1, 2, 64, 32, "fp32", True), "kernel": declared},
+                                    ("{nope}", "seq"), Cost(1.0, 1.0))
+    assert softmax["tf32"] is True  # a kernel held to the TF32 yardstick says so in the report
     assert softmax["sweep"] == "{nope}"  # an unknown field leaves the name
     assert softmax["kv_heads"] is None
     json.dumps(softmax)  # plain data

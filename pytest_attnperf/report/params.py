@@ -26,7 +26,8 @@ def _plain(value: Any) -> Any:
 
 
 def case_params(params: Mapping[str, Any], sweep: tuple[str, str] | None, cost: Any) -> dict[str, Any]:
-    """A test's parameters as plain data: a kernel as ``kernel``, ``family`` and ``form``; a case
+    """A test's parameters as plain data: a kernel as ``kernel``, ``family`` and ``form`` (and
+    ``sdpa_backend``, ``tf32`` where set); a case
     object (a dataclass) as its fields plus ``case`` (its id); plain values as they are; the
     sweep's ``(name, axis)``; the cost model's ``flops`` and ``bytes``."""
     out: dict[str, Any] = {}
@@ -35,6 +36,8 @@ def case_params(params: Mapping[str, Any], sweep: tuple[str, str] | None, cost: 
             out.update(kernel=value.name, family=value.family, form=value.form)
             if value.sdpa_backend:
                 out["sdpa_backend"] = value.sdpa_backend
+            if value.tf32:  # its fp32 cases are held to a TF32 yardstick: the report says so
+                out["tf32"] = True
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
             out.update({k: v for k, v in fields.items() if k != "id"})
