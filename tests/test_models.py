@@ -427,6 +427,22 @@ def test_a_sequence_of_one_token_is_refused_for_prefill_and_training_and_allowed
     assert model_cases.parse_decode("1x1") == ((1, 1),)
 
 
+def test_a_softmax_case_with_one_key_has_no_backward_direction() -> None:
+    """A project's own table may hold such a case: its fwd runs, its fwdbwd is removed with the reason."""
+    from pytest_attnperf.families import parametrize
+    from pytest_attnperf.families.registry import Kernel
+    from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+
+    kernel = Kernel("softmax", "mine", len)
+    one = SoftmaxCase("b2-h4-t1-d64-fp32", 2, 4, 1, 64, "fp32", True, gpu=False)
+    two = SoftmaxCase("b2-h4-t2-d64-fp32", 2, 4, 2, 64, "fp32", True, gpu=False)
+    assert parametrize.invalid_reason({"case": one, "kernel": kernel, "direction": "fwd"}) is None
+    why = parametrize.invalid_reason({"case": one, "kernel": kernel, "direction": "fwdbwd"})
+    assert why is not None
+    assert "one key per query" in why
+    assert parametrize.invalid_reason({"case": two, "kernel": kernel, "direction": "fwdbwd"}) is None
+
+
 def test_a_one_token_prefill_is_a_usage_error_at_start_up(pytester: pytest.Pytester) -> None:
     with pytest.raises(pytest.UsageError, match="--attnperf-model-prefill.*sequence length 1"):
         settings(pytester, "--attnperf-model=llama3-8b", "--attnperf-model-prefill=1")

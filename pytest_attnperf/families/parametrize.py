@@ -247,6 +247,9 @@ def invalid_reason(params: dict[str, Any]) -> str | None:
         return None
     if params.get("direction") == "fwdbwd" and not kernel.backward:
         return f"{kernel.name} has no backward"
+    backward_refusal = getattr(case, "backward_refusal", None)  # a shape whose gradients say nothing
+    if params.get("direction") == "fwdbwd" and callable(backward_refusal) and (why := backward_refusal()):
+        return str(why)
     refusal = getattr(case, "refusal", None)  # a case no kernel of a family can take (LinearCase's key_heads)
     if callable(refusal) and (why := refusal(kernel.family)):
         return str(why)

@@ -61,6 +61,14 @@ class SoftmaxCase:
         """The key/value heads: ``kv_heads``, or ``heads`` when not grouped."""
         return self.heads if self.kv_heads is None else self.kv_heads
 
+    def backward_refusal(self) -> str | None:
+        """Why the case has no fwdbwd direction, or None: with one key, each query's softmax is 1,
+        so dq and dk are zero whatever the inputs, and a correct kernel's dq (the rounding of
+        ``dp - rowsum(dO o O)``) fails any bound relative to that zero."""
+        if self.n_kv_seq == 1:
+            return "one key per query: the softmax is 1 and dq, dk are zero, so a backward checks nothing of them"
+        return None
+
     @property
     def scale(self) -> float:
         """The softmax scale, ``head_dim ** -0.5``."""
