@@ -4,7 +4,8 @@
 (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``,
 ``layer_types``, and a hybrid's ``linear_num_key_heads``, ``linear_num_value_heads``,
 ``linear_key_head_dim``, ``linear_value_head_dim``) and returns what one rank of ``tp`` computes
-in each kind of layer. Nothing here imports transformers or torch.
+in each kind of layer. Nothing here imports torch, nor transformers but for its list of masked
+language model types (``masked_lm_types``: without transformers, no encoder is known as one).
 
 Tensor parallelism follows vLLM's rule for attention (``QKVParallelLinear``): query heads are
 split evenly over the ranks; key/value heads are split evenly while there are at least as many as

@@ -155,7 +155,8 @@ def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: i
     # every shape, direction and mask is a compilation of flex_attention's one frame: the GPU tables,
     # the decode table and a model's window layers take more than dynamo's default limit of 8, past
     # which flex_attention runs eagerly, materialising the scores
-    with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILES):
+    # (``cache_size_limit``: the older name, which later torch keeps as an alias of ``recompile_limit``)
+    with torch._dynamo.config.patch(cache_size_limit=FLEX_RECOMPILES):
         return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
@@ -375,10 +376,22 @@ TF32_HINT = ("held to PyTorch's fp32 with TF32 products, every tensor passes: a 
              "run in TF32 (Triton's tl.dot of fp32 operands does by default) is registered with tf32=True")
 
 
-def _passes_tf32(a: Any, p: Prepared) -> bool:
-    """Whether every tensor of an fp32 answer passes when held to the TF32 yardstick."""
-    from pytest_attnperf.families.checks import CheckFailed
+# the share of an fp32 output's elements outside its plain fp32 bound above which a failure reads as
+# TF32's: TF32 products put 96-99% of them outside on the CPU table's fp32 rows; a wrong fp32
+# kernel's sparse error 0.1%, and a wrong gradient none (its output passes)
+TF32_SHARE = 0.5
 
+
+def _passes_tf32(a: Any, p: Prepared) -> bool:
+    """Whether an fp32 answer fails as TF32 products make it fail: most of its output's elements
+    outside their plain fp32 bound (``TF32_SHARE``), and every tensor within the TF32 yardstick's."""
+    from pytest_attnperf.families.checks import ELEMENT_FACTOR, CheckFailed, allowance
+
+    out, ref, plain = a.got[0], a.reference[0], p.torch_value[0]
+    allowed = allowance(ref, plain, dtype="fp32", factor=ELEMENT_FACTOR["fp32"])[0]
+    outside = float(((out.double() - ref.double()).abs() > allowed).double().mean().item())
+    if not outside > TF32_SHARE:
+        return False
     try:
         for name, value, ref, mine in zip(a.names, a.got, a.reference, p.yardstick(True), strict=False):
             check_tensor(name, name, value, ref, mine, "fp32", True)
