@@ -249,3 +249,27 @@ def test_flex_window_compiles_past_dynamos_default_limit_of_eight(monkeypatch: p
     assert seen == [softmax.FLEX_RECOMPILES]
     assert softmax.FLEX_RECOMPILES > default
     assert torch._dynamo.config.recompile_limit == default  # put back
+
+
+def test_a_kernel_that_leaves_a_torch_mode_on_fails_naming_it_and_the_mode_is_popped() -> None:
+    """A torch function mode left on intercepts the checks' own torch calls: one that turns every
+    subtraction into zero makes any answer's error zero. It is popped before the checks run."""
+    from torch.overrides import TorchFunctionMode
+
+    class NoDifferences(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func in (torch.Tensor.__sub__, torch.sub):
+                return torch.zeros_like(args[0])
+            return func(*args, **(kwargs or {}))
+
+    def wrong(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: Any = None) -> Any:
+        out = softmax.naive(q, k, v, causal=causal, scale=scale, window=window) * 1.5
+        NoDifferences().__enter__()  # type: ignore[no-untyped-call]  # never left
+        return out
+
+    case = softmax.SoftmaxCase("unit-b1-h2-t16-d8-fp32", 1, 2, 16, 8, "fp32", True, gpu=False)
+    depths = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
+    named = r"(?s)left a torch mode on.*torch function mode .*NoDifferences: left on"
+    with pytest.raises(checks.CheckFailed, match=named):
+        softmax.check_case(Kernel("softmax", "wrong", wrong), case, "fwd", torch.device("cpu"))
+    assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == depths

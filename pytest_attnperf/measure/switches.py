@@ -350,6 +350,27 @@ class Functions:
 
     slots: dict[str, Slot]
     classes: dict[str, tuple[type, dict[str, Any]]]
+    modes: tuple[int, int] = (0, 0)  # how deep torch's function-mode and dispatch-mode stacks were
+
+
+def _mode_depths() -> tuple[int, int]:
+    """How many torch function modes and dispatch modes are active (``TorchFunctionMode``,
+    ``TorchDispatchMode``): a mode left on intercepts every torch call after it, the checks' too."""
+    import torch
+
+    return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
+
+
+def _pop_modes(before: tuple[int, int]) -> list[str]:
+    """The modes pushed since ``before`` and left on, popped: their class names, innermost first."""
+    import torch
+
+    popped = []
+    while torch._C._len_torch_function_stack() > before[0]:
+        popped.append(f"torch function mode {type(torch._C._pop_torch_function_stack()).__qualname__}")
+    while torch._C._len_torch_dispatch_stack() > before[1]:
+        popped.append(f"dispatch mode {type(torch._C._pop_torch_dispatch_stack()).__qualname__}")
+    return popped
 
 
 class Replaced(NamedTuple):
@@ -395,7 +416,7 @@ def snapshot_functions(names: tuple[str, ...] = TORCH_FUNCTIONS,
             owner, attr = found
             slots[qualname] = (owner, attr, vars(owner).get(attr, _MISSING))
     held = {qualname: (cls, dict(vars(cls))) for qualname in classes if (cls := _class(qualname)) is not None}
-    return Functions(slots, held)
+    return Functions(slots, held, _mode_depths() if "torch" in sys.modules else (0, 0))
 
 
 def _put(owner: Any, attr: str, value: Any) -> None:
@@ -460,13 +481,19 @@ def _inherited(cls: type, name: str) -> bool:
 
 def put_back_functions(before: Functions, who: str, checks: str) -> str | None:
     """After a kernel's call and before ``checks`` run: every guarded function replaced since
-    ``before`` put back, and a failure's message naming each and what replaced it (``who``
-    replaced...); None where none was."""
+    ``before`` put back, and every torch function or dispatch mode pushed since and left on popped,
+    and a failure's message naming each (``who`` replaced... / left a torch mode on); None where
+    nothing was."""
     replaced = restore_functions(before)
-    if not replaced:
+    modes = _pop_modes(before.modes) if "torch" in sys.modules else []
+    if not replaced and not modes:
         return None
-    return (f"{who} replaced torch functions, put back now; {checks} would otherwise have run with them:\n"
-            + describe_functions(replaced))
+    lines = [describe_functions(replaced)] if replaced else []
+    lines += [f"  {mode}: left on" for mode in modes]
+    what = "replaced torch functions" if replaced else "left a torch mode on"
+    if replaced and modes:
+        what = "replaced torch functions and left a torch mode on"
+    return f"{who} {what}, put back now; {checks} would otherwise have run with them:\n" + "\n".join(lines)
 
 
 def _what(value: Any) -> str:
