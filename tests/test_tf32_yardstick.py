@@ -189,3 +189,15 @@ def test_the_tf32_yardstick_rounds_fp32_products_only() -> None:
 def test_tf32_is_refused_outside_the_softmax_family() -> None:
     with pytest.raises(ValueError, match="kernel 'mine' in family 'gla': tf32=True is the softmax family's"):
         Kernel("gla", "mine", lambda *a, **k: None, tf32=True)
+
+
+def test_the_sliced_check_of_large_cases_holds_a_declared_kernel_to_the_tf32_yardstick() -> None:
+    """A case too large for whole-tensor references is checked on two head slices (``sliced``): a
+    kernel registered with ``tf32=True`` is held to the TF32 yardstick there too."""
+    from pytest_attnperf.families.softmax.sliced import run_sliced
+
+    fn = _softmax_zoo()["zoo-ok-tf32-online-b64"]
+    case = softmax.SoftmaxCase("unit-b1-h4-kv2-t64-d32-causal-fp32", 1, 4, 64, 32, "fp32", True, kv_heads=2, gpu=False)
+    run_sliced(Kernel("softmax", "declared", fn, tf32=True), case, "fwdbwd", CPU, "unit")  # type: ignore[arg-type]
+    with pytest.raises(CheckFailed, match="out: max [|]error[|]"):
+        run_sliced(Kernel("softmax", "undeclared", fn), case, "fwdbwd", CPU, "unit")  # type: ignore[arg-type]

@@ -55,6 +55,7 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     return the zero-argument callable to time, which runs the whole case. ``label`` seeds the
     inputs' draw and names the timed draws."""
     import zlib
+    from contextlib import nullcontext
 
     import torch
 
@@ -62,6 +63,7 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     from pytest_attnperf.families.draws import timed
     from pytest_attnperf.families.softmax.kernels import naive
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
+    from pytest_attnperf.families.tf32 import tf32_products
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{label}:{case.id}".encode()))
@@ -90,7 +92,8 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     widths = {"out": group, "dq": group, "dk": 1, "dv": 1}
     sq, sk, sv, sg = (_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group)))
     exact = _by_head(reference, sq.double(), sk.double(), sv.double(), sg.double(), backward, opts)
-    mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
+    with tf32_products() if kernel.tf32 and case.dtype == "fp32" else nullcontext():  # its yardstick's rounding
+        mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
 
     def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
         factor = FACTOR if name == "out" else GRAD_FACTOR[case.dtype]
