@@ -273,3 +273,19 @@ def test_a_kernel_that_leaves_a_torch_mode_on_fails_naming_it_and_the_mode_is_po
     with pytest.raises(checks.CheckFailed, match=named):
         softmax.check_case(Kernel("softmax", "wrong", wrong), case, "fwd", torch.device("cpu"))
     assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == depths
+
+
+def test_a_case_that_leaves_a_torch_mode_on_is_named_and_the_mode_popped_for_the_next_case() -> None:
+    """Outside any kernel call (a fixture, a test's own code): the case's isolation finds the mode
+    left on once the case is over, pops it, and says so."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pytest_attnperf.measure import isolation, process
+
+    before = isolation.CaseState.take()
+    depths = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
+    FlopCounterMode(display=False).__enter__()  # type: ignore[no-untyped-call]  # never left
+    findings = isolation.undo(before, None, process.ExitRefusal())
+    assert [f.what for f in findings] == ["left a torch mode on"]
+    assert "mode" in findings[0].lines
+    assert (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()) == depths

@@ -64,6 +64,7 @@ from pytest_attnperf.measure.switches import (
     changed_globals,
     describe_changes,
     describe_functions,
+    pop_modes,
     restore_functions,
     restore_globals,
     restore_rng,
@@ -363,6 +364,10 @@ def undo(before: CaseState, clock: CaseClock | None, exits: process.ExitRefusal)
     if replaced:
         findings.append(Finding("replaced torch functions", "which every later case would call in place of "
                                 "torch's own", "put back now", describe_functions(replaced)))
+    modes = pop_modes(before.functions.modes)
+    if modes:
+        findings.append(Finding("left a torch mode on", "which would intercept every later case's torch calls",
+                                "popped now", "\n".join(f"  {mode}" for mode in modes)))
     signals = (clock.tampered if clock is not None else process.alarm_left(before.alarm_armed))
     signals = signals + process.restore_handlers(before.handlers)
     if signals:

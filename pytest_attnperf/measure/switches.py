@@ -34,6 +34,7 @@ __all__ = [
     "describe_changes",
     "describe_functions",
     "flushes_denormals",
+    "pop_modes",
     "put_back_functions",
     "restore_functions",
     "restore_globals",
@@ -361,15 +362,22 @@ def _mode_depths() -> tuple[int, int]:
     return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
 
 
-def _pop_modes(before: tuple[int, int]) -> list[str]:
+def pop_modes(before: tuple[int, int]) -> list[str]:
     """The modes pushed since ``before`` and left on, popped: their class names, innermost first."""
     import torch
+    from torch.utils._python_dispatch import _pop_mode  # the dispatch stack's own pop (infra modes too)
 
     popped = []
-    while torch._C._len_torch_function_stack() > before[0]:
-        popped.append(f"torch function mode {type(torch._C._pop_torch_function_stack()).__qualname__}")
-    while torch._C._len_torch_dispatch_stack() > before[1]:
-        popped.append(f"dispatch mode {type(torch._C._pop_torch_dispatch_stack()).__qualname__}")
+    for kind, depth, pop, was in (("torch function mode", torch._C._len_torch_function_stack,
+                                   torch._C._pop_torch_function_stack, before[0]),
+                                  ("dispatch mode", torch._C._len_torch_dispatch_stack, _pop_mode, before[1])):
+        while depth() > was:
+            try:
+                mode = pop()
+            except Exception as exc:  # noqa: BLE001 - named, and the rest left: popping must end
+                popped.append(f"{kind}s: {depth() - was} could not be popped ({type(exc).__name__}: {exc})")
+                break
+            popped.append(f"{kind} {type(mode).__qualname__}")
     return popped
 
 
@@ -485,7 +493,7 @@ def put_back_functions(before: Functions, who: str, checks: str) -> str | None:
     and a failure's message naming each (``who`` replaced... / left a torch mode on); None where
     nothing was."""
     replaced = restore_functions(before)
-    modes = _pop_modes(before.modes) if "torch" in sys.modules else []
+    modes = pop_modes(before.modes) if "torch" in sys.modules else []
     if not replaced and not modes:
         return None
     lines = [describe_functions(replaced)] if replaced else []
