@@ -60,7 +60,7 @@ OPTIONS = (
     Option("tp", "--attnperf-tp", "ATTNPERF_TP", "attnperf_tp", "1",
            "tensor-parallel degrees the models' heads are split for, comma-separated, e.g. 1,8 (default 1)"),
     Option("model_prefill", "--attnperf-model-prefill", "ATTNPERF_MODEL_PREFILL", "attnperf_model_prefill", "",
-           "the models' prefill lengths at B=1 (at least 2), comma-separated, or none (default 4096,16384; CPU 128)"),
+           "the models' prefill lengths at B=1, comma-separated, or none (default 4096,16384; CPU 128)"),
     Option("model_train", "--attnperf-model-train", "ATTNPERF_MODEL_TRAIN", "attnperf_model_train", "",
            "the models' training shapes BATCHxSEQ, comma-separated, or none (default 8x4096; CPU 2x64)"),
     Option("model_decode", "--attnperf-model-decode", "ATTNPERF_MODEL_DECODE", "attnperf_model_decode", "",

@@ -363,7 +363,10 @@ def _mode_depths() -> tuple[int, int]:
 
 
 def pop_modes(before: tuple[int, int]) -> list[str]:
-    """The modes pushed since ``before`` and left on, popped: their class names, innermost first."""
+    """The modes pushed since ``before`` and left on, popped: their class names, innermost first
+    (none where torch is not imported: nothing is imported to look)."""
+    if "torch" not in sys.modules:
+        return []
     import torch
     from torch.utils._python_dispatch import _pop_mode  # the dispatch stack's own pop (infra modes too)
 
@@ -492,15 +495,12 @@ def put_back_functions(before: Functions, who: str, checks: str) -> str | None:
     ``before`` put back, and every torch function or dispatch mode pushed since and left on popped,
     and a failure's message naming each (``who`` replaced... / left a torch mode on); None where
     nothing was."""
-    replaced = restore_functions(before)
-    modes = pop_modes(before.modes) if "torch" in sys.modules else []
+    replaced, modes = restore_functions(before), pop_modes(before.modes)
     if not replaced and not modes:
         return None
-    lines = [describe_functions(replaced)] if replaced else []
-    lines += [f"  {mode}: left on" for mode in modes]
-    what = "replaced torch functions" if replaced else "left a torch mode on"
-    if replaced and modes:
-        what = "replaced torch functions and left a torch mode on"
+    what = " and ".join(w for w, found in (("replaced torch functions", replaced), ("left a torch mode on", modes))
+                        if found)
+    lines = ([describe_functions(replaced)] if replaced else []) + [f"  {mode}: left on" for mode in modes]
     return f"{who} {what}, put back now; {checks} would otherwise have run with them:\n" + "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ decode cases are one per batch size (``qwen3-next-80b-a3b.gdn.tp8.decode-b32``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_attnperf.families.linear.case import LinearCase
@@ -42,20 +42,6 @@ def _positive(text: str, what: str) -> int:
     return value
 
 
-# A sequence of one token attends to itself alone: its softmax is 1 and its output is v, so dq and
-# dk are zero whatever the inputs, and a correct kernel's dq is the rounding of dp - rowsum(dO o O),
-# which no bound relative to the (zero) answer can hold. One new token is decode's case.
-ONE_TOKEN = ("a prefill or training sequence of one token attends to itself alone (its dq and dk are zero, "
-             "so nothing of them can be checked): give at least 2, or --attnperf-model-decode for one new token")
-
-
-def _sequence(text: str) -> int:
-    value = _positive(text, "sequence length")
-    if value == 1:
-        raise ValueError(f"sequence length 1: {ONE_TOKEN}")
-    return value
-
-
 def _items(text: str) -> list[str]:
     return [p.strip().lower() for p in text.split(",") if p.strip()]
 
@@ -65,10 +51,10 @@ def parse_prefill(text: str) -> tuple[int, ...] | None:
     items = _items(text)
     if not items:
         return None
-    return () if items == ["none"] else tuple(dict.fromkeys(_sequence(p) for p in items))
+    return () if items == ["none"] else tuple(dict.fromkeys(_positive(p, "sequence length") for p in items))
 
 
-def _pairs(text: str, second: Callable[[str], int], form: str, example: str) -> tuple[tuple[int, int], ...] | None:
+def _pairs(text: str, second: str, form: str, example: str) -> tuple[tuple[int, int], ...] | None:
     items = _items(text)
     if not items:
         return None
@@ -79,18 +65,18 @@ def _pairs(text: str, second: Callable[[str], int], form: str, example: str) -> 
         batch, sep, length = item.partition("x")
         if not sep:
             raise ValueError(f"{item!r} is not {form}, such as {example}")
-        out.append((_positive(batch, "batch"), second(length)))
+        out.append((_positive(batch, "batch"), _positive(length, second)))
     return tuple(dict.fromkeys(out))  # a shape given twice is one shape (its cases' ids would clash)
 
 
 def parse_train(text: str) -> tuple[tuple[int, int], ...] | None:
     """'8x4096,4x8192' as ((8, 4096), (4, 8192)), batch by sequence; 'none' as (); '' as None."""
-    return _pairs(text, _sequence, "BATCHxSEQ", "8x4096")
+    return _pairs(text, "sequence length", "BATCHxSEQ", "8x4096")
 
 
 def parse_decode(text: str) -> tuple[tuple[int, int], ...] | None:
     """'1x32768,32x8192' as ((1, 32768), (32, 8192)), batch by cached tokens; 'none' as (); '' as None."""
-    return _pairs(text, lambda length: _positive(length, "cache length"), "BATCHxCACHE", "32x8192")
+    return _pairs(text, "cache length", "BATCHxCACHE", "32x8192")
 
 
 @dataclass(frozen=True)

@@ -207,15 +207,13 @@ class Prepared:
     grad_out: Any
     reference: tuple[Any, ...]  # out[, dq, dk, dv] in fp64
     torch_value: tuple[Any, ...]  # the same from ``naive`` in the case's dtype
-    opts: dict[str, Any] = field(default_factory=dict)  # causal, scale, window
+    opts: dict[str, Any]  # causal, scale, window
     _tf32: list[tuple[Any, ...]] = field(default_factory=list)  # the TF32 yardstick, once made (``yardstick``)
 
     def yardstick(self, tf32: bool = False) -> tuple[Any, ...]:
         """``torch_value``, or (``tf32``, an fp32 case) ``naive`` with every matrix product's
         operands truncated to TF32 (``families.tf32``), as a tensor core reads fp32 tiles."""
-        import torch
-
-        if not tf32 or self.q.dtype != torch.float32:
+        if not held_to_tf32(tf32, self.q.dtype):
             return self.torch_value
         if not self._tf32:
             from pytest_attnperf.families.tf32 import tf32_products
@@ -285,6 +283,12 @@ TENSORS = ("out", "dq", "dk", "dv")
 TF32_UNIT = 2.0**-10
 
 
+def held_to_tf32(tf32: bool, dtype: Any) -> bool:
+    """Whether a case of ``dtype`` (``"fp32"`` or a torch dtype) of a kernel registered with
+    ``tf32`` is held to the TF32 yardstick: its fp32 cases only (TF32 rounds no bf16 or fp16 bit)."""
+    return tf32 and str(dtype) in ("fp32", "torch.float32")
+
+
 def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str,
                  tf32: bool = False) -> float:
     """The family's rule for one output or gradient (``name`` in ``TENSORS``): a gradient reaches
@@ -310,7 +314,7 @@ def check_elements(label: str, name: str, value: Any, reference: Any, yardstick:
     from pytest_attnperf.families.checks import ELEMENT_FACTOR, ELEMENT_GRAD_FACTOR, assert_elementwise
 
     factor = ELEMENT_FACTOR[dtype] if name == "out" else ELEMENT_GRAD_FACTOR
-    held = tf32 and dtype == "fp32"
+    held = held_to_tf32(tf32, dtype)
     return assert_elementwise(label, value, reference, yardstick, dtype=dtype, factor=factor,
                               yardstick_name=f"PyTorch's {dtype}" + (" with TF32 products" if held else ""),
                               unit=TF32_UNIT if held else 0.0, axes=AXES).worst_ratio

@@ -61,7 +61,7 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
 
     from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, Answer, assert_close, call_checked
     from pytest_attnperf.families.draws import timed
-    from pytest_attnperf.families.softmax.kernels import naive
+    from pytest_attnperf.families.softmax.kernels import held_to_tf32, naive
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
     from pytest_attnperf.families.tf32 import tf32_products
 
@@ -92,7 +92,7 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     widths = {"out": group, "dq": group, "dk": 1, "dv": 1}
     sq, sk, sv, sg = (_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group)))
     exact = _by_head(reference, sq.double(), sk.double(), sv.double(), sg.double(), backward, opts)
-    with tf32_products() if kernel.tf32 and case.dtype == "fp32" else nullcontext():  # its yardstick's rounding
+    with tf32_products() if held_to_tf32(kernel.tf32, case.dtype) else nullcontext():  # its yardstick's rounding
         mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
 
     def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
