@@ -218,3 +218,34 @@ def test_the_quadratic_forms_pass_a_longer_fp32_case(pytester: pytest.Pytester,
     _zoo_project(pytester, monkeypatch, kept, FAMILIES, "b2-h4-t200-d32-fp32", '2, 4, 200, 32, 32, "fp32"')
     result = pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-k", "zoo-", "--attnperf-check-only")
     result.assert_outcomes(passed=2 * len(FAMILIES))
+
+
+def test_a_gate_gradient_summed_over_the_whole_sequence_is_declined_where_the_rule_fails_it() -> None:
+    """The gate-summed kernel's gate gradient is a reverse cumulative sum over the sequence of terms
+    that cancel: in bf16 its normwise error grows as the square root of the length (the H200
+    failed it at T=4096, ``dg`` 0.0215 normwise against 4 unit roundoffs, 0.0156). The rule
+    fails that form at T=4096 and passes it at T=1024, where the zoo stops taking cases; the
+    chunk-local form of the same kernel passes both."""
+    import torch
+    from zoo.linear import GATE_SUMMED_MAX_TOKENS
+
+    from pytest_attnperf.families.checks import CheckFailed
+    from pytest_attnperf.families.linear.case import LinearCase
+    from pytest_attnperf.families.linear.kernels import answer, check_tensor
+
+    entries = {entry.name: entry for entry in ZOO}
+    summed, local = entries["zoo-ok-gla-chunk64-gate-summed"], entries["zoo-ok-gla-chunk64-rounded"]
+
+    def dg_ratio(entry: Zoo, seq: int) -> float:
+        case = LinearCase(f"b1-h4-t{seq}-d64-bf16", 1, 4, seq, 64, 64, "bf16")
+        a = answer("gla", entry.kernel(), case, "fwdbwd", torch.device("cpu"), seed=1)
+        i = a.names.index("dg")
+        return check_tensor("gla", f"{entry.name} dg", "dg", a.got[i], a.reference[i], a.yardstick[i], "bf16")
+
+    short, long = GATE_SUMMED_MAX_TOKENS, 4 * GATE_SUMMED_MAX_TOKENS
+    assert summed.supports(LinearCase("short", 1, 4, short, 64, 64, "bf16")) is None
+    assert "sqrt(T)" in (summed.supports(LinearCase("long", 1, 4, short + 1, 64, 64, "bf16")) or "")
+    assert dg_ratio(summed, short) <= 1
+    with pytest.raises(CheckFailed, match=r"dg: normwise relative error"):
+        dg_ratio(summed, long)
+    assert dg_ratio(local, long) <= 1

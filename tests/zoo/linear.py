@@ -32,7 +32,9 @@ from the recurrences (none calls the package's references):
   ``RECURRENT_MAX_TOKENS`` tokens on every device (autograd through a Python loop per token).
 * GLA's ``chunk64-gate-summed``: ``chunk64-rounded`` with a backward of its own, as fla's chunk
   GLA has: ``dq``, ``dk`` and ``dv`` in float32, the gate's gradient the reverse cumulative sum
-  of ``q dq - k dk`` over the sequence (``_GateSummed``).
+  of ``q dq - k dk`` over the sequence (``_GateSummed``); declined beyond
+  ``GATE_SUMMED_MAX_TOKENS`` tokens, where that sum's rounding (its error grows as the square root of
+  the length) passes the gradients' normwise bound.
 
 Wrong kernels, ``zoo-bad-<family>-<what>``, built on the chunk64-fp32 kernel unless named
 otherwise: each gradient scaled by 1.01 on one head of one sequence, on one sequence, or
@@ -63,7 +65,8 @@ from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from .tf32 import TF32Mode
 
 __all__ = [
-    "FAMILIES", "MATERIALISED_MAX_ELEMENTS", "PARALLEL_MAX_ELEMENTS", "PARALLEL_MAX_TOKENS", "RECURRENT_MAX_TOKENS",
+    "FAMILIES", "GATE_SUMMED_MAX_TOKENS", "MATERIALISED_MAX_ELEMENTS", "PARALLEL_MAX_ELEMENTS", "PARALLEL_MAX_TOKENS",
+    "RECURRENT_MAX_TOKENS",
     "Zoo", "pytest_attnperf_register_kernels", "register", "zoo",
 ]
 
@@ -76,6 +79,9 @@ PARALLEL_MAX_TOKENS = 4096
 PARALLEL_MAX_ELEMENTS = 2**30  # B x H x T x T (x K for GLA) of the parallel form's largest tensor
 MATERIALISED_MAX_ELEMENTS = 2**30  # B x H x T x C x K of GLA's decay materialised per channel
 RECURRENT_MAX_TOKENS = 4096
+# the gate-summed kernel's gate gradient sums T terms that cancel: its normwise error in bf16 grows
+# as sqrt(T) (2.8 unit roundoffs at T=1024, 5.4 at 4096, past the gradients' bound of 4)
+GATE_SUMMED_MAX_TOKENS = 1024
 GRAD_FACTOR = 1.01  # a wrong gradient is off by 1%
 SPARSE_STRIDE = 997  # every 997th output element (0.1%) is corrupted
 
@@ -630,7 +636,7 @@ class Zoo:
     impl: Impl
     doc: str
     form: str = "chunk"
-    limit: str | None = None  # "parallel", "recurrent" or "materialised": the size it declines beyond
+    limit: str | None = None  # "parallel", "recurrent", "materialised" or "summed": the size it declines beyond
     tiled_heads: bool = False  # GDN's grouped values meet key head j % H (wrong), not j // (HV / H)
     fp32_only: bool = False  # TF32 operands: what a tensor core reads of fp32 tiles, not of fp16 or bf16 ones
     device_kinds: tuple[str, ...] = ("cuda", "cpu")
@@ -652,6 +658,9 @@ class Zoo:
                     f"{elements} elements: at most T={PARALLEL_MAX_TOKENS} and {PARALLEL_MAX_ELEMENTS}")
         if self.limit == "recurrent" and case.seq > RECURRENT_MAX_TOKENS:
             return f"autograd through a token loop: at most T={RECURRENT_MAX_TOKENS}"
+        if self.limit == "summed" and case.seq > GATE_SUMMED_MAX_TOKENS:
+            return (f"the gate's gradient summed over the whole sequence errs as sqrt(T) in {case.dtype}: "
+                    f"at most T={GATE_SUMMED_MAX_TOKENS}")
         per_channel = case.batch * case.heads * case.seq * SUB * case.key_dim
         if self.limit == "materialised" and per_channel > MATERIALISED_MAX_ELEMENTS:
             return (f"the decay materialised per channel is B x H x T x {SUB} x K = {per_channel} elements: "
@@ -700,7 +709,8 @@ def _correct(family: str) -> list[Zoo]:
             "The token recurrence, state in float32.", form="recurrent", limit="recurrent"),
     ] + ([Zoo(family, f"{ok}-chunk64-gate-summed", gate_summed(family, 64),
               "Chunks of 64, stored intermediates rounded to the inputs' dtype; its own backward: dq, dk and dv "
-              "in float32, the gate's gradient the reverse cumulative sum of q dq - k dk over the sequence.")]
+              "in float32, the gate's gradient the reverse cumulative sum of q dq - k dk over the sequence.",
+              limit="summed")]
          if family == "gla" else [])
 
 
