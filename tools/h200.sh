@@ -81,7 +81,9 @@ missing_ids() {  # $1: the baseline file; the rest: a pytest selection. Its node
 case "${1:-}" in
   preflight)  # tools/preflight.py: the torch guard around each first use of a CUDA subsystem, the
     # checked and timed path of a few built-ins per family on small shapes, and two cheats that must
-    # fail (FULL=1: every built-in); a minute or three, before a whole run on a new machine or stack
+    # fail (FULL=1: every built-in); before a whole run on a new machine or stack. On a fresh H200
+    # Part A's SDPA, profiler and graph steps took 10 s and fla's first calls over 140 s more
+    # (Triton compiling and autotuning them with an empty cache): give it 300 s
     python3 tools/preflight.py ${FULL:+--full} 2>&1 | tee "$OUT/preflight.log" | tail -n 60 ;;
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
