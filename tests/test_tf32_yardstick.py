@@ -5,6 +5,8 @@ fails against the plain float32 computation; a 1% error still fails."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from zoo.linear import zoo  # tests/ is on sys.path
@@ -201,3 +203,70 @@ def test_the_sliced_check_of_large_cases_holds_a_declared_kernel_to_the_tf32_yar
     run_sliced(Kernel("softmax", "declared", fn, tf32=True), case, "fwdbwd", CPU, "unit")  # type: ignore[arg-type]
     with pytest.raises(CheckFailed, match="out: max [|]error[|]"):
         run_sliced(Kernel("softmax", "undeclared", fn), case, "fwdbwd", CPU, "unit")  # type: ignore[arg-type]
+
+
+def _precisions() -> list[str]:
+    """What torch's float32 matmuls may do now: each backend's ``fp32_precision`` (or, on a torch
+    before 2.9, the legacy setting)."""
+    owners = tf32.matmul_precisions()
+    return [owner.fp32_precision for owner in owners] if owners else [torch.get_float32_matmul_precision()]
+
+
+def _project_turns_tf32_on(how: str) -> None:
+    if how == "legacy":
+        torch.backends.cuda.matmul.allow_tf32 = True  # as set_float32_matmul_precision("high")
+    elif tf32.matmul_precisions():
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+    else:
+        pytest.skip("this torch has no fp32_precision setting")
+
+
+@pytest.mark.parametrize("how", ["legacy", "fp32_precision"])
+def test_the_yardsticks_take_full_fp32_products_whatever_the_project_set(monkeypatch: pytest.MonkeyPatch,
+                                                                         how: str) -> None:
+    """A project that turns TF32 on for its own training (``allow_tf32``, or torch 2.9's
+    ``fp32_precision``) leaves it on for the checks too: each family's fp32 yardstick would take
+    10-bit products on a GPU, and every fp32 bound widen with them. Each yardstick (softmax's, its
+    TF32 one and the sliced check's, the linear chunk form's, the decode recurrence's) is made at
+    full precision, and the project's setting is put back as it was."""
+    from pytest_attnperf.families.linear import decode
+    from pytest_attnperf.families.softmax import sliced
+
+    seen: list[list[str]] = []
+
+    def recording(fn: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            seen.append(_precisions())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(softmax, "naive", recording(softmax.naive))
+    chunked, recurrence = linear._chunked_fn, linear._recurrence_fn
+    monkeypatch.setattr(linear, "_chunked_fn", lambda family: recording(chunked(family)))
+    monkeypatch.setattr(linear, "_recurrence_fn", lambda family: recording(recurrence(family)))
+    owners = tf32.matmul_precisions()
+    before = [owner.fp32_precision for owner in owners]
+    legacy = torch.get_float32_matmul_precision()
+    try:
+        _project_turns_tf32_on(how)
+        project = _precisions()
+        softmax._cache.clear()
+        case = softmax.SoftmaxCase("unit-b1-h2-t16-d8-causal-fp32", 1, 2, 16, 8, "fp32", True, gpu=False)
+        softmax.prepare(case, "fwdbwd", CPU).yardstick(tf32=True)
+        fn = _softmax_zoo()["zoo-ok-tf32-online-b64"]
+        sliced.run_sliced(Kernel("softmax", "declared", fn, tf32=True), case, "fwd", CPU, "unit")  # type: ignore[arg-type]
+        linear_case = linear.LinearCase("unit-b1-h2-t16-d8-fp32", 1, 2, 16, 8, 8, "fp32", gpu=False)
+        linear._cache.clear()
+        linear.prepare("gla", linear_case, "fwdbwd", CPU).reference("chunk")
+        decode._cache.clear()
+        decode.prepare("gla_decode", decode.LinearDecodeCase("unit-b1-h2-s1-d8-fp32", 1, 2, 1, 8, 8, "fp32"), CPU)
+        assert _precisions() == project
+    finally:
+        for owner, value in zip(owners, before, strict=True):
+            owner.fp32_precision = value
+        if not owners:
+            torch.set_float32_matmul_precision(legacy)
+    assert "tf32" in project or "high" in project, project
+    assert len(seen) >= 6, seen  # softmax: prepare, TF32 yardstick, sliced; linear: fp64, fp32; decode: both
+    full = [["ieee"] * len(owners)] if owners else [["highest"]]
+    assert all(s in full for s in seen), seen

@@ -169,6 +169,8 @@ def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> 
 
     import torch
 
+    from pytest_attnperf.families.tf32 import exact_fp32
+
     key = (family, case, str(device), seed)
     if key in _cache:
         return _cache[key]
@@ -187,7 +189,8 @@ def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> 
                                     compute=compute)
         return out, state
 
-    prepared = Prepared(inputs, names, run(torch.float64), run(torch.float32))
+    with exact_fp32():  # the fp32 recurrence at full precision, whatever TF32 setting the project made
+        prepared = Prepared(inputs, names, run(torch.float64), run(torch.float32))
     _cache[key] = prepared
     return prepared
 

@@ -216,9 +216,9 @@ class Prepared:
         if not held_to_tf32(tf32, self.q.dtype):
             return self.torch_value
         if not self._tf32:
-            from pytest_attnperf.families.tf32 import tf32_products
+            from pytest_attnperf.families.tf32 import exact_fp32, tf32_products
 
-            with tf32_products():
+            with exact_fp32(), tf32_products():
                 self._tf32.append(_outputs(naive, (self.q, self.k, self.v), self.grad_out, self.opts))
         return self._tf32[0]
 
@@ -251,6 +251,7 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     import torch
 
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
+    from pytest_attnperf.families.tf32 import exact_fp32
 
     key = (case, direction, str(device), seed)
     if key in _cache:
@@ -270,8 +271,9 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     grad_out = torch.randn(shape_q, generator=gen, device=device).to(dtype)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
     leaves64 = tuple(x.detach().double().requires_grad_(backward) for x in (q, k, v))
-    prepared = Prepared(q, k, v, grad_out, _outputs(reference, leaves64, grad_out, opts),
-                        _outputs(naive, (q, k, v), grad_out, opts), opts)
+    with exact_fp32():  # fp32 yardsticks at full precision, whatever TF32 setting the project made
+        prepared = Prepared(q, k, v, grad_out, _outputs(reference, leaves64, grad_out, opts),
+                            _outputs(naive, (q, k, v), grad_out, opts), opts)
     _cache[key] = prepared
     return prepared
 

@@ -63,7 +63,7 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     from pytest_attnperf.families.draws import timed
     from pytest_attnperf.families.softmax.kernels import held_to_tf32, naive
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
-    from pytest_attnperf.families.tf32 import tf32_products
+    from pytest_attnperf.families.tf32 import exact_fp32, tf32_products
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{label}:{case.id}".encode()))
@@ -92,8 +92,8 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     widths = {"out": group, "dq": group, "dk": 1, "dv": 1}
     sq, sk, sv, sg = (_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group)))
     exact = _by_head(reference, sq.double(), sk.double(), sv.double(), sg.double(), backward, opts)
-    with tf32_products() if held_to_tf32(kernel.tf32, case.dtype) else nullcontext():  # its yardstick's rounding
-        mine = _by_head(naive, sq, sk, sv, sg, backward, opts)
+    with exact_fp32(), tf32_products() if held_to_tf32(kernel.tf32, case.dtype) else nullcontext():
+        mine = _by_head(naive, sq, sk, sv, sg, backward, opts)  # TF32 only where the kernel declares it
 
     def check(label: str, name: str, value: Any, ref: Any, own: Any) -> float:
         factor = FACTOR if name == "out" else GRAD_FACTOR[case.dtype]
