@@ -17,6 +17,7 @@ from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import kernels as softmax
 from pytest_attnperf.families.tf32 import round_tf32, tf32_products
+from pytest_attnperf.measure import switches
 
 CPU = torch.device("cpu")
 CASE = linear.LinearCase("unit-b1-h2-t128-d32-fp32", 1, 2, 128, 32, 32, "fp32", gpu=False)
@@ -208,14 +209,14 @@ def test_the_sliced_check_of_large_cases_holds_a_declared_kernel_to_the_tf32_yar
 def _precisions() -> list[str]:
     """What torch's float32 matmuls may do now: each backend's ``fp32_precision`` (or, on a torch
     before 2.9, the legacy setting)."""
-    owners = tf32.matmul_precisions()
+    owners = switches.matmul_precisions()
     return [owner.fp32_precision for owner in owners] if owners else [torch.get_float32_matmul_precision()]
 
 
 def _project_turns_tf32_on(how: str) -> None:
     if how == "legacy":
         torch.backends.cuda.matmul.allow_tf32 = True  # as set_float32_matmul_precision("high")
-    elif tf32.matmul_precisions():
+    elif switches.matmul_precisions():
         torch.backends.cuda.matmul.fp32_precision = "tf32"
     else:
         pytest.skip("this torch has no fp32_precision setting")
@@ -244,7 +245,7 @@ def test_the_yardsticks_take_full_fp32_products_whatever_the_project_set(monkeyp
     chunked, recurrence = linear._chunked_fn, linear._recurrence_fn
     monkeypatch.setattr(linear, "_chunked_fn", lambda family: recording(chunked(family)))
     monkeypatch.setattr(linear, "_recurrence_fn", lambda family: recording(recurrence(family)))
-    owners = tf32.matmul_precisions()
+    owners = switches.matmul_precisions()
     before = [owner.fp32_precision for owner in owners]
     legacy = torch.get_float32_matmul_precision()
     try:

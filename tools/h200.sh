@@ -82,8 +82,9 @@ case "${1:-}" in
   preflight)  # tools/preflight.py: the torch guard around each first use of a CUDA subsystem, the
     # checked and timed path of a few built-ins per family on small shapes, and two cheats that must
     # fail (FULL=1: every built-in); before a whole run on a new machine or stack. On a fresh H200
-    # Part A's SDPA, profiler and graph steps took 10 s and fla's first calls over 140 s more
-    # (Triton compiling and autotuning them with an empty cache): give it 300 s
+    # Part A's SDPA, profiler and graph steps took 10 s, and fla's first calls (compiled, and
+    # autotuned with an empty Triton cache) had not returned when a 150 s limit on the whole mode,
+    # wheels' install included, stopped it: give it 300 s or more
     python3 tools/preflight.py ${FULL:+--full} 2>&1 | tee "$OUT/preflight.log" | tail -n 60 ;;
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);

@@ -20,8 +20,7 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["DROPPED_BITS", "ROUNDINGS", "exact_fp32", "matmul_precisions", "round_tf32", "rounds_products",
-           "tf32_products"]
+__all__ = ["DROPPED_BITS", "ROUNDINGS", "round_tf32", "rounds_products", "tf32_products"]
 
 DROPPED_BITS = 13  # float32's 23 mantissa bits less TF32's 10
 ROUNDINGS = ("truncate", "nearest-even")
@@ -104,43 +103,6 @@ def tf32_products(rounding: str = "truncate") -> Iterator[None]:
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     with _TF32Products(rounding):
         yield
-
-
-def matmul_precisions() -> list[Any]:
-    """The settings that say whether torch's float32 matrix products may round (torch 2.9 and
-    later: ``fp32_precision`` of ``torch.backends.cuda.matmul``, cuBLAS's, and of
-    ``torch.backends.mkldnn.matmul``, oneDNN's on the CPU); empty on an older torch."""
-    owners = (torch.backends.cuda.matmul, getattr(torch.backends.mkldnn, "matmul", None))
-    return [owner for owner in owners if owner is not None and hasattr(owner, "fp32_precision")]
-
-
-@contextmanager
-def exact_fp32() -> Iterator[None]:
-    """Inside, torch's float32 matrix products run at full precision (IEEE float32), whatever the
-    project set: the references and yardsticks are made so. A project that turns TF32 on for its
-    own training (``torch.backends.cuda.matmul.allow_tf32``, ``set_float32_matmul_precision``, or
-    ``fp32_precision``) would otherwise round the fp32 yardstick's products to 10 bits, and widen
-    every fp32 bound with them. Each setting is put back as it was on the way out. Torch 2.9 and
-    later set through ``fp32_precision`` (``matmul_precisions``): written there, the project's
-    setting reads back as it was through either API; an older torch through
-    ``set_float32_matmul_precision``."""
-    owners = matmul_precisions()
-    if not owners:
-        legacy = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("highest")
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(legacy)
-        return
-    before = [owner.fp32_precision for owner in owners]
-    try:
-        for owner in owners:
-            owner.fp32_precision = "ieee"
-        yield
-    finally:
-        for owner, value in zip(owners, before, strict=True):
-            owner.fp32_precision = value
 
 
 def rounds_products(device: torch.device) -> bool:

@@ -26,8 +26,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import pytest
 
 from pytest_attnperf.gate.roofline import Ceiling, ridge
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
+from pytest_attnperf.measure.switches import exact_fp32
 from pytest_attnperf.measure.timing import SamplingPlan, Timer
 
 __all__ = ["DTYPES", "FORMAT", "Ceilings", "Measured", "Workload", "cache_dir", "for_session", "measure"]
@@ -130,21 +130,6 @@ def _eager_seconds(workload_of: Callable[[int], Workload]) -> Callable[[int], fl
     return seconds_at
 
 
-@contextmanager
-def tf32_off() -> Iterator[None]:
-    """fp32 matmul without TF32 (torch's default, and how the suites run), restored after."""
-    import torch
-
-    before = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before[0]
-        torch.set_float32_matmul_precision(before[1])
-
-
 @dataclass(frozen=True)
 class Measured:
     """Measured ceilings: FLOP/s per dtype (None: not measured, see ``notes``), bytes/s."""
@@ -227,7 +212,7 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
         notes.extend(f"{name}: {n}" for n in said)
         return value
 
-    with tf32_off():
+    with exact_fp32():  # fp32 matmul without TF32 (torch's default, and how the checks run)
         for dtype in DTYPES:
             def make(n: int, dtype: str = dtype) -> Workload:
                 return Workload(f"matmul-{dtype}", where, n, dtype)

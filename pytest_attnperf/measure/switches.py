@@ -4,6 +4,8 @@
   algorithms, cuDNN, oneDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads,
   flush-denormal, the current CUDA device and stream (``torch_globals``): read before and after
   a case, compared, set back;
+- **full float32 products** while references, yardsticks and ceilings are made, whatever TF32
+  setting the project made (``exact_fp32``);
 - **random generators**: the default CPU one and, once CUDA is initialized, each device's
   (``snapshot_rng``, ``restore_rng``);
 - **torch functions**: the identity of the module-level functions the suites, kernels and
@@ -20,7 +22,8 @@ looked at (``flex_attention``'s is not imported to check it).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -33,7 +36,9 @@ __all__ = [
     "changed_globals",
     "describe_changes",
     "describe_functions",
+    "exact_fp32",
     "flushes_denormals",
+    "matmul_precisions",
     "pop_modes",
     "put_back_functions",
     "restore_functions",
@@ -235,6 +240,48 @@ def restore_globals(switches: tuple[GlobalSwitch, ...], before: dict[str, Any]) 
     failed.extend(name for name, *_ in changed_globals(before, snapshot_globals(switches))
                   if not any(f.startswith(name) for f in failed))
     return failed
+
+
+def matmul_precisions() -> list[Any]:
+    """The settings that say whether torch's float32 matrix products may round (torch 2.9 and
+    later: ``fp32_precision`` of ``torch.backends.cuda.matmul``, cuBLAS's, and of
+    ``torch.backends.mkldnn.matmul``, oneDNN's on the CPU); empty on an older torch."""
+    import torch
+
+    owners = (torch.backends.cuda.matmul, getattr(torch.backends.mkldnn, "matmul", None))
+    return [owner for owner in owners if owner is not None and hasattr(owner, "fp32_precision")]
+
+
+@contextmanager
+def exact_fp32() -> Iterator[None]:
+    """Inside, torch's float32 matrix products run at full precision (IEEE float32), whatever the
+    project set: the references, yardsticks and matmul ceilings are made so. A project that turns
+    TF32 on for its own training (``torch.backends.cuda.matmul.allow_tf32``,
+    ``set_float32_matmul_precision``, or ``fp32_precision``) would otherwise round the fp32
+    yardstick's products to 10 bits, and widen every fp32 bound with them. Each setting is put back
+    as it was on the way out. Torch 2.9 and later set through ``fp32_precision``
+    (``matmul_precisions``): written there, the project's setting reads back as it was through
+    either API (the legacy getters raise once both APIs were written); an older torch through
+    ``set_float32_matmul_precision``."""
+    import torch
+
+    owners = matmul_precisions()
+    if not owners:
+        legacy = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(legacy)
+        return
+    before = [owner.fp32_precision for owner in owners]
+    try:
+        for owner in owners:
+            owner.fp32_precision = "ieee"
+        yield
+    finally:
+        for owner, value in zip(owners, before, strict=True):
+            owner.fp32_precision = value
 
 
 def snapshot_rng() -> dict[str, tuple[int, Any]]:

@@ -659,8 +659,8 @@ class Zoo:
         if self.limit == "recurrent" and case.seq > RECURRENT_MAX_TOKENS:
             return f"autograd through a token loop: at most T={RECURRENT_MAX_TOKENS}"
         if self.limit == "summed" and case.seq > GATE_SUMMED_MAX_TOKENS:
-            return (f"the gate's gradient summed over the whole sequence errs as sqrt(T) in {case.dtype}: "
-                    f"at most T={GATE_SUMMED_MAX_TOKENS}")
+            return (f"the gate's gradient summed over the whole sequence errs as sqrt(T) (in bf16, past the "
+                    f"normwise bound at T=4096): at most T={GATE_SUMMED_MAX_TOKENS}")
         per_channel = case.batch * case.heads * case.seq * SUB * case.key_dim
         if self.limit == "materialised" and per_channel > MATERIALISED_MAX_ELEMENTS:
             return (f"the decay materialised per channel is B x H x T x {SUB} x K = {per_channel} elements: "

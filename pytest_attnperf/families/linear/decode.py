@@ -169,7 +169,7 @@ def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> 
 
     import torch
 
-    from pytest_attnperf.families.tf32 import exact_fp32
+    from pytest_attnperf.measure.switches import exact_fp32
 
     key = (family, case, str(device), seed)
     if key in _cache:

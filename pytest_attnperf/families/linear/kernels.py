@@ -243,11 +243,12 @@ class Prepared:
         import torch
 
         from pytest_attnperf.families import tf32
+        from pytest_attnperf.measure.switches import exact_fp32
 
         rounded = self.dtype != "fp32"
         products = not rounded and tf32.rounds_products(self.inputs[0].device)
         key = "recurrent" if form == "recurrent" else "chunk" if rounded else "tf32" if products else "fp32"
-        with tf32.exact_fp32():  # TF32 only where the yardstick rounds to it itself, whatever the project set
+        with exact_fp32():  # TF32 only where the yardstick rounds to it itself, whatever the project set
             if "fp64" not in self._computed:
                 self._computed["fp64"] = self._run(torch.float64, None)
             if key not in self._computed:

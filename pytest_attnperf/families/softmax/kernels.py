@@ -216,7 +216,8 @@ class Prepared:
         if not held_to_tf32(tf32, self.q.dtype):
             return self.torch_value
         if not self._tf32:
-            from pytest_attnperf.families.tf32 import exact_fp32, tf32_products
+            from pytest_attnperf.families.tf32 import tf32_products
+            from pytest_attnperf.measure.switches import exact_fp32
 
             with exact_fp32(), tf32_products():
                 self._tf32.append(_outputs(naive, (self.q, self.k, self.v), self.grad_out, self.opts))
@@ -251,7 +252,7 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     import torch
 
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
-    from pytest_attnperf.families.tf32 import exact_fp32
+    from pytest_attnperf.measure.switches import exact_fp32
 
     key = (case, direction, str(device), seed)
     if key in _cache:

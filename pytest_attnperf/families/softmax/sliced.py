@@ -63,7 +63,8 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     from pytest_attnperf.families.draws import timed
     from pytest_attnperf.families.softmax.kernels import held_to_tf32, naive
     from pytest_attnperf.families.softmax.reference import softmax_attention as reference
-    from pytest_attnperf.families.tf32 import exact_fp32, tf32_products
+    from pytest_attnperf.families.tf32 import tf32_products
+    from pytest_attnperf.measure.switches import exact_fp32
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{label}:{case.id}".encode()))
