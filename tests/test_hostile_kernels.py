@@ -21,7 +21,7 @@ import kit
 import pytest
 import torch
 
-from pytest_attnperf.measure import switches
+from pytest_attnperf.measure import switches, torch_functions
 
 CASE = "cpu-b2-h4-t128-d32-causal-fp32"
 
@@ -182,6 +182,8 @@ def pytest_attnperf_register_kernels(registry, config):
         if once("flushes-denormals"):
             torch.set_flush_denormal(True)
             torch.backends.mkldnn.enabled = False
+            if hasattr(torch.backends.mkldnn, "matmul"):  # torch 2.9 and later: oneDNN's products in bf16
+                torch.backends.mkldnn.matmul.fp32_precision = "bf16"
         return sdpa(q, k, v, causal, scale)
 
     @registry.kernel(family="softmax", name="good")
@@ -189,8 +191,9 @@ def pytest_attnperf_register_kernels(registry, config):
         if once("good"):  # what the cases after the hostile ones run with
             flushed = (torch.full((1,), 1e-40) * 1.0).item() == 0.0
             one = torch.tensor([-1.0], dtype=torch.float64).abs().item()
+            products = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "-")
             (HERE / "good-saw.txt").write_text(f"flush denormal: {flushed}; oneDNN: {torch.backends.mkldnn.enabled}; "
-                                               f"|-1.0| = {one}")
+                                               f"oneDNN fp32 products: {products}; |-1.0| = {one}")
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
         if causal:
             t = q.shape[-2]
@@ -255,7 +258,9 @@ def test_a_kernel_that_replaces_torch_functions_fails_naming_them_and_they_are_p
 
 
 BLIND_ABS = "conftest.blind_abs.<locals>.abs"
-TORCHS_OWN = "flush denormal: False; oneDNN: True; |-1.0| = 1.0"  # what ``good`` saw, first called
+ONEDNN_PRODUCTS = "none" if hasattr(torch.backends.mkldnn, "matmul") else "-"
+# what ``good`` saw, first called
+TORCHS_OWN = f"flush denormal: False; oneDNN: True; oneDNN fp32 products: {ONEDNN_PRODUCTS}; |-1.0| = 1.0"
 CHECKS_BLIND = "replaced torch functions, put back now; its checks would otherwise have run with them:"
 
 
@@ -291,7 +296,7 @@ def test_a_patch_that_undoes_itself_after_fooling_the_checks_still_fails_checked
         f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
 
 
-def test_a_kernel_that_flushes_denormals_or_turns_onednn_off_fails_naming_them_and_they_are_set_back(
+def test_a_kernel_that_flushes_denormals_or_changes_onednn_fails_naming_them_and_they_are_set_back(
     suite: pytest.Pytester,
 ) -> None:
     result = run(suite, "flushes-denormals")
@@ -299,6 +304,8 @@ def test_a_kernel_that_flushes_denormals_or_turns_onednn_off_fails_naming_them_a
     result.stdout.fnmatch_lines([
         "*flushes-denormals-fwd]: the case changed torch's global state, which would carry into every later case; "
         "set back now:",
+        *(["*float32 precision (torch.backends.mkldnn.matmul.fp32_precision): 'none' -> 'bf16'"]
+          if hasattr(torch.backends.mkldnn, "matmul") else []),
         "*oneDNN (torch.backends.mkldnn.enabled): True -> False",
         "*flush denormal (torch.set_flush_denormal): False -> True",
     ])
@@ -412,12 +419,12 @@ def _into_tensorbase(name: str, value: object) -> None:
 def test_every_tensor_method_is_guarded_whether_set_over_an_inherited_one_deleted_or_written_into_tensorbase() -> None:
     tensor: Any = torch.Tensor  # its methods' stubs refuse other callables
     real_norm, real_neg = vars(tensor)["norm"], vars(torch._C.TensorBase)["neg"]
-    before = switches.snapshot_functions()
+    before = torch_functions.snapshot_functions()
     try:
         tensor.abs = lambda self: self  # over torch._C.TensorBase.abs
         del tensor.norm
         _into_tensorbase("neg", lambda self: self)
-        replaced = switches.restore_functions(before)
+        replaced = torch_functions.restore_functions(before)
     finally:  # torch's own, whatever happened
         if "abs" in vars(tensor):
             del tensor.abs
@@ -427,7 +434,8 @@ def test_every_tensor_method_is_guarded_whether_set_over_an_inherited_one_delete
             _into_tensorbase("neg", real_neg)
     assert [(r.name, r.problem) for r in replaced] == [
         ("torch.Tensor.norm", None), ("torch.Tensor.abs", None), ("torch._C.TensorBase.neg", None)]
-    assert switches.describe_functions(replaced).splitlines()[0] == "  torch.Tensor.norm: replaced by nothing (deleted)"
+    first = torch_functions.describe_functions(replaced).splitlines()[0]
+    assert first == "  torch.Tensor.norm: replaced by nothing (deleted)"
     assert torch.tensor([-2.0]).abs().item() == 2.0
     assert torch.tensor([2.0]).neg().item() == -2.0
     assert vars(torch.Tensor)["norm"] is real_norm
@@ -440,15 +448,15 @@ def test_a_name_added_to_tensor_that_shadows_nothing_is_no_replacement_and_stays
 
     tensor: Any = torch.Tensor
     had = "__slotnames__" in vars(tensor)
-    before = switches.snapshot_functions()
+    before = torch_functions.snapshot_functions()
     saved = vars(tensor).get("__slotnames__")
     try:
         if had:
             del tensor.__slotnames__
-            before = switches.snapshot_functions()
+            before = torch_functions.snapshot_functions()
         copy.copy(torch.ones(2))
         assert "__slotnames__" in vars(tensor)  # what copyreg did
-        assert switches.restore_functions(before) == []
+        assert torch_functions.restore_functions(before) == []
         assert "__slotnames__" in vars(tensor)
     finally:
         if had:

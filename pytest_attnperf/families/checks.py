@@ -397,9 +397,9 @@ def own_copies(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
 def call_checked(kernel: Kernel, call: Callable[[], Any], names: str, inputs: tuple[Any, ...], device: Any) -> Any:
     """``kernel.call_or_skip(call)`` into NaN-poisoned memory (``poison_allocator``, sized as the
     inputs); refusal or not, it fails if the kernel replaced a torch function (put back at once,
-    before any check runs with it: ``switches.put_back_functions``) or wrote into ``inputs``
+    before any check runs with it: ``torch_functions.put_back_functions``) or wrote into ``inputs``
     (``assert_unchanged``, which puts them back for the case's other kernels)."""
-    from pytest_attnperf.measure.switches import put_back_functions, snapshot_functions
+    from pytest_attnperf.measure.torch_functions import put_back_functions, snapshot_functions
 
     before = snapshots(inputs)  # first: copies made after the poisoning would take its blocks
     poison_allocator(device, [x.numel() * x.element_size() for x in inputs])

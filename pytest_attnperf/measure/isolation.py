@@ -2,12 +2,13 @@
 
 Around the call of each attention case (a test using an ``attnperf*`` fixture), ``CaseGuard``:
 
-- **torch's state** (``measure.switches``): snapshots torch's process-wide switches the harness
-  relies on (inference and grad mode, default dtype and device, SDPA backends, deterministic
-  algorithms, cuDNN, oneDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads,
+- **torch's state** (``measure.switches``, ``measure.torch_functions``): snapshots torch's
+  process-wide switches the harness relies on (inference and grad mode, default dtype and
+  device, SDPA backends, deterministic algorithms, cuDNN, oneDNN, TF32, each backend's
+  ``fp32_precision`` and the matmul precision, autocast, anomaly mode, CPU threads,
   flush-denormal, the current CUDA device and stream) and the identity of the torch functions
-  the suites, kernels and checks call (``switches.TORCH_FUNCTIONS``, and every attribute of
-  ``torch.Tensor`` and ``torch._C.TensorBase``) before the call and after it, outside the
+  the suites, kernels and checks call (``torch_functions.TORCH_FUNCTIONS``, and every attribute
+  of ``torch.Tensor`` and ``torch._C.TensorBase``) before the call and after it, outside the
   ``attnperf_sdpa_backend`` pin; a case that changed a switch or replaced a function is failed,
   naming each, and they are put back for the cases after it (checked again once the case's
   objects are freed: a guard a kernel kept restores state when it is freed). Functions are also
@@ -59,19 +60,21 @@ import pytest
 
 from pytest_attnperf.measure import process
 from pytest_attnperf.measure.switches import (
-    Functions,
     GlobalSwitch,
     changed_globals,
     describe_changes,
-    describe_functions,
-    pop_modes,
-    restore_functions,
     restore_globals,
     restore_rng,
-    snapshot_functions,
     snapshot_globals,
     snapshot_rng,
     torch_globals,
+)
+from pytest_attnperf.measure.torch_functions import (
+    Functions,
+    describe_functions,
+    pop_modes,
+    restore_functions,
+    snapshot_functions,
 )
 from pytest_attnperf.options import user_cache
 from pytest_attnperf.store.journal import RunMarker

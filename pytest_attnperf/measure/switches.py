@@ -7,13 +7,9 @@
 - **full float32 products** while references, yardsticks and ceilings are made, whatever TF32
   setting the project made (``exact_fp32``);
 - **random generators**: the default CPU one and, once CUDA is initialized, each device's
-  (``snapshot_rng``, ``restore_rng``);
-- **torch functions**: the identity of the module-level functions the suites, kernels and
-  checks call (``TORCH_FUNCTIONS``) and of every attribute of ``torch.Tensor`` and
-  ``torch._C.TensorBase`` (``TORCH_CLASSES``: the methods the checks call on tensors), so a
-  kernel that monkeypatches one is named and the original put back (``snapshot_functions``,
-  ``restore_functions``; ``put_back_functions`` does both, with the failure's text, right after
-  a kernel's call and before a check runs).
+  (``snapshot_rng``, ``restore_rng``).
+
+The torch functions a kernel can replace are guarded in ``measure.torch_functions``.
 
 torch is imported only by the functions that read it, and only an already imported module is
 looked at (``flex_attention``'s is not imported to check it).
@@ -21,30 +17,20 @@ looked at (``flex_attention``'s is not imported to check it).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 __all__ = [
-    "TORCH_CLASSES",
-    "TORCH_FUNCTIONS",
-    "Functions",
     "GlobalSwitch",
-    "Replaced",
     "changed_globals",
     "describe_changes",
-    "describe_functions",
     "exact_fp32",
     "flushes_denormals",
     "matmul_precisions",
-    "pop_modes",
-    "put_back_functions",
-    "restore_functions",
     "restore_globals",
     "restore_rng",
-    "snapshot_functions",
     "snapshot_globals",
     "snapshot_rng",
     "torch_globals",
@@ -72,8 +58,8 @@ class GlobalSwitch:
 
 
 def torch_globals() -> tuple[GlobalSwitch, ...]:
-    """The switches a kernel can leave changed, in the order they are set back (the float32
-    matmul precision before the TF32 flags it also sets)."""
+    """The switches a kernel can leave changed, in the order they are set back (each backend's
+    ``fp32_precision``, then the legacy float32 matmul precision, then the TF32 flags it also sets)."""
     import torch
 
     cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
@@ -99,14 +85,14 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
                      lambda: (torch.are_deterministic_algorithms_enabled(),
                               torch.is_deterministic_algorithms_warn_only_enabled()),
                      lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1])),
-        GlobalSwitch("float32 matmul precision (torch.get_float32_matmul_precision)",
-                     torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-        attr(cuda.matmul, "allow_tf32", "TF32 matmul (torch.backends.cuda.matmul.allow_tf32)"),
-        attr(cudnn, "allow_tf32", "TF32 cuDNN (torch.backends.cudnn.allow_tf32)"),
+        GlobalSwitch(LEGACY_PRECISION, torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        attr(cuda.matmul, "allow_tf32", LEGACY_TF32[0]),
+        attr(cudnn, "allow_tf32", LEGACY_TF32[1]),
         attr(cuda.matmul, "allow_fp16_reduced_precision_reduction",
              "fp16 reduced-precision reduction (torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)"),
         attr(cuda.matmul, "allow_bf16_reduced_precision_reduction",
              "bf16 reduced-precision reduction (torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)"),
+        *_fp32_precisions(torch),  # after the legacy settings, which write these too
         attr(cudnn, "enabled", "cuDNN (torch.backends.cudnn.enabled)"),
         attr(cudnn, "benchmark", "cuDNN benchmark (torch.backends.cudnn.benchmark)"),
         attr(cudnn, "deterministic", "cuDNN deterministic (torch.backends.cudnn.deterministic)"),
@@ -129,6 +115,42 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
         switches.append(_autocast(torch, device))
     switches.extend(_cuda_current(torch))
     return tuple(switches)
+
+
+LEGACY_PRECISION = "float32 matmul precision (torch.get_float32_matmul_precision)"
+LEGACY_TF32 = ("TF32 matmul (torch.backends.cuda.matmul.allow_tf32)", "TF32 cuDNN (torch.backends.cudnn.allow_tf32)")
+FP32_PRECISION = "float32 precision ({})"  # a backend's fp32_precision, by its qualified name
+FP32_PRECISION_OWNERS: tuple[str, ...] = (
+    "", "cuda.matmul", "cudnn", "mkldnn", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+"""Where torch 2.9 and later keep ``fp32_precision`` under ``torch.backends``, each parent before
+its children (a parent's value is what a child's ``"none"`` defers to)."""
+
+
+def _fp32_precisions(torch: Any) -> list[GlobalSwitch]:
+    """Each backend's ``fp32_precision`` this torch has (none before 2.9). They are the settings
+    themselves: the legacy getters are read through them, cannot see oneDNN's or the generic one,
+    and raise once both APIs were written; setting a legacy value back writes other values than
+    the case found (``"ieee"`` where it found ``"none"``)."""
+    switches = []
+    for path in FP32_PRECISION_OWNERS:
+        owner = torch.backends
+        for part in filter(None, path.split(".")):
+            owner = getattr(owner, part, None)
+        if owner is not None and hasattr(owner, "fp32_precision"):
+            name = ".".join(filter(None, ("torch.backends", path, "fp32_precision")))
+            switches.append(GlobalSwitch(FP32_PRECISION.format(name), _getter(owner), _setter(owner)))
+    return switches
+
+
+def _getter(owner: Any) -> Callable[[], Any]:
+    return lambda: owner.fp32_precision
+
+
+def _setter(owner: Any) -> Callable[[Any], None]:
+    def put(value: Any) -> None:
+        owner.fp32_precision = value
+
+    return put
 
 
 def flushes_denormals() -> bool:
@@ -237,9 +259,37 @@ def restore_globals(switches: tuple[GlobalSwitch, ...], before: dict[str, Any]) 
             switch.set(was)
         except Exception as exc:  # noqa: BLE001 - reported with the case; the run goes on
             failed.append(f"{switch.name} ({type(exc).__name__}: {str(exc)[:80]})")
+    _rewrite_legacy_precision(switches, before)
     failed.extend(name for name, *_ in changed_globals(before, snapshot_globals(switches))
                   if not any(f.startswith(name) for f in failed))
     return failed
+
+
+def _rewrite_legacy_precision(switches: tuple[GlobalSwitch, ...], before: dict[str, Any]) -> None:
+    """Torch 2.9 and later keep the legacy float32 matmul precision apart from the backends'
+    ``fp32_precision``, and its getters refuse to read while the two disagree (a project that wrote
+    both APIs). A case that writes the legacy setting over such a state leaves it readable: every
+    ``fp32_precision`` is put back, the legacy value is not (torch cannot read it). Each of its
+    three values is written again, and every ``fp32_precision`` put back after it, until the legacy
+    getters read as they did before the case; where none does, the one found is put back."""
+    by_name = {s.name: s for s in switches}
+    legacy = [by_name[name] for name in (LEGACY_PRECISION, *LEGACY_TF32) if name in by_name]
+    precisions = [s for s in switches if s.name.startswith(FP32_PRECISION.split("{")[0])
+                  and not isinstance(before.get(s.name), Unreadable)]
+    if not legacy or not precisions or all(_read(s) == before.get(s.name) for s in legacy):
+        return
+    found = _read(legacy[0])
+    for value in ("highest", "high", "medium", found):
+        if isinstance(value, Unreadable):
+            break
+        try:
+            legacy[0].set(value)
+            for switch in precisions:
+                switch.set(before[switch.name])
+        except Exception:  # noqa: BLE001 - what stays different is named by the caller's read-back
+            continue
+        if all(_read(s) == before.get(s.name) for s in legacy):
+            return
 
 
 def matmul_precisions() -> list[Any]:
@@ -330,241 +380,3 @@ def describe_changes(changes: list[tuple[str, Any, Any]], not_restored: list[str
     if not_restored:
         text += "\n  could not be set back: " + "; ".join(not_restored)
     return text
-
-
-# -- torch functions -----------------------------------------------------------------------
-
-TORCH_FUNCTIONS: tuple[str, ...] = (
-    # what the suites and kernels call
-    "torch.nn.functional.scaled_dot_product_attention",
-    "torch.nn.functional.softmax",
-    "torch.matmul",
-    "torch.bmm",
-    "torch.softmax",
-    "torch.einsum",
-    "torch.compile",
-    "torch.autograd.grad",
-    "torch.nn.attention.flex_attention.flex_attention",
-    # what the checks (families.checks, families.draws, measure.verify) and the linear
-    # families' references, computed after the kernel's call, call
-    "torch.nn.functional.avg_pool1d",
-    "torch.maximum",
-    "torch.frexp",
-    "torch.ldexp",
-    "torch.isfinite",
-    "torch.equal",
-    "torch.where",
-    "torch.count_nonzero",
-    "torch.finfo",
-    "torch.tensor",
-    "torch.ones_like",
-    "torch.zeros_like",
-    "torch.ones",
-    "torch.zeros",
-    "torch.eye",
-    "torch.empty",
-    "torch.full",
-    "torch.stack",
-    "torch.cat",
-    "torch.exp",
-    "torch.rsqrt",
-    "torch.linalg.solve_triangular",
-    "torch.no_grad",
-    "torch.enable_grad",
-    "torch.arange",
-    "torch.nn.functional.pad",
-    "torch.cuda.synchronize",
-)
-"""The module-level torch functions whose identity is checked around each case and each
-kernel's call: a module's attribute (its module must be imported already). Add a name here to
-guard one more. Whole module dicts are not compared: importing torch's compiler legitimately
-replaces some of ``torch``'s attributes (``torch.manual_seed``)."""
-
-TORCH_CLASSES: tuple[str, ...] = ("torch.Tensor", "torch._C.TensorBase")
-"""The classes whose every attribute is guarded (their ``__dict__``, by identity): the methods
-and operators the checks call on tensors (``abs``, ``__sub__``, ``max``, ``norm``...). A name
-set on ``torch.Tensor`` over one it inherits from ``torch._C.TensorBase`` is a replacement too."""
-
-_MISSING = object()  # an attribute the owner's ``__dict__`` does not hold (inherited, or absent)
-
-Slot = tuple[Any, str, Any]  # the owner (module or class), the attribute, what its __dict__ held
-
-
-@dataclass(frozen=True)
-class Functions:
-    """The guarded torch functions at one moment: what each owner's ``__dict__`` held under each
-    of ``TORCH_FUNCTIONS``, by qualified name, and a copy of each of ``TORCH_CLASSES``'
-    ``__dict__``, by the class's qualified name."""
-
-    slots: dict[str, Slot]
-    classes: dict[str, tuple[type, dict[str, Any]]]
-    modes: tuple[int, int] = (0, 0)  # how deep torch's function-mode and dispatch-mode stacks were
-
-
-def _mode_depths() -> tuple[int, int]:
-    """How many torch function modes and dispatch modes are active (``TorchFunctionMode``,
-    ``TorchDispatchMode``): a mode left on intercepts every torch call after it, the checks' too."""
-    import torch
-
-    return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
-
-
-def pop_modes(before: tuple[int, int]) -> list[str]:
-    """The modes pushed since ``before`` and left on, popped: their class names, innermost first
-    (none where torch is not imported: nothing is imported to look)."""
-    if "torch" not in sys.modules:
-        return []
-    import torch
-    from torch.utils._python_dispatch import _pop_mode  # the dispatch stack's own pop (infra modes too)
-
-    popped = []
-    for kind, depth, pop, was in (("torch function mode", torch._C._len_torch_function_stack,
-                                   torch._C._pop_torch_function_stack, before[0]),
-                                  ("dispatch mode", torch._C._len_torch_dispatch_stack, _pop_mode, before[1])):
-        while depth() > was:
-            try:
-                mode = pop()
-            except Exception as exc:  # noqa: BLE001 - named, and the rest left: popping must end
-                popped.append(f"{kind}s: {depth() - was} could not be popped ({type(exc).__name__}: {exc})")
-                break
-            popped.append(f"{kind} {type(mode).__qualname__}")
-    return popped
-
-
-class Replaced(NamedTuple):
-    """A guarded torch function that was not the object it had been."""
-
-    name: str  # qualified: torch.matmul, torch.Tensor.abs
-    now: Any  # what replaced it (``_MISSING``: deleted)
-    problem: str | None  # why it could not be put back; None: it was
-
-
-def _owner(qualname: str) -> tuple[Any, str] | None:
-    """The imported module or class that holds ``qualname``'s last part, and that part; None
-    where its module is not imported (nothing is imported to check it)."""
-    parts = qualname.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        owner = sys.modules.get(".".join(parts[:cut]))
-        if owner is None:
-            continue
-        for name in parts[cut:-1]:
-            owner = getattr(owner, name, None)
-            if owner is None:
-                return None
-        return owner, parts[-1]
-    return None
-
-
-def _class(qualname: str) -> type | None:
-    """The class ``qualname`` names, where its module is imported."""
-    found = _owner(qualname)
-    cls = getattr(found[0], found[1], None) if found is not None else None
-    return cls if isinstance(cls, type) else None
-
-
-def snapshot_functions(names: tuple[str, ...] = TORCH_FUNCTIONS,
-                       classes: tuple[str, ...] = TORCH_CLASSES) -> Functions:
-    """What each owner's ``__dict__`` holds under each of ``names`` (a class's inherited method
-    reads as absent: a kernel that sets it adds an entry), and each of ``classes``' whole
-    ``__dict__``; only for modules already imported."""
-    slots: dict[str, Slot] = {}
-    for qualname in names:
-        found = _owner(qualname)
-        if found is not None:
-            owner, attr = found
-            slots[qualname] = (owner, attr, vars(owner).get(attr, _MISSING))
-    held = {qualname: (cls, dict(vars(cls))) for qualname in classes if (cls := _class(qualname)) is not None}
-    return Functions(slots, held, _mode_depths() if "torch" in sys.modules else (0, 0))
-
-
-def _put(owner: Any, attr: str, value: Any) -> None:
-    """Set ``owner.attr`` to ``value`` (delete it for ``_MISSING``). A C type refuses ``setattr``
-    (``torch._C.TensorBase``); what a kernel wrote into its dict anyway (through
-    ``gc.get_referents``) is put back the same way, and the type's method cache invalidated."""
-    try:
-        if value is _MISSING:
-            delattr(owner, attr)
-        else:
-            setattr(owner, attr, value)
-    except TypeError:
-        if not isinstance(owner, type):
-            raise
-        import ctypes
-        import gc
-
-        (contents,) = [d for d in gc.get_referents(vars(owner)) if isinstance(d, dict)]
-        if value is _MISSING:
-            contents.pop(attr, None)
-        else:
-            contents[attr] = value
-        ctypes.pythonapi.PyType_Modified(ctypes.py_object(owner))
-
-
-def _put_back(qualname: str, owner: Any, attr: str, was: Any, now: Any) -> Replaced:
-    try:
-        _put(owner, attr, was)
-        problem = None
-    except Exception as exc:  # noqa: BLE001 - reported with the case; the run goes on
-        problem = f"{type(exc).__name__}: {str(exc)[:80]}"
-    return Replaced(qualname, now, problem)
-
-
-def restore_functions(before: Functions) -> list[Replaced]:
-    """Put back every guarded function that is not the object it was, by identity (a class
-    attribute the kernel added over an inherited one is deleted, one it deleted set again; one
-    that shadows nothing is left): each, with what had replaced it and whether it could be put
-    back."""
-    replaced: list[Replaced] = []
-    for qualname, (owner, attr, was) in before.slots.items():
-        now = vars(owner).get(attr, _MISSING)
-        if now is not was:
-            replaced.append(_put_back(qualname, owner, attr, was, now))
-    for prefix, (cls, held) in before.classes.items():
-        contents = dict(vars(cls))
-        added = [name for name in contents if name not in held and _inherited(cls, name)]
-        for attr in [*held, *added]:
-            was, now = held.get(attr, _MISSING), contents.get(attr, _MISSING)
-            if now is not was:
-                replaced.append(_put_back(f"{prefix}.{attr}", cls, attr, was, now))
-    return replaced
-
-
-def _inherited(cls: type, name: str) -> bool:
-    """Whether one of ``cls``'s bases holds ``name``: a name added to ``cls`` then shadows it (a
-    replacement), while a name no base holds changes nothing the checks call (Python's
-    ``copyreg`` adds ``__slotnames__`` to ``torch.Tensor`` the first time a tensor is copied or
-    pickled)."""
-    return any(name in vars(base) for base in cls.__mro__[1:])
-
-
-def put_back_functions(before: Functions, who: str, checks: str) -> str | None:
-    """After a kernel's call and before ``checks`` run: every guarded function replaced since
-    ``before`` put back, and every torch function or dispatch mode pushed since and left on popped,
-    and a failure's message naming each (``who`` replaced... / left a torch mode on); None where
-    nothing was."""
-    replaced, modes = restore_functions(before), pop_modes(before.modes)
-    if not replaced and not modes:
-        return None
-    what = " and ".join(w for w, found in (("replaced torch functions", replaced), ("left a torch mode on", modes))
-                        if found)
-    lines = ([describe_functions(replaced)] if replaced else []) + [f"  {mode}: left on" for mode in modes]
-    return f"{who} {what}, put back now; {checks} would otherwise have run with them:\n" + "\n".join(lines)
-
-
-def _what(value: Any) -> str:
-    """A replacement as a failure names it: a function by its module and qualified name, anything
-    else by its repr where that is short."""
-    if value is _MISSING:
-        return "nothing (deleted)"
-    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if isinstance(module, str) and isinstance(name, str):
-        return f"{module}.{name}"
-    text = repr(value)
-    return text if len(text) <= 100 else f"a {type(value).__name__} object"
-
-
-def describe_functions(replaced: list[Replaced]) -> str:
-    """One line per replaced function: its name, what replaced it, and any failure to put it back."""
-    return "\n".join(f"  {r.name}: replaced by {_what(r.now)}"
-                     + (f" (could not be put back: {r.problem})" if r.problem else "")
-                     for r in replaced)

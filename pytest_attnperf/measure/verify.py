@@ -42,7 +42,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_attnperf.measure.collector import gc_paused
-from pytest_attnperf.measure.switches import put_back_functions, snapshot_functions
+from pytest_attnperf.measure.torch_functions import put_back_functions, snapshot_functions
 
 __all__ = ["UNVERIFIED", "Draws", "Replays", "TimedDiffers", "raised_as_differing", "tensors_of"]
 
