@@ -58,8 +58,9 @@ class GlobalSwitch:
 
 
 def torch_globals() -> tuple[GlobalSwitch, ...]:
-    """The switches a kernel can leave changed, in the order they are set back (each backend's
-    ``fp32_precision``, then the legacy float32 matmul precision, then the TF32 flags it also sets)."""
+    """The switches a kernel can leave changed, in the order they are set back (the legacy float32
+    matmul precision, then the TF32 flags it also sets, then each backend's ``fp32_precision``,
+    which both write: set last, they hold the values the case found)."""
     import torch
 
     cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
