@@ -65,9 +65,6 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
 
     cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
 
-    def attr(owner: Any, name: str, label: str) -> GlobalSwitch:
-        return GlobalSwitch(label, lambda: getattr(owner, name), lambda value: setattr(owner, name, value))
-
     def set_grad(value: Any) -> None:
         torch.set_grad_enabled(value)
 
@@ -87,17 +84,17 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
                               torch.is_deterministic_algorithms_warn_only_enabled()),
                      lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1])),
         GlobalSwitch(LEGACY_PRECISION, torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
-        attr(cuda.matmul, "allow_tf32", LEGACY_TF32[0]),
-        attr(cudnn, "allow_tf32", LEGACY_TF32[1]),
-        attr(cuda.matmul, "allow_fp16_reduced_precision_reduction",
+        _attribute(cuda.matmul, "allow_tf32", LEGACY_TF32[0]),
+        _attribute(cudnn, "allow_tf32", LEGACY_TF32[1]),
+        _attribute(cuda.matmul, "allow_fp16_reduced_precision_reduction",
              "fp16 reduced-precision reduction (torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)"),
-        attr(cuda.matmul, "allow_bf16_reduced_precision_reduction",
+        _attribute(cuda.matmul, "allow_bf16_reduced_precision_reduction",
              "bf16 reduced-precision reduction (torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)"),
         *_fp32_precisions(torch),  # after the legacy settings, which write these too
-        attr(cudnn, "enabled", "cuDNN (torch.backends.cudnn.enabled)"),
-        attr(cudnn, "benchmark", "cuDNN benchmark (torch.backends.cudnn.benchmark)"),
-        attr(cudnn, "deterministic", "cuDNN deterministic (torch.backends.cudnn.deterministic)"),
-        attr(torch.backends.mkldnn, "enabled", "oneDNN (torch.backends.mkldnn.enabled)"),
+        _attribute(cudnn, "enabled", "cuDNN (torch.backends.cudnn.enabled)"),
+        _attribute(cudnn, "benchmark", "cuDNN benchmark (torch.backends.cudnn.benchmark)"),
+        _attribute(cudnn, "deterministic", "cuDNN deterministic (torch.backends.cudnn.deterministic)"),
+        _attribute(torch.backends.mkldnn, "enabled", "oneDNN (torch.backends.mkldnn.enabled)"),
         GlobalSwitch("anomaly detection (torch.is_anomaly_enabled)", torch.is_anomaly_enabled,
                      torch.set_anomaly_enabled),
         GlobalSwitch("CPU threads (torch.get_num_threads)", torch.get_num_threads, torch.set_num_threads),
@@ -127,31 +124,32 @@ FP32_PRECISION_OWNERS: tuple[str, ...] = (
 its children (a parent's value is what a child's ``"none"`` defers to)."""
 
 
-def _fp32_precisions(torch: Any) -> list[GlobalSwitch]:
-    """Each backend's ``fp32_precision`` this torch has (none before 2.9). They are the settings
-    themselves: the legacy getters are read through them, cannot see oneDNN's or the generic one,
-    and raise once both APIs were written; setting a legacy value back writes other values than
-    the case found (``"ieee"`` where it found ``"none"``)."""
-    switches = []
-    for path in FP32_PRECISION_OWNERS:
+def _attribute(owner: Any, name: str, label: str) -> GlobalSwitch:
+    """The switch that is ``owner.name``."""
+    return GlobalSwitch(label, lambda: getattr(owner, name), lambda value: setattr(owner, name, value))
+
+
+def _precision_owners(torch: Any, paths: tuple[str, ...] = FP32_PRECISION_OWNERS) -> dict[str, Any]:
+    """Of ``paths`` under ``torch.backends``, those this torch gives a ``fp32_precision`` (none
+    before 2.9), by path."""
+    owners = {}
+    for path in paths:
         owner = torch.backends
         for part in filter(None, path.split(".")):
             owner = getattr(owner, part, None)
         if owner is not None and hasattr(owner, "fp32_precision"):
-            name = ".".join(filter(None, ("torch.backends", path, "fp32_precision")))
-            switches.append(GlobalSwitch(FP32_PRECISION.format(name), _getter(owner), _setter(owner)))
-    return switches
+            owners[path] = owner
+    return owners
 
 
-def _getter(owner: Any) -> Callable[[], Any]:
-    return lambda: owner.fp32_precision
-
-
-def _setter(owner: Any) -> Callable[[Any], None]:
-    def put(value: Any) -> None:
-        owner.fp32_precision = value
-
-    return put
+def _fp32_precisions(torch: Any) -> list[GlobalSwitch]:
+    """Each backend's ``fp32_precision`` this torch has. They are the settings themselves: the
+    legacy getters are read through them, cannot see oneDNN's or the generic one, and raise once
+    both APIs were written; setting a legacy value back writes other values than the case found
+    (``"ieee"`` where it found ``"none"``)."""
+    return [_attribute(owner, "fp32_precision",
+                       FP32_PRECISION.format(".".join(filter(None, ("torch.backends", path, "fp32_precision")))))
+            for path, owner in _precision_owners(torch).items()]
 
 
 def flushes_denormals() -> bool:
@@ -272,7 +270,8 @@ def _rewrite_legacy_precision(switches: tuple[GlobalSwitch, ...], before: dict[s
     both APIs). A case that writes the legacy setting over such a state leaves it readable: every
     ``fp32_precision`` is put back, the legacy value is not (torch cannot read it). Each of its
     three values is written again, and every ``fp32_precision`` put back after it, until the legacy
-    getters read as they did before the case; where none does, the one found is put back."""
+    getters read as they did before the case; where none does, the one found (where it could be
+    read) is put back."""
     by_name = {s.name: s for s in switches}
     legacy = [by_name[name] for name in (LEGACY_PRECISION, *LEGACY_TF32) if name in by_name]
     precisions = [s for s in switches if s.name.startswith(FP32_PRECISION.split("{")[0])
@@ -299,8 +298,7 @@ def matmul_precisions() -> list[Any]:
     ``torch.backends.mkldnn.matmul``, oneDNN's on the CPU); empty on an older torch."""
     import torch
 
-    owners = (torch.backends.cuda.matmul, getattr(torch.backends.mkldnn, "matmul", None))
-    return [owner for owner in owners if owner is not None and hasattr(owner, "fp32_precision")]
+    return list(_precision_owners(torch, ("cuda.matmul", "mkldnn.matmul")).values())
 
 
 @contextmanager
