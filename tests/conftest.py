@@ -10,7 +10,8 @@ import os
 # One thread per process: the tests' tensors are tiny, and under -n auto each core already runs a
 # worker, whose pytester runs and subprocesses inherit this (set before torch starts its pool;
 # torch.set_num_threads below where a plugin imported torch first). Several threads a process
-# made the same tests 10-17% slower on a 2-core machine.
+# made the same tests 10-17% slower on a 2-core machine. Another value the caller set is theirs:
+# torch reads it itself (it may be a list, "4,2", which set_num_threads does not take).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
@@ -44,7 +45,8 @@ def _load_lazily_imported_modules() -> None:
 
 
 _load_lazily_imported_modules()
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if os.environ["OMP_NUM_THREADS"] == "1":
+    torch.set_num_threads(1)
 
 
 import pytest  # noqa: E402

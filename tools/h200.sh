@@ -15,6 +15,11 @@ if [ -z "${WHEELS_READY:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 PYTEST=(python3 -m pytest -p no:cacheprovider -q --tb=short -rs --timeout=240)
+# the model cases of the models and models-gate modes: the committed configs, TP degrees (TP,
+# default 1,8), training shapes (TRAIN, default none)
+# shellcheck disable=SC2054  # the commas are in one option's value
+MODEL_OPTS=(--hw=h200 --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}"
+            --attnperf-model-train="${TRAIN:-none}")
 
 keep_cache() {  # autotune results travel back, so the next machine skips autotuning; the compiled
   # kernels too while the whole cache stays under 40 MiB (carry takes 64 MiB in all), so it also
@@ -319,9 +324,7 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
     t0=$SECONDS
     BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
     resume_restore "$BASE"
-    # shellcheck disable=SC2054  # the commas are in one option's value
-    OPTS=(--hw=h200 --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}"
-          --attnperf-model-train="${TRAIN:-none}" --attnperf-baselines="$BASE")
+    OPTS=("${MODEL_OPTS[@]}" --attnperf-baselines="$BASE")
     SEL=(pytest_attnperf/families/models/suite.py -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}")
     if [ -n "${MISSING:-}" ]; then
       ids=$(missing_ids "$BASE/h200.yaml" "${SEL[@]}" "${OPTS[@]}") || exit 1
@@ -354,10 +357,8 @@ PY
     # degrees of the models mode, every kernel (K: a -k selection), a case without an entry failed
     # (--attnperf-require-baseline), stopped at BUDGET (default 300 s); every test's time in
     # $OUT/models-gate.xml
-    # shellcheck disable=SC2054  # the commas are in one option's value
-    timeout -s INT "${BUDGET:-300}" "${PYTEST[@]}" pytest_attnperf/families/models/suite.py --hw=h200 \
-      --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}" \
-      --attnperf-model-train="${TRAIN:-none}" --junitxml="$OUT/models-gate.xml" -o junit_duration_report=total \
+    timeout -s INT "${BUDGET:-300}" "${PYTEST[@]}" pytest_attnperf/families/models/suite.py "${MODEL_OPTS[@]}" \
+      --junitxml="$OUT/models-gate.xml" -o junit_duration_report=total \
       --benchmark-disable --attnperf-case-timeout=150 --attnperf-report="$OUT/models-gate-report" \
       --attnperf-require-baseline ${K:+-k "$K"} 2>&1 | tee "$OUT/models-gate.log"
     if [ -d "$OUT/models-gate-report" ]; then
