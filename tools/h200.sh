@@ -15,10 +15,12 @@ if [ -z "${WHEELS_READY:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 PYTEST=(python3 -m pytest -p no:cacheprovider -q --tb=short -rs --timeout=240)
+# HW (default h200): the card the models and models-gate modes record and gate, baselines/$HW.yaml
+HW="${HW:-h200}"
 # the model cases of the models and models-gate modes: the committed configs, TP degrees (TP,
 # default 1,8), training shapes (TRAIN, default none)
 # shellcheck disable=SC2054  # the commas are in one option's value
-MODEL_OPTS=(--hw=h200 --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}"
+MODEL_OPTS=(--hw="$HW" --attnperf-model=llama3-8b,mistral-7b,qwen3-next-80b-a3b --attnperf-tp="${TP:-1,8}"
             --attnperf-model-train="${TRAIN:-none}")
 
 keep_cache() {  # autotune results travel back, so the next machine skips autotuning; the compiled
@@ -38,22 +40,22 @@ keep_cache() {  # autotune results travel back, so the next machine skips autotu
 # machine in $RESUMED/<mode>, since each call copies the working tree anew. The committed file's
 # hash is kept with them: a call whose committed file differs (a new commit) does not resume
 RESUMED=/tmp/attnperf-resume/${1:-none}
-COMMITTED_SHA=$(sha256sum baselines/h200.yaml 2>/dev/null | cut -d' ' -f1)
+COMMITTED_SHA=$(sha256sum "baselines/$HW.yaml" 2>/dev/null | cut -d' ' -f1)
 resume_restore() {  # $1: the baselines folder the recording writes into
-  [ -n "${RESUME:-}" ] && [ -e "$RESUMED/h200.yaml" ] || return 0
+  [ -n "${RESUME:-}" ] && [ -e "$RESUMED/$HW.yaml" ] || return 0
   if [ "$(cat "$RESUMED/committed.sha" 2>/dev/null)" != "$COMMITTED_SHA" ]; then
-    echo "not resumed: baselines/h200.yaml changed since the recording kept in $RESUMED (commit that one first)"
+    echo "not resumed: baselines/$HW.yaml changed since the recording kept in $RESUMED (commit that one first)"
     return 0
   fi
-  cp "$RESUMED/h200.yaml" "$1/h200.yaml"
-  if [ -d "$RESUMED/h200.autotune" ]; then rm -rf "$1/h200.autotune"; cp -r "$RESUMED/h200.autotune" "$1/"; fi
-  echo "resumed from the last call's recording: $(grep -c 'run_medians_ms' "$1/h200.yaml") entries"
+  cp "$RESUMED/$HW.yaml" "$1/$HW.yaml"
+  if [ -d "$RESUMED/$HW.autotune" ]; then rm -rf "$1/$HW.autotune"; cp -r "$RESUMED/$HW.autotune" "$1/"; fi
+  echo "resumed from the last call's recording: $(grep -c 'run_medians_ms' "$1/$HW.yaml") entries"
 }
 resume_save() {
   [ -n "${RESUME:-}" ] || return 0
-  rm -rf "$RESUMED"; mkdir -p "$RESUMED"; cp "$1/h200.yaml" "$RESUMED/"
+  rm -rf "$RESUMED"; mkdir -p "$RESUMED"; cp "$1/$HW.yaml" "$RESUMED/"
   echo "$COMMITTED_SHA" > "$RESUMED/committed.sha"
-  if [ -d "$1/h200.autotune" ]; then cp -r "$1/h200.autotune" "$RESUMED/"; fi
+  if [ -d "$1/$HW.autotune" ]; then cp -r "$1/$HW.autotune" "$RESUMED/"; fi
 }
 left_of() {  # seconds left of BUDGET ($1) since $2, at least 30 (timeout reads 0 as no limit)
   local left=$(( $1 - (SECONDS - $2) ))
@@ -327,7 +329,7 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
     OPTS=("${MODEL_OPTS[@]}" --attnperf-baselines="$BASE")
     SEL=(pytest_attnperf/families/models/suite.py -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}")
     if [ -n "${MISSING:-}" ]; then
-      ids=$(missing_ids "$BASE/h200.yaml" "${SEL[@]}" "${OPTS[@]}") || exit 1
+      ids=$(missing_ids "$BASE/$HW.yaml" "${SEL[@]}" "${OPTS[@]}") || exit 1
       mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
       echo "${#SEL[@]} selected cases without an entry"
     fi
@@ -340,7 +342,7 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
     grep -E "passed|failed|skipped" "$OUT/models.log" | tail -n 1
     grep -E "^SKIPPED|^FAILED" "$OUT/models.log" | cut -c1-160 | sort | uniq -c | head -n 20
     keep_cache >/dev/null
-    python3 - "$BASE/h200.yaml" <<'PY'
+    python3 - "$BASE/$HW.yaml" <<'PY'
 import sys, yaml
 entries = yaml.safe_load(open(sys.argv[1]))["entries"]
 rows = [(k.split("[", 1)[1].rstrip("]"), e) for k, e in sorted(entries.items()) if "families/models/" in k]
