@@ -15,8 +15,13 @@ if [ -z "${WHEELS_READY:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 PYTEST=(python3 -m pytest -p no:cacheprovider -q --tb=short -rs --timeout=240)
-# HW (default h200): the card the models and models-gate modes record and gate, baselines/$HW.yaml
+# HW (default h200): the card the models and models-gate modes record and gate, baselines/$HW.yaml;
+# every other mode is the H200's, and refuses another HW rather than mix two cards' files
 HW="${HW:-h200}"
+case "$HW:${1:-}" in
+  h200:* | *:models | *:models-gate) ;;
+  *) echo "HW=$HW: only the models and models-gate modes take another card than h200" >&2; exit 2 ;;
+esac
 # the model cases of the models and models-gate modes: the committed configs, TP degrees (TP,
 # default 1,8), training shapes (TRAIN, default none)
 # shellcheck disable=SC2054  # the commas are in one option's value
@@ -318,7 +323,7 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
     python3 tools/memory.py noise-table "$OUT"/memory-noise-[12].json --table-out "$OUT/memory-noise.md" ;;
   models)  # the committed model configs at TP 1 and 8, prefill at T=4096 and 16384 (fwd and fwd+bwd)
     # and decode (one token, B=1 over 32K keys and B=32 over 8K), the kernels K selects (default:
-    # cuDNN, flash, flex-window, fla's chunk GDN and its fused recurrent step), recorded with
+    # cuDNN, flash, flex-window, fla's chunk GDN and its fused recurrent step; K=all: every kernel), recorded with
     # --update-baselines into a copy of baselines/ ($OUT/baselines, the file to commit from, packed as $OUT/baselines.tgz), stopped
     # at BUDGET (default 330 s, counted from the mode's start; fla autotunes the GDN heads on a fresh
     # machine); the table last, the report's model tables in $OUT/models-report.tgz. MISSING=1 and
@@ -327,7 +332,8 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
     BASE="$OUT/baselines"; rm -rf "$BASE"; cp -r baselines "$BASE"
     resume_restore "$BASE"
     OPTS=("${MODEL_OPTS[@]}" --attnperf-baselines="$BASE")
-    SEL=(pytest_attnperf/families/models/suite.py -k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}")
+    SEL=(pytest_attnperf/families/models/suite.py)  # K=all: every kernel
+    [ "${K:-}" = all ] || SEL+=(-k "${K:-sdpa-cudnn or sdpa-flash or flex-window or fla-chunk or fla-fused-recurrent}")
     if [ -n "${MISSING:-}" ]; then
       ids=$(missing_ids "$BASE/$HW.yaml" "${SEL[@]}" "${OPTS[@]}") || exit 1
       mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
