@@ -6,6 +6,13 @@
 # decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
+# HW (default h200): the card the models and models-gate modes record and gate, baselines/$HW.yaml;
+# every other mode is the H200's, and refuses another HW rather than mix two cards' files
+HW="${HW:-h200}"
+case "$HW:${1:-}" in
+  h200:* | *:models | *:models-gate) ;;
+  *) echo "HW=$HW: only the models and models-gate modes take another card than h200" >&2; exit 2 ;;
+esac
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
 OUT="${OUT:-/tmp/attnperf-out}"
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
@@ -15,13 +22,6 @@ if [ -z "${WHEELS_READY:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 PYTEST=(python3 -m pytest -p no:cacheprovider -q --tb=short -rs --timeout=240)
-# HW (default h200): the card the models and models-gate modes record and gate, baselines/$HW.yaml;
-# every other mode is the H200's, and refuses another HW rather than mix two cards' files
-HW="${HW:-h200}"
-case "$HW:${1:-}" in
-  h200:* | *:models | *:models-gate) ;;
-  *) echo "HW=$HW: only the models and models-gate modes take another card than h200" >&2; exit 2 ;;
-esac
 # the model cases of the models and models-gate modes: the committed configs, TP degrees (TP,
 # default 1,8), training shapes (TRAIN, default none)
 # shellcheck disable=SC2054  # the commas are in one option's value
@@ -364,7 +364,8 @@ PY
   models-gate)  # the model cases against the committed baselines (no recording): the configs and
     # degrees of the models mode, every kernel (K: a -k selection), a case without an entry failed
     # (--attnperf-require-baseline), stopped at BUDGET (default 300 s); every test's time in
-    # $OUT/models-gate.xml
+    # $OUT/models-gate.xml. K=all, as in the models mode, selects every kernel too
+    [ "${K:-}" = all ] && K=
     timeout -s INT "${BUDGET:-300}" "${PYTEST[@]}" pytest_attnperf/families/models/suite.py "${MODEL_OPTS[@]}" \
       --junitxml="$OUT/models-gate.xml" -o junit_duration_report=total \
       --benchmark-disable --attnperf-case-timeout=150 --attnperf-report="$OUT/models-gate-report" \
