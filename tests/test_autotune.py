@@ -461,3 +461,31 @@ def test_a_recording_in_turns_measures_only_the_cases_without_an_entry() -> None
              "  UserWarning: c10::Half is not supported here"]
     assert kit.tool("missing").missing(lines, committed) == [new]
     assert kit.tool("missing").missing(lines, {}) == [have, new]
+
+
+def test_seeding_a_card_copies_only_the_hash_folders_it_lacks(tmp_path: Path) -> None:
+    """``tools/seed_choices.py`` (``tools/h200.sh record`` with ``SEED=h200``): another card's
+    choices are copied for the hash folders this card lacks, its own are never replaced, each copy
+    names the card it was chosen on, and ``--skip-source`` leaves out the choices of those tests."""
+    import kit
+
+    cache, theirs, ours = tmp_path / "cache", tmp_path / "h200.autotune", tmp_path / "h100.autotune"
+    hash_c = "C" * 52
+    put(cache, HASH_A, "kern_a", result_json(128))
+    put(cache, HASH_B, "kern_b", result_json(64))
+    put(cache, hash_c, "kern_c", result_json(16))
+    autotune.record(theirs, cache, {f"{HASH_A}/kern_a.autotune.json": "suites/t.py::a",
+                                    f"{HASH_B}/kern_b.autotune.json": "suites/t.py::b",
+                                    f"{hash_c}/kern_c.autotune.json": "families/models/suite.py::c"}, "3.6.0")
+    put(cache, HASH_B, "kern_b", result_json(32))  # this card chose otherwise for B
+    autotune.record(ours, cache, {f"{HASH_B}/kern_b.autotune.json": "suites/t.py::b"}, "3.6.0")
+    seed = kit.tool("seed_choices").seed
+    assert seed(theirs, ours, ("families/models/",)) == (1, 1, [])
+    entries = yaml.safe_load((ours / "manifest.yaml").read_text())["entries"]
+    assert sorted(entries) == [HASH_A, HASH_B]
+    assert entries[HASH_A]["source"] == "suites/t.py::a (chosen on h200)"
+    assert (ours / f"{HASH_A}.json").read_text() == result_json(128)
+    assert entries[HASH_B]["chosen"].startswith("BT=32")
+    assert entries[HASH_B]["source"] == "suites/t.py::b"
+    assert seed(theirs, ours) == (1, 2, [])  # the model test's choice, once not skipped
+    assert seed(theirs, ours) == (0, 3, [])

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
-#   bash tools/h200.sh preflight | record-linear | gate | noise | pair | short | full | check | power | integrity |
+#   bash tools/h200.sh preflight | record | record-linear | gate | noise | pair | short | full | check | power | integrity |
 #     inventory | memory | memory-noise | models | models-gate | decode | history
 # Logs, JSON and the baseline file go to $OUT; a mode that writes many files (history, models,
 # decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
-# HW (default h200): the card the models and models-gate modes record and gate, baselines/$HW.yaml;
-# every other mode is the H200's, and refuses another HW rather than mix two cards' files
+# HW (default h200): the card the record, gate, models and models-gate modes record and gate,
+# baselines/$HW.yaml; every other mode is the H200's, and refuses another HW rather than mix two
+# cards' files
 HW="${HW:-h200}"
 case "$HW:${1:-}" in
-  h200:* | *:models | *:models-gate) ;;
-  *) echo "HW=$HW: only the models and models-gate modes take another card than h200" >&2; exit 2 ;;
+  h200:* | *:record | *:gate | *:models | *:models-gate) ;;
+  *) echo "HW=$HW: only the record, gate, models and models-gate modes take another card than h200" >&2; exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
 OUT="${OUT:-/tmp/attnperf-out}"
@@ -98,6 +99,34 @@ case "${1:-}" in
     # autotuned with an empty Triton cache) had not returned when a 150 s limit on the whole mode,
     # wheels' install included, stopped it: give it 300 s or more
     python3 tools/preflight.py ${FULL:+--full} 2>&1 | tee "$OUT/preflight.log" | tail -n 60 ;;
+  record)  # the whole suite (suites/; EXTRA: more pytest arguments, K: a -k selection) recorded
+    # into baselines/$HW.yaml, stopped at BUDGET (default 520 s from the mode's start; keep the
+    # call's timeout_s 80 s above it), its journal then merged; the file and its autotune choices
+    # come back as recorded.tgz. SEED=<card> first copies that card's recorded choices into
+    # baselines/$HW.autotune for the hash folders it lacks (tools/seed_choices.py: on the same
+    # stack an sm_90 card's Triton hashes are another's), so fla's kernels time those
+    # configurations instead of autotuning anew; the summary's "autotuned in this run" line says
+    # whether any kernel still autotuned. MISSING=1 and RESUME=1 as for record-linear
+    t0=$SECONDS
+    resume_restore baselines
+    if [ -n "${SEED:-}" ]; then
+      python3 tools/seed_choices.py "baselines/$SEED.autotune" "baselines/$HW.autotune" --skip-source families/models/ || exit 1
+    fi
+    SEL=(suites/); [ -n "${K:-}" ] && SEL+=(-k "$K")
+    if [ -n "${MISSING:-}" ]; then
+      # shellcheck disable=SC2086
+      ids=$(missing_ids "baselines/$HW.yaml" "${SEL[@]}" --hw="$HW" ${EXTRA:-}) || exit 1
+      mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
+      echo "${#SEL[@]} selected cases without an entry"
+    fi
+    # shellcheck disable=SC2086
+    [ "${#SEL[@]}" -gt 0 ] && record_for "$(left_of "${BUDGET:-520}" "$t0")" "$OUT/record.log" "${SEL[@]}" \
+      --hw="$HW" --benchmark-disable ${EXTRA:-} && tail -n 3 "$OUT/record.log"
+    "${PYTEST[@]}" suites/ --hw="$HW" --update-baselines --collect-only ${EXTRA:-} 2>&1 \
+      | grep "^baselines:" | tee "$OUT/record-merge.log"
+    grep -E "^FAILED|^ERROR|autotuned in this run|^baselines:" "$OUT/record.log" | cut -c1-200 | head -n 30
+    resume_save baselines
+    tar czf "$OUT/recorded.tgz" "baselines/$HW.yaml" "baselines/$HW.autotune"; keep_cache ;;
   record-linear)
     # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
     # the autotune choices recorded travel back with the file in one archive. BUDGET counts from the
@@ -129,7 +158,7 @@ case "${1:-}" in
     # test), the slowest 40 on the terminal; EXTRA: more pytest arguments, split on spaces
     # (EXTRA=--attnperf-opt-in=precision gates the precision rows too)
     # shellcheck disable=SC2086
-    timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw=h200 --benchmark-json="$OUT/gate.json" \
+    timeout -s INT "${BUDGET:-540}" "${PYTEST[@]}" suites/ --hw="$HW" --benchmark-json="$OUT/gate.json" \
       --junitxml="$OUT/gate.xml" -o junit_duration_report=total --durations=40 \
       ${EXTRA:-} ${K:+-k "$K"} 2>&1 | tee "$OUT/gate.log"
     keep_cache ;;
