@@ -389,3 +389,29 @@ def test_suggested_floors_sit_below_what_was_measured_on_cases_beyond_the_l2() -
     assert tool.floor_for(data, "sdpa-flash", "small") is None
     assert tool.builtin_lines(entries, floors, "h200") == [
         '    ("softmax", "sdpa-flash", "big", "fwd"): {"h200": {"roofline": 0.43}},']
+
+
+@pytest.mark.parametrize(("memory", "refused"), [(85.0, True), (150.0, False), (None, False)])
+def test_sdpa_math_refuses_a_case_that_does_not_fit_the_gpu(monkeypatch: pytest.MonkeyPatch, memory: float | None,
+                                                             refused: bool) -> None:
+    """The decode table's B=32 over 32K keys: SDPA's math backend (fp32, K and V expanded to the
+    32 query heads, 34.5 GB) ran out of memory on an 85 GB H100 and took 60 GB on an H200. It is
+    refused, naming the estimate and the card's memory, where its estimate passes 90% of the GPU;
+    the other backends and the smaller rows are not; a CPU case never reads the GPU."""
+    monkeypatch.setattr(softmax, "memory_gb", lambda gpu: memory if gpu else pytest.fail("read the GPU's memory"))
+    registry = KernelRegistry()
+    softmax.register(registry)
+    named = {k.name: k for k in registry.family("softmax")}
+    math, flash = named["sdpa-math"], named["sdpa-flash"]
+    big, small = decode_case(32, 1, 32768), decode_case(32, 1, 8192)
+    assert 85 < softmax.math_gb(big) < 0.9 * 150
+    why = math.supports(big)
+    assert (why is not None) == refused
+    if refused:
+        assert why == ("does not fit this GPU: SDPA's math backend would take about 91 GB here (fp32, K and V "
+                       "expanded to the 32 query heads), more than 90% of its 85 GB")
+    assert math.supports(small) is None
+    assert flash.supports(big) is None
+    assert math.supports(decode_case(1, 1, 32768, window=4096)) == ("plain SDPA takes no window "
+                                                                      "(the windowed kernels cover it)")
+    assert math.supports(CPU[0]) is None

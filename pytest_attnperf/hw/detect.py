@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 
 from pytest_attnperf.hw.table import DetectedDevice
 
-__all__ = ["detect_device"]
+__all__ = ["detect_device", "memory_gb"]
+
+
+@functools.cache
+def memory_gb(gpu: bool) -> float | None:
+    """The memory of the device a case runs on, in GB: the first CUDA device's, or the host's
+    physical memory for a CPU case; None where it cannot be read."""
+    import os
+
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return float(torch.cuda.get_device_properties(0).total_memory / 1e9)
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9)
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+        return None
 
 
 def detect_device() -> DetectedDevice:

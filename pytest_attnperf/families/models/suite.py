@@ -17,7 +17,6 @@ and an SDPA backend that refuses a shape (a head dim it lacks) is skipped quotin
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ from pytest_attnperf.families.models import grouped
 from pytest_attnperf.families.models.layers import all_specs
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import suite as softmax_suite
+from pytest_attnperf.hw.detect import memory_gb
 
 __all__ = ["built", "test_models_decode_linear", "test_models_decode_softmax", "test_models_linear",
            "test_models_softmax"]
@@ -70,24 +70,6 @@ def built(config: pytest.Config) -> model_cases.ModelCases:
 def scores_gb(case: Any) -> float:
     """What a kernel that materialises fp32 scores holds at once on ``case``, in GB (estimated)."""
     return float(SCORE_COPIES * 4.0 * case.batch * case.heads * case.seq**2 / 1e9)
-
-
-@functools.cache
-def memory_gb(gpu: bool) -> float | None:
-    """The memory of the device a case runs on, in GB: the first CUDA device's, or the host's
-    physical memory for a CPU case; None where it cannot be read."""
-    import os
-
-    if gpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        return float(torch.cuda.get_device_properties(0).total_memory / 1e9)
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9)
-    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
-        return None
 
 
 def scores_cap(gpu: bool) -> tuple[float, str]:

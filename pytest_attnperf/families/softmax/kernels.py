@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.hw.detect import memory_gb
 
 __all__ = [
     "AXES", "FAMILY", "SIGNATURE", "SoftmaxCase", "TENSORS", "answer", "check_case", "check_elements",
@@ -164,6 +165,33 @@ def _plain(case: SoftmaxCase) -> str | None:
     return "plain SDPA takes no window (the windowed kernels cover it)" if case.window else None
 
 
+# SDPA's math backend computes in fp32 with K and V expanded to the query heads, beside the fp32
+# scores: ``math_gb``. With the timed draws' graphs that takes more than the expansion itself: at
+# B=32 H=32 over 32K keys of 128 (34.5 GB expanded) it peaked at 60.3 GB above its inputs on an
+# H200 and ran out of memory on an 85 GB H100 with 81.8 GB allocated, 2.4 times it (docs/decode.md)
+MATH_COPIES = 2.5
+MATH_MEMORY_SHARE = 0.9  # the share of the GPU's memory that estimate, with the inputs, may take
+
+
+def math_gb(case: SoftmaxCase) -> float:
+    """What SDPA's math backend takes on ``case``, in GB (estimated, ``MATH_COPIES`` times its fp32
+    K, V and scores at the query heads), with the case's bf16/fp16/fp32 inputs and output."""
+    width = {"fp32": 4, "fp64": 8}.get(case.dtype, 2)
+    expanded = 4.0 * case.batch * case.heads * case.n_kv_seq * (2 * case.head_dim + case.seq)
+    inputs = width * case.batch * case.head_dim * (2 * case.heads * case.seq + 2 * case.n_kv_heads * case.n_kv_seq)
+    return (MATH_COPIES * expanded + inputs) / 1e9
+
+
+def _math(case: SoftmaxCase) -> str | None:
+    refusal = _plain(case)
+    memory = memory_gb(True) if case.gpu and refusal is None else None
+    if memory is not None and math_gb(case) > MATH_MEMORY_SHARE * memory:
+        return (f"does not fit this GPU: SDPA's math backend would take about {math_gb(case):.0f} GB here (fp32, "
+                f"K and V expanded to the {case.heads} query heads), more than {MATH_MEMORY_SHARE:.0%} of "
+                f"its {memory:.0f} GB")
+    return refusal
+
+
 def _gqa_only(case: SoftmaxCase) -> str | None:
     if case.window:
         return "plain SDPA takes no window"
@@ -182,7 +210,8 @@ def register(registry: KernelRegistry) -> None:
     registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain,
                         description="SDPA with torch's default dispatch (backend reported); native GQA"))
     for backend in ("flash", "efficient", "cudnn", "math"):
-        registry.add(Kernel(FAMILY, f"sdpa-{backend}", sdpa, sdpa_backend=backend, supports=_plain,
+        registry.add(Kernel(FAMILY, f"sdpa-{backend}", sdpa, sdpa_backend=backend,
+                            supports=_math if backend == "math" else _plain,
                             description=f"SDPA pinned to the {backend} backend",
                             tiled=backend != "math"))  # the math backend materialises the scores
     registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only,
