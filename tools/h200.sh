@@ -99,20 +99,30 @@ case "${1:-}" in
     # autotuned with an empty Triton cache) had not returned when a 150 s limit on the whole mode,
     # wheels' install included, stopped it: give it 300 s or more
     python3 tools/preflight.py ${FULL:+--full} 2>&1 | tee "$OUT/preflight.log" | tail -n 60 ;;
-  record)  # the whole suite (suites/; EXTRA: more pytest arguments, K: a -k selection) recorded
-    # into baselines/$HW.yaml, stopped at BUDGET (default 520 s from the mode's start; keep the
-    # call's timeout_s 80 s above it), its journal then merged; the file and its autotune choices
-    # come back as recorded.tgz. SEED=<card> first copies that card's recorded choices into
-    # baselines/$HW.autotune for the hash folders it lacks (tools/seed_choices.py: on the same
-    # stack an sm_90 card's Triton hashes are another's), so fla's kernels time those
-    # configurations instead of autotuning anew; the summary's "autotuned in this run" line says
-    # whether any kernel still autotuned. MISSING=1 and RESUME=1 as for record-linear
+  record | record-linear)  # the whole suite (record) or suites/test_linear.py (record-linear)
+    # recorded into baselines/$HW.yaml (record-linear: the H200's); EXTRA: more pytest arguments
+    # (EXTRA=--attnperf-opt-in=precision records the precision rows), K: a -k selection. BUDGET
+    # (default 520 s, record-linear 480) counts from the mode's start; stopped there, the run gets
+    # 30 s to end before it is killed (record_for; keep the call's timeout_s 90 s above BUDGET: the
+    # grace, the merge's start-up, the archive). A run killed leaves its entries journaled and each
+    # recorded case's choices written, and a collect-only update merges that journal into the file;
+    # the file and its autotune choices come back as recorded.tgz.
+    # MISSING=1 runs only the selected cases that have no entry in the file yet, so calls in turn
+    # record a selection too long for one (commit what each brings back before the next, or keep the
+    # machine warm with RESUME=1). SEED=<card> first copies that card's recorded choices into
+    # baselines/$HW.autotune for the hash folders it lacks (tools/seed_choices.py: on the same stack
+    # an sm_90 card's Triton hashes are another's), so fla's kernels time those configurations
+    # instead of autotuning anew; the summary's "autotuned in this run" line says whether any
+    # kernel still autotuned
     t0=$SECONDS
+    SUITE=suites/ BUDGET_DEFAULT=520
+    [ "$1" = record-linear ] && SUITE=suites/test_linear.py BUDGET_DEFAULT=480
     resume_restore baselines
     if [ -n "${SEED:-}" ]; then
-      python3 tools/seed_choices.py "baselines/$SEED.autotune" "baselines/$HW.autotune" --skip-source families/models/ || exit 1
+      python3 tools/seed_choices.py "baselines/$SEED.autotune" "baselines/$HW.autotune" \
+        --skip-source families/models/ || exit 1  # the model cases: the models mode records their own
     fi
-    SEL=(suites/); [ -n "${K:-}" ] && SEL+=(-k "$K")
+    SEL=("$SUITE"); [ -n "${K:-}" ] && SEL+=(-k "$K")
     if [ -n "${MISSING:-}" ]; then
       # shellcheck disable=SC2086
       ids=$(missing_ids "baselines/$HW.yaml" "${SEL[@]}" --hw="$HW" ${EXTRA:-}) || exit 1
@@ -120,39 +130,13 @@ case "${1:-}" in
       echo "${#SEL[@]} selected cases without an entry"
     fi
     # shellcheck disable=SC2086
-    [ "${#SEL[@]}" -gt 0 ] && record_for "$(left_of "${BUDGET:-520}" "$t0")" "$OUT/record.log" "${SEL[@]}" \
-      --hw="$HW" --benchmark-disable ${EXTRA:-} && tail -n 3 "$OUT/record.log"
-    "${PYTEST[@]}" suites/ --hw="$HW" --update-baselines --collect-only ${EXTRA:-} 2>&1 \
+    [ "${#SEL[@]}" -gt 0 ] && record_for "$(left_of "${BUDGET:-$BUDGET_DEFAULT}" "$t0")" "$OUT/$1.log" "${SEL[@]}" \
+      --hw="$HW" --benchmark-disable ${EXTRA:-} && tail -n 3 "$OUT/$1.log"
+    "${PYTEST[@]}" "$SUITE" --hw="$HW" --update-baselines --collect-only ${EXTRA:-} 2>&1 \
       | grep "^baselines:" | tee "$OUT/record-merge.log"
-    grep -E "^FAILED|^ERROR|autotuned in this run|^baselines:" "$OUT/record.log" | cut -c1-200 | head -n 30
+    grep -E "^FAILED|^ERROR|autotuned in this run" "$OUT/$1.log" 2>/dev/null | cut -c1-200 | head -n 30
     resume_save baselines
     tar czf "$OUT/recorded.tgz" "baselines/$HW.yaml" "baselines/$HW.autotune"; keep_cache ;;
-  record-linear)
-    # EXTRA: more pytest arguments (EXTRA=--attnperf-opt-in=precision records the precision rows);
-    # the autotune choices recorded travel back with the file in one archive. BUDGET counts from the
-    # mode's start; stopped there, the run gets 30 s to end before it is killed (record_for; keep the call's
-    # timeout_s 90 s above BUDGET: the grace, the merge's start-up, the archive). A run killed leaves
-    # its entries journaled and each recorded case's choices written, and a collect-only update
-    # merges that journal into the file.
-    # MISSING=1 runs only the selected cases that have no entry in baselines/h200.yaml yet, so calls
-    # in turn record a selection too long for one (commit what each brings back before the next, or
-    # keep the machine warm with RESUME=1)
-    t0=$SECONDS
-    resume_restore baselines
-    SEL=(suites/test_linear.py); [ -n "${K:-}" ] && SEL+=(-k "$K")
-    if [ -n "${MISSING:-}" ]; then
-      # shellcheck disable=SC2086
-      ids=$(missing_ids baselines/h200.yaml "${SEL[@]}" --hw=h200 ${EXTRA:-}) || exit 1
-      mapfile -t SEL < <(printf '%s\n' "$ids" | grep .)
-      echo "${#SEL[@]} selected cases without an entry"
-    fi
-    # shellcheck disable=SC2086
-    [ "${#SEL[@]}" -gt 0 ] && record_for "$(left_of "${BUDGET:-480}" "$t0")" "$OUT/record-linear.log" "${SEL[@]}" \
-      --hw=h200 --benchmark-disable ${EXTRA:-} && tail -n 3 "$OUT/record-linear.log"
-    "${PYTEST[@]}" suites/test_linear.py --hw=h200 --update-baselines --collect-only ${EXTRA:-} 2>&1 \
-      | grep "^baselines:" | tee "$OUT/record-merge.log"
-    resume_save baselines
-    cp baselines/h200.yaml "$OUT/"; tar czf "$OUT/recorded.tgz" baselines/h200.yaml baselines/h200.autotune; keep_cache ;;
   gate)
     # every test's setup, call and teardown time in the JUnit file (where the wall time goes, test by
     # test), the slowest 40 on the terminal; EXTRA: more pytest arguments, split on spaces

@@ -185,8 +185,8 @@ def math_gb(case: SoftmaxCase) -> float:
 def _math(case: SoftmaxCase) -> str | None:
     refusal = _plain(case)
     memory = memory_gb(True) if case.gpu and refusal is None else None
-    if memory is not None and math_gb(case) > MATH_MEMORY_SHARE * memory:
-        return (f"does not fit this GPU: SDPA's math backend would take about {math_gb(case):.0f} GB here (fp32, "
+    if memory is not None and (need := math_gb(case)) > MATH_MEMORY_SHARE * memory:
+        return (f"does not fit this GPU: SDPA's math backend would take about {need:.0f} GB here (fp32, "
                 f"K and V expanded to the {case.heads} query heads), more than {MATH_MEMORY_SHARE:.0%} of "
                 f"its {memory:.0f} GB")
     return refusal
