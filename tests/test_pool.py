@@ -231,6 +231,8 @@ class PoolRunAwareTimer(ScriptedTimer):
         m = super().measure(fn, plan)
         if not self.pool_run:
             return m
+        with open(HERE / "pool_run_cupti.txt", "a") as seen:  # the environment a pool run measures in
+            seen.write(os.environ.get("TEARDOWN_CUPTI", "<unset>") + "\\n")
         test = os.environ["PYTEST_CURRENT_TEST"].split("::")[-1].split(" ")[0]
         skipped = HERE / "pool_run_skip.json"
         if skipped.exists() and test in json.loads(skipped.read_text()):
@@ -281,6 +283,25 @@ def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
     extra = {b["name"]: b["extra_info"] for b in json.loads((project.path / "b.json").read_text())["benchmarks"]}
     assert extra["test_case[a]"]["attnperf_processes"] == 3
     assert extra["test_case[a]"]["attnperf_process_medians_ms"] == pytest.approx([1.1, 1.0, 1.0])
+
+
+def test_pool_runs_start_with_cupti_detached_unless_the_run_says_otherwise(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pool run starts with TEARDOWN_CUPTI=1 when its parent has no such variable (started
+    without it, a pool run timed short cases slower than its parent), and with its parent's value
+    when there is one (a user's 0 for torch.compile's CUDA graphs reaches the pool runs too)."""
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    seen = project.path / "pool_run_cupti.txt"
+    for parent, expected in ((None, "1"), ("0", "0"), ("1", "1")):
+        if parent is None:
+            monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+        else:
+            monkeypatch.setenv("TEARDOWN_CUPTI", parent)
+        seen.unlink(missing_ok=True)
+        result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
+        result.assert_outcomes(passed=2)
+        assert seen.read_text().split() == [expected, expected]  # the one pool run's two cases
 
 
 def test_a_regression_seen_by_every_process_still_fails(project: pytest.Pytester) -> None:

@@ -47,6 +47,7 @@ import pytest
 from pytest_attnperf.gate.verdict import centre_ms
 from pytest_attnperf.measure import child as child_run
 from pytest_attnperf.measure import turns
+from pytest_attnperf.measure.inventory import CUPTI_ENV
 from pytest_attnperf.measure.pool_settings import settings_data, settings_from_data
 from pytest_attnperf.measure.timing import Measurement
 from pytest_attnperf.measure.turns import Turn, Turns
@@ -216,11 +217,15 @@ def pool_run_args(config: pytest.Config, input_path: Path, out: Path, scratch: P
 
 def _pool_env() -> dict[str, str]:
     """The environment of this process, with this copy of pytest_attnperf first on the path (it
-    may be imported from a checkout that the pool run's directory does not hold)."""
+    may be imported from a checkout that the pool run's directory does not hold), and
+    ``TEARDOWN_CUPTI=1`` unless this process has the variable: a pool run started without it timed
+    short cases up to 13% slower than its parent until its first profile, and as its parent with
+    it (docs/evidence.md, "Pool runs and TEARDOWN_CUPTI")."""
     # not a worker of theirs: pytest-xdist's variables left out
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
     here = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault(CUPTI_ENV, "1")
     return env
 
 
