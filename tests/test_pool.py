@@ -52,6 +52,23 @@ def test_pooling_takes_as_many_samples_from_each_process() -> None:
                                 "this one first)")
 
 
+def test_pool_runs_that_all_time_a_case_apart_from_this_process_are_noted() -> None:
+    """Both pool runs 14% slower than this process (as on an H100, pool runs started without
+    TEARDOWN_CUPTI=1) or both 10% faster: a note says so. Within the spread between processes,
+    one of them within 5%, or one each side: no note."""
+    main = _m([27.1e-3] * 10)
+
+    def pooled(*theirs: float) -> Measurement:
+        return pool(main, [Taken((v,) * 10, "cuda-graph-nodes", "cold", 1) for v in theirs])
+
+    assert pooled(30.9e-3, 30.8e-3).notes[-1].startswith(
+        "every pool run's median is +13.7% to +14.0% from this process's, beyond the spread between processes")
+    assert pooled(24.0e-3, 24.5e-3).notes[-1].startswith("every pool run's median is -11.4% to -9.6% from")
+    assert pooled(24.0e-3).notes[-1].startswith("every pool run's median is -11.4% from")
+    for theirs in ((27.97e-3, 27.87e-3), (28.4e-3, 28.5e-3), (28.6e-3, 25.0e-3)):
+        assert not [n for n in pooled(*theirs).notes if "every pool run" in n], theirs
+
+
 def test_the_share_takes_whole_rounds_spread_through_the_sequence() -> None:
     """Cold samples go round the graphs in turn (sample i: graph i mod 8): a share of 8 from 64
     is one round, and a share of 16 from 32 two rounds, each holding every graph once."""
@@ -276,6 +293,7 @@ def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
     out = pooled.stdout.str()
     assert "2 cases under 5000 us timed in 3 processes (2 pool runs before the tests" in out
     assert "3 processes pooled, 20 samples each (medians 1100.00, 1000.00, 1000.00 us, this one first)" in out
+    assert "every pool run's median is -9.1% from this process's" in out  # both 10% under this one
     assert "pool run 1:" not in out
     assert "pool run 2:" not in out
     pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms",

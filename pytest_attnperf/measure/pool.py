@@ -128,6 +128,25 @@ def _share(samples: Sequence[float], graphs: int, about: int) -> list[float]:
     return [v for j in range(take) for v in samples[(j * rounds // take) * size:][:size]]
 
 
+APART = 0.05
+"""Every pool run's median this far from this process's, on one side: more than seven times the
+0.4-0.7% sd a short case's median moves by between processes (docs/evidence.md,
+"--attnperf-processes 3"), so not that spread."""
+
+
+def _apart(mine_ms: float, theirs_ms: Sequence[float]) -> list[str]:
+    """A note when every pool run's median is more than ``APART`` from this process's, all on one
+    side: the processes then time the case differently (an environment of their own, say), and
+    the pooled figure mixes the two; none otherwise."""
+    shifts = [m / mine_ms - 1 for m in theirs_ms] if mine_ms > 0 else []
+    if not shifts or not (all(v > APART for v in shifts) or all(v < -APART for v in shifts)):
+        return []
+    lo, hi = min(shifts), max(shifts)
+    return [f"every pool run's median is {lo:+.1%}{'' if hi == lo else f' to {hi:+.1%}'} from this "
+            f"process's, beyond the spread between processes: they time this case differently "
+            "(docs/measurement.md, \"Short cases in several processes\")"]
+
+
 def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
     """``measurement`` with the pool runs' samples of the case added, about as many from each
     process as the smallest gives (``_share``). A pool run that timed the case with another clock
@@ -149,6 +168,7 @@ def pool(measurement: Measurement, taken: Sequence[Taken]) -> Measurement:
     notes += [f"pool run {i}: {note}" for i, t in enumerate(usable, 1) for note in t.notes]
     notes.append(f"{len(sets)} processes pooled, {each} samples each (medians "
                  f"{', '.join(f'{1e3 * m:.2f}' for m in medians)} us, this one first)")
+    notes.extend(_apart(measurement.median_ms, medians[1:]))
     return replace(measurement, samples_ms=tuple(samples), notes=tuple(notes), processes=len(sets),
                    process_medians_ms=medians)
 
