@@ -143,7 +143,7 @@ def _apart(mine_ms: float, theirs_ms: Sequence[float]) -> list[str]:
         return []
     lo, hi = min(shifts), max(shifts)
     return [f"every pool run's median is {lo:+.1%}{'' if hi == lo else f' to {hi:+.1%}'} from this "
-            f"process's, beyond the spread between processes: they time this case differently "
+            "process's, beyond the spread between processes: they time this case differently "
             "(docs/measurement.md, \"Short cases in several processes\")"]
 
 
@@ -239,7 +239,7 @@ def _pool_env() -> dict[str, str]:
     """The environment of this process, with this copy of pytest_attnperf first on the path (it
     may be imported from a checkout that the pool run's directory does not hold), and
     ``TEARDOWN_CUPTI=1`` unless this process has the variable: a pool run started without it timed
-    short cases 10-15% slower than its parent until its first profile, and as its parent with
+    short cases up to 15% slower than its parent until its first profile, and as its parent with
     it (docs/evidence.md, "Pool runs and TEARDOWN_CUPTI")."""
     # not a worker of theirs: pytest-xdist's variables left out
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
