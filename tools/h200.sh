@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
 #   bash tools/h200.sh preflight | record | record-linear | gate | noise | pair | short | full | check | power | integrity |
-#     inventory | memory | memory-noise | models | models-gate | decode | history
+#     inventory | memory | memory-noise | models | models-gate | decode | history | pool-split
 # Logs, JSON and the baseline file go to $OUT; a mode that writes many files (history, models,
 # decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
-# HW (default h200): the card the record, gate, models and models-gate modes record and gate,
-# baselines/$HW.yaml; every other mode is the H200's, and refuses another HW rather than mix two
-# cards' files
+# HW (default h200): the card the record, gate, models, models-gate and pool-split modes record
+# and gate, baselines/$HW.yaml; every other mode is the H200's, and refuses another HW rather than
+# mix two cards' files
 HW="${HW:-h200}"
 case "$HW:${1:-}" in
-  h200:* | *:record | *:gate | *:models | *:models-gate) ;;
-  *) echo "HW=$HW: only the record, gate, models and models-gate modes take another card than h200" >&2; exit 2 ;;
+  h200:* | *:record | *:gate | *:models | *:models-gate | *:pool-split) ;;
+  *) echo "HW=$HW: only the record, gate, models, models-gate and pool-split modes take another card than h200" >&2
+     exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton-cache"
 OUT="${OUT:-/tmp/attnperf-out}"
@@ -230,6 +231,36 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
     wait
     keep_cache >/dev/null
     for g in 0 1; do echo "== f$g"; grep -v "^test_\|^suites" "$OUT/f$g.log" | tail -n "${TAIL:-25}"; done ;;
+  pool-split)  # do the pool runs of --attnperf-processes time short cases as the main process does?
+    # The B=1 decode cases (one recurrent step of each linear family, fla's and PyTorch's; SDPA over
+    # a 1K cache) recorded in one process into a scratch copy of baselines/$HW.yaml, then gated
+    # pooled over 3 processes; the table gives each process's median, the main one first (logs and
+    # JSON in $OUT/pool-split.tgz)
+    SCRATCH=$(mktemp -d) LOGS=$(mktemp -d)
+    cp -r "baselines/$HW.yaml" "baselines/$HW.autotune" "$SCRATCH/"
+    IDS=()
+    for fam in linear_attn gla simple_gla gdn; do
+      for k in fla-fused-recurrent torch-recurrent; do
+        IDS+=("suites/test_decode.py::test_linear_decode[b1-h16-t1-d128-bf16-${fam}_decode-$k-fwd]")
+      done
+    done
+    for k in sdpa sdpa-flash sdpa-cudnn sdpa-repeat-kv; do
+      IDS+=("suites/test_decode.py::test_softmax_decode[b1-h32-kv8-t1-cache1k-d128-causal-bf16-$k-fwd]")
+    done
+    P=("${PYTEST[@]}" --hw="$HW" --attnperf-baselines="$SCRATCH")
+    "${P[@]}" "${IDS[@]}" --update-baselines --attnperf-processes=1 > "$LOGS/record.log" 2>&1
+    echo "recorded in one process: $(tail -n 1 "$LOGS/record.log")"
+    "${P[@]}" "${IDS[@]}" --attnperf-processes=3 --benchmark-json="$LOGS/pooled.json" > "$LOGS/pooled.log" 2>&1
+    echo "gated over 3 processes: $(tail -n 1 "$LOGS/pooled.log")"
+    python3 - "$LOGS/pooled.json" <<'PY'
+import json, sys
+print(f"{'case':<58} {'main':>6} {'pool 1':>7} {'pool 2':>7}  us")
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    medians = b["extra_info"].get("attnperf_process_medians_ms") or []
+    case = b["fullname"].split("[", 1)[1].rstrip("]").replace("-bf16", "").replace("-fwd", "")
+    print(f"{case:<58} " + " ".join(f"{1e3 * m:>7.2f}" for m in medians))
+PY
+    (cd "$LOGS" && tar czf "$OUT/pool-split.tgz" .) ;;
   history)  # five gating runs of eleven softmax cases (85 us to 0.75 ms) against the committed file
     # into one run history, then two with 2% extra work injected into the cases noise/inject.py
     # picks by node id (seven of the eleven) and --attnperf-fail-on-drift, then attnperf-history with

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_attnperf.costs import DTYPE_BYTES
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.hw.detect import memory_gb
 
@@ -176,7 +177,7 @@ MATH_MEMORY_SHARE = 0.9  # the share of the GPU's memory that estimate, with the
 def math_gb(case: SoftmaxCase) -> float:
     """What SDPA's math backend takes on ``case``, in GB (estimated, ``MATH_COPIES`` times its fp32
     K, V and scores at the query heads), with the case's bf16/fp16/fp32 inputs and output."""
-    width = {"fp32": 4, "fp64": 8}.get(case.dtype, 2)
+    width = DTYPE_BYTES[case.dtype]
     expanded = 4.0 * case.batch * case.heads * case.n_kv_seq * (2 * case.head_dim + case.seq)
     inputs = width * case.batch * case.head_dim * (2 * case.heads * case.seq + 2 * case.n_kv_heads * case.n_kv_seq)
     return (MATH_COPIES * expanded + inputs) / 1e9
