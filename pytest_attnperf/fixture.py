@@ -16,16 +16,16 @@ from pytest_attnperf.gate.memory import MemoryCheck, Tolerance, against_baseline
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from pytest_attnperf.measure import inventory
-from pytest_attnperf.measure.pool import PoolRuns, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.measure.verify import Draws, TimedDiffers, raised_as_differing
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key
-from pytest_attnperf.parallel.xdist import timing_turn
-from pytest_attnperf.report.timeline import VERIFY_S_KEY
+from pytest_attnperf.plugins.history import DriftNote, record_case
+from pytest_attnperf.plugins.pool import PoolRuns, pool, write_taken
+from pytest_attnperf.plugins.timeline import VERIFY_S_KEY
+from pytest_attnperf.plugins.xdist import timing_turn
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import BaselineError
-from pytest_attnperf.store.history_plugin import DriftNote, record_case
 
 __all__ = ["PENDING_KEY", "Perf"]
 

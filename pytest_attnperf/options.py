@@ -165,7 +165,7 @@ class Settings:
     processes_below_ms: float = 0.05
     hot_sample_ms: float = 20.0
     case_timeout_s: float = 300.0  # 0: no limit (isolation.CaseClock)
-    pool_out: Path | None = None  # set in a pool run (measure/pool.py): where its samples go
+    pool_out: Path | None = None  # set in a pool run (plugins/pool.py): where its samples go
     ceilings: str = "cache"  # see --attnperf-ceilings
     peaks: tuple[tuple[str, float], ...] = ()  # --attnperf-peaks: (bf16|fp16|fp32, FLOP/s) and ("bw", bytes/s)
     report_dir: Path | None = None  # --attnperf-report: where the studies' report goes
@@ -217,13 +217,13 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(opt.flag, action="store", default=None, dest=f"attnperf_{opt.dest}",
                             metavar=opt.dest.upper(), help=shown)
             parser.addini(opt.ini, help=opt.help, default="")
-    # internal: a pool run of --attnperf-processes, started by its parent (measure/pool.py)
+    # internal: a pool run of --attnperf-processes, started by its parent (plugins/pool.py)
     everyday.addoption("--attnperf-pool-input", action="store", default=None, dest="attnperf_pool_input",
                        help=argparse.SUPPRESS)  # its cases and settings, a JSON file
     everyday.addoption("--attnperf-pool-out", action="store", default=None, dest="attnperf_pool_out",
                        help=argparse.SUPPRESS)  # where its samples go, a line per case
     everyday.addoption("--attnperf-pool-turn", action="store", default=None, dest="attnperf_pool_turn",
-                       help=argparse.SUPPRESS)  # GO,DONE: the pipes its turn comes through (measure/turns.py)
+                       help=argparse.SUPPRESS)  # GO,DONE: the pipes its turn comes through (plugins/turns.py)
 
 
 def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:

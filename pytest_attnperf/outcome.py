@@ -89,4 +89,4 @@ class Row:
     inventory_s: float = 0.0  # host seconds reading it took
     kernels_vs_eager: str | None = None  # how the eager checked call's kernels differ from it (a note; None: same)
     memory: tuple[MemoryCheck, ...] = ()  # the peak against the baseline's and the family's bound (gate.memory)
-    drift_pct: float | None = None  # a lasting slowdown on the run history, in percent (store.history_plugin)
+    drift_pct: float | None = None  # a lasting slowdown on the run history, in percent (plugins.history)

@@ -19,16 +19,16 @@ from pytest_attnperf.fixture import PENDING_KEY, Perf
 from pytest_attnperf.hw.detect import detect_device
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
 from pytest_attnperf.measure.isolation import CaseGuard
-from pytest_attnperf.measure.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
 from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
-from pytest_attnperf.parallel import fleet, xdist
-from pytest_attnperf.report import failures, timeline
+from pytest_attnperf.parallel import fleet
+from pytest_attnperf.plugins import autotune, history, timeline, xdist
+from pytest_attnperf.plugins.autotune import AutotunePlugin
+from pytest_attnperf.plugins.history import HistoryRecorder
+from pytest_attnperf.plugins.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
+from pytest_attnperf.report import failures
 from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
-from pytest_attnperf.store import autotune_plugin, history_plugin
-from pytest_attnperf.store.autotune_plugin import AutotunePlugin
-from pytest_attnperf.store.history_plugin import HistoryRecorder
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
 REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
@@ -84,11 +84,11 @@ def _optional_plugins(
         plugins.append((pool_run, POOL_RUN))
     elif s.processes > 1 and not s.check_only and not fleet.is_controller(config):
         plugins.append((PoolRuns(session, ahead=import_ahead), POOL_RUNS))
-    if history_plugin.wanted(config, session) and not fleet.is_controller(config):  # those that measure append
-        plugins.append((HistoryRecorder(session), history_plugin.NAME))
-    root = autotune_plugin.cache_root(config) if pool_run is None else None
+    if history.wanted(config, session) and not fleet.is_controller(config):  # those that measure append
+        plugins.append((HistoryRecorder(session), history.NAME))
+    root = autotune.cache_root(config) if pool_run is None else None
     if root is not None:
-        plugins.append((AutotunePlugin(session, root), autotune_plugin.NAME))
+        plugins.append((AutotunePlugin(session, root), autotune.NAME))
     return plugins
 
 

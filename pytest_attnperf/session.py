@@ -51,7 +51,7 @@ class AttnPerfSession:
     overhead_for_gate_ms: float | None = None  # see gate_overhead_ms
     overhead_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
-    fleet: Fleet | None = None  # a pytest-xdist controller's workers (parallel/xdist.py)
+    fleet: Fleet | None = None  # a pytest-xdist controller's workers (plugins/xdist.py)
     seat: Seat | None = None  # a pytest-xdist worker's GPU and place in the fleet
 
     # -- device and hardware -------------------------------------------------------------

@@ -14,7 +14,7 @@ MAX_LINES = 600
 FACE = {
     "pytest_attnperf.plugin": set(),
     "pytest_attnperf.fixture": {"pytest_attnperf.plugin"},
-    "pytest_attnperf.session": {"pytest_attnperf.plugin", "pytest_attnperf.fixture", "pytest_attnperf.parallel.xdist"},
+    "pytest_attnperf.session": {"pytest_attnperf.plugin", "pytest_attnperf.fixture", "pytest_attnperf.plugins.xdist"},
 }
 
 

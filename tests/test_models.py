@@ -18,8 +18,8 @@ import torch
 from pytest_attnperf.families.models import cases as model_cases
 from pytest_attnperf.families.models import load as model_load
 from pytest_attnperf.families.models.layers import AttentionLayers, LinearLayers, layer_specs, split_kv_heads
-from pytest_attnperf.measure.pool_settings import settings_data, settings_from_data
 from pytest_attnperf.options import OPTIONS, read_settings
+from pytest_attnperf.plugins.pool_settings import settings_data, settings_from_data
 
 transformers = pytest.importorskip("transformers")
 import huggingface_hub.constants  # noqa: E402

@@ -19,7 +19,9 @@ from typing import Any, cast
 import pytest
 from kit import CONFTEST, PLUGIN, TESTS, set_speed
 
-from pytest_attnperf.measure.pool import (
+from pytest_attnperf.measure.timing import Measurement
+from pytest_attnperf.options import Settings, read_settings
+from pytest_attnperf.plugins.pool import (
     INPUT_FORMAT,
     PoolRun,
     Taken,
@@ -31,8 +33,6 @@ from pytest_attnperf.measure.pool import (
     write_input,
     write_taken,
 )
-from pytest_attnperf.measure.timing import Measurement
-from pytest_attnperf.options import Settings, read_settings
 
 
 def _m(values: list[float], clock: str = "cuda-graph-nodes", calls: int = 1) -> Measurement:
@@ -591,7 +591,7 @@ def test_pool_runs_start_together_and_take_the_gpu_one_at_a_time(project: pytest
 
 
 def test_a_turn_comes_through_its_pipe_and_a_closed_one_means_none() -> None:
-    from pytest_attnperf.measure.turns import Turn, Turns
+    from pytest_attnperf.plugins.turns import Turn, Turns
 
     class Running:
         def poll(self) -> None:
@@ -615,14 +615,14 @@ def test_a_turn_comes_through_its_pipe_and_a_closed_one_means_none() -> None:
 
 @pytest.mark.parametrize("text", ["7", "a,b", "999990,999991"])
 def test_a_turn_that_is_not_two_open_descriptors_is_refused(text: str) -> None:
-    from pytest_attnperf.measure.turns import Turn
+    from pytest_attnperf.plugins.turns import Turn
 
     with pytest.raises(ValueError, match="not two open file descriptors GO,DONE"):
         Turn.parse(text)
 
 
 def test_a_pool_run_whose_turn_never_comes_runs_no_test(pytester: pytest.Pytester) -> None:
-    from pytest_attnperf.measure.turns import Turns
+    from pytest_attnperf.plugins.turns import Turns
 
     pytester.makepyfile(test_t="def test_a():\n    open('ran', 'w').close()\n")
     given = pytester.path / "in.json"

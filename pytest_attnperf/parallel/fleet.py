@@ -1,5 +1,5 @@
 """The state a pytest-xdist run shares: the controller's fleet of workers, a worker's seat (its
-GPU), each case's key and group. No hooks here: ``parallel.xdist`` drives them."""
+GPU), each case's key and group. No hooks here: ``plugins.xdist`` drives them."""
 
 from __future__ import annotations
 

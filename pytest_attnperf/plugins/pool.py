@@ -46,13 +46,13 @@ import pytest
 
 from pytest_attnperf.gate.verdict import centre_ms
 from pytest_attnperf.measure import child as child_run
-from pytest_attnperf.measure import turns
 from pytest_attnperf.measure.inventory import CUPTI_ENV
-from pytest_attnperf.measure.pool_settings import settings_data, settings_from_data
 from pytest_attnperf.measure.timing import Measurement
-from pytest_attnperf.measure.turns import Turn, Turns
 from pytest_attnperf.options import Settings
 from pytest_attnperf.parallel.fleet import case_key, group_of
+from pytest_attnperf.plugins import turns
+from pytest_attnperf.plugins.pool_settings import settings_data, settings_from_data
+from pytest_attnperf.plugins.turns import Turn, Turns
 from pytest_attnperf.store.baselines import BaselineError, BaselineFile
 
 __all__ = ["INPUT_FORMAT", "POOL_INPUT_FLAG", "POOL_OUT_FLAG", "PoolResults", "PoolRun", "PoolRuns", "Taken", "pool",
@@ -306,7 +306,7 @@ class PoolResults:
     def run(cls, config: pytest.Config, settings: Settings, nodeids: Sequence[str],
             meanwhile: Callable[[], object] | None = None) -> PoolResults:
         """Run ``settings.processes - 1`` pool runs over ``nodeids`` and read what each measured.
-        They start together and take the GPU one after another (``measure.turns``): a pool
+        They start together and take the GPU one after another (``plugins.turns``): a pool
         run's tests begin once the one before it has exited; ``meanwhile`` runs here while the
         first starts up. This returns when the last one's tests are over, before it has exited
         (``settle`` waits for that: this run times nothing before it). A pool run that fails
@@ -522,7 +522,7 @@ class PoolRun:
         self.path = path
         self.nodeids = tuple(nodeids)
         self.settings = settings
-        self.turn = turn  # started with the others: its tests wait for their turn (measure.turns)
+        self.turn = turn  # started with the others: its tests wait for their turn (plugins.turns)
 
     @classmethod
     def given(cls, config: pytest.Config) -> PoolRun | None:

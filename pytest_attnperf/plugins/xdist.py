@@ -10,7 +10,7 @@ initialises CUDA, so ``cuda:0`` is its own card; its ``--attnperf-processes`` ru
 pin and take turns with it on that card. Each measured case's summary row and baseline entry
 travel to the controller on the case's teardown report as it finishes (a worker that dies later
 keeps what it sent); the worker's hardware, environment and floors follow in its worker output
-at its end (its autotune results travel on their own: ``store.autotune_plugin``). The
+at its end (its autotune results travel on their own: ``plugins.autotune``). The
 controller alone writes the baseline file (once, under its lock), the autotune choices, the
 summary and the report.
 
@@ -39,7 +39,6 @@ try:
 except ImportError:  # Windows: no flock; the CPU's turns are not taken there
     fcntl = None  # type: ignore[assignment]
 
-from pytest_attnperf.measure.pool import PoolRuns
 from pytest_attnperf.parallel.fleet import (
     INPUT_KEY,
     OUTPUT_KEY,
@@ -55,6 +54,7 @@ from pytest_attnperf.parallel.fleet import (
     is_controller,
     is_worker,
 )
+from pytest_attnperf.plugins.pool import PoolRuns
 
 if TYPE_CHECKING:
     from pytest_attnperf.outcome import Row

@@ -1,5 +1,5 @@
 """A pool run's settings as data: what a parent run hands its pool runs
-(``--attnperf-processes``, ``measure/pool.py``) and how a pool run reads them back, each field
+(``--attnperf-processes``, ``plugins/pool.py``) and how a pool run reads them back, each field
 checked against its type in ``options.Settings``."""
 
 from __future__ import annotations
