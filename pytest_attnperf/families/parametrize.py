@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from pytest_attnperf.families.family import refusal
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.hw.table import DetectedDevice
 
@@ -242,18 +243,11 @@ def plain_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def invalid_reason(params: dict[str, Any]) -> str | None:
-    kernel, case = params.get("kernel"), params.get("case")
+    """Why a test's kernel cannot take its case in its direction (``family.refusal``), or None."""
+    kernel = params.get("kernel")
     if not isinstance(kernel, Kernel):
         return None
-    if params.get("direction") == "fwdbwd" and not kernel.backward:
-        return f"{kernel.name} has no backward"
-    backward_refusal = getattr(case, "backward_refusal", None)  # a shape whose gradients say nothing
-    if params.get("direction") == "fwdbwd" and callable(backward_refusal) and (why := backward_refusal()):
-        return str(why)
-    refusal = getattr(case, "refusal", None)  # a case no kernel of a family can take (LinearCase's key_heads)
-    if callable(refusal) and (why := refusal(kernel.family)):
-        return str(why)
-    return kernel.supports(case) if case is not None else None
+    return refusal(kernel, params.get("case"), str(params.get("direction", "fwd")))
 
 
 def remove_invalid(config: pytest.Config, items: list[Any]) -> list[Any]:

@@ -62,6 +62,8 @@ class Kernel:
     says its fp32 cases run their matrix products in TF32, as Triton's ``tl.dot`` of fp32 operands
     does by default: they are held to a yardstick whose products take TF32 operands
     (``families.tf32``; the linear families' chunk kernels are so held on a GPU already).
+    ``interpreted`` says its Triton code runs on the CPU under Triton's interpreter: a CPU run's
+    correctness catalogue checks it there (``families.interpret``); nothing of it is timed on the CPU.
     """
 
     family: str
@@ -79,6 +81,7 @@ class Kernel:
     tiled: bool = True  # held to the family's memory bound (families.memory); False: it materialises scores
     imports: tuple[str, ...] = ()  # modules its first call imports: imported ahead (``import_ahead``)
     tf32: bool = False  # softmax: its fp32 products run in TF32 (held to a TF32 yardstick)
+    interpreted: bool = False  # Triton code the CPU runs under Triton's interpreter: checked there, never timed
 
     def __post_init__(self) -> None:
         if self.tf32 and self.family != "softmax":

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_attnperf.families.values import layout_refusal, values_refusal
+
 __all__ = ["BETA_FAMILIES", "GROUPED_FAMILIES", "LinearCase", "key_head_of", "key_heads_refusal", "value_grouped"]
 
 GROUPED_FAMILIES = frozenset({"gdn"})
@@ -47,6 +49,8 @@ class LinearCase:
     gpu: bool = True
     key_heads: int | None = None
     opt_in: str | None = None  # a row group collected only when --attnperf-opt-in names it (options.OPT_IN)
+    values: str = "normal"  # how the inputs are drawn (``families.values``: adversarial regimes)
+    layout: str = "contiguous"  # how the kernel receives them (``families.values.laid_out``)
 
     @property
     def scale(self) -> float:
@@ -65,7 +69,8 @@ class LinearCase:
         and a beta range are GDN's inputs."""
         if self.beta_max != 1.0 and family not in BETA_FAMILIES:
             return "beta_max is a GDN input; this family has no beta"
-        return key_heads_refusal(family, self.key_heads)
+        return (key_heads_refusal(family, self.key_heads) or values_refusal(family, self.values)
+                or layout_refusal(family, self.layout))
 
 
 def key_head_of(value_head: int, value_heads: int, key_heads: int) -> int:

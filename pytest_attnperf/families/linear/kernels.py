@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_attnperf.families import values
 from pytest_attnperf.families.linear.case import LinearCase, value_grouped
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
@@ -193,7 +194,8 @@ def register(registry: KernelRegistry) -> None:
         registry.add(Kernel(family, name, fn, device_kinds=kinds, form=form, unsupported=FLA_REFUSALS,
                             supports=_supports(name), description=(fn.__doc__ or "").strip(),
                             tiled=name != "fla-naive",  # a torch loop keeps every step's state for autograd
-                            imports=FLA_IMPORTS))
+                            imports=FLA_IMPORTS,
+                            interpreted=name == "fla-fused-recurrent"))  # Triton's interpreter runs it on a CPU
 
 
 # -- running a case -----------------------------------------------------------------------
@@ -300,7 +302,7 @@ class Prepared:
             taken[0], taken[1] = (x.detach().requires_grad_(True) for x in expanded)
         with torch.enable_grad() if self.backward else torch.no_grad():
             with tf32_products() if tf32 else contextlib.nullcontext():
-                out = fn(*taken, scale=self.scale, compute=compute, store=store)
+                out = fn(*taken, scale=self.scale, compute=compute, store=store, **self._chunking(compute))
             if not self.backward:
                 return (out,)
             grads = list(torch.autograd.grad(out, taken, self.grad_out.to(compute)))
@@ -313,6 +315,24 @@ class Prepared:
         if self.family in ("gla", "simple_gla") and compute != torch.float64:
             grads[3] = self._gate_yardstick(leaves, grads)
         return (out.detach(),) + tuple(g.detach() for g in grads)
+
+    def _chunking(self, compute: Any) -> dict[str, int]:
+        """The chunk for the factored form (LA, simple GLA, GLA: ``exp(-gamma)`` inside a chunk) where
+        its default would overflow ``compute`` on these gates (``reference.MAX_LOG_DECAY``): the
+        largest power of two whose chunks all decay less, so a strong gate's reference stays exact
+        (empty: the default)."""
+        import torch
+
+        from pytest_attnperf.families.linear.reference import CHUNK, GLA_CHUNK, MAX_LOG_DECAY
+
+        if self.family not in ("gla", "simple_gla"):
+            return {}
+        gate = self.inputs[3].detach().double()
+        default = CHUNK if compute == torch.float64 or self.family == "simple_gla" else GLA_CHUNK
+        limit, chunk = MAX_LOG_DECAY.get(str(compute), 80.0), default
+        while chunk > 1 and _deepest_chunk(gate, chunk) > limit:
+            chunk //= 2
+        return {} if chunk == default else {"chunk": chunk}
 
     def _gate_yardstick(self, leaves: list[Any], grads: list[Any]) -> Any:
         """A GLA or simple GLA gate's gradient as chunk kernels form it, element by element the
@@ -333,6 +353,18 @@ class Prepared:
                                chunk=CHUNK, later=autograd)
         ref = self._computed["fp64"][4].double()
         return torch.where((summed.double() - ref).abs() > (autograd.double() - ref).abs(), summed, autograd)
+
+
+def _deepest_chunk(gate: Any, chunk: int) -> float:
+    """The largest total log decay (``-sum g``) inside one chunk of ``chunk`` tokens, over every
+    sequence, head and channel (``gate`` ``[B, T, H(, K)]``)."""
+    import torch
+
+    pad = (-gate.shape[1]) % chunk
+    if pad:
+        gate = torch.cat([gate, gate.new_zeros(gate.shape[0], pad, *gate.shape[2:])], dim=1)
+    sums = gate.reshape(gate.shape[0], -1, chunk, *gate.shape[2:]).sum(2)
+    return float(-sums.min())
 
 
 def torch_dtype(name: str) -> Any:
@@ -361,14 +393,19 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: in
     q, k, v = draw(b, t, hk, kd), draw(b, t, hk, kd), draw(b, t, h, vd)
     if family == "gdn":  # GDN's keys and queries are L2-normalised, as in the layer
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    tensors = [q.to(dtype), k.to(dtype), v.to(dtype)]
+    q_gain, kv_gain = values.linear_scales(case.values)
+    tensors = [(q * q_gain).to(dtype), (k * kv_gain).to(dtype), (v * kv_gain).to(dtype)]
+    regime = "gate-near-zero" if case.values == "large-state" else case.values
     if family == "gla":
-        tensors.append(F.logsigmoid(draw(b, t, h, kd)))  # fp32 log decay, as fla recommends
+        tensors.append(values.linear_gates(regime, draw, b, t, h, kd))  # fp32 log decay, as fla recommends
     if family == "simple_gla":
-        tensors.append(F.logsigmoid(draw(b, t, h)))
+        tensors.append(values.linear_gates(regime, draw, b, t, h))
     if family == "gdn":
-        tensors.append(F.logsigmoid(draw(b, t, h)))
-        tensors.append((torch.sigmoid(draw(b, t, h)) * case.beta_max).to(dtype))
+        tensors.append(values.linear_gates(regime, draw, b, t, h))
+        beta = torch.sigmoid(draw(b, t, h)) * case.beta_max
+        if case.values == "beta-bounds":
+            beta = values.beta_bounds(beta, case.beta_max)
+        tensors.append(beta.to(dtype))
     return tuple(x.requires_grad_(backward) for x in tensors)
 
 
@@ -406,7 +443,9 @@ def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: in
         _cache.pop(next(iter(_cache)))
     inputs = _inputs(family, case, device, direction == "fwdbwd", seed)
     gen = torch.Generator(device=device).manual_seed(7 + seed)
-    grad_out = torch.randn(inputs[2].shape, generator=gen, device=device).to(inputs[0].dtype)
+    # large-state's gradient scaled as its queries are: dq = scale S dO stays within fp16 where S does not
+    gain = values.linear_scales(case.values)[0]
+    grad_out = (torch.randn(inputs[2].shape, generator=gen, device=device) * gain).to(inputs[0].dtype)
     names = ("q", "k", "v", "g", "beta")[: len(inputs)]
     prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd")
     _cache[key] = prepared
@@ -503,7 +542,7 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     expected = tuple(v.shape)
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
-        out = kernel.fn(*xs, scale=case.scale)
+        out = kernel.fn(*values.laid_out(case.layout, xs, HEAD_AXIS, 1), scale=case.scale)
         if check:
             expect_tensor(kernel.name, out, expected, q.dtype, q.device)
         if not backward:

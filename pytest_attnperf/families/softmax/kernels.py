@@ -19,6 +19,7 @@ from typing import Any
 
 from pytest_attnperf.costs import DTYPE_BYTES
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.families.values import laid_out, softmax_inputs
 from pytest_attnperf.hw.detect import memory_gb
 
 __all__ = [
@@ -47,6 +48,8 @@ class SoftmaxCase:
     window: int | None = None
     gpu: bool = True  # True: the GPU shape table; False: the CPU table
     kv_seq: int | None = None  # keys (the KV cache) when they outnumber the queries: decode
+    values: str = "normal"  # how the inputs are drawn (``families.values``: adversarial regimes)
+    layout: str = "contiguous"  # how the kernel receives them (``families.values.laid_out``)
 
     @property
     def n_kv_seq(self) -> int:
@@ -296,20 +299,64 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     backward = direction == "fwdbwd"
 
     def draw(shape: tuple[int, ...]) -> Any:
-        return torch.randn(shape, generator=gen, device=device).to(dtype).requires_grad_(backward)
+        return torch.randn(shape, generator=gen, device=device)
 
-    q, k, v = draw(shape_q), draw(shape_kv), draw(shape_kv)
+    drawn = softmax_inputs(case.values, shape_q, shape_kv, case.scale, draw)
+    q, k, v = (x.to(dtype).requires_grad_(backward) for x in drawn)
     grad_out = torch.randn(shape_q, generator=gen, device=device).to(dtype)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
     leaves64 = tuple(x.detach().double().requires_grad_(backward) for x in (q, k, v))
     with exact_fp32():  # fp32 yardsticks at full precision, whatever TF32 setting the project made
-        prepared = Prepared(q, k, v, grad_out, _outputs(reference, leaves64, grad_out, opts),
-                            _outputs(naive, (q, k, v), grad_out, opts), opts)
+        exact = _outputs(reference, leaves64, grad_out, opts)
+        plain = _outputs(naive, (q, k, v), grad_out, opts)
+        if backward:  # each gradient element: the further of autograd's and a recomputing backward's
+            recomputed = recomputed_gradients(q, k, v, grad_out, opts)
+            plain = plain[:1] + tuple(torch.where((a.double() - r).abs() >= (b.double() - r).abs(), a, b)
+                                      for a, b, r in zip(plain[1:], recomputed, exact[1:], strict=True))
+        prepared = Prepared(q, k, v, grad_out, exact, plain, opts)
     _cache[key] = prepared
     return prepared
 
 
 TENSORS = ("out", "dq", "dk", "dv")
+
+
+def recomputed_gradients(q: Any, k: Any, v: Any, grad_out: Any, opts: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """``dq, dk, dv`` as a flash-style backward forms them in the inputs' dtype: the scores
+    recomputed in fp32, the probabilities as ``exp(s - lse)`` from the row's fp32 log-sum-exp, cast
+    to the dtype for ``dv``. Where the scores are large the LSE's own rounding (``|lse| u``) shifts
+    every probability of its row alike, which autograd through a stored softmax never sees: on the
+    CPU at scores of spread 47, torch's flash backward's fp32 ``dv`` erred 16x autograd's. The
+    forward's and the backward's scores are rounded apart as two passes of a kernel round them.
+    (docs/catalogue.md, "Yardsticks")."""
+    import torch
+
+    from pytest_attnperf.families.softmax.reference import attention_mask
+
+    dtype, scale = q.dtype, opts["scale"]
+    group = q.shape[1] // k.shape[1]
+    qq, do = q.detach().float(), grad_out.float()
+    kk, vv = (x.detach().repeat_interleave(group, dim=1).float() for x in (k, v))
+    mask = attention_mask(q.shape[2], opts["causal"], opts["window"], q.device, k.shape[2])
+
+    def scores(first: Any, second: Any) -> Any:
+        found = first @ second.transpose(-1, -2)
+        return found if mask is None else found.masked_fill(~mask, float("-inf"))
+
+    # the forward's scores with the scale folded into q, the backward's scaled after the product: a
+    # kernel's two passes round them apart, so even a row of one visible key has p = exp(s' - lse) != 1
+    forward = scores(qq * scale, kk)
+    top = forward.amax(-1, keepdim=True)
+    lse = top + torch.log(torch.exp(forward - top).sum(-1, keepdim=True))
+    p = torch.exp(scores(qq, kk) * scale - lse)
+    o = (p.to(dtype) @ vv.to(dtype)).float()
+    dv = p.to(dtype).float().transpose(-1, -2) @ do
+    ds = p * (do @ vv.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    dq, dk = (ds @ kk) * scale, (ds.transpose(-1, -2) @ qq) * scale
+    if group > 1:
+        b, h, t, d = dk.shape
+        dk, dv = (x.view(b, h // group, group, t, d).sum(2) for x in (dk, dv))
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
 
 
 # what TF32 keeps of an fp32 operand: 10 mantissa bits, truncated (``families.tf32``)
@@ -366,7 +413,7 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     backward = direction == "fwdbwd"
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
-        out = kernel.fn(*xs, **opts)
+        out = kernel.fn(*laid_out(case.layout, xs, HEAD_AXIS, 2), **opts)
         if check:
             expect_tensor(kernel.name, out, tuple(xs[0].shape), xs[0].dtype, xs[0].device)
         if not backward:

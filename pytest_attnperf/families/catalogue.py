@@ -1,0 +1,239 @@
+"""The correctness catalogue: rows generated from named trigger classes, apart from the timed tables.
+
+Each row is a family's case tagged with the trigger classes it exercises (``CLASSES``: where
+published attention-kernel bugs live) and the tier it belongs to (``smoke`` reaches every class of
+the family at least once; ``full`` is the whole catalogue). Rows run check-only: the suite
+(``families.catalogue_suite``) checks every registered kernel of the family on them and times
+nothing. docs/catalogue.md lists the classes, the rows and the bugs they come from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from pytest_attnperf.families.linear.case import LinearCase
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+
+__all__ = ["CLASSES", "TIERS", "Row", "classes_of", "linear_rows", "rows", "softmax_rows"]
+
+TIERS = ("off", "smoke", "full")
+
+CLASSES: dict[str, str] = {
+    "tile-edge": "lengths around a tile (15, 17, 63, 65, 127, 129, 255, 257) and a prime: a last partial block",
+    "tiny-seq": "one or two tokens: an empty or degenerate tile",
+    "q-lt-k": "fewer queries than keys, causal aligned lower-right (decode, chunked prefill)",
+    "head-dim": "head dims other than the timed tables' (32, 64): 16, 80, 96, 128, 256, 40",
+    "asym-dim": "a key/query head dim different from the value's",
+    "gqa": "grouped query (or value) heads at ratios 2, 4 and 8",
+    "mqa": "one key/value head for every query head",
+    "batch-heads": "three or more sequences and heads, each with its own content: per-batch and per-head offsets",
+    "window-edge": "sliding windows of 1, an odd width, T-1 and at least T",
+    "layout-strided": "non-contiguous inputs: a transposed view of a [B, T, H, D] buffer, a channel slice",
+    "layout-stride0": "K and V of one head expanded over the query heads with stride 0",
+    "grid-limit": "batch x heads past 65535 (a launch grid's y and z limit)",
+    "long-keys": "more than 65536 keys (16-bit indices and offsets)",
+    "long-seq": "a sequence past 65536 tokens (16-bit indices and offsets)",
+    "low-precision": "bf16 and fp16 inputs on the catalogue's shapes",
+    "large-logits": "scores past exp's overflow: a row maximum not subtracted overflows",
+    "negative-lse": "every score of a row about -150: a running maximum started at 0 underflows the sum",
+    "ties": "every key of a head equal: tied scores, a uniform softmax",
+    "onehot": "one-hot queries and keys, zero queries: sparse, exactly tied scores",
+    "gate-near-zero": "log decays near 0: the state keeps everything",
+    "gate-strong": "log decays of -20 to -60 a token: the state forgets at once, exp(-cumsum) overflows",
+    "decay-underflow": "about exp(-3) a token: a chunk's cumulative decay underflows fp32",
+    "beta-bounds": "GDN's beta at 0 and at its maximum on alternate tokens",
+    "large-state": "a state past fp16's range while the output stays representable",
+    "backward": "the gradients (every fwdbwd row)",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One catalogue row: a family's case, the trigger classes it exercises, its tier (``smoke``
+    rows are in the full tier too) and whether it needs a GPU's memory or time (``gpu``)."""
+
+    case: SoftmaxCase | LinearCase
+    classes: tuple[str, ...]
+    tier: str = "full"
+    gpu: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.classes if c not in CLASSES]
+        if unknown or self.tier not in TIERS[1:]:
+            raise ValueError(f"catalogue row {self.case.id}: unknown class {unknown} or tier {self.tier!r}")
+
+    @property
+    def id(self) -> str:
+        """The case's id, which names the row."""
+        return self.case.id
+
+
+# -- softmax ---------------------------------------------------------------------------------
+
+
+def _softmax(batch: int, heads: int, seq: int, dim: int, dtype: str = "fp32", *, causal: bool = True,
+             kv_heads: int | None = None, window: int | None = None, kv_seq: int | None = None,
+             values: str = "normal", layout: str = "contiguous") -> SoftmaxCase:
+    parts = [f"b{batch}", f"h{heads}"] + ([f"kv{kv_heads}"] if kv_heads else []) + [f"t{seq}"]
+    parts += [f"k{kv_seq}"] if kv_seq else []
+    parts += [f"d{dim}"] + ([f"w{window}"] if window else []) + (["causal"] if causal else []) + [dtype]
+    parts += [] if values == "normal" else [values]
+    parts += [] if layout == "contiguous" else [layout]
+    return SoftmaxCase("cat-" + "-".join(parts), batch, heads, seq, dim, dtype, causal, kv_heads=kv_heads,
+                       window=window, gpu=False, kv_seq=kv_seq, values=values, layout=layout)
+
+
+def softmax_rows() -> Iterator[Row]:
+    """The softmax family's catalogue (``SoftmaxCase``: [B, H, T, d], K/V may have fewer heads)."""
+    S = _softmax
+    # smoke: every class at least once, each row small
+    yield Row(S(3, 3, 17, 32), ("tile-edge", "batch-heads"), "smoke")
+    yield Row(S(1, 2, 1, 16, causal=False), ("tiny-seq", "head-dim"), "smoke")
+    yield Row(S(2, 2, 1, 32, kv_seq=255), ("q-lt-k", "tiny-seq", "tile-edge"), "smoke")
+    yield Row(S(2, 2, 17, 32, kv_seq=65), ("q-lt-k", "tile-edge"), "smoke")
+    yield Row(S(1, 2, 65, 96, "bf16"), ("head-dim", "tile-edge", "low-precision"), "smoke")
+    yield Row(S(2, 8, 33, 32, kv_heads=2), ("gqa",), "smoke")
+    yield Row(S(1, 4, 31, 32, kv_heads=1), ("mqa",), "smoke")
+    yield Row(S(1, 2, 64, 32, window=1), ("window-edge",), "smoke")
+    yield Row(S(2, 3, 40, 32, layout="transposed"), ("layout-strided", "batch-heads"), "smoke")
+    yield Row(S(1, 4, 24, 32, kv_heads=1, layout="expanded-kv"), ("layout-stride0", "mqa"), "smoke")
+    yield Row(S(1100, 60, 2, 8, causal=False), ("grid-limit",), "smoke")
+    yield Row(S(1, 1, 2, 8, kv_seq=65600), ("long-keys", "q-lt-k"), "smoke")
+    yield Row(S(2, 2, 48, 32, causal=False, values="large-logits"), ("large-logits",), "smoke")
+    yield Row(S(2, 2, 48, 32, "fp16", values="large-logits"), ("large-logits", "low-precision"), "smoke")
+    yield Row(S(2, 2, 40, 32, values="negative-lse"), ("negative-lse",), "smoke")
+    yield Row(S(2, 2, 40, 32, values="ties"), ("ties",), "smoke")
+    yield Row(S(2, 2, 40, 32, causal=False, values="onehot"), ("onehot",), "smoke")
+    # full: the rest of each class
+    for t in (2, 15, 63, 127, 129, 255, 257, 263):
+        yield Row(S(2, 2, t, 32), ("tile-edge",) + (("tiny-seq",) if t <= 2 else ()))
+    for t in (63, 129):
+        yield Row(S(2, 2, t, 32, "fp16", causal=False), ("tile-edge", "low-precision"))
+    for q, k in ((1, 128), (1, 513), (15, 16), (63, 200), (128, 513), (127, 129)):
+        yield Row(S(2, 2, q, 32, kv_seq=k), ("q-lt-k",) + (("tile-edge",) if k % 16 else ()))
+    yield Row(S(1, 2, 1, 64, "bf16", kv_seq=1000), ("q-lt-k", "low-precision"))
+    for d in (16, 40, 64, 80, 128, 256):
+        yield Row(S(1, 2, 70, d), ("head-dim", "tile-edge"))
+    yield Row(S(1, 2, 70, 128, "bf16"), ("head-dim", "low-precision"))
+    for heads, kv in ((4, 2), (8, 2), (16, 2), (6, 3)):
+        yield Row(S(2, heads, 33, 32, kv_heads=kv), ("gqa",))
+    yield Row(S(1, 4, 31, 32, kv_heads=2, kv_seq=97), ("gqa", "q-lt-k"))
+    yield Row(S(2, 8, 33, 32, kv_heads=1, causal=False), ("mqa",))
+    for w in (1, 33, 63, 64, 100):
+        yield Row(S(1, 2, 64, 32, window=w), ("window-edge",))
+    yield Row(S(1, 2, 17, 32, window=5, kv_seq=80), ("window-edge", "q-lt-k"))
+    yield Row(S(4, 5, 29, 32), ("batch-heads", "tile-edge"))
+    yield Row(S(3, 4, 40, 32, kv_heads=2, layout="sliced"), ("layout-strided", "gqa"))
+    yield Row(S(2, 3, 1, 32, kv_seq=90, layout="transposed"), ("layout-strided", "q-lt-k"))
+    yield Row(S(2, 4, 24, 32, kv_heads=1, causal=False, layout="expanded-kv"), ("layout-stride0",))
+    yield Row(S(33000, 2, 3, 8), ("grid-limit",))
+    yield Row(S(1, 1, 1, 8, kv_seq=70000, causal=False), ("long-keys", "q-lt-k"))
+    for values in ("large-logits", "negative-lse", "ties", "onehot"):
+        yield Row(S(2, 2, 65, 32, "bf16", values=values), (values, "low-precision", "tile-edge"))
+        yield Row(S(1, 4, 1, 32, kv_heads=2, kv_seq=77, values=values), (values, "q-lt-k", "gqa"))
+    # a GPU's tiles: lengths around 128-wide blocks, the head dims flash kernels specialise on
+    for t in (1023, 1025, 2049):
+        yield Row(S(2, 4, t, 128, "bf16"), ("tile-edge", "low-precision"), gpu=True)
+    for d in (80, 96, 192, 256):
+        yield Row(S(2, 4, 1024, d, "bf16"), ("head-dim", "low-precision"), gpu=True)
+    yield Row(S(3, 32, 777, 128, "fp16", kv_heads=4, kv_seq=2049), ("gqa", "q-lt-k", "batch-heads", "low-precision"),
+              gpu=True)
+    yield Row(S(1, 8, 1, 128, "bf16", kv_heads=1, kv_seq=131073), ("long-keys", "mqa", "low-precision"), gpu=True)
+    yield Row(S(4200, 16, 64, 64, "bf16", causal=False), ("grid-limit", "low-precision"), gpu=True)
+    yield Row(S(2, 8, 4096, 64, "bf16", window=1023), ("window-edge", "low-precision"), gpu=True)
+    yield Row(S(2, 4, 1000, 64, "fp16", values="large-logits"), ("large-logits", "low-precision"), gpu=True)
+    yield Row(S(2, 4, 1000, 64, "bf16", values="negative-lse"), ("negative-lse", "low-precision"), gpu=True)
+
+
+# -- the linear families ---------------------------------------------------------------------
+
+
+def _linear(batch: int, heads: int, seq: int, key_dim: int, value_dim: int | None = None, dtype: str = "fp32", *,
+            key_heads: int | None = None, beta_max: float = 1.0, values: str = "normal",
+            layout: str = "contiguous") -> LinearCase:
+    value_dim = key_dim if value_dim is None else value_dim
+    parts = [f"b{batch}", f"h{heads}"] + ([f"hk{key_heads}"] if key_heads else []) + [f"t{seq}", f"d{key_dim}"]
+    parts += [f"v{value_dim}"] if value_dim != key_dim else []
+    parts += [f"beta{beta_max:g}"] if beta_max != 1.0 else []
+    parts += [dtype] + ([] if values == "normal" else [values]) + ([] if layout == "contiguous" else [layout])
+    return LinearCase("cat-" + "-".join(parts), batch, heads, seq, key_dim, value_dim, dtype, beta_max=beta_max,
+                      gpu=False, key_heads=key_heads, values=values, layout=layout)
+
+
+def linear_rows() -> Iterator[Row]:
+    """The linear families' catalogue (``LinearCase``, [B, T, H, D]); a row a family cannot take
+    (a gate regime for linear attention, beta for the others, grouped heads but for GDN) is left
+    out of that family's rows (``rows``)."""
+    L = _linear
+    # smoke: small enough for Triton's interpreter (fla's fused recurrent kernels on a CPU)
+    yield Row(L(1, 2, 17, 16), ("tile-edge",), "smoke")
+    yield Row(L(3, 3, 5, 16), ("batch-heads",), "smoke")
+    yield Row(L(1, 2, 1, 16), ("tiny-seq",), "smoke")
+    yield Row(L(1, 1, 65, 16, 32), ("asym-dim", "tile-edge"), "smoke")
+    yield Row(L(1, 1, 17, 80), ("head-dim",), "smoke")
+    yield Row(L(1, 2, 33, 16, dtype="bf16"), ("low-precision",), "smoke")
+    yield Row(L(1, 4, 9, 16, key_heads=1), ("gqa", "mqa"), "smoke")
+    yield Row(L(2, 2, 9, 16, layout="transposed"), ("layout-strided",), "smoke")
+    yield Row(L(1100, 60, 2, 4), ("grid-limit",), "smoke")
+    yield Row(L(1, 1, 65600, 4), ("long-seq",), "smoke")
+    yield Row(L(1, 2, 33, 16, values="gate-near-zero"), ("gate-near-zero",), "smoke")
+    yield Row(L(1, 2, 20, 16, values="gate-strong"), ("gate-strong",), "smoke")
+    yield Row(L(1, 1, 64, 16, values="decay-underflow"), ("decay-underflow",), "smoke")
+    yield Row(L(1, 2, 20, 16, beta_max=2.0, values="beta-bounds"), ("beta-bounds",), "smoke")
+    yield Row(L(1, 1, 48, 16, dtype="fp16", values="large-state"), ("large-state", "low-precision"), "smoke")
+    for t in (2, 15, 63, 127, 129, 257, 263):
+        yield Row(L(1, 2, t, 16), ("tile-edge",) + (("tiny-seq",) if t <= 2 else ()))
+    for k, v in ((16, 64), (64, 16), (32, 48)):
+        yield Row(L(1, 2, 70, k, v), ("asym-dim", "tile-edge"))
+    for d in (32, 64, 128, 256):
+        yield Row(L(1, 1, 33, d), ("head-dim",))
+    for dtype in ("bf16", "fp16"):
+        yield Row(L(2, 3, 100, 32, dtype=dtype), ("low-precision", "batch-heads"))
+    for heads, key_heads in ((4, 2), (8, 2), (8, 1)):
+        yield Row(L(2, heads, 33, 16, key_heads=key_heads), ("gqa",) + (("mqa",) if key_heads == 1 else ()))
+    yield Row(L(4, 5, 29, 16), ("batch-heads", "tile-edge"))
+    yield Row(L(2, 3, 40, 16, layout="sliced"), ("layout-strided", "batch-heads"))
+    yield Row(L(33000, 2, 3, 4), ("grid-limit",))
+    for values in ("gate-near-zero", "gate-strong", "decay-underflow", "beta-bounds"):
+        yield Row(L(2, 2, 129, 16, dtype="bf16", beta_max=2.0 if values == "beta-bounds" else 1.0, values=values),
+                  (values, "low-precision", "tile-edge"))
+    yield Row(L(1, 2, 300, 16, values="decay-underflow"), ("decay-underflow",))
+    yield Row(L(1, 2, 100, 16, dtype="fp16", values="large-state"), ("large-state", "low-precision"))
+    # a GPU's tiles and sizes: fla's chunks of 64, its head dims up to 256, long sequences
+    for t in (4095, 4097):
+        yield Row(L(2, 4, t, 128, dtype="bf16"), ("tile-edge", "low-precision"), gpu=True)
+    yield Row(L(2, 4, 1000, 256, dtype="bf16"), ("head-dim", "low-precision"), gpu=True)
+    yield Row(L(2, 4, 1000, 128, 64, dtype="bf16"), ("asym-dim", "low-precision"), gpu=True)
+    yield Row(L(3, 16, 1000, 128, dtype="fp16", key_heads=4), ("gqa", "batch-heads", "low-precision"), gpu=True)
+    yield Row(L(1, 2, 70000, 64, dtype="bf16"), ("long-seq", "low-precision"), gpu=True)
+    yield Row(L(2200, 32, 64, 64, dtype="bf16"), ("grid-limit", "low-precision"), gpu=True)
+    for values in ("gate-strong", "decay-underflow", "beta-bounds"):
+        yield Row(L(2, 4, 1000, 128, dtype="bf16", beta_max=2.0 if values == "beta-bounds" else 1.0, values=values),
+                  (values, "low-precision"), gpu=True)
+
+
+def _fits(family: str, row: Row) -> bool:
+    case = row.case
+    if family == "softmax":
+        return isinstance(case, SoftmaxCase)
+    return isinstance(case, LinearCase) and case.refusal(family) is None
+
+
+def rows(family: str, tier: str, gpu: bool) -> tuple[Row, ...]:
+    """The rows of ``family`` in ``tier`` (``smoke``: its smoke rows; ``full``: every row), with
+    the GPU rows only where ``gpu``. A row with the timed draws' ``values`` of another family is
+    left out; each case is given the family's own id prefix."""
+    if tier not in TIERS:
+        raise ValueError(f"no catalogue tier {tier!r} (known: {', '.join(TIERS)})")
+    if tier == "off":
+        return ()
+    source = softmax_rows() if family == "softmax" else linear_rows()
+    chosen = [r for r in source if (tier == "full" or r.tier == "smoke") and (gpu or not r.gpu) and _fits(family, r)]
+    return tuple(replace(r, case=replace(r.case, gpu=r.gpu)) for r in chosen)
+
+
+def classes_of(family: str) -> tuple[str, ...]:
+    """Every class that ``family``'s full catalogue (GPU rows included) reaches, and ``backward``."""
+    found = {c for r in rows(family, "full", True) for c in r.classes}
+    return tuple(c for c in CLASSES if c in found or c == "backward")
