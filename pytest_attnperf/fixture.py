@@ -5,31 +5,49 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
 from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.families.memory import bound_for
 from pytest_attnperf.gate import floors, policy
+from pytest_attnperf.gate.drift import DriftNote
 from pytest_attnperf.gate.memory import MemoryCheck, Tolerance, against_baseline, against_bound
 from pytest_attnperf.gate.verdict import Verdict
 from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
 from pytest_attnperf.measure import inventory
+from pytest_attnperf.measure.pooling import Taken, pool, write_taken
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.measure.verify import Draws, TimedDiffers, raised_as_differing
 from pytest_attnperf.outcome import PerfResult, Row
-from pytest_attnperf.parallel.fleet import case_key
-from pytest_attnperf.plugins.history import DriftNote, record_case
-from pytest_attnperf.plugins.pool import PoolRuns, pool, write_taken
-from pytest_attnperf.plugins.timeline import VERIFY_S_KEY
-from pytest_attnperf.plugins.xdist import timing_turn
+from pytest_attnperf.parallel.fleet import case_key, timing_turn
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import BaselineError
 
-__all__ = ["PENDING_KEY", "Perf"]
+__all__ = ["PENDING_KEY", "VERIFY_S_KEY", "CaseHistory", "Perf", "PoolSamples"]
 
 PENDING_KEY = pytest.StashKey[dict[str, Any]]()
+VERIFY_S_KEY = pytest.StashKey[float]()  # host seconds a test's timers spent checking their timed draws
+
+
+class PoolSamples(Protocol):
+    """What ``Perf`` asks of the run's pool runs (``plugins.pool.PoolRuns``)."""
+
+    def settle(self) -> None:
+        """Return once every pool run has exited: no other process on the GPU."""
+
+    def for_case(self, key: str) -> list[Taken]:
+        """The pool runs' measurements of the case."""
+
+
+class CaseHistory(Protocol):
+    """What ``Perf`` asks of the run history (``plugins.history.HistoryRecorder``)."""
+
+    def record(self, key: str, result: PerfResult) -> DriftNote | None:
+        """The case's drift on its history plus this run (None: none), and its record appended."""
+
+
 class Perf:
     """Times one callable per test on the run's device and checks it against the baseline.
 
@@ -37,12 +55,16 @@ class Perf:
     when the test carries ``attnperf_sdpa_backend``, samples device time, computes TFLOP/s, MFU, GB/s
     and bandwidth from ``cost``, and fails the test when it regressed against
     ``baselines/<hw>.yaml``. With ``--update-baselines`` it records instead (the entry is
-    written at the end of the session, and only if the test passed).
+    written at the end of the session, and only if the test passed). ``pool_runs`` and
+    ``history`` are the run's plugins of those names, where it has them.
     """
 
-    def __init__(self, request: pytest.FixtureRequest, session: AttnPerfSession) -> None:
+    def __init__(self, request: pytest.FixtureRequest, session: AttnPerfSession, pool_runs: PoolSamples | None = None,
+                 history: CaseHistory | None = None) -> None:
         self._request = request
         self._session = session
+        self._pool_runs = pool_runs
+        self._history = history
         self._used = False
         self._key = case_key(request.node)  # the node id, less pytest-xdist's group suffix
 
@@ -68,10 +90,12 @@ class Perf:
         session.hardware  # noqa: B018 - the card is resolved (a --hw mismatch raised) before anything is timed
         marker = node.get_closest_marker("attnperf_sdpa_backend")
         pinned = marker.args[0] if marker else None
-        with timing_turn(session):  # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
+        # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
+        with timing_turn(session.seat, lambda: session.device.is_gpu):
             result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
         memory = self._memory(result.measurement)
-        drifted = record_case(self._request.config, self._key, result)  # --attnperf-history: judged, appended
+        # --attnperf-history: judged, appended
+        drifted = self._history.record(self._key, result) if self._history is not None else None
         self._record(result, memory, drifted)
         verdict, measurement = result.verdict, result.measurement
         node.user_properties.extend(_junit_properties(result, memory))  # JUnit XML; the noise benchmark reads it
@@ -220,9 +244,8 @@ class Perf:
         (``verify.TimedDiffers``) fails the case with its message, and under the
         ``attnperf_deterministic`` marker so do replays that are not bitwise equal. Not before the
         run's pool runs have exited (``PoolRuns.settle``): no other process on the GPU."""
-        runs = PoolRuns.of(self._session.config)
-        if runs is not None:
-            runs.settle()
+        if self._pool_runs is not None:
+            self._pool_runs.settle()
         try:
             measurement = self._session.timer.measure(fn, plan)
             node = self._request.node
@@ -243,13 +266,12 @@ class Perf:
 
     def _pooled(self, measurement: Measurement) -> Measurement:
         """In a pool run, the measurement as taken, also written to the pool run's file; in a run
-        with pool runs, pooled with their samples of this case (``pool.pool``)."""
+        with pool runs, pooled with their samples of this case (``pooling.pool``)."""
         session, nodeid = self._session, self._key
         if session.settings.pool_out is not None:
             write_taken(session.settings.pool_out, nodeid, measurement)
             return measurement
-        runs = PoolRuns.of(session.config)
-        taken = runs.for_case(nodeid) if runs is not None else []
+        taken = self._pool_runs.for_case(nodeid) if self._pool_runs is not None else []
         return pool(measurement, taken) if taken else measurement
 
     def _record(self, result: PerfResult, memory: tuple[MemoryCheck, ...] = (),

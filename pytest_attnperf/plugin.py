@@ -18,15 +18,13 @@ from pytest_attnperf.families.registry import KernelRegistry, import_ahead
 from pytest_attnperf.fixture import PENDING_KEY, Perf
 from pytest_attnperf.hw.detect import detect_device
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
-from pytest_attnperf.measure.isolation import CaseGuard
 from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
 from pytest_attnperf.parallel import fleet
-from pytest_attnperf.plugins import autotune, history, timeline, xdist
+from pytest_attnperf.plugins import autotune, failures, guard, history, timeline, xdist
 from pytest_attnperf.plugins.autotune import AutotunePlugin
 from pytest_attnperf.plugins.history import HistoryRecorder
 from pytest_attnperf.plugins.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
-from pytest_attnperf.report import failures
 from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
 
@@ -61,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     config.stash[suite.RUN_KEY] = session  # what parametrizing reads: the device and the kernels
     xdist.configure(config, session)  # under pytest-xdist: a worker's GPU, before anything starts CUDA
-    config.pluginmanager.register(CaseGuard(config, session.settings.case_timeout_s), "attnperf-isolation")
+    config.pluginmanager.register(guard.CaseGuard(config, session.settings.case_timeout_s), guard.NAME)
     for plugin, name in _optional_plugins(config, session, pool_run):
         config.pluginmanager.register(plugin, name)
     if session.settings.hw is not None and session.fleet is None:  # a controller opens no device: its workers check
@@ -471,4 +469,5 @@ def attnperf(request: pytest.FixtureRequest) -> Perf:
     returns median device time, TFLOP/s, MFU, GB/s, bandwidth fraction and peak memory, and
     fails the test when the case regressed beyond the tolerance against baselines/<hw>.yaml.
     """
-    return timeline.clock_measure(Perf(request, get_session(request.config)), request.node)
+    perf = Perf(request, get_session(request.config), PoolRuns.of(request.config), HistoryRecorder.of(request.config))
+    return timeline.clock_measure(perf, request.node)

@@ -10,12 +10,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_attnperf"
 MAX_LINES = 600
-# the plugin's face, and the modules allowed to import each of its parts
-FACE = {
-    "pytest_attnperf.plugin": set(),
-    "pytest_attnperf.fixture": {"pytest_attnperf.plugin"},
-    "pytest_attnperf.session": {"pytest_attnperf.plugin", "pytest_attnperf.fixture", "pytest_attnperf.plugins.xdist"},
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -27,6 +21,13 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+PLUGINS = {name for name in MODULES if name.startswith("pytest_attnperf.plugins.")}  # the run's plugin objects
+# the plugin's face, and the modules allowed to import each of its parts
+FACE = {
+    "pytest_attnperf.plugin": set(),
+    "pytest_attnperf.fixture": {"pytest_attnperf.plugin", *PLUGINS},
+    "pytest_attnperf.session": {"pytest_attnperf.plugin", "pytest_attnperf.fixture", *PLUGINS},
+}
 
 
 def _targets(name: str, node: ast.AST) -> list[str]:

@@ -19,20 +19,10 @@ from typing import Any, cast
 import pytest
 from kit import CONFTEST, PLUGIN, TESTS, set_speed
 
+from pytest_attnperf.measure.pooling import Taken, pool, read_taken, short_cases, write_taken
 from pytest_attnperf.measure.timing import Measurement
 from pytest_attnperf.options import Settings, read_settings
-from pytest_attnperf.plugins.pool import (
-    INPUT_FORMAT,
-    PoolRun,
-    Taken,
-    pool,
-    pool_run_args,
-    read_input,
-    read_taken,
-    short_cases,
-    write_input,
-    write_taken,
-)
+from pytest_attnperf.plugins.pool import INPUT_FORMAT, PoolRun, pool_run_args, read_input, write_input
 
 
 def _m(values: list[float], clock: str = "cuda-graph-nodes", calls: int = 1) -> Measurement:

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["INSTALL_HINT", "Rule", "Shift", "available", "drifted", "find_shifts", "noise_sigma"]
+__all__ = ["INSTALL_HINT", "DriftNote", "Rule", "Shift", "available", "drifted", "find_shifts", "noise_sigma"]
 
 INSTALL_HINT = "pip install 'pytest-attnperf[history]' (ruptures and scipy)"
 PENALTY_SIGMAS = 4.0  # PELT's penalty per change point, in sigma^2 x ln(n): twice BIC's 2 sigma^2 ln(n)
@@ -68,6 +68,28 @@ class Shift:
     def slower(self) -> bool:
         """Whether the runs after it are slower than those before."""
         return self.size > 0
+
+
+@dataclass(frozen=True)
+class DriftNote:
+    """A case's drift found on its history plus this run: the shift, its range and whether it
+    fails the case (``--attnperf-fail-on-drift`` and not failed otherwise)."""
+
+    shift: Shift
+    last_good: str | None
+    first_bad: str | None
+    fails: bool
+
+    @property
+    def pct(self) -> float:
+        """The shift's size in percent."""
+        return 100.0 * self.shift.size
+
+    def text(self) -> str:
+        """One line: size, the range to bisect, the p-value."""
+        first = "this run" if self.first_bad is None else self.first_bad
+        return (f"drifted {self.pct:+.1f}% on its history (last good {self.last_good or '?'}, first bad {first}, "
+                f"p={self.shift.p_value:.2g})")
 
 
 def available() -> str | None:

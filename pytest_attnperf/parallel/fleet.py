@@ -8,7 +8,8 @@ import json
 import os
 import pickle
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ try:
 except ImportError:  # Windows: no flock; the CPU's turns are not taken there
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Fleet", "Seat", "WorkerShare", "case_key", "group_of", "is_controller", "is_worker", "visible_gpus"]
+__all__ = ["Fleet", "Seat", "WorkerShare", "case_key", "group_of", "is_controller", "is_worker", "timing_turn",
+           "visible_gpus"]
 
 
 INPUT_KEY = "attnperf"  # in a worker's workerinput: its GPU and the fleet's size
@@ -241,3 +243,26 @@ def case_key(item: Any) -> str:
                     for m in item.iter_markers("xdist_group")}) if hasattr(item, "iter_markers") else []
     suffix = "@" + "_".join(names)
     return nodeid[: -len(suffix)] if names and nodeid.endswith(suffix) else nodeid
+
+
+@contextmanager
+def timing_turn(seat: Seat | None, sees_gpu: Callable[[], bool]) -> Iterator[None]:
+    """Around a case's timing in a worker (``seat``): fails the case when the worker may not time
+    (``Seat.why_not_timing``: its GPU is shared, say); without a GPU, waits for the other
+    workers' timing to end (a lock file per test run). Elsewhere (no seat) it does nothing."""
+    if seat is None:
+        yield
+        return
+    refused = seat.why_not_timing(sees_gpu)
+    if refused is not None:
+        pytest.fail(f"attnperf: not timed: {refused}", pytrace=False)
+    if not seat.cpu_turns or fcntl is None:
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / f"attnperf-timing-{seat.testrunuid or os.getppid()}.lock"
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
+from pytest_attnperf.options import _get, user_cache
 from pytest_attnperf.parallel.fleet import case_key, decode, encode
+from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.autotune import (
     AutotuneError,
     Choice,
@@ -72,8 +74,6 @@ def cache_root(config: pytest.Config) -> Path | None:
     """The folder ``--attnperf-triton-cache`` gives (``~`` and environment variables expanded; a
     leading ``$XDG_CACHE_HOME``, as in the default, is ``~/.cache`` when the variable is unset or
     not absolute), or None: ``off``."""
-    from pytest_attnperf.options import _get, user_cache
-
     text = _get(config, "triton_cache", str).strip()
     if text.lower() in ("off", "none", "0", "false", ""):
         return None
@@ -149,7 +149,7 @@ class AutotunePlugin:
     """The run's Triton cache and what autotuned in it. ``session`` is the run's (its settings,
     device, hardware, pytest-xdist seat or fleet, rows and pending entries)."""
 
-    def __init__(self, session: Any, root: Path) -> None:
+    def __init__(self, session: AttnPerfSession, root: Path) -> None:
         self.session = session
         self.root = root  # --attnperf-triton-cache
         self.run: AutotuneRun | None = None  # once started on a CUDA device; a controller's, once merged

@@ -14,65 +14,24 @@ import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import pytest
 
 from pytest_attnperf.gate import drift
+from pytest_attnperf.gate.drift import DriftNote
+from pytest_attnperf.options import project_dir
+from pytest_attnperf.outcome import PerfResult
+from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store import history
 from pytest_attnperf.store.history import git_commit, history_path
 
-if TYPE_CHECKING:
-    from pytest_attnperf.outcome import PerfResult
-
-
-class AttnPerfSession(Protocol):
-    """What the recorder reads of the run's state (``session.AttnPerfSession``, which sits above
-    the store: named here by what it offers, not imported)."""
-
-    @property
-    def config(self) -> pytest.Config: ...
-    @property
-    def settings(self) -> Any: ...
-    @property
-    def seat(self) -> Any: ...
-    @property
-    def hardware(self) -> Any: ...
-    @property
-    def device(self) -> Any: ...
-    @property
-    def environment(self) -> Any: ...
-    @property
-    def machine(self) -> Any: ...
-
-__all__ = ["NAME", "WINDOW", "DriftNote", "HistoryRecorder", "record_case", "since_recorded", "wanted"]
+__all__ = ["NAME", "WINDOW", "HistoryRecorder", "since_recorded", "wanted"]
 
 NAME = "attnperf-history"
 WINDOW = 30  # runs of a case a gating run judges drift on: a shift older than this no longer fails
 SOFTWARE = ("torch", "triton", "fla", "cuda", "driver", "python")  # envinfo's versions a record keeps
 DRIFTED = "drifted"
-
-
-@dataclass(frozen=True)
-class DriftNote:
-    """A case's drift found on its history plus this run: the shift, its range and whether it
-    fails the case (``--attnperf-fail-on-drift`` and not failed otherwise)."""
-
-    shift: drift.Shift
-    last_good: str | None
-    first_bad: str | None
-    fails: bool
-
-    @property
-    def pct(self) -> float:
-        """The shift's size in percent."""
-        return 100.0 * self.shift.size
-
-    def text(self) -> str:
-        """One line: size, the range to bisect, the p-value."""
-        first = "this run" if self.first_bad is None else self.first_bad
-        return (f"drifted {self.pct:+.1f}% on its history (last good {self.last_good or '?'}, first bad {first}, "
-                f"p={self.shift.p_value:.2g})")
 
 
 def since_recorded(records: list[Any]) -> list[Any]:
@@ -112,8 +71,6 @@ class HistoryRecorder:
     @cached_property
     def commit(self) -> str | None:
         """``--attnperf-commit`` when given, else the project's git HEAD, else None."""
-        from pytest_attnperf.options import project_dir
-
         given = self.session.settings.commit
         return given if given else git_commit(project_dir(self.session.config))
 
@@ -168,6 +125,12 @@ class HistoryRecorder:
             return
         self.appended += 1
 
+    def record(self, key: str, result: PerfResult) -> DriftNote | None:
+        """The case's drift (``judge``; None without it) and its record appended (``add``)."""
+        note = self.judge(key, result)
+        self.add(key, result, note)
+        return note
+
     def summary_line(self) -> str | None:
         """For the terminal summary: what this process appended, or why not."""
         if self.problem:
@@ -175,13 +138,3 @@ class HistoryRecorder:
         if self.appended:
             return f"history: appended {self.appended} records to {self.path} (run {self.run[:12]})"
         return None
-
-
-def record_case(config: pytest.Config, key: str, result: PerfResult) -> DriftNote | None:
-    """The case's drift (None without it or without a history) and its record appended."""
-    recorder = HistoryRecorder.of(config)
-    if recorder is None:
-        return None
-    note = recorder.judge(key, result)
-    recorder.add(key, result, note)
-    return note

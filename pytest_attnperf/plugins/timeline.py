@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 
 import pytest
 
+from pytest_attnperf.fixture import VERIFY_S_KEY
+
 __all__ = ["Timeline", "clock_measure", "process_age_s"]
 
 KEY = pytest.StashKey["Timeline"]()
 MEASURE_AT_KEY = pytest.StashKey[float]()  # host time (time.time) attnperf.measure was entered
 SPLIT_ATTR = "attnperf_measure_split_s"  # on a call report: (before attnperf.measure, in it, checking), seconds
-VERIFY_S_KEY = pytest.StashKey[float]()  # host seconds a test's timers spent checking their timed draws
 T = TypeVar("T")
 
 

@@ -27,18 +27,12 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; the CPU's turns are not taken there
-    fcntl = None  # type: ignore[assignment]
-
+from pytest_attnperf.outcome import Row
 from pytest_attnperf.parallel.fleet import (
     INPUT_KEY,
     OUTPUT_KEY,
@@ -53,15 +47,13 @@ from pytest_attnperf.parallel.fleet import (
     group_of,
     is_controller,
     is_worker,
+    timing_turn,
 )
 from pytest_attnperf.plugins.pool import PoolRuns
-
-if TYPE_CHECKING:
-    from pytest_attnperf.outcome import Row
-    from pytest_attnperf.session import AttnPerfSession
+from pytest_attnperf.session import AttnPerfSession
 
 __all__ = ["add_groups", "attach_case", "configure", "configure_node", "make_scheduler", "node_down", "planned",
-           "prepare", "summary_lines", "timing_turn", "worker_output"]
+           "prepare", "summary_lines", "worker_output"]
 
 
 def _explicit(session: AttnPerfSession) -> bool:
@@ -252,33 +244,8 @@ def prepare(session: AttnPerfSession, items: list[pytest.Item]) -> None:
             return
         if refused:
             return
-    with timing_turn(session):
+    with timing_turn(seat, lambda: session.device.is_gpu):
         session.prepare(items)
-
-
-@contextmanager
-def timing_turn(session: AttnPerfSession) -> Iterator[None]:
-    """Around a case's timing in a worker: fails the case when the worker may not time
-    (``Seat.why_not_timing``: its GPU is shared, say); without a GPU, waits for the other
-    workers' timing to end (a lock file per test run). Elsewhere it does nothing."""
-    seat = session.seat
-    if seat is None:
-        yield
-        return
-    refused = seat.why_not_timing(lambda: session.device.is_gpu)
-    if refused is not None:
-        pytest.fail(f"attnperf: not timed: {refused}", pytrace=False)
-    if not seat.cpu_turns or fcntl is None:
-        yield
-        return
-    path = Path(tempfile.gettempdir()) / f"attnperf-timing-{seat.testrunuid or os.getppid()}.lock"
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
 
 
 def attach_case(session: AttnPerfSession, key: str, report: pytest.TestReport, entry: dict[str, Any] | None) -> None:

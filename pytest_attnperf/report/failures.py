@@ -1,22 +1,16 @@
 """The correctness failures of a run: attention cases whose test failed before or inside
 ``attnperf.measure`` (a failed numerical check, a kernel that raised), so were never measured
-and have no summary row; the studies' report lists them (plugin ``Failures``)."""
+and have no summary row; the studies' report lists them (collected by ``plugins.failures.Failures``)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pytest
 
-from pytest_attnperf.measure.isolation import is_attention_case
-from pytest_attnperf.parallel.fleet import case_key
+__all__ = ["CASE_ATTR", "Failure", "failure_of", "first_line", "unmeasured"]
 
-__all__ = ["CASE_ATTR", "KEY", "NAME", "Failure", "Failures", "failure_of", "first_line", "unmeasured"]
-
-KEY = pytest.StashKey["Failures"]()
-NAME = "attnperf-failures"
 FAILED = "Failed: "  # what pytest.fail's exception puts before its message
 CASE_ATTR = "attnperf_case"  # on an attention case's failed call report: its key (sent to a pytest-xdist controller)
 
@@ -58,30 +52,3 @@ def unmeasured(failures: Iterable[Failure], measured: Iterable[str]) -> list[Fai
         if failure.nodeid not in done:
             first.setdefault(failure.nodeid, failure)
     return [first[key] for key in sorted(first)]
-
-
-@dataclass(eq=False)  # a registered plugin: pluggy keeps plugins in sets, so hashed by identity
-class Failures:
-    """The failed call reports of attention cases, marked where the test ran and collected where
-    the reports are logged (a pytest-xdist controller logs its workers')."""
-
-    seen: list[Failure] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, config: pytest.Config) -> Failures | None:
-        """The run's plugin, if registered."""
-        return config.stash.get(KEY, None)
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-        """An attention case's failed call report carries the case's key."""
-        report = yield
-        if report.when == "call" and report.failed and is_attention_case(item):
-            setattr(report, CASE_ATTR, case_key(item))
-        return report
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Each report (a worker's too, on a pytest-xdist controller): an attention case's failure kept."""
-        failure = failure_of(report)
-        if failure is not None:
-            self.seen.append(failure)
