@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Maintainers' runs on an H200, from the repo root:
 #   bash tools/h200.sh preflight | record | record-linear | gate | noise | pair | short | full | check | power | integrity |
-#     inventory | memory | memory-noise | models | models-gate | decode | history | pool-split
+#     inventory | memory | memory-noise | models | models-gate | decode | history | pool-split | catalogue
 # Logs, JSON and the baseline file go to $OUT; a mode that writes many files (history, models,
 # decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
@@ -11,7 +11,7 @@ set -uo pipefail
 # mix two cards' files
 HW="${HW:-h200}"
 case "$HW:${1:-}" in
-  h200:* | *:record | *:gate | *:models | *:models-gate | *:pool-split) ;;
+  h200:* | *:record | *:gate | *:models | *:models-gate | *:pool-split | *:catalogue) ;;
   *) echo "HW=$HW: only the record, gate, models, models-gate and pool-split modes take another card than h200" >&2
      exit 2 ;;
 esac
@@ -448,5 +448,25 @@ PY
     # the recording with its autotune choices, and the report, as archives
     tar czf "$OUT/decode-baselines.tgz" -C "$TMPB" . && (cd "$OUT" && tar czf decode-report.tgz decode-report \
       && rm -rf decode-report) ;;
+  catalogue)  # the correctness catalogue over every built-in kernel, check-only, each tier of TIERS (default
+    # smoke,full) with WORKERS pytest-xdist workers (default 4) sharing the one GPU; fla's autotuned
+    # kernels held to their first configuration (the catalogue checks numbers, and each new head shape
+    # would autotune for minutes); each tier stopped by SIGINT after BUDGET s (default 270), its summary
+    # still written. Per tier: the JUnit report, the coverage JSON and the log in $OUT,
+    # the wall time and the per-kernel coverage lines last
+    mkdir -p /tmp/hold && printf '%s\n' "from pytest_attnperf.families.interpret import hold_autotuners" \
+      "hold_autotuners()" > /tmp/hold/sitecustomize.py  # in every worker process too
+    for tier in ${TIERS:-smoke full}; do
+      start=$SECONDS
+      PYTHONPATH="/tmp/hold:$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout -s INT "${BUDGET:-270}" \
+        python3 -m pytest -p no:cacheprovider -q --tb=line \
+        -n "${WORKERS:-4}" suites/test_catalogue.py --attnperf-catalogue="$tier" --benchmark-disable \
+        --attnperf-coverage-json="$OUT/coverage-$tier.json" --junitxml="$OUT/catalogue-$tier.xml" \
+        > "$OUT/catalogue-$tier.log" 2>&1
+      echo "tier $tier: exit $?, $((SECONDS - start)) s on one GPU, $(tail -n 1 "$OUT/catalogue-$tier.log")"
+    done
+    for tier in ${TIERS:-smoke full}; do
+      echo "== $tier"; grep -E '^(FAILED|  [a-z_]+/)' "$OUT/catalogue-$tier.log" | cut -c1-400
+    done ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|power|integrity|inventory|memory|memory-noise|models|decode|history" >&2; exit 2 ;;
 esac

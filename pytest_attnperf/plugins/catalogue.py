@@ -126,9 +126,12 @@ class Coverage:
         return out
 
     def missing_required(self, kernels: Iterable[dict[str, Any]]) -> list[str]:
-        """``kernel: class (status)`` for each required class a kernel of a family that has it did not pass."""
+        """``kernel: class (status)`` for each required class that a kernel this run checked, of a
+        family that has the class, did not pass."""
         missing = []
         for entry in kernels:
+            if not entry["classes"]:  # no catalogue test of it in this run (deselected, or no rows on this device)
+                continue
             for cls in self.required:
                 if cls not in catalogue.classes_of(entry["family"]):
                     continue
@@ -193,10 +196,14 @@ def class_status(counts: dict[str, int]) -> str:
 def summary_lines(tier: str, kernels: list[dict[str, Any]], tests: int) -> list[str]:
     """One line per kernel: the classes it passed, failed, refused and did not reach."""
     lines = [f"catalogue tier {tier}: {tests} checks; per kernel, the trigger classes it was vouched for"]
+    idle = []
     for entry in kernels:
         name = f"{entry['family']}/{entry['kernel']}"
         if "not_run" in entry:
             lines.append(f"  {name}: not checked here ({entry['not_run']})")
+            continue
+        if not entry["classes"]:
+            idle.append(name)
             continue
         by: dict[str, list[str]] = {s: [] for s in STATUSES}
         for cls, counts in entry["classes"].items():
@@ -205,6 +212,9 @@ def summary_lines(tier: str, kernels: list[dict[str, Any]], tests: int) -> list[
         parts += [f"{s} {', '.join(by[s])}" for s in ("failed", "xfailed", "refused", "skipped") if by[s]]
         parts += [f"unreached {', '.join(entry['unreached'])}"] if entry["unreached"] else []
         lines.append(f"  {name}: " + "; ".join(parts))
+    if idle:
+        lines.append(f"  no catalogue test of {len(idle)} kernel{'s' if len(idle) > 1 else ''} ran (deselected): "
+                     + ", ".join(idle))
     return lines
 
 
