@@ -100,7 +100,7 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(2, 3, 40, 32, layout="transposed"), ("layout-strided", "batch-heads"), "smoke")
     yield Row(S(1, 4, 24, 32, kv_heads=1, layout="expanded-kv"), ("layout-stride0", "mqa"), "smoke")
     yield Row(S(1100, 60, 2, 8, causal=False), ("grid-limit",), "smoke")
-    yield Row(S(1, 1, 2, 8, kv_seq=65600), ("long-keys", "q-lt-k"), "smoke")
+    yield Row(S(1, 1, 2, 8, "bf16", kv_seq=65600), ("long-keys", "q-lt-k", "low-precision"), "smoke")
     yield Row(S(2, 2, 48, 32, causal=False, values="large-logits"), ("large-logits",), "smoke")
     yield Row(S(2, 2, 48, 32, "fp16", values="large-logits"), ("large-logits", "low-precision"), "smoke")
     yield Row(S(2, 2, 40, 32, values="negative-lse"), ("negative-lse",), "smoke")
@@ -129,7 +129,7 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(2, 3, 1, 32, kv_seq=90, layout="transposed"), ("layout-strided", "q-lt-k"))
     yield Row(S(2, 4, 24, 32, kv_heads=1, causal=False, layout="expanded-kv"), ("layout-stride0",))
     yield Row(S(33000, 2, 3, 8), ("grid-limit",))
-    yield Row(S(1, 1, 1, 8, kv_seq=70000, causal=False), ("long-keys", "q-lt-k"))
+    yield Row(S(1, 1, 1, 8, "bf16", kv_seq=70000, causal=False), ("long-keys", "q-lt-k", "low-precision"))
     for values in ("large-logits", "negative-lse", "ties", "onehot"):
         yield Row(S(2, 2, 65, 32, "bf16", values=values), (values, "low-precision", "tile-edge"))
         yield Row(S(1, 4, 1, 32, kv_heads=2, kv_seq=77, values=values), (values, "q-lt-k", "gqa"))
