@@ -39,7 +39,7 @@ __all__ = [
     "Answer", "CheckFailed", "Checked", "Closeness", "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "Elementwise", "FACTOR",
     "GRAD_FACTOR",
     "NEIGHBOURS", "PRECISION", "allowance", "assert_close", "assert_elementwise", "assert_finite", "assert_reaches",
-    "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "own_copies",
+    "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "own_copies", "plain",
     "poison_allocator",
     "reported_plainly", "smoothed", "snapshots", "ulp", "where",
 ]
@@ -312,6 +312,27 @@ def expect_tensor(kernel: str, value: Any, shape: tuple[int, ...], dtype: Any, d
     raise CheckFailed(
         f"kernel '{kernel}' returned {describe(value)}; expected a torch.Tensor of shape {tuple(shape)}, "
         f"dtype {dtype} on {device}"
+    )
+
+
+def plain(kernel: Kernel, value: Any) -> Any:
+    """``value`` as a plain ``torch.Tensor``, so no check dispatches through a kernel's own class.
+    A tensor subclass fails (its ``__torch_function__`` could answer every comparison: an all-zero
+    output whose subtraction always returned zero passed every check), unless the kernel declared
+    it (``Kernel.output_types``): that one is viewed as a plain tensor, its data and graph kept.
+    Anything not a tensor is returned as it is, for ``expect_tensor`` to name."""
+    import torch
+
+    kind = type(value)
+    if kind is torch.Tensor or not isinstance(value, torch.Tensor):
+        return value
+    if kind in kernel.output_types:
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.as_subclass(value, torch.Tensor)
+    raise CheckFailed(
+        f"kernel '{kernel.name}' returned a {kind.__module__}.{kind.__qualname__}, a torch.Tensor subclass whose own "
+        "methods could answer the checks: return a plain torch.Tensor, or register the kernel with "
+        f"output_types=({kind.__qualname__},) to have it compared as one"
     )
 
 

@@ -64,6 +64,8 @@ class Kernel:
     (``families.tf32``; the linear families' chunk kernels are so held on a GPU already).
     ``interpreted`` says its Triton code runs on the CPU under Triton's interpreter: a CPU run's
     correctness catalogue checks it there (``families.interpret``); nothing of it is timed on the CPU.
+    ``output_types`` names the ``torch.Tensor`` subclasses it may return (any other subclass fails:
+    ``checks.plain``); they are compared as plain tensors, never through their own methods.
     """
 
     family: str
@@ -82,6 +84,7 @@ class Kernel:
     imports: tuple[str, ...] = ()  # modules its first call imports: imported ahead (``import_ahead``)
     tf32: bool = False  # softmax: its fp32 products run in TF32 (held to a TF32 yardstick)
     interpreted: bool = False  # Triton code the CPU runs under Triton's interpreter: checked there, never timed
+    output_types: tuple[type, ...] = ()  # torch.Tensor subclasses it may return, compared as plain tensors
 
     def __post_init__(self) -> None:
         if self.tf32 and self.family != "softmax":
@@ -146,13 +149,14 @@ class KernelRegistry:
         tiled: bool = True,
         imports: tuple[str, ...] = (),
         tf32: bool = False,
+        output_types: tuple[type, ...] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
                             (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic, tiled,
-                            tuple(imports), tf32))
+                            tuple(imports), tf32, output_types=tuple(output_types)))
             return fn
 
         return register

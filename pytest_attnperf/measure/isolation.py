@@ -71,7 +71,9 @@ from pytest_attnperf.measure.switches import (
 from pytest_attnperf.measure.torch_functions import (
     Functions,
     describe_functions,
+    drop_overrides,
     pop_modes,
+    pop_saved_hooks,
     restore_functions,
     snapshot_functions,
 )
@@ -352,6 +354,11 @@ def undo(before: CaseState, clock: CaseClock | None, exits: process.ExitRefusal)
     if modes:
         findings.append(Finding("left a torch mode on", "which would intercept every later case's torch calls",
                                 "popped now", "\n".join(f"  {mode}" for mode in modes)))
+    kept = drop_overrides(before.functions.impls) + pop_saved_hooks(before.functions.saved_hooks)
+    if kept:
+        findings.append(Finding("left saved-tensor hooks or an operator override on", "which every later case's "
+                                "references and checks would go through", "removed now",
+                                "\n".join(f"  {k}" for k in kept)))
     signals = (clock.tampered if clock is not None else process.alarm_left(before.alarm_armed))
     signals = signals + process.restore_handlers(before.handlers)
     if signals:

@@ -11,6 +11,8 @@ Only an already imported module is looked at (``flex_attention``'s is not import
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -20,8 +22,11 @@ __all__ = [
     "TORCH_FUNCTIONS",
     "Functions",
     "Replaced",
+    "CLOCKS",
     "describe_functions",
+    "drop_overrides",
     "pop_modes",
+    "pop_saved_hooks",
     "put_back_functions",
     "restore_functions",
     "snapshot_functions",
@@ -68,6 +73,15 @@ TORCH_FUNCTIONS: tuple[str, ...] = (
     "torch.nn.functional.pad",
     "torch.cuda.synchronize",
 )
+CLOCKS: tuple[str, ...] = (
+    "time.perf_counter", "time.perf_counter_ns", "time.monotonic", "time.monotonic_ns", "time.time", "time.time_ns",
+    "time.process_time", "time.sleep", "torch.cuda.Event", "torch.cuda.Event.record",
+    "torch.cuda.Event.elapsed_time", "torch.cuda.Event.synchronize", "torch.cuda.Stream.synchronize",
+    "torch.cuda.current_stream",
+)
+"""The clocks and synchronisation the timers read, guarded as the torch functions are: a kernel
+that patches one (``time.perf_counter_ns = lambda: real() // 100``) would make every later case
+record fast."""
 """The module-level torch functions whose identity is checked around each case and each
 kernel's call: a module's attribute (its module must be imported already). Add a name here to
 guard one more. Whole module dicts are not compared: importing torch's compiler legitimately
@@ -92,12 +106,14 @@ class Functions:
     slots: dict[str, Slot]
     classes: dict[str, tuple[type, dict[str, Any]]]
     modes: tuple[int, int] = (0, 0)  # how deep torch's function-mode and dispatch-mode stacks were
+    impls: frozenset[str] = frozenset()  # the operator kernels registered through torch.library
+    saved_hooks: Any = None  # the saved-tensor hooks on top of autograd's stack (None: none)
 
 
 def _mode_depths() -> tuple[int, int]:
     """How many torch function modes and dispatch modes are active (``TorchFunctionMode``,
     ``TorchDispatchMode``): a mode left on intercepts every torch call after it, the checks' too."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
 
@@ -107,12 +123,13 @@ def pop_modes(before: tuple[int, int]) -> list[str]:
     (none where torch is not imported: nothing is imported to look)."""
     if "torch" not in sys.modules:
         return []
-    import torch
-    from torch.utils._python_dispatch import _pop_mode  # the dispatch stack's own pop (infra modes too)
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
+    from torch.utils._python_dispatch import _pop_mode  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     popped = []
     for kind, depth, pop, was in (("torch function mode", torch._C._len_torch_function_stack,
                                    torch._C._pop_torch_function_stack, before[0]),
+                                  # the dispatch stack's own pop (infra modes too)
                                   ("dispatch mode", torch._C._len_torch_dispatch_stack, _pop_mode, before[1])):
         while depth() > was:
             try:
@@ -155,7 +172,58 @@ def _class(qualname: str) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-def snapshot_functions(names: tuple[str, ...] = TORCH_FUNCTIONS,
+GUARDED_NAMESPACES = ("aten/", "prims/")
+"""The operators whose kernels a case may not replace: those every reference and check computes with."""
+VALUE_KEYS = frozenset({"CPU", "CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd", "Autograd",
+                        "AutogradCPU", "AutogradCUDA", "Math", ""})
+"""The dispatch keys whose kernels compute values (torch's own lazy imports register Meta, fake and
+functionalization kernels, and kernels of operators of their own, mid-run: those are left alone)."""
+
+
+def _impls() -> frozenset[str]:
+    """The value-computing kernels of ``aten`` and ``prims`` operators registered through
+    ``torch.library`` (``ns/op/dispatch key``)."""
+    library = sys.modules.get("torch.library")
+    if library is None:
+        return frozenset()
+    return frozenset(name for name in getattr(library, "_impls", ())
+                     if name.startswith(GUARDED_NAMESPACES) and name.rsplit("/", 1)[-1] in VALUE_KEYS)
+
+
+def _saved_hooks() -> Any:
+    torch = sys.modules.get("torch")
+    return torch._C._autograd._top_saved_tensors_default_hooks(True) if torch is not None else None
+
+
+def drop_overrides(before: frozenset[str]) -> list[str]:
+    """The operator kernels registered through ``torch.library`` since ``before`` (an override of
+    ``aten::_softmax`` would change what every later fp64 reference computes), each removed by
+    destroying the ``Library`` that holds it."""
+    added = _impls() - before
+    if not added:
+        return []
+    import torch.library  # noqa: PLC0415 - imported already: _impls found registrations
+
+    for found in gc.get_objects():
+        if isinstance(found, torch.library.Library) and added & set(getattr(found, "_op_impls", ())):
+            destroy: Any = found._destroy  # private, untyped: the only way to undo a Library's registrations
+            destroy()
+    left = _impls() - before
+    return [f"torch.library override {name}" + (" (could not be removed)" if name in left else "")
+            for name in sorted(added)]
+
+
+def pop_saved_hooks(before: Any) -> list[str]:
+    """Saved-tensor hooks pushed since ``before`` and left on (``saved_tensors_hooks().__enter__()``
+    without its exit: every later backward, the fp64 references' too, would go through them), popped."""
+    popped: list[str] = []
+    while (top := _saved_hooks()) is not None and top != before and len(popped) < 64:
+        sys.modules["torch"]._C._autograd._pop_saved_tensors_default_hooks()
+        popped.append(f"saved-tensor hooks {getattr(top[0], '__qualname__', type(top[0]).__name__)}")
+    return popped
+
+
+def snapshot_functions(names: tuple[str, ...] = TORCH_FUNCTIONS + CLOCKS,
                        classes: tuple[str, ...] = TORCH_CLASSES) -> Functions:
     """What each owner's ``__dict__`` holds under each of ``names`` (a class's inherited method
     reads as absent: a kernel that sets it adds an entry), and each of ``classes``' whole
@@ -167,7 +235,7 @@ def snapshot_functions(names: tuple[str, ...] = TORCH_FUNCTIONS,
             owner, attr = found
             slots[qualname] = (owner, attr, vars(owner).get(attr, _MISSING))
     held = {qualname: (cls, dict(vars(cls))) for qualname in classes if (cls := _class(qualname)) is not None}
-    return Functions(slots, held, _mode_depths() if "torch" in sys.modules else (0, 0))
+    return Functions(slots, held, _mode_depths() if "torch" in sys.modules else (0, 0), _impls(), _saved_hooks())
 
 
 def _put(owner: Any, attr: str, value: Any) -> None:
@@ -182,8 +250,6 @@ def _put(owner: Any, attr: str, value: Any) -> None:
     except TypeError:
         if not isinstance(owner, type):
             raise
-        import ctypes
-        import gc
 
         (contents,) = [d for d in gc.get_referents(vars(owner)) if isinstance(d, dict)]
         if value is _MISSING:
@@ -236,11 +302,12 @@ def put_back_functions(before: Functions, who: str, checks: str) -> str | None:
     and a failure's message naming each (``who`` replaced... / left a torch mode on); None where
     nothing was."""
     replaced, modes = restore_functions(before), pop_modes(before.modes)
-    if not replaced and not modes:
+    kept = drop_overrides(before.impls) + pop_saved_hooks(before.saved_hooks)
+    if not replaced and not modes and not kept:
         return None
-    what = " and ".join(w for w, found in (("replaced torch functions", replaced), ("left a torch mode on", modes))
-                        if found)
-    lines = ([describe_functions(replaced)] if replaced else []) + [f"  {mode}: left on" for mode in modes]
+    what = " and ".join(w for w, found in (("replaced torch functions", replaced), ("left a torch mode on", modes),
+                                           ("left saved-tensor hooks or an operator override on", kept)) if found)
+    lines = ([describe_functions(replaced)] if replaced else []) + [f"  {mode}: left on" for mode in modes + kept]
     return f"{who} {what}, put back now; {checks} would otherwise have run with them:\n" + "\n".join(lines)
 
 

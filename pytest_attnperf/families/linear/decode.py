@@ -219,7 +219,7 @@ def check_case(family: str, kernel: Kernel, case: LinearDecodeCase, direction: s
     """Check ``kernel`` on ``case``: its return value's contract (an output of ``v``'s shape and the
     query's dtype, a new fp32 state of the initial one's shape; no writes into the inputs, the
     state included), then both tensors against the fp64 recurrence; a ``checks.Checked``."""
-    from pytest_attnperf.families.checks import Answer, Checked, call_checked, own_copies
+    from pytest_attnperf.families.checks import Answer, Checked, call_checked, own_copies, plain
     from pytest_attnperf.families.draws import timed
 
     if direction != "fwd":
@@ -229,6 +229,8 @@ def check_case(family: str, kernel: Kernel, case: LinearDecodeCase, direction: s
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
         got = kernel.fn(*xs[:-1], scale=case.scale, initial_state=xs[-1])
+        if isinstance(got, (tuple, list)):
+            got = tuple(plain(kernel, x) for x in got)
         return _expect(kernel, got, out_shape, xs[-1], xs[0]) if check else tuple(got)
 
     inputs = own_copies(p.inputs)

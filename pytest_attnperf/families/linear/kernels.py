@@ -534,7 +534,7 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     the kernel's form. The kernel gets its own copies of the case's inputs (``checks.own_copies``)."""
     import torch
 
-    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies
+    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies, plain
 
     p = prepare(family, case, direction, device, seed)
     backward = direction == "fwdbwd"
@@ -542,14 +542,14 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     expected = tuple(v.shape)
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
-        out = kernel.fn(*values.laid_out(case.layout, xs, HEAD_AXIS, 1), scale=case.scale)
+        out = plain(kernel, kernel.fn(*values.laid_out(case.layout, xs, HEAD_AXIS, 1), scale=case.scale))
         if check:
             expect_tensor(kernel.name, out, expected, q.dtype, q.device)
         if not backward:
             return (out,)
         if check:
-            return (out,) + gradients(kernel.name, out, xs, p.names, grad_out)
-        return (out,) + tuple(torch.autograd.grad(out, xs, grad_out))
+            return (out,) + tuple(plain(kernel, g) for g in gradients(kernel.name, out, xs, p.names, grad_out))
+        return (out,) + tuple(plain(kernel, g) for g in torch.autograd.grad(out, xs, grad_out))
 
     inputs, grad_out = own_copies(p.inputs), p.grad_out.clone()
 

@@ -406,21 +406,21 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     The kernel gets its own copies of the case's inputs (``checks.own_copies``)."""
     import torch
 
-    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies
+    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies, plain
 
     p = prepare(case, direction, device, seed)
     opts = p.opts
     backward = direction == "fwdbwd"
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
-        out = kernel.fn(*laid_out(case.layout, xs, HEAD_AXIS, 2), **opts)
+        out = plain(kernel, kernel.fn(*laid_out(case.layout, xs, HEAD_AXIS, 2), **opts))
         if check:
             expect_tensor(kernel.name, out, tuple(xs[0].shape), xs[0].dtype, xs[0].device)
         if not backward:
             return (out,)
         if check:
-            return (out,) + gradients(kernel.name, out, xs, ("q", "k", "v"), grad_out)
-        return (out,) + tuple(torch.autograd.grad(out, xs, grad_out))
+            return (out,) + tuple(plain(kernel, g) for g in gradients(kernel.name, out, xs, ("q", "k", "v"), grad_out))
+        return (out,) + tuple(plain(kernel, g) for g in torch.autograd.grad(out, xs, grad_out))
 
     inputs, grad_out = own_copies((p.q, p.k, p.v)), p.grad_out.clone()
 
