@@ -9,9 +9,10 @@ from typing import Any, Protocol
 
 import pytest
 
+from pytest_attnperf import floors
 from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.families.memory import bound_for
-from pytest_attnperf.gate import floors, policy
+from pytest_attnperf.gate import policy
 from pytest_attnperf.gate.drift import DriftNote
 from pytest_attnperf.gate.memory import MemoryCheck, Tolerance, against_baseline, against_bound
 from pytest_attnperf.gate.verdict import Verdict
@@ -113,10 +114,10 @@ class Perf:
                 extra += "\n  baseline notes: " + "; ".join(str(n) for n in earlier)
             for kernel_note in (result.kernels_changed, measurement.kernels_vs_eager):
                 extra += f"\n  {kernel_note}" if kernel_note else ""
-            below = floors.failure_message(result, floors.for_session(session))
+            below = floors.failure_message(result, session.ceilings)
             more = "".join(f"\n{line}" for line in [below, *breached] if line)
             pytest.fail(f"{self._key}: {verdict.message}{extra}{more}", pytrace=False)
-        below = floors.failure_message(result, floors.for_session(session))
+        below = floors.failure_message(result, session.ceilings)
         if below or breached:  # a memory breach fails apart from the time's verdict
             pytest.fail(f"{self._key}: " + "\n".join(line for line in [*breached, below] if line), pytrace=False)
         if result.kernels_changed and session.settings.fail_on_kernel_change:
@@ -180,12 +181,14 @@ class Perf:
 
         result = PerfResult(
             measurement=measurement,
-            metrics=metrics(cost, measurement.median_ms / 1e3, *floors.rate_peaks(session, dtype)),
+            metrics=metrics(cost, measurement.median_ms / 1e3, *floors.rate_peaks(session.ceilings, dtype)),
             verdict=verdict,
             cost=cost,
             backend=backend,
         )
-        result = floors.check(node, session, result, dtype)  # roofline position and floors, JUnit properties
+        # roofline position and floors, JUnit properties
+        result = floors.check(node, result, dtype, session.ceilings, session.settings, session.hardware.name,
+                              device.is_gpu)
         return replace(result, kernels_changed=self._kernels_changed(measurement))
 
     def _kernels_changed(self, measurement: Measurement) -> str | None:
@@ -306,7 +309,7 @@ class Perf:
                        + ((m.kernels_vs_eager,) if m.kernels_vs_eager else ())
                        + ((drifted.text(),) if drifted is not None else ())),
                 roofline_frac=result.roofline.fraction if result.roofline else None,
-                ceilings=floors.for_session(self._session),
+                ceilings=self._session.ceilings,
                 params=_case_params(self._request.node, result.cost),
                 bitwise=m.bitwise,
                 verified=m.verified,

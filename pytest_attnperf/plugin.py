@@ -324,7 +324,8 @@ def _write_report(config: pytest.Config) -> None:
     from pytest_attnperf.report.studies import write_run
 
     try:
-        config.stash[REPORT_NOTE_KEY] = write_run(state, folder, seen)
+        config.stash[REPORT_NOTE_KEY] = write_run(state.rows, state.environment, state.hardware, suite.removed(config),
+                                                  folder, seen)
     except Exception as exc:  # noqa: BLE001 - a report that cannot be written must not hide the results
         config.stash[REPORT_NOTE_KEY] = f"NOT written to {folder}: {type(exc).__name__}: {exc}"
 

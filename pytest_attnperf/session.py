@@ -18,9 +18,11 @@ import pytest
 
 from pytest_attnperf.families.registry import KernelRegistry
 from pytest_attnperf.gate.policy import GateTerms, Here
+from pytest_attnperf.hw import ceilings
+from pytest_attnperf.hw.ceilings import Ceilings
 from pytest_attnperf.hw.table import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
 from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer, one_element_add
-from pytest_attnperf.options import Settings
+from pytest_attnperf.options import Settings, user_cache
 from pytest_attnperf.outcome import Row
 from pytest_attnperf.parallel.fleet import Fleet, Seat
 from pytest_attnperf.store import baselines as store
@@ -101,6 +103,16 @@ class AttnPerfSession:
         return registry
 
     @cached_property
+    def ceilings(self) -> Ceilings:
+        """The machine's ceilings beside the spec's and the user's (``hw.ceilings.obtain``), found on
+        first need and kept for the run."""
+        s = self.settings
+        return ceilings.obtain(self.hardware, s.ceilings, s.peaks, pool_run=s.pool_out is not None,
+                               environment=lambda: self.environment, machine=self.machine,
+                               folder=user_cache(*ceilings.CACHE_FOLDER),
+                               measure_now=lambda: ceilings.measure(self.timer, self.plan("cold"), self.device))
+
+    @cached_property
     def gate_terms(self) -> GateTerms:
         """The gate's settings, frozen once for the run."""
         return GateTerms.from_settings(self.settings)
@@ -179,10 +191,8 @@ class AttnPerfSession:
             self.hardware  # noqa: B018 - the device lookup each measured case makes anyway
         except Exception:  # noqa: BLE001 - each measured case meets the error itself
             return
-        from pytest_attnperf.hw.ceilings import for_session
-
         self.measure_overhead()
-        for_session(self)
+        self.ceilings  # noqa: B018 - measured, or read from their cache, now
 
     # -- baselines ------------------------------------------------------------------------
     @cached_property

@@ -19,8 +19,8 @@ from typing import Any, cast
 import kit
 import pytest
 
+from pytest_attnperf import floors
 from pytest_attnperf.families.registry import Kernel
-from pytest_attnperf.gate import floors
 from pytest_attnperf.gate.physics import judge
 from pytest_attnperf.gate.roofline import (
     Ceiling,
@@ -38,7 +38,7 @@ from pytest_attnperf.gate.roofline import (
 from pytest_attnperf.hw import ceilings
 from pytest_attnperf.hw.ceilings import Ceilings, Measured, cpu_matmul_side
 from pytest_attnperf.hw.table import TABLE, DetectedDevice, unlisted_spec
-from pytest_attnperf.options import peaks
+from pytest_attnperf.options import peaks, user_cache
 
 PLUGIN = (*kit.PLUGIN, "-p", "no:randomly")
 
@@ -117,7 +117,7 @@ def ceiling_calls(pytester: pytest.Pytester) -> dict[str, int]:
 
 
 def cache_files() -> list[Path]:
-    return sorted(ceilings.cache_dir().glob("*.json"))
+    return sorted(user_cache(*ceilings.CACHE_FOLDER).glob("*.json"))
 
 
 def failure(result: pytest.RunResult, test: str) -> str:

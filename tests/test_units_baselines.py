@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_attnperf.gate.verdict import Summary
+from pytest_attnperf.measure.summary import Summary
 from pytest_attnperf.store import baselines
 from pytest_attnperf.store.baselines import BaselineError, BaselineFile, load, merge, rounded, save
 

@@ -20,14 +20,13 @@ from kit import HostClock
 
 from pytest_attnperf.gate.verdict import (
     MIN_SAMPLES,
-    Summary,
     Verdict,
     centre_overhead_ms,
     held_by,
     judge,
-    median_ci,
 )
 from pytest_attnperf.measure import nvml, sampling
+from pytest_attnperf.measure.summary import Summary, median_ci
 from pytest_attnperf.measure.timing import ReplayClock, SamplingPlan, hot_graph, sample_adaptively
 
 

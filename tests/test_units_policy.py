@@ -13,8 +13,8 @@ import pytest
 
 from pytest_attnperf.gate import policy
 from pytest_attnperf.gate.policy import GateTerms, Here
-from pytest_attnperf.gate.verdict import Summary
 from pytest_attnperf.measure.sampling import Measurement
+from pytest_attnperf.measure.summary import Summary
 
 TERMS = GateTerms(tolerance=0.05, run_noise=0.005, run_noise_time_ms=1e-4, machine_noise=0.007,
                   machine_offset_ms=0.002, machine_residual_ms=0.0005, hot_sample_ms=20.0)

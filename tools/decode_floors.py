@@ -5,7 +5,7 @@
 ``--min-mib`` (default 64 MiB: beyond the L2, so the cache read comes from HBM), and suggests
 floors at ``--margin`` (default 0.7) of each case's measured roofline fraction, which for these
 memory-bound cases is the bandwidth fraction against the roofline's bandwidth ceiling. It writes
-``FLOORS_JSON`` and prints the lines for ``gate/floors.py``'s ``BUILTIN``, then a table of every
+``FLOORS_JSON`` and prints the lines for ``pytest_attnperf/floors.py``'s ``BUILTIN``, then a table of every
 decode case (kernel, case, time, bandwidth %) last.
 
 Loaded as a pytest plugin (``-p decode_floors`` with ``tools/`` on the path) with
@@ -45,7 +45,7 @@ def suggested(entries: Sequence[Mapping[str, Any]], margin: float, min_bytes: fl
 
 def builtin_lines(entries: Sequence[Mapping[str, Any]], floors: Mapping[str, Mapping[str, float]],
                   hw: str) -> list[str]:
-    """``gate/floors.py`` ``BUILTIN`` lines for the built-in kernels' floors."""
+    """``pytest_attnperf/floors.py`` ``BUILTIN`` lines for the built-in kernels' floors."""
     families = {(str(e["kernel"]), str(e["case"])): str(e["family"]) for e in entries}
     return [f'    ("{families[(k, c)]}", "{k}", "{c}", "fwd"): {{"{hw}": {{"roofline": {v:.2f}}}}},'
             for k, by in sorted(floors.items()) for c, v in sorted(by.items()) if not k.startswith("zoo-")]
@@ -76,7 +76,7 @@ def suggest(argv: Sequence[str]) -> int:
     held = dict(h.split("=", 1) for h in args.hold)
     args.out.write_text(json.dumps({"hw": args.hw, "floors": floors, "held_to": held}, indent=1, sort_keys=True))
     print(f"# floors at {args.margin:g} x the measured fraction, cases moving >= {args.min_mib:g} MiB "
-          f"({sum(len(v) for v in floors.values())} floors); for BUILTIN in gate/floors.py:")
+          f"({sum(len(v) for v in floors.values())} floors); for BUILTIN in pytest_attnperf/floors.py:")
     print("\n".join(builtin_lines(entries, floors, args.hw)))
     print()
     print("\n".join(table(entries)))

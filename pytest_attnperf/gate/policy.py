@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 from pytest_attnperf.gate.verdict import (
     HISTORY_MIN,
     HISTORY_ROBUST,
-    Summary,
     Verdict,
     centre_ms,
     judge,
@@ -24,6 +23,7 @@ from pytest_attnperf.gate.verdict import (
 )
 from pytest_attnperf.measure.contention import CONTENDED
 from pytest_attnperf.measure.sampling import Measurement
+from pytest_attnperf.measure.summary import Summary
 
 __all__ = ["HISTORY_KEEP", "Decision", "GateTerms", "Here", "History", "decide", "decide_again", "history",
            "verdict_notes"]

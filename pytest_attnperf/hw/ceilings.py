@@ -31,14 +31,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from pytest_attnperf.gate.roofline import Ceiling, ridge
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
 from pytest_attnperf.measure.switches import exact_fp32
 from pytest_attnperf.measure.timing import SamplingPlan, Timer
 
-__all__ = ["DTYPES", "FORMAT", "Ceilings", "Measured", "Workload", "cache_dir", "for_session", "measure"]
+__all__ = ["CACHE_FOLDER", "DTYPES", "FORMAT", "Ceilings", "Measured", "Workload", "measure", "obtain"]
 
 DTYPES = ("bf16", "fp16", "fp32")
 FORMAT = 1  # of the cache file; raised when the workloads change, so older files are measured again
@@ -234,13 +232,6 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
 # -- the cache ------------------------------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/pytest-attnperf/ceilings``, or under ``~/.cache``."""
-    from pytest_attnperf.options import user_cache
-
-    return user_cache("pytest-attnperf", "ceilings")
-
-
 def cache_path(folder: Path, machine: str, stack: Mapping[str, str | None]) -> Path:
     """``<machine>-torch<version>-cuda<version>.json``, with the names made file-safe."""
     name = f"{machine}-torch{stack.get('torch')}-cuda{stack.get('cuda') or 'none'}"
@@ -354,35 +345,30 @@ def _figure(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-CEILINGS_KEY = pytest.StashKey[Ceilings]()
+CACHE_FOLDER = ("pytest-attnperf", "ceilings")  # under the user's cache folder ($XDG_CACHE_HOME, or ~/.cache)
 
 
-def for_session(session: Any) -> Ceilings:
-    """The run's ceilings (an ``AttnPerfSession``), obtained on first need and kept for the run."""
-    stash: pytest.Stash = session.config.stash
-    if CEILINGS_KEY not in stash:
-        stash[CEILINGS_KEY] = obtain(session)
-    return stash[CEILINGS_KEY]
-
-
-def obtain(session: Any) -> Ceilings:
-    """From the cache, else measured now (``--attnperf-ceilings``); never raises."""
-    settings, spec = session.settings, session.hardware
-    base = Ceilings(spec, user=settings.peaks)
-    if settings.ceilings == "off":
+def obtain(spec: HardwareSpec, how: str, peaks: tuple[tuple[str, float], ...], *, pool_run: bool,
+           environment: Callable[[], Mapping[str, str | None]], machine: str, folder: Path,
+           measure_now: Callable[[], Measured]) -> Ceilings:
+    """The run's ceilings on ``spec``: from the cache in ``folder``, else measured now
+    (``measure_now``), as ``--attnperf-ceilings`` (``how``) says; never raises. The software
+    stack that names the cache file is read (``environment``) only when the figures are wanted."""
+    base = Ceilings(spec, user=peaks)
+    if how == "off":
         return replace(base, why="not measured (--attnperf-ceilings=off)")
-    if settings.pool_out is not None:
+    if pool_run:
         return replace(base, why="not measured in a pool run")
-    env = session.environment
+    env = environment()
     stack = {"device": env.get("device"), "torch": env.get("torch"), "cuda": env.get("cuda"),
              "driver": env.get("driver")}
-    path = cache_path(cache_dir(), session.machine, stack)
-    if settings.ceilings == "cache":
+    path = cache_path(folder, machine, stack)
+    if how == "cache":
         cached = load(path, stack)
         if cached is not None:
             return replace(base, measured=cached, cache_note=f"cache: {path}")
     try:
-        measured = measure(session.timer, session.plan("cold"), session.device)
+        measured = measure_now()
     except Exception as exc:  # noqa: BLE001 - the run goes on with the spec figures
         return replace(base, why=f"not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
     if not any(v for _, v in measured.flops) and not measured.bytes_per_s:

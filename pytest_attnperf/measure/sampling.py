@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_attnperf.gate.verdict import Summary
 from pytest_attnperf.measure.collector import gc_paused
 from pytest_attnperf.measure.contention import HostLoad, contention_note, host_load
+from pytest_attnperf.measure.summary import Summary
 from pytest_attnperf.measure.verify import Replays
 
 __all__ = ["REPLAY_CLOCK", "HostTimer", "Measurement", "ReplayClock", "RunningSpread", "SamplingPlan", "Timer",

@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pytest_attnperf.measure import inventory
 from pytest_attnperf.measure.nvml import cool_down, read_sm_clock, read_violation_ns, violation_note
@@ -58,12 +58,10 @@ from pytest_attnperf.measure.sampling import (
 )
 from pytest_attnperf.measure.verify import Replays, TimedDiffers
 
-if TYPE_CHECKING:
-    from pytest_attnperf.hw.table import DetectedDevice
-
 __all__ = [
     "REPLAY_CLOCK",
     "CudaTimer",
+    "Device",
     "HostTimer",
     "Measurement",
     "ReplayClock",
@@ -88,12 +86,24 @@ def one_element_add() -> Callable[[], Any]:
     return lambda: one.add_(1)
 
 
+class Device(Protocol):
+    """What the timers read of the device (``hw.table.DetectedDevice`` has it)."""
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether it is a CUDA GPU."""
+
+    @property
+    def l2_bytes(self) -> int | None:
+        """Its L2 cache's size, where known."""
+
+
 class CudaTimer:
     """Device events around CUDA-graph replays, L2 flushed per sample in cold mode."""
 
     kernels_of: inventory.Profile = staticmethod(inventory.device_kernels)  # the profiler, for the inventory
 
-    def __init__(self, device: DetectedDevice) -> None:
+    def __init__(self, device: Device) -> None:
         self.device = device
         self._flush: Any = None
         self._harness: inventory.Harness | None = None  # what the harness launches in a replay (measured once)
@@ -578,5 +588,5 @@ def _time_replay(replay: Callable[[], Any]) -> float:
     return statistics.median(times)
 
 
-def default_timer(device: DetectedDevice) -> Timer:
+def default_timer(device: Device) -> Timer:
     return CudaTimer(device) if device.is_gpu else HostTimer()

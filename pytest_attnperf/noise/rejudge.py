@@ -38,7 +38,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pytest_attnperf.gate.verdict import Summary, judge, overhead_shift_ms
+from pytest_attnperf.gate.verdict import judge, overhead_shift_ms
+from pytest_attnperf.measure.summary import Summary
 from pytest_attnperf.noise.runs import read_run, run_files, testcase_nodeid
 from pytest_attnperf.options import duration_ms, fraction
 from pytest_attnperf.store import baselines

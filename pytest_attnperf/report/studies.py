@@ -25,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from pytest_attnperf.families.parametrize import count_reasons
+from pytest_attnperf.hw.table import HardwareSpec
+from pytest_attnperf.outcome import Row
 from pytest_attnperf.report import decode, failures, fits, models
 from pytest_attnperf.report.cells import ms as _ms
 from pytest_attnperf.report.cells import num as _num
@@ -490,15 +493,14 @@ def write(report: Mapping[str, Any], outdir: Path, with_json: bool = True) -> li
     return [*written, md, *(outdir / p for p in plots)]
 
 
-def write_run(session: Any, outdir: Path, failed: Sequence[failures.Failure] = ()) -> str:
-    """The report of a finished run (its measured rows, and the failures of cases without one);
-    the line the terminal summary prints."""
-    from pytest_attnperf.families.parametrize import count_reasons, removed
-
-    cases = [dict(_plain(dataclasses.asdict(row))) for row in session.rows]
-    listed = [dataclasses.asdict(f) for f in failures.unmeasured(failed, (row.nodeid for row in session.rows))]
-    report = build(cases, session.environment, hardware_facts(session.hardware), count_reasons(removed(session.config)),
-                   failures=listed)
+def write_run(rows: Sequence[Row], environment: Mapping[str, Any], hardware: HardwareSpec, removed: list[str],
+              outdir: Path, failed: Sequence[failures.Failure] = ()) -> str:
+    """The report of a finished run (its measured rows, and the failures of cases without one), on
+    ``hardware`` in ``environment``, with the combinations ``removed`` at collection; the line the
+    terminal summary prints."""
+    cases = [dict(_plain(dataclasses.asdict(row))) for row in rows]
+    listed = [dataclasses.asdict(f) for f in failures.unmeasured(failed, (row.nodeid for row in rows))]
+    report = build(cases, environment, hardware_facts(hardware), count_reasons(removed), failures=listed)
     written = write(report, outdir)
     plots = sum(1 for p in written if p.suffix == ".png")
     also = f", {len(listed)} correctness failures" if listed else ""

@@ -41,8 +41,8 @@ from typing import Any
 
 import yaml
 
-from pytest_attnperf.gate.verdict import Summary
 from pytest_attnperf.measure.inventory import kernels_problem
+from pytest_attnperf.measure.summary import Summary
 from pytest_attnperf.store.yamlstrict import QUOTE_CHARS, StrictLoader, StrictYAMLError, UnaliasedDumper, cut
 
 try:

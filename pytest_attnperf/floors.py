@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -24,13 +24,12 @@ from pytest_attnperf.costs import Cost
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.gate import physics
 from pytest_attnperf.gate.roofline import FloorOutcome, Floors, Position, judge_floor, median_sigma
-from pytest_attnperf.hw.ceilings import Ceilings, for_session
+from pytest_attnperf.hw.ceilings import Ceilings
+from pytest_attnperf.options import Settings
+from pytest_attnperf.outcome import PerfResult
 
-if TYPE_CHECKING:
-    from pytest_attnperf.outcome import PerfResult
-
-__all__ = ["BUILTIN", "FloorOutcome", "applicable", "check", "extra_info", "failure_message", "for_session", "notes",
-           "position", "rate_peaks"]
+__all__ = ["BUILTIN", "FloorOutcome", "applicable", "check", "extra_info", "failure_message", "notes", "position",
+           "rate_peaks"]
 
 MARKER = "attnperf_floor"
 
@@ -128,9 +127,8 @@ def applicable(item: pytest.Item, hw_name: str) -> tuple[Any, str | None, str] |
     return None
 
 
-def rate_peaks(session: Any, dtype: str) -> tuple[float | None, float | None]:
+def rate_peaks(ceilings: Ceilings, dtype: str) -> tuple[float | None, float | None]:
     """Peak FLOP/s for ``dtype`` and bandwidth for MFU and bandwidth %: user > spec > measured."""
-    ceilings = for_session(session)
     peak, band = ceilings.rate_peak(dtype), ceilings.rate_bandwidth()
     return (peak.value if peak else None), (band.value if band else None)
 
@@ -143,21 +141,22 @@ def position(ceilings: Ceilings, cost: Cost, dtype: str, seconds: float) -> Posi
     return Position(cost.flops, cost.bytes, seconds, peak, band)
 
 
-def check(item: pytest.Item, session: Any, result: PerfResult, dtype: str) -> PerfResult:
-    """``result`` with its roofline position and its floors judged; JUnit properties set."""
-    ceilings = for_session(session)
+def check(item: pytest.Item, result: PerfResult, dtype: str, ceilings: Ceilings, settings: Settings, hw_name: str,
+          on_gpu: bool) -> PerfResult:
+    """``result`` with its roofline position on ``ceilings`` and its floors for the card ``hw_name``
+    judged (not in a pool run); JUnit properties set. ``on_gpu``: the run's device is a CUDA GPU."""
     where = position(ceilings, result.cost, dtype, result.median_ms / 1e3)
     outcome = None
-    found = applicable(item, session.hardware.name) if session.settings.pool_out is None else None
+    found = applicable(item, hw_name) if settings.pool_out is None else None
     if found is not None:
         floor, hw, source = found
-        s, settings = result.measurement.summary, session.settings
+        s = result.measurement.summary
         sigma = median_sigma(s.median_ms, s.ci_low_ms, s.ci_high_ms, settings.run_noise, settings.run_noise_time_ms)
         achieved = {"roofline": where.fraction if where else None, "mfu": result.mfu,
                     "bandwidth": result.bandwidth_frac}
         checks = tuple(judge_floor(metric, achieved[metric], value, sigma) for metric, value in floor.items())
         outcome = FloorOutcome(checks, source, hw)
-    speed = None if session.settings.pool_out is not None else _physics(session, ceilings, result, dtype)
+    speed = None if settings.pool_out is not None else _physics(on_gpu, ceilings, result, dtype)
     item.user_properties.extend([
         ("attnperf_roofline_pct", "" if where is None else f"{100 * where.fraction:.2f}"),
         ("attnperf_bound", "" if where is None else where.bound),
@@ -175,11 +174,11 @@ CPU_REASON = ("the CPU's measured ceilings bound no case (its caches are not flu
 HOT_REASON = "no {dtype} matmul ceiling known (hot mode's data may sit in the L2, so the copy bandwidth bounds nothing)"
 
 
-def _physics(session: Any, ceilings: Ceilings, result: PerfResult, dtype: str) -> physics.PhysicsCheck:
+def _physics(on_gpu: bool, ceilings: Ceilings, result: PerfResult, dtype: str) -> physics.PhysicsCheck:
     """The case's speed against the ceilings no kernel beats (user, else the higher of measured
     and spec: ``Ceilings.limit_peak``): on a GPU only, and in hot mode against the matmul ceiling
     only (back-to-back calls may read from the L2)."""
-    if not session.device.is_gpu:
+    if not on_gpu:
         return physics.not_run(CPU_REASON)
     peak = ceilings.limit_peak(dtype)
     hot = result.measurement.mode == "hot"
