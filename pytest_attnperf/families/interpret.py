@@ -20,7 +20,7 @@ __all__ = ["INTERPRETED_MAX_TOKENS", "enable", "hold_autotuners", "interpreted_r
 VARIABLE = "TRITON_INTERPRET"
 # batch x heads x sequence an interpreted kernel takes: its programs run in Python, about 3.6 ms a
 # token and head for fla's fused recurrent forward at K=V=16 (docs/catalogue.md)
-INTERPRETED_MAX_TOKENS = 80
+INTERPRETED_MAX_TOKENS = 48
 _held: list[bool] = []
 
 

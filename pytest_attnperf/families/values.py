@@ -98,9 +98,9 @@ def linear_gates(values: str, draw: Callable[..., Any], *shape: int) -> Any:
 
 def linear_scales(values: str) -> tuple[float, float]:
     """``(q_gain, kv_gain)``: ``large-state`` grows the state past fp16's range (keys and values
-    64x, queries 1/64x, gates near 0: over 48 tokens of 16 channels its entries pass 65504),
+    96x, queries 1/96x, gates near 0: over 24 tokens of 16 channels its entries pass 65504),
     so the output stays representable while the state does not."""
-    return (1.0 / 64.0, 64.0) if values == "large-state" else (1.0, 1.0)
+    return (1.0 / 96.0, 96.0) if values == "large-state" else (1.0, 1.0)
 
 
 def beta_bounds(beta: Any, beta_max: float) -> Any:

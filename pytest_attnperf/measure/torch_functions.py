@@ -172,8 +172,9 @@ def _class(qualname: str) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-GUARDED_NAMESPACES = ("aten/", "prims/")
-"""The operators whose kernels a case may not replace: those every reference and check computes with."""
+GUARDED_NAMESPACES = ("aten/",)
+"""The operators whose kernels a case may not replace: those every reference and check computes with
+(torch's compiler defines operators of its own in ``prims`` mid-run, with their kernels)."""
 VALUE_KEYS = frozenset({"CPU", "CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd", "Autograd",
                         "AutogradCPU", "AutogradCUDA", "Math", ""})
 """The dispatch keys whose kernels compute values (torch's own lazy imports register Meta, fake and
@@ -181,8 +182,8 @@ functionalization kernels, and kernels of operators of their own, mid-run: those
 
 
 def _impls() -> frozenset[str]:
-    """The value-computing kernels of ``aten`` and ``prims`` operators registered through
-    ``torch.library`` (``ns/op/dispatch key``)."""
+    """The value-computing kernels of ``aten`` operators registered through ``torch.library``
+    (``ns/op/dispatch key``)."""
     library = sys.modules.get("torch.library")
     if library is None:
         return frozenset()
@@ -205,7 +206,11 @@ def drop_overrides(before: frozenset[str]) -> list[str]:
     import torch.library  # noqa: PLC0415 - imported already: _impls found registrations
 
     for found in gc.get_objects():
-        if isinstance(found, torch.library.Library) and added & set(getattr(found, "_op_impls", ())):
+        try:
+            library = isinstance(found, torch.library.Library)
+        except ReferenceError:  # a weak proxy whose object is gone
+            continue
+        if library and added & set(getattr(found, "_op_impls", ())):
             destroy: Any = found._destroy  # private, untyped: the only way to undo a Library's registrations
             destroy()
     left = _impls() - before
