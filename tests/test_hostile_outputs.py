@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import kit
 import pytest
 import torch
 
@@ -111,3 +112,30 @@ def test_a_patched_clock_fails_naming_it_and_is_put_back() -> None:
         assert time.perf_counter_ns is real
     finally:
         time.perf_counter_ns = real
+
+
+SKIPS_WHEN_TIMED = '''
+import pytest
+
+from pytest_attnperf.costs import Cost
+
+
+@pytest.mark.parametrize("how", ["skip", "xfail", "plain"])
+def test_case(how, attnperf):
+    def kernel():
+        if how != "plain":
+            getattr(pytest, how)("only while timed")
+
+    attnperf.measure(kernel, cost=Cost(flops=1e9, bytes=1e6), dtype="bf16")
+'''
+
+
+def test_a_skip_or_xfail_raised_inside_a_timed_call_fails_the_case(pytester: pytest.Pytester) -> None:
+    """A kernel that passes its checked call and then skips (or xfails) only while it is timed would
+    leave its gate unjudged and the run green."""
+    kit.make_project(pytester, test_timed=SKIPS_WHEN_TIMED)
+    result = pytester.runpytest_subprocess(*kit.PLUGIN, "--attnperf-baselines=baselines", "--update-baselines")
+    result.assert_outcomes(passed=1, failed=2)
+    said = "the kernel raised {} (only while timed) inside a timed call*"
+    result.stdout.fnmatch_lines([f"*test_case?skip?: {said.format('Skipped')}",
+                                 f"*test_case?xfail?: {said.format('XFailed')}"])
