@@ -23,6 +23,7 @@ from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.measure.verify import Draws, TimedDiffers, raised_as_differing
 from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key, timing_turn
+from pytest_attnperf.report.params import case_params
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import BaselineError
 
@@ -437,8 +438,6 @@ def _determinism_failure(node: Any, measurement: Measurement) -> str | None:
 
 def _case_params(node: Any, cost: Cost) -> dict[str, Any]:
     """The test's parameters and sweep marker as plain data, for the report."""
-    from pytest_attnperf.report.params import case_params
-
     callspec = getattr(node, "callspec", None)
     mark = node.get_closest_marker("attnperf_sweep")
     sweep = (str(mark.args[0]), str(mark.kwargs.get("axis", "seq"))) if mark and mark.args else None

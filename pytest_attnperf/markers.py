@@ -9,6 +9,7 @@ never measured under the wrong name.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +20,7 @@ import pytest
 
 from pytest_attnperf.gate.roofline import Floors
 from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure import profiled
+from pytest_attnperf.measure import inventory, profiled
 
 __all__ = [
     "BACKENDS",
@@ -71,7 +72,7 @@ class BackendProofError(AssertionError):
 
 
 def _sdp_backend(name: str) -> Any:
-    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import SDPBackend  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     return {
         "flash": SDPBackend.FLASH_ATTENTION,
@@ -84,7 +85,7 @@ def _sdp_backend(name: str) -> Any:
 @contextmanager
 def pin_backend(name: str) -> Iterator[None]:
     """Restrict SDPA to one backend inside the block."""
-    from torch.nn.attention import sdpa_kernel
+    from torch.nn.attention import sdpa_kernel  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     with sdpa_kernel([_sdp_backend(name)]):
         yield
@@ -143,8 +144,6 @@ _cupti_at_stop: str | None = None
 def cupti_attached_note() -> str | None:
     """A note for a case timed after a GPU profile that left CUPTI attached (the variable was
     not "1" when the profile stopped); None otherwise."""
-    from pytest_attnperf.measure import inventory
-
     stopped = [(v, who) for v, who in ((_cupti_at_stop, "backend proof's"), (inventory.cupti_at_stop,
                                                                            "kernel inventory's"))
                if v is not None and v != "1"]
@@ -166,8 +165,8 @@ def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[s
     it is set to 1 before profiling; it applies to the whole process, the user's own profiles
     included. ``cupti_attached_note`` says when a profile left CUPTI attached."""
     global _cupti_at_stop
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     activities = [ProfilerActivity.CPU]
     if device.is_gpu:
@@ -238,8 +237,6 @@ def check_marker_names(item: pytest.Item) -> None:
     """A usage error for an ``attnperf_*`` mark that is none of the plugin's, or an unregistered mark
     that is one of them without its prefix (``floor``, ``sdpa_bakend``): a typo would otherwise only
     warn, and the floor or pin it meant would not apply. The message names the closest."""
-    import difflib
-
     known = marker_names()
     bare = {name.removeprefix("attnperf_"): name for name in known}
     registered: set[str] | None = None

@@ -17,6 +17,12 @@ from typing import Any, TypeVar
 
 import pytest
 
+from pytest_attnperf.families.builtin import SUITES
+from pytest_attnperf.families.models.cases import parse_decode, parse_prefill, parse_train
+from pytest_attnperf.families.models.load import check_models
+from pytest_attnperf.gate.drift import available
+from pytest_attnperf.gate.memory import Tolerance
+
 __all__ = ["MODES", "OPT_IN", "Settings", "add_options", "duration_ms", "fraction", "peaks", "project_dir",
            "read_settings", "seconds", "source"]
 
@@ -372,8 +378,6 @@ def peaks(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out.items()))
 def _suites(text: str) -> tuple[str, ...]:
     """'softmax,linear' or 'all' as the built-in suites' names, in the package's order."""
-    from pytest_attnperf.families.builtin import SUITES
-
     names = {n.strip().lower() for n in text.split(",") if n.strip()}
     if "all" in names:
         return SUITES
@@ -453,8 +457,6 @@ def _bool(text: str) -> bool:
 
 
 def _memory_tolerance(text: str) -> str:
-    from pytest_attnperf.gate.memory import Tolerance
-
     return Tolerance.parse(text).describe()
 
 
@@ -497,8 +499,6 @@ def _history(config: pytest.Config) -> tuple[Path | None, bool]:
         raise pytest.UsageError("attnperf: --attnperf-fail-on-drift judges each case on its history: "
                                 "give --attnperf-history=DIR too")
     if fail:
-        from pytest_attnperf.gate.drift import available
-
         missing = available()
         if missing is not None:
             raise pytest.UsageError(f"attnperf: --attnperf-fail-on-drift needs the change-point library: {missing}")
@@ -558,13 +558,10 @@ def read_settings(config: pytest.Config) -> Settings:
 
 
 def _model_settings(config: pytest.Config) -> dict[str, Any]:
-    """The models' settings; their shapes' parsers load only when a model is given."""
+    """The models' settings; their shapes are read only when a model is given."""
     models = _get(config, "models", _model_specs(config))
     if not models:
         return {"models": (), "tp": _get(config, "tp", _degrees)}
-    from pytest_attnperf.families.models.cases import parse_decode, parse_prefill, parse_train
-    from pytest_attnperf.families.models.load import check_models
-
     tp = _get(config, "tp", _degrees)
     try:
         check_models(models, tp)  # each read and split now: a wrong spec or degree stops the run at start-up

@@ -14,6 +14,7 @@ import pytest
 
 from pytest_attnperf import hookspecs, markers
 from pytest_attnperf.families import parametrize as suite
+from pytest_attnperf.families.builtin import CALLS
 from pytest_attnperf.families.registry import KernelRegistry, import_ahead
 from pytest_attnperf.fixture import PENDING_KEY, Perf
 from pytest_attnperf.hw.detect import detect_device
@@ -26,7 +27,9 @@ from pytest_attnperf.plugins.autotune import AutotunePlugin
 from pytest_attnperf.plugins.history import HistoryRecorder
 from pytest_attnperf.plugins.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
 from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
+from pytest_attnperf.report.triage import pr_comment, rerun_args, rerun_line
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
+from pytest_attnperf.store.baselines import BaselineError
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
 REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
@@ -179,8 +182,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     and ceilings (Triton's cache comes before, and the pool runs after: their plugins')."""
     state = get_session(session.config)
     if "registry" in vars(state):  # built: some module was parametrized (a kernel in a misspelt family joins none)
-        from pytest_attnperf.families.builtin import CALLS
-
         suite.check_families(session.config, state.registry, tuple(CALLS))
     state.check_baselines(session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
@@ -276,8 +277,6 @@ def _reruns(config: pytest.Config) -> dict[str, str]:
     failed = failures.Failures.of(config)
     if failed is None or not failed.seen:
         return {}
-    from pytest_attnperf.report.triage import rerun_args, rerun_line
-
     state, root, here = get_session(config), config.rootpath, config.invocation_params.dir
     args = list(config.invocation_params.args)
     plugin_flag = any(a == "-p" and b == "pytest_attnperf.plugin" for a, b in zip(args, args[1:], strict=False))
@@ -293,9 +292,6 @@ def _write_pr_comment(config: pytest.Config) -> None:
     path = state.settings.pr_comment
     if path is None or state.seat is not None:
         return
-    from pytest_attnperf.report.triage import pr_comment
-    from pytest_attnperf.store.baselines import BaselineError
-
     try:
         entries = dict(state.baseline.entries) if state.rows and state.baseline is not None else {}
     except BaselineError:
@@ -321,7 +317,7 @@ def _write_report(config: pytest.Config) -> None:
     # a controller that measured nothing has no device facts to write (its workers looked the device up)
     if folder is None or not (state.rows or (seen and state.fleet is None)) or state.seat is not None:
         return
-    from pytest_attnperf.report.studies import write_run
+    from pytest_attnperf.report.studies import write_run  # noqa: PLC0415 - it imports numpy: only where a report is written
 
     try:
         config.stash[REPORT_NOTE_KEY] = write_run(state.rows, state.environment, state.hardware, suite.removed(config),
@@ -428,7 +424,7 @@ def pytest_benchmark_group_stats(config: pytest.Config, benchmarks: Any, group_b
 @pytest.fixture(scope="session")
 def attnperf_device(request: pytest.FixtureRequest) -> Any:
     """The torch.device this run measures on: CUDA device 0 when present, else the CPU."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads when a test first asks for the device, not at start-up
 
     return torch.device("cuda", 0) if get_session(request.config).device.is_gpu else torch.device("cpu")
 
@@ -442,7 +438,7 @@ def attnperf_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture(scope="session")
 def attnperf_gpu(request: pytest.FixtureRequest) -> Any:
     """The CUDA torch.device; the test is skipped, with the reason, when there is none."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads when a test first asks for the device, not at start-up
 
     if not get_session(request.config).device.is_gpu:
         pytest.skip("needs a CUDA GPU; torch.cuda.is_available() is False on this machine")

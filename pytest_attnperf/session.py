@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -16,18 +17,19 @@ from typing import Any
 
 import pytest
 
+from pytest_attnperf.families.builtin import CALLS, check_signature, register_builtin
 from pytest_attnperf.families.registry import KernelRegistry
 from pytest_attnperf.gate.policy import GateTerms, Here
 from pytest_attnperf.hw import ceilings
 from pytest_attnperf.hw.ceilings import Ceilings
 from pytest_attnperf.hw.table import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
 from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer, one_element_add
-from pytest_attnperf.options import Settings, user_cache
+from pytest_attnperf.options import Settings, source, user_cache
 from pytest_attnperf.outcome import Row
 from pytest_attnperf.parallel.fleet import Fleet, Seat
 from pytest_attnperf.store import baselines as store
+from pytest_attnperf.store import envinfo, tally
 from pytest_attnperf.store import journal as journals
-from pytest_attnperf.store import tally
 from pytest_attnperf.store.yamlstrict import cut
 
 __all__ = ["SESSION_KEY", "AttnPerfSession", "get_session"]
@@ -73,8 +75,6 @@ class AttnPerfSession:
         try:
             return resolve(self.settings.hw, self.device)
         except HardwareMismatch as exc:
-            from pytest_attnperf.options import source
-
             raise pytest.UsageError(f"attnperf: {exc} (the name from {source(self.config, 'hw')})") from None
 
     @cached_property
@@ -91,8 +91,6 @@ class AttnPerfSession:
     @cached_property
     def registry(self) -> KernelRegistry:
         """The built-in kernels and those the ``pytest_attnperf_register_kernels`` hooks add."""
-        from pytest_attnperf.families.builtin import CALLS, check_signature, register_builtin
-
         registry = KernelRegistry()
         register_builtin(registry)
         self.config.hook.pytest_attnperf_register_kernels(registry=registry, config=self.config)
@@ -162,7 +160,7 @@ class AttnPerfSession:
         plan = replace(self.plan("cold"), overhead=True)
         how = "one-element add, cold"
         try:
-            import torch
+            import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
             if not torch.cuda.is_available():
                 return (None, "no CUDA device"), None
@@ -299,8 +297,6 @@ class AttnPerfSession:
         gates nothing: every case would pass as new. Returns the warning, naming the resolved
         path (also issued as a ``PytestConfigWarning``); under ``--attnperf-require-baseline`` it
         is a usage error."""
-        import warnings
-
         s = self.settings
         if s.update_baselines or s.check_only or s.pool_out is not None or s.baselines_dir.is_dir():
             return None
@@ -315,20 +311,16 @@ class AttnPerfSession:
     @cached_property
     def environment(self) -> dict[str, str | None]:
         """The header of a baseline file measured now (versions, device, driver, date), found once."""
-        from pytest_attnperf.store.envinfo import environment
-
-        return environment(self.device, self.hardware.name)
+        return envinfo.environment(self.device, self.hardware.name)
 
     def drift(self) -> list[str]:
         """``'<name> <baseline's> -> <now>'`` for each compared version that moved since the baseline;
         empty without a usable baseline."""
-        from pytest_attnperf.store.envinfo import drift
-
         try:
             baseline = self.baseline
         except store.BaselineError:
             return []
-        return drift(baseline.meta, self.environment) if baseline else []
+        return envinfo.drift(baseline.meta, self.environment) if baseline else []
 
     def write_baselines(self) -> None:
         """Merge the passed, measured cases into the file, under its lock; never touch an

@@ -95,8 +95,8 @@ class DriftNote:
 def available() -> str | None:
     """None when the change-point library can be imported, else how to install it."""
     try:
-        import ruptures  # noqa: F401
-        import scipy.stats  # noqa: F401
+        import ruptures  # noqa: F401, PLC0415 - the optional history extra, loaded on first use
+        import scipy.stats  # noqa: F401, PLC0415 - the optional history extra, loaded on first use
     except ImportError:
         return INSTALL_HINT
     return None
@@ -116,8 +116,8 @@ def noise_sigma(values: Sequence[float], floor: float) -> float:
 
 def _candidates(rel: Sequence[float], sigma: float, min_size: int) -> list[int]:
     """PELT's change points of ``rel`` (each the index of the first run of a new segment)."""
-    import numpy as np
-    import ruptures
+    import numpy as np  # noqa: PLC0415 - numpy loads on first use, not at start-up
+    import ruptures  # noqa: PLC0415 - the optional history extra, loaded on first use
 
     if len(rel) < 2 * min_size:
         return []
@@ -131,7 +131,7 @@ def _p_value(before: Sequence[float], after: Sequence[float]) -> float:
     """Student's two-sided t-test, the variance pooled (one noise either side of a step: Welch's
     test, with two runs after a shift, has a single degree of freedom and finds nothing); two
     constant segments at different levels give 0."""
-    from scipy import stats
+    from scipy import stats  # noqa: PLC0415 - the optional history extra, loaded on first use
 
     if statistics.pvariance(before) == 0 and statistics.pvariance(after) == 0:
         return 0.0 if statistics.fmean(before) != statistics.fmean(after) else 1.0

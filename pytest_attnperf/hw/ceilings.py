@@ -19,6 +19,7 @@ prints them (see docs/roofline.md).
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -32,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_attnperf.gate.roofline import Ceiling, ridge
-from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
+from pytest_attnperf.hw.detect import detect_device
+from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec, match, unlisted_spec
 from pytest_attnperf.measure.switches import exact_fp32
-from pytest_attnperf.measure.timing import SamplingPlan, Timer
+from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer
 
 __all__ = ["CACHE_FOLDER", "DTYPES", "FORMAT", "Ceilings", "Measured", "Workload", "measure", "obtain"]
 
@@ -75,7 +77,7 @@ class Workload:
     def __call__(self) -> Any:
         """One call: the matmul, or the copy (an elementwise kernel); the tensors are made on the
         first."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         if not self._tensors:
             if self.dtype is None:
@@ -188,7 +190,7 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
     """Time the matmuls and the copy on ``device`` with ``timer``. A workload that fails is
     left out with its reason in ``notes``; no CUDA where ``device`` is a GPU raises
     ``RuntimeError``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     if device.is_gpu and not torch.cuda.is_available():
         raise RuntimeError("no CUDA device (torch.cuda.is_available() is False)")
@@ -379,12 +381,6 @@ def obtain(spec: HardwareSpec, how: str, peaks: tuple[tuple[str, float], ...], *
 
 def main(argv: list[str] | None = None) -> int:
     """Measure this machine's ceilings with the default timer and print them beside the spec."""
-    import argparse
-
-    from pytest_attnperf.hw.detect import detect_device
-    from pytest_attnperf.hw.table import match, unlisted_spec
-    from pytest_attnperf.measure.timing import default_timer
-
     parser = argparse.ArgumentParser(prog="attnperf-ceilings", description=main.__doc__)
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of sampling per ceiling (default 0.5)")
     args = parser.parse_args(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 
 from pytest_attnperf.hw.table import DetectedDevice
@@ -14,10 +15,8 @@ __all__ = ["detect_device", "memory_gb"]
 def memory_gb(gpu: bool) -> float | None:
     """The memory of the device a case runs on, in GB: the first CUDA device's, or the host's
     physical memory for a CPU case; None where it cannot be read."""
-    import os
-
     if gpu:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         if not torch.cuda.is_available():
             return None
@@ -30,7 +29,7 @@ def memory_gb(gpu: bool) -> float | None:
 
 def detect_device() -> DetectedDevice:
     """CUDA device 0 when torch sees one, else the CPU (imports torch)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

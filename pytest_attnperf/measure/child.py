@@ -11,6 +11,7 @@ GPU.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -29,8 +30,6 @@ ECHO_S = 1.0  # a second interrupt this soon after the first is the same one (`t
 def die_with_parent() -> None:
     """In the child, before it runs (Linux): SIGKILL when this process dies, even by SIGKILL."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the finally of wait_for is all there is
         pass

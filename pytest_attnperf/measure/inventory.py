@@ -233,8 +233,8 @@ def device_kernels(fn: Callable[[], Any]) -> list[str]:
     made, from ``torch.profiler``'s CUDA activity. ``TEARDOWN_CUPTI`` is set to 1 first unless it
     is set, as for the backend proof (markers.py says why)."""
     global cupti_at_stop
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     os.environ.setdefault(CUPTI_ENV, "1")
     torch.cuda.synchronize()

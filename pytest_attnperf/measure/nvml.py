@@ -23,7 +23,7 @@ _THROTTLE_NAMES = {
 def _nvml_handle(pynvml: Any, index: int) -> Any:
     """NVML's handle for torch's CUDA device ``index``: by UUID, since NVML ignores
     CUDA_VISIBLE_DEVICES and its indices need not be torch's."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
     if uuid:
@@ -39,7 +39,7 @@ def _nvml_device(index: int) -> tuple[Any, Any] | None:
     """``(pynvml, handle)`` for torch's device ``index``, NVML initialised once per process;
     None without NVML (not retried: its absence does not change during a run)."""
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415 - optional (nvidia-ml-py), looked up where used
 
         pynvml.nvmlInit()
         return pynvml, _nvml_handle(pynvml, index)

@@ -34,7 +34,7 @@ def names(prof: Any) -> tuple[list[str], list[str]]:
         for event in prof.events():
             (device if str(event.device_type).endswith("CUDA") else ops).append(event.name)
         return ops, device
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     demangled: dict[str, str] = {}
     # in profile.events()'s order: by start, the longer of two that start together first

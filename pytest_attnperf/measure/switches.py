@@ -61,7 +61,7 @@ def torch_globals() -> tuple[GlobalSwitch, ...]:
     """The switches a kernel can leave changed, in the order they are set back (the legacy float32
     matmul precision, then the TF32 flags it also sets, then each backend's ``fp32_precision``,
     which both write: set last, they hold the values the case found)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
 
@@ -155,7 +155,7 @@ def _fp32_precisions(torch: Any) -> list[GlobalSwitch]:
 def flushes_denormals() -> bool:
     """Whether this thread's CPU arithmetic flushes subnormal numbers to zero
     (``torch.set_flush_denormal``, which has no getter): a float32 subnormal times 1.0 comes out 0."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     subnormal = torch.full((1,), 1e-40, dtype=torch.float32, device="cpu")
     return bool((subnormal * 1.0).item() == 0.0)
@@ -164,7 +164,7 @@ def flushes_denormals() -> bool:
 def set_flush_denormal(enabled: bool) -> None:
     """``torch.set_flush_denormal(enabled)`` (whose result, whether the CPU supports it, the
     switch's read-back says)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     torch.set_flush_denormal(enabled)
 
@@ -185,7 +185,7 @@ def set_inference_mode(enabled: bool) -> None:
     gradients and the autograd dispatch keys together, as the mode does. The kernel's guard, when
     it is freed later, restores the state it saved on entering, which is the one before the case.
     """
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     guard: Any = torch._C._InferenceMode(enabled)  # torch's C guard is unannotated
     guard.__enter__()
@@ -296,7 +296,7 @@ def matmul_precisions() -> list[Any]:
     """The settings that say whether torch's float32 matrix products may round (torch 2.9 and
     later: ``fp32_precision`` of ``torch.backends.cuda.matmul``, cuBLAS's, and of
     ``torch.backends.mkldnn.matmul``, oneDNN's on the CPU); empty on an older torch."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     return list(_precision_owners(torch, ("cuda.matmul", "mkldnn.matmul")).values())
 
@@ -312,7 +312,7 @@ def exact_fp32() -> Iterator[None]:
     (``matmul_precisions``): written there, the project's setting reads back as it was through
     either API (the legacy getters raise once both APIs were written); an older torch through
     ``set_float32_matmul_precision``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     owners = matmul_precisions()
     if not owners:
@@ -336,7 +336,7 @@ def exact_fp32() -> Iterator[None]:
 def snapshot_rng() -> dict[str, tuple[int, Any]]:
     """The seed and state (a ByteTensor) of the default CPU generator and, only once CUDA is
     initialized (this never initializes it), of every CUDA device's, by generator."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     cuda: Any = torch.cuda
     rng = {"CPU": (torch.initial_seed(), torch.get_rng_state())}
@@ -350,7 +350,7 @@ def restore_rng(before: dict[str, tuple[int, Any]]) -> tuple[list[tuple[str, Any
     """Put every generator whose state differs from ``before`` back to it. ``(name, seed before,
     seed after)`` for each the case reseeded (a draw changes the state, not the seed), and the
     generators that could not be set back."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     def differ(now: dict[str, tuple[int, Any]]) -> list[str]:
         return [name for name, (_, state) in before.items() if name in now and not torch.equal(state, now[name][1])]

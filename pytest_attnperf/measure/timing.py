@@ -35,7 +35,9 @@ which is compared with the eager checked call's kernels (``inventory.py``).
 from __future__ import annotations
 
 import math
+import signal
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -43,6 +45,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Protocol
 
+from pytest_attnperf.measure import child as child_run
 from pytest_attnperf.measure import inventory
 from pytest_attnperf.measure.nvml import cool_down, read_sm_clock, read_violation_ns, violation_note
 from pytest_attnperf.measure.sampling import (
@@ -80,7 +83,7 @@ def one_element_add() -> Callable[[], Any]:
     """The least work a CUDA case can be: adding 1 to a one-element tensor on the current device
     (the run's sample overhead, and what the noise benchmark's injected work is set after to time
     its own least cost)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     one = torch.zeros(1, device="cuda")
     return lambda: one.add_(1)
@@ -109,7 +112,7 @@ class CudaTimer:
         self._harness: inventory.Harness | None = None  # what the harness launches in a replay (measured once)
 
     def _flush_buffer(self) -> Any:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         if self._flush is None:
             l2 = self.device.l2_bytes or 64 * 1024 * 1024
@@ -129,7 +132,7 @@ class CudaTimer:
             _release_graphs(made)
 
     def _measure(self, replays: Replays, plan: SamplingPlan) -> Measurement:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
         cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
         notes: list[str] = []
@@ -239,7 +242,7 @@ class CudaTimer:
         a one-call graph hold it (``cuda-graph``); replays of a one-call graph leave launch gaps
         that a graph of many calls does not (``cuda-graph-replays``); eager launches hold the
         host's overhead too (``cuda-events``)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
         cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
         fn = replays.call(1)
@@ -301,7 +304,7 @@ class CudaTimer:
         """Median of events around single eager calls, launched back to back: ``calls`` of
         them, or at least 3 once the host has spent ``budget_s`` launching (a slow, host-bound
         callable, such as a Python loop over tokens, need not run ten times)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
         cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
         events = [cuda.Event(enable_timing=True) for _ in range(calls + 1)]
@@ -329,7 +332,7 @@ class CudaTimer:
         the call returns) and what warm-up left (autotuning, cuBLAS's workspace); what is left is
         the call's outputs and its workspace, the figure the memory gate judges (docs/memory.md).
         Memory a library allocates outside torch's allocator is not seen."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -421,7 +424,7 @@ def _capture_cold(
     gone on capturing: a host-bound call (fla's naive recurrences, a Python loop over tokens) is
     captured once, and its long kernels did not move between processes anyway. When a later
     capture fails (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
     cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
     takes: list[Callable[[], float]] = []
@@ -488,7 +491,7 @@ def _release_graphs(graphs: list[Any]) -> None:
     allocator now, even where a reference to the graph outlives the measurement (after the
     device has finished with them: a measurement stopped mid-replay leaves one in flight)."""
     if graphs:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         torch.cuda.synchronize()
     for graph in graphs:
@@ -509,11 +512,6 @@ def interrupt_held() -> Iterator[None]:
     group, so one interrupt can arrive twice. Only the main thread handles signals; elsewhere,
     or with SIGINT ignored or not Python's, nothing is held. The case's time limit (SIGALRM) is
     not held: its watchdog must still see a stuck capture."""
-    import signal
-    import threading
-
-    from pytest_attnperf.measure import child as child_run
-
     handler = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or handler in (signal.SIG_IGN, signal.SIG_DFL, None):
         yield
@@ -547,7 +545,7 @@ def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, 
     capture stream current (torch leaves its stream context only after ending the capture,
     which is what raised): the previous stream is restored, also when the case is stopped
     mid-capture (its time limit, or a second interrupt)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     previous = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
@@ -571,7 +569,7 @@ def _capture(fn: Callable[[], Any], calls: int, pool: Any = None) -> tuple[Any, 
 
 def _time_replay(replay: Callable[[], Any]) -> float:
     """Device ms of one replay (median of 5), launch latency kept out by a spin kernel."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
     cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
     spin = getattr(cuda, "_sleep", None)

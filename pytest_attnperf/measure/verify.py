@@ -42,6 +42,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_attnperf.measure.collector import gc_paused
+from pytest_attnperf.measure.isolation import is_out_of_memory
 from pytest_attnperf.measure.torch_functions import put_back_functions, snapshot_functions
 
 __all__ = ["UNVERIFIED", "Draws", "Replays", "TimedDiffers", "raised_as_differing", "tensors_of"]
@@ -101,8 +102,6 @@ def raised_as_differing(call: Callable[[], Any], what: str) -> Any:
     """``call()``; an exception from it (not running out of memory, which case isolation reports)
     raised again as a ``TimedDiffers`` saying ``what``: the kernel raised where its checked call
     returned."""
-    from pytest_attnperf.measure.isolation import is_out_of_memory
-
     try:
         return call()
     except Exception as exc:
@@ -112,7 +111,7 @@ def raised_as_differing(call: Callable[[], Any], what: str) -> Any:
 
 
 def _capturing() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
@@ -233,7 +232,7 @@ class Replays:
     def _poison(self, result: Any) -> None:
         """NaN into the floating-point tensors of ``result``, but never into memory the case's
         other kernels share (a result that is a view of draw 0's inputs)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         shared = {x.untyped_storage().data_ptr() for x in tensors_of(self.draws.protected() if self.draws else ())}
         with torch.no_grad():
@@ -255,7 +254,7 @@ class Replays:
             self.seconds += time.perf_counter() - began
 
     def _compare(self, index: int, again: Callable[[], Any]) -> None:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         # after the check, not between its rewrite and the putting back: both runs read the
         # draw's own inputs, the data its timed calls read, so "bitwise" is said of the timed
@@ -281,7 +280,7 @@ class Replays:
 
 
 def _synchronize(result: Any) -> None:
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     if any(x.is_cuda for x in tensors_of(result)):
         torch.cuda.synchronize()

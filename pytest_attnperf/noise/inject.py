@@ -62,7 +62,7 @@ def _current_nodeid() -> str:
 
 def _with_extra_work(fn: Callable[[], Any], extra_s: float, device: DetectedDevice) -> Callable[[], Any]:
     if device.is_gpu:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
         cuda: Any = torch.cuda  # torch.cuda._sleep is unannotated
 
         clock_hz = cuda.get_device_properties(0).clock_rate * 1e3  # kHz in torch
@@ -128,8 +128,8 @@ class InjectingTimer:
             with open(self.log, "a", encoding="utf-8") as out:
                 out.write(json.dumps({"nodeid": nodeid, **injected, "median_ms": measured.median_ms}) + "\n")
         if self.compare and self.device.is_gpu:
-            import torch
-            from triton.testing import do_bench_cudagraph
+            import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
+            from triton.testing import do_bench_cudagraph  # noqa: PLC0415 - triton loads on first use
 
             # triton's median over its replays, like ours, at its default 20 ms of calls per graph
             # and at about the harness's calls per graph: do_bench sizes its graph as rep over its

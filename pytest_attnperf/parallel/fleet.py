@@ -80,7 +80,7 @@ def visible_gpus() -> list[str]:
     if listed is not None:
         return [part.strip() for part in listed.split(",") if part.strip() and part.strip() != "-1"]
     try:
-        import pynvml  # nvidia-ml-py
+        import pynvml  # noqa: PLC0415 - optional (nvidia-ml-py), looked up where used
 
         pynvml.nvmlInit()
         try:
@@ -90,7 +90,7 @@ def visible_gpus() -> list[str]:
     except Exception:  # noqa: BLE001 - no NVML: ask torch, which asks the driver
         pass
     try:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
         return [str(i) for i in range(torch.cuda.device_count())]
     except Exception:  # noqa: BLE001 - no torch or no driver: no GPU

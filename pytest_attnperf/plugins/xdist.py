@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from pytest_attnperf.families.parametrize import OPTED_OUT_KEY, REMOVED_KEY, removed
+from pytest_attnperf.options import configured
 from pytest_attnperf.outcome import Row
 from pytest_attnperf.parallel.fleet import (
     INPUT_KEY,
@@ -51,6 +53,7 @@ from pytest_attnperf.parallel.fleet import (
 )
 from pytest_attnperf.plugins.pool import PoolRuns
 from pytest_attnperf.session import AttnPerfSession
+from pytest_attnperf.store.baselines import write_atomic
 
 __all__ = ["add_groups", "attach_case", "configure", "configure_node", "make_scheduler", "node_down", "planned",
            "prepare", "summary_lines", "worker_output"]
@@ -106,8 +109,6 @@ def planned(config: pytest.Config) -> bool:
     """Whether this pytest-xdist run gets one GPU per worker: a project or run that configures
     attnperf (any attnperf option given, on the command line, in the environment or as an ini
     key). Other projects that merely have the plugin installed keep pytest-xdist as it is."""
-    from pytest_attnperf.options import configured
-
     return configured(config)
 
 
@@ -204,7 +205,6 @@ def add_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None or not groups:
         return
-    from pytest_attnperf.store.baselines import write_atomic
 
     try:
         write_atomic(_groups_path(str(workerinput.get("testrunuid", "")), str(workerinput.get("workerid", ""))),
@@ -220,7 +220,7 @@ def make_scheduler(config: pytest.Config, log: Any, session: AttnPerfSession) ->
     fleet = session.fleet
     if fleet is None or config.getvalue("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadGroupScheduling  # noqa: PLC0415 - it imports execnet: on a controller only
 
     groups = fleet.groups
 
@@ -338,7 +338,6 @@ def worker_output(config: pytest.Config, session: AttnPerfSession) -> None:
     plugin sends its own part)."""
     if session.seat is None or not hasattr(config, "workeroutput"):
         return
-    from pytest_attnperf.families.parametrize import OPTED_OUT_KEY, removed
 
     opted_out = {group: sorted(ids) for group, ids in config.stash.get(OPTED_OUT_KEY, {}).items()}
     payload: dict[str, Any] = {"worker": session.seat.worker, "checked_only": session.checked_only,
@@ -375,7 +374,6 @@ def node_down(session: AttnPerfSession, node: Any, error: object | None) -> None
         return
     share.finished = payload
     session.checked_only += int(payload.get("checked_only", 0))
-    from pytest_attnperf.families.parametrize import OPTED_OUT_KEY, REMOVED_KEY
 
     if payload.get("removed") and REMOVED_KEY not in session.config.stash:  # every worker collects them all
         session.config.stash[REMOVED_KEY] = list(payload["removed"])

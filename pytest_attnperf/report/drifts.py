@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_attnperf.gate import drift
+from pytest_attnperf.options import fraction
 from pytest_attnperf.store import history
 
 __all__ = ["CaseSeries", "Found", "case_series", "main", "markdown", "plot"]
@@ -108,10 +109,10 @@ def _file_name(s: CaseSeries) -> str:
 
 def plot(found: Found, folder: Path) -> Path:
     """A PNG of the case's medians (with their 95% intervals), its levels and its shifts."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - optional, looked up where plots are drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional, looked up where plots are drawn
 
     s = found.series
     runs = list(range(1, len(s.records) + 1))
@@ -142,8 +143,6 @@ def plot(found: Found, folder: Path) -> Path:
 
 
 def _percent(text: str) -> float:
-    from pytest_attnperf.options import fraction
-
     try:
         return fraction(text)
     except ValueError as exc:
@@ -209,7 +208,7 @@ def _plots(shifted: Sequence[Found], folder: Path) -> str:
     if not shifted:
         return ""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401, PLC0415 - optional, looked up where plots are drawn
     except ImportError:
         return f"\nNo plots: matplotlib is not installed ({PLOT_HINT}).\n"
     lines = ["", "Plots:"] + [f"- `{plot(f, folder)}`" for f in shifted]

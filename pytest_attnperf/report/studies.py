@@ -25,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from pytest_attnperf import costs
+from pytest_attnperf.families.layers.costs import attention_layer, gdn_layer, layer_crossover_formula
+from pytest_attnperf.families.linear import costs as costs_linear
 from pytest_attnperf.families.parametrize import count_reasons
 from pytest_attnperf.hw.table import HardwareSpec
 from pytest_attnperf.outcome import Row
@@ -135,8 +138,6 @@ def scaling(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _softmax_flops(p: Mapping[str, Any], backward: bool) -> Any:
-    from pytest_attnperf import costs
-
     def flops(seq: int) -> float:
         return costs.softmax_attention(
             batch=p["batch"], heads=p["heads"], seq=seq, head_dim=p["head_dim"], dtype=p["dtype"],
@@ -147,8 +148,6 @@ def _softmax_flops(p: Mapping[str, Any], backward: bool) -> Any:
 
 
 def _linear_flops(p: Mapping[str, Any], backward: bool) -> Any:
-    from pytest_attnperf.families.linear import costs as costs_linear
-
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
              "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}.get(p.get("family", ""))
     if model is None or not all(k in p for k in ("batch", "heads", "key_dim", "value_dim", "dtype")):
@@ -173,8 +172,6 @@ def crossovers(cases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per sweep, linear kernel and direction: the measured T* from which the linear kernel is
     faster than the fastest softmax kernel at each T, next to the cost models' T* (equal FLOPs)
     and the layer-level ``4D + 3 d_v`` with ``D`` = heads x key width."""
-    from pytest_attnperf.families.layers.costs import layer_crossover_formula
-
     series = _series(cases)
     out = []
     sweeps = sorted({(k[0], k[4]) for k in series})
@@ -211,8 +208,6 @@ def ladder(cases: Sequence[Mapping[str, Any]], hardware: Mapping[str, Any]) -> l
     """The model ladder: cases whose params name a ``layer``, with tokens/s, us/token, peak GB,
     MFU, bandwidth, intensity against the ridge, the GDN layer's speed against the fastest
     attention layer at the same hidden size, and the layer-level crossover (formula and model)."""
-    from pytest_attnperf.families.layers.costs import attention_layer, gdn_layer, layer_crossover_formula
-
     rows = [c for c in cases if (c.get("params") or {}).get("layer") and c.get("median_ms")]
     best: dict[tuple[Any, str], float] = {}
     for c in rows:
@@ -381,10 +376,10 @@ def _safe(text: str) -> str:
 def write_plots(report: Mapping[str, Any], outdir: Path) -> tuple[list[str], str | None]:
     """PNG files (names relative to ``outdir``) and a note when some or all could not be drawn."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional, looked up where plots are drawn
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - optional, looked up where plots are drawn
     except Exception as exc:  # noqa: BLE001 - plots are optional
         return [], f"No plots: matplotlib is not importable ({type(exc).__name__}: {exc}); pip install matplotlib."
     names: list[str] = []

@@ -22,7 +22,7 @@ def _version(dist: str) -> str | None:
 
 def _driver() -> str | None:
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415 - optional (nvidia-ml-py), looked up where used
 
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()
@@ -33,7 +33,7 @@ def _driver() -> str | None:
 
 def environment(device: DetectedDevice, hw_name: str) -> dict[str, str | None]:
     """The header of a baseline file measured now."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     found = {
         "hardware": hw_name,
