@@ -94,7 +94,13 @@ class Perf:
         pinned = marker.args[0] if marker else None
         # under pytest-xdist: refused on a shared GPU, one at a time on the CPU
         with timing_turn(session.seat, lambda: session.device.is_gpu):
-            result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
+            try:
+                result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
+            except (pytest.skip.Exception, pytest.xfail.Exception) as exc:  # the kernel's, from inside a timed call
+                pytest.fail(f"{self._key}: the kernel raised {type(exc).__name__} ({exc}) inside a timed call, after "
+                            "its checked call had passed: a case that skips or xfails only while it is timed would "
+                            "leave the gate unjudged; refuse a case in its checked call (NotImplementedError) or in "
+                            "supports", pytrace=False)
         memory = self._memory(result.measurement)
         # --attnperf-history: judged, appended
         drifted = self._history.record(self._key, result) if self._history is not None else None

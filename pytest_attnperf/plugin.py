@@ -22,7 +22,7 @@ from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
 from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
 from pytest_attnperf.parallel import fleet
-from pytest_attnperf.plugins import autotune, failures, guard, history, timeline, xdist
+from pytest_attnperf.plugins import autotune, catalogue, failures, guard, history, timeline, xdist
 from pytest_attnperf.plugins.autotune import AutotunePlugin
 from pytest_attnperf.plugins.history import HistoryRecorder
 from pytest_attnperf.plugins.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
@@ -46,6 +46,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add attnperf's command-line options and ini keys."""
     add_options(parser)
+    catalogue.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,6 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[suite.RUN_KEY] = session  # what parametrizing reads: the device and the kernels
     xdist.configure(config, session)  # under pytest-xdist: a worker's GPU, before anything starts CUDA
     config.pluginmanager.register(guard.CaseGuard(config, session.settings.case_timeout_s), guard.NAME)
+    catalogue.configure(config)  # the correctness catalogue's tier and its coverage report
     for plugin, name in _optional_plugins(config, session, pool_run):
         config.pluginmanager.register(plugin, name)
     if session.settings.hw is not None and session.fleet is None:  # a controller opens no device: its workers check
