@@ -14,6 +14,7 @@ from zoo.linear import zoo  # tests/ is on sys.path
 from pytest_attnperf.families import tf32
 from pytest_attnperf.families.checks import CheckFailed
 from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear import rule
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import kernels as softmax
 from pytest_attnperf.families.tf32 import round_tf32, tf32_products
@@ -118,7 +119,7 @@ def test_a_truncating_kernel_needs_truncations_unit_roundoff(gpu_yardstick: None
     2^-11 (round to nearest's unit roundoff) and within 2 x 2^-10 (truncation's)."""
     a = linear.answer("linear_attn", ZOO["zoo-ok-linear_attn-chunk64-tf32"].kernel(), CASE, "fwd", CPU)
     error = float((a.got[0].double() - a.reference[0]).norm() / a.reference[0].norm())
-    assert 2 * 2.0**-11 < error <= 2 * linear.UNIT_ROUNDOFF["fp32"]
+    assert 2 * 2.0**-11 < error <= 2 * rule.UNIT_ROUNDOFF["fp32"]
 
 
 @pytest.mark.parametrize("family", ["linear_attn", "gdn"])

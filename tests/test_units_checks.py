@@ -13,6 +13,7 @@ import torch
 
 from pytest_attnperf.families import checks
 from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear import rule
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import kernels as softmax
 
@@ -108,7 +109,7 @@ def test_a_nan_is_placed_too() -> None:
     kernel = ref.clone()
     kernel[1, 2, 3] = float("nan")
     with pytest.raises(checks.CheckFailed, match=r"1 of 24 elements are not finite \(the first at b=1 t=2 h=3\)"):
-        linear.assert_normwise("k dbeta", kernel, ref, "fp32", 4.0, linear.axes_of("dbeta", 3))
+        rule.assert_normwise("k dbeta", kernel, ref, "fp32", 4.0, rule.axes_of("dbeta", 3))
 
 
 SOFTMAX_CASE = softmax.SoftmaxCase("units-b2-h4-t32-d16-causal-fp32", 2, 4, 32, 16, "fp32", True, gpu=False)

@@ -227,21 +227,11 @@ _SUB_BLOCK = ("factors each 16-token sub-block's decay around the decay before i
               "sub-block reaches exp(16 x 60), past float32's range: its output is NaN on the gate-strong row (the "
               "exp(-cumsum) overflow class, bug-factored-decay here; fla's chunk GLA takes the diagonal "
               "sub-block's decays elementwise)")
-_DG_CANCELS = ("its gate's gradient, through autograd of a float32 chunked form, is O(1) terms that cancel to a true "
-               "dg of about exp(-20) of the other gradients: float32 keeps no digit of it (simple GLA's is exactly "
-               "zero, GLA's and GDN's off by ~100% normwise), the cancellation of the catalogue's own KNOWN "
-               "fla-fused-recurrent entry; the recurrent and parallel (segment-sum) forms pass the row, as does a "
-               "float64 chunked form (this zoo's twins)")
-
 EARLIER_KNOWN = (
     *(Known(family, rf"zoo-ok-{family}-chunk16-rounded", "large-state", DIRECTIONS, _FP16_STATE)
       for family in ("linear_attn", "gla", "simple_gla")),
     Known("gla", r"zoo-ok-gla-chunk(64-fp32|64-rounded|128-rounded|64-gate-summed)", "gate-strong", DIRECTIONS,
           _SUB_BLOCK),
-    Known("gla", r"zoo-ok-gla-chunk16-rounded", "gate-strong", ("fwdbwd",), _DG_CANCELS),
-    Known("simple_gla", r"zoo-ok-simple_gla-chunk(16|64|128)-(fp32|rounded)", "gate-strong", ("fwdbwd",),
-          _DG_CANCELS),
-    Known("gdn", r"zoo-ok-gdn-chunk(16|64|128)-(fp32|rounded)", "gate-strong", ("fwdbwd",), _DG_CANCELS),
 )
 
 

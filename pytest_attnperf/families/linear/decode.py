@@ -32,6 +32,7 @@ import pytest
 
 from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear import rule
 from pytest_attnperf.families.linear.case import key_heads_refusal
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
@@ -198,9 +199,9 @@ def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> 
 def check_tensor(family: str, label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
     """The output held as a recurrent kernel's output in ``dtype``; the new state (``ht``) as an
     fp32 tensor, with the output's units and factor. Returns the worst error over its bound."""
-    units, factor = linear.factors(BASE[family], "out")
+    units, factor = rule.factors(BASE[family], "out")
     held = dtype if name == "out" else STATE_CHECK_DTYPE
-    return linear.assert_checked(label, value, reference, yardstick, held, units, factor, tensor=name)
+    return rule.assert_checked(label, value, reference, yardstick, held, units, factor, tensor=name)
 
 
 def _expect(kernel: Kernel, got: Any, out_shape: tuple[int, ...], state: Any, q: Any) -> tuple[Any, Any]:

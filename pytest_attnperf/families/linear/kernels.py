@@ -42,6 +42,10 @@ from typing import Any
 
 from pytest_attnperf.families import values
 from pytest_attnperf.families.linear.case import LinearCase, value_grouped
+from pytest_attnperf.families.linear.rule import (
+    check_elements,
+    check_tensor,
+)
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
 __all__ = [
@@ -51,12 +55,6 @@ __all__ = [
 
 FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
 HEAD_AXIS = 2  # [B, T, H, ...]
-
-UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-10}
-OUT_UNITS, GRAD_UNITS = 2.0, 4.0
-OUT_FACTOR, GRAD_FACTOR = 16.0, 32.0  # elementwise: see assert_checked and docs/checks.md
-# GDN's outputs: set from what fla's GDN forwards needed on the suite's GPU shapes (docs/checks.md, "Factors")
-FAMILY_OUT_FACTOR = {"gdn": 12.0}
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
 FLA_REFUSALS = (r"Triton >= 3\.4\.0 and < 3\.7\.1 on Hopper", r"see #640")
@@ -450,81 +448,6 @@ def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: in
     prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd")
     _cache[key] = prepared
     return prepared
-
-
-def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: float, axes: str | None = None) -> float:
-    """Fail unless finite and ``|value - ref| / |ref| <= units * u(dtype)``; returns the error."""
-    from pytest_attnperf.families.checks import CheckFailed, assert_finite
-
-    assert_finite(name, value, axes)
-    if tuple(value.shape) != tuple(reference.shape):
-        raise CheckFailed(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
-    ref = reference.double()
-    error = float((value.double() - ref).norm() / ref.norm().clamp_min(1e-300))
-    allowed = units * UNIT_ROUNDOFF[dtype]
-    if not error <= allowed:
-        raise CheckFailed(
-            f"{name}: normwise relative error {error:.3g} against fp64 exceeds {allowed:.3g} "
-            f"(= {units:g} x the {dtype} unit roundoff {UNIT_ROUNDOFF[dtype]:.3g})",
-            error / allowed,
-        )
-    return error
-
-
-def axes_of(name: str, ndim: int) -> str:
-    """The axis letters of a tensor of the families' layout: ``b t h d`` (a GLA gate's last is ``k``,
-    a state, ``h0`` or ``ht``, is ``b h k v``)."""
-    if name in ("h0", "ht") and ndim == 4:
-        return "b h k v"
-    return {4: "b t h k" if name in ("g", "dg") else "b t h d", 3: "b t h"}.get(ndim, "")
-
-
-def assert_checked(name: str, value: Any, reference: Any, yardstick: Any, dtype: str, units: float,
-                   factor: float, tensor: str = "out") -> float:
-    """Finite, then the normwise bound (``units`` unit roundoffs), then every element within
-    ``factor`` times the yardstick's error near it and its RMS error, plus the rounding of the
-    element itself (``assert_elements``); returns the worse of the two errors over its bound.
-    ``tensor`` (``out``, ``dq``, ``dg``...) names the axes."""
-    error = assert_normwise(name, value, reference, dtype, units, axes_of(tensor, value.ndim))
-    worst = assert_elements(name, value, reference, yardstick, dtype, factor, tensor)
-    return max(error / (units * UNIT_ROUNDOFF[dtype]), worst)
-
-
-def assert_elements(name: str, value: Any, reference: Any, yardstick: Any, dtype: str, factor: float,
-                    tensor: str = "out") -> float:
-    """``checks.assert_elementwise`` in the families' layout: a per-token tensor ``[B, T, H]`` (a
-    scalar gate, beta) smooths the yardstick's error along time, the others along the channels.
-    Returns the worst element's error over its bound."""
-    from pytest_attnperf.families.checks import assert_elementwise
-
-    return assert_elementwise(name, value, reference, yardstick, dtype=dtype, unit=UNIT_ROUNDOFF[dtype],
-                              factor=factor, yardstick_name="the yardstick's", axes=axes_of(tensor, value.ndim),
-                              axis=1 if value.ndim == 3 else -1).worst_ratio
-
-
-def factors(family: str, name: str) -> tuple[float, float]:
-    """The normwise units and the elementwise factor of an output (``out``) or a gradient."""
-    if name == "out":
-        return OUT_UNITS, FAMILY_OUT_FACTOR.get(family, OUT_FACTOR)
-    return GRAD_UNITS, GRAD_FACTOR
-
-
-def check_tensor(family: str, label: str, name: str, value: Any, reference: Any, yardstick: Any, dtype: str) -> float:
-    """The family's rule for one output (``out``) or gradient (``dq``, ``dg``...): a gradient
-    reaches its input, then ``assert_checked`` with the output's or the gradients' units and
-    factor. Returns the worst error over its bound (at most 1: it raises ``CheckFailed`` above)."""
-    from pytest_attnperf.families.checks import assert_reaches
-
-    if name != "out":
-        assert_reaches(label, value, reference)
-    units, factor = factors(family, name)
-    return assert_checked(label, value, reference, yardstick, dtype, units, factor, tensor=name)
-
-
-def check_elements(family: str, label: str, name: str, value: Any, reference: Any, yardstick: Any,
-                   dtype: str) -> float:
-    """The elementwise part of ``check_tensor`` alone; returns the worst element's error over its bound."""
-    return assert_elements(label, value, reference, yardstick, dtype, factors(family, name)[1], name)
 
 
 def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:
