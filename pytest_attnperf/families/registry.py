@@ -180,7 +180,7 @@ def import_ahead(items: Sequence[Any]) -> list[str]:
     """Import the modules that the kernels of ``items`` (collected cases, their kernel a
     parameter) name in ``imports``, each once, in their order; the names of those that failed to
     import (each case that needs one then meets its error itself). The run calls this while
-    its pool runs start up (``measure.pool``), so the time an import takes (flash-linear-attention
+    its pool runs start up (``plugins.pool``), so the time an import takes (flash-linear-attention
     takes seconds) is not spent inside a case. An import must not use the GPU: a pool run may be
     timing there."""
     import importlib
