@@ -33,6 +33,19 @@ PENDING_KEY = pytest.StashKey[dict[str, Any]]()
 VERIFY_S_KEY = pytest.StashKey[float]()  # host seconds a test's timers spent checking their timed draws
 
 
+
+def _raised_inside(fn: Callable[[], Any], exc: BaseException) -> bool:
+    """Whether ``exc`` was raised from inside a call of ``fn`` (its code is on the traceback): the
+    kernel's skip in a timed call, not the timer's."""
+    call = fn if hasattr(fn, "__code__") else type(fn).__call__
+    code = getattr(call, "__code__", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
 class PoolSamples(Protocol):
     """What ``Perf`` asks of the run's pool runs (``plugins.pool.PoolRuns``)."""
 
@@ -96,7 +109,9 @@ class Perf:
         with timing_turn(session.seat, lambda: session.device.is_gpu):
             try:
                 result = self._timed(fn, cost, dtype, pinned, detect_backend, mode)
-            except (pytest.skip.Exception, pytest.xfail.Exception) as exc:  # the kernel's, from inside a timed call
+            except (pytest.skip.Exception, pytest.xfail.Exception) as exc:
+                if not _raised_inside(fn, exc):  # the timer's own (a pool run that cannot take the case)
+                    raise
                 pytest.fail(f"{self._key}: the kernel raised {type(exc).__name__} ({exc}) inside a timed call, after "
                             "its checked call had passed: a case that skips or xfails only while it is timed would "
                             "leave the gate unjudged; refuse a case in its checked call (NotImplementedError) or in "

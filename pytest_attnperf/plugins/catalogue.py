@@ -71,7 +71,7 @@ def configure(config: pytest.Config) -> None:
     config.pluginmanager.register(coverage, NAME)
 
 
-@dataclass
+@dataclass(eq=False)  # a plugin object: hashed by identity, as the plugin manager keeps it
 class Coverage:
     """The catalogue tests' outcomes, by node id: the plugin object that reads them and reports."""
 
