@@ -9,7 +9,12 @@ own test module can import a suite's test function and declare shapes of its own
 
 from __future__ import annotations
 
+import inspect
+
+from pytest_attnperf.families.linear import decode as linear_decode
+from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.registry import KernelRegistry
+from pytest_attnperf.families.softmax import kernels as softmax
 
 __all__ = ["CALLS", "SUITES", "check_signature", "register_builtin"]
 
@@ -18,10 +23,6 @@ SUITES = ("softmax", "linear")  # families with a built-in suite (families/<name
 
 def register_builtin(registry: KernelRegistry) -> None:
     """Register every built-in kernel of every family."""
-    from pytest_attnperf.families.linear import decode as linear_decode
-    from pytest_attnperf.families.linear import kernels as linear
-    from pytest_attnperf.families.softmax import kernels as softmax
-
     softmax.register(registry)
     linear.register(registry)
     linear_decode.register(registry)
@@ -45,8 +46,6 @@ CALLS = {
 def check_signature(family: str, name: str, fn: object) -> str | None:
     """Why ``fn`` cannot take its family's call (None: it can, or the family or the callable's
     signature is not known): the call the family makes and what binding it said."""
-    import inspect
-
     call = CALLS.get(family)
     if call is None or not callable(fn):
         return None

@@ -19,6 +19,7 @@ from pytest_attnperf.families import catalogue
 from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.family import FAMILIES, family
 from pytest_attnperf.families.interpret import enable, interpreted_refusal, interpreter_refusal
+from pytest_attnperf.families.linear.suite import INSTALL_HINT, fla_missing
 from pytest_attnperf.families.parametrize import RUN_KEY
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.markers import pin_backend
@@ -133,7 +134,6 @@ def test_catalogue(check: CatalogueCheck, attnperf_device: Any, attnperf_seed: i
     if interpreted and (why := interpreted_refusal(case)):
         pytest.skip(f"refused: {kernel.name}: {why}")
     if kernel.fn.__module__.startswith("pytest_attnperf.families.linear") and kernel.imports:
-        from pytest_attnperf.families.linear.suite import INSTALL_HINT, fla_missing
 
         if why := fla_missing():
             pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")

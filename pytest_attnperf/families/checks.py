@@ -32,6 +32,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
+from pytest_attnperf.measure.torch_functions import put_back_functions, snapshot_functions
+
 if TYPE_CHECKING:
     from pytest_attnperf.families.registry import Kernel
 
@@ -112,7 +116,7 @@ def max_error(value: Any, reference: Any) -> float:
 
 def assert_finite(name: str, value: Any, axes: str | None = None) -> None:
     """Fail where ``value`` holds NaN or Inf, naming the first such element and how many there are."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     bad = ~torch.isfinite(value)
     if bad.any():
@@ -129,7 +133,7 @@ def assert_close(
 ) -> Closeness:
     """Fail unless ``value`` is finite, shaped like ``reference`` and within the allowance:
     ``factor`` times PyTorch's own largest error plus one ulp of ``dtype`` at the output's scale."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if tuple(value.shape) != tuple(reference.shape):
         raise CheckFailed(f"{name}: shape {tuple(value.shape)}, reference {tuple(reference.shape)}")
@@ -167,8 +171,6 @@ def reported_plainly(seed: int = 0) -> Iterator[None]:
     """Turn a ``CheckFailed`` inside into a test failure that shows its message alone: what is
     wrong with the kernel's answer, without the harness's frames around it (with the inputs'
     ``--attnperf-seed`` when it is not the usual one)."""
-    import pytest
-
     try:
         yield
     except CheckFailed as exc:
@@ -187,7 +189,7 @@ def ulp(magnitude: Any, dtype: str) -> Any:
 
     Below the smallest normal number the spacing is the subnormals' (fp16 and bf16 have them,
     so a kernel is never asked for more than its format holds)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     tiny = {"bf16": torch.finfo(torch.bfloat16).tiny, "fp16": torch.finfo(torch.float16).tiny,
             "fp32": torch.finfo(torch.float32).tiny, "fp64": torch.finfo(torch.float64).tiny}[dtype]
@@ -200,8 +202,8 @@ def smoothed(spread: Any, axis: int, neighbours: int | None = None) -> Any:
     """Each element's error, or the RMS of the errors of its neighbourhood (``neighbours``
     either side along ``axis``), whichever is larger: where the yardstick happened to land on
     the exact answer, its neighbours' errors stand in for what rounding makes there."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     neighbours = NEIGHBOURS if neighbours is None else neighbours
     if spread.ndim == 0 or neighbours <= 0:
@@ -232,7 +234,7 @@ def where(flat: int, shape: tuple[int, ...], axes: str | None) -> str:
 def allowance(reference: Any, yardstick: Any, *, dtype: str, factor: float, unit: float = 0.0,
               axis: int = -1) -> tuple[Any, Any, Any, float]:
     """``assert_elementwise``'s bound per element, with its parts: ``(allowed, rounding, near, rms)``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     ref = reference.double()
     spread = (yardstick.double() - ref).abs()
@@ -260,7 +262,7 @@ def assert_elementwise(
     everything before the output, where the element is ill conditioned (cancellation) and
     where it is not; the neighbourhood keeps that term from shrinking where the yardstick got
     lucky (``NEIGHBOURS``). ``axes`` names the dimensions for the message (``"b h t d"``)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     ref = reference.double()
     error = (value.double() - ref).abs()
@@ -288,7 +290,7 @@ def assert_elementwise(
 
 def describe(value: Any) -> str:
     """What a kernel returned, in a few words: ``tuple (len 2)``, ``None``, ``numpy.ndarray``..."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if value is None:
         return "None"
@@ -304,7 +306,7 @@ def describe(value: Any) -> str:
 
 def expect_tensor(kernel: str, value: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> None:
     """Fail, saying what came back, unless ``value`` is a tensor of this shape, dtype and device."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if (isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(shape) and value.dtype == dtype
             and value.device == device):
@@ -321,7 +323,7 @@ def plain(kernel: Kernel, value: Any) -> Any:
     output whose subtraction always returned zero passed every check), unless the kernel declared
     it (``Kernel.output_types``): that one is viewed as a plain tensor, its data and graph kept.
     Anything not a tensor is returned as it is, for ``expect_tensor`` to name."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     kind = type(value)
     if kind is torch.Tensor or not isinstance(value, torch.Tensor):
@@ -339,7 +341,7 @@ def plain(kernel: Kernel, value: Any) -> Any:
 def gradients(kernel: str, out: Any, inputs: tuple[Any, ...], names: tuple[str, ...], grad_out: Any) -> tuple[Any, ...]:
     """The gradients of ``out`` against every input, failing with the input's name where none
     reaches it (and with the hint ``backward=False`` where the output has no graph at all)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if not getattr(out, "requires_grad", False):
         raise CheckFailed(
@@ -361,7 +363,7 @@ def gradients(kernel: str, out: Any, inputs: tuple[Any, ...], names: tuple[str, 
 def assert_reaches(name: str, grad: Any, reference: Any) -> None:
     """Fail when a gradient is identically zero where the reference's is not: the kernel's output
     does not depend on that input."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if not bool(torch.count_nonzero(grad)) and bool(torch.count_nonzero(reference)):
         raise CheckFailed(f"{name} is zero everywhere, the reference's is not: the kernel's output does not depend "
@@ -377,7 +379,7 @@ def poison_allocator(device: Any, sizes: list[int]) -> None:
     serves a request from the best-fitting free block, which is then one of these. Likely,
     not certain (a kernel may allocate in another order); a no-op on the CPU, whose allocator
     gives no such handle."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if device.type != "cuda":
         return
@@ -396,7 +398,7 @@ def snapshots(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
 def assert_unchanged(names: str, tensors: tuple[Any, ...], snapshots: tuple[Any, ...]) -> None:
     """Fail when a kernel wrote into one of its inputs, after copying the snapshots back into
     them: the case's other kernels share the inputs, and its reference is computed from them."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     changed = [label.strip() for label, now, before in zip(names.split(","), tensors, snapshots, strict=True)
                if not torch.equal(now.detach(), before)]
@@ -420,8 +422,6 @@ def call_checked(kernel: Kernel, call: Callable[[], Any], names: str, inputs: tu
     inputs); refusal or not, it fails if the kernel replaced a torch function (put back at once,
     before any check runs with it: ``torch_functions.put_back_functions``) or wrote into ``inputs``
     (``assert_unchanged``, which puts them back for the case's other kernels)."""
-    from pytest_attnperf.measure.torch_functions import put_back_functions, snapshot_functions
-
     before = snapshots(inputs)  # first: copies made after the poisoning would take its blocks
     poison_allocator(device, [x.numel() * x.element_size() for x in inputs])
     functions = snapshot_functions()

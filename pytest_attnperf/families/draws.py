@@ -53,6 +53,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from pytest_attnperf.families.checks import CheckFailed
+
 if TYPE_CHECKING:
     from pytest_attnperf.families.checks import Answer
 
@@ -127,7 +129,7 @@ class Transform:
     def apply(self, name: str, x: Any) -> Any:
         """``x`` (tensor ``name`` of draw 0) as it is in this draw: a new tensor, or ``x`` itself
         where the draw leaves it as it is."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
         device, out, axis = x.device, x, self.axis(name)
         if list(self.batch) != sorted(self.batch):
@@ -259,7 +261,7 @@ class Timed:
         """Draw 0's inputs and output gradient as ``t`` arranges them, copied into ``drawn``'s own
         tensors through ``.data``: the same storage, and the tensors' version counters left as
         they were (a kernel cannot tell the rewrite from ``_version``)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
         with torch.no_grad():
             for name, x0, x in zip(self._input_names, self._inputs, drawn.inputs, strict=True):
@@ -275,8 +277,6 @@ class Timed:
         """Hold ``result`` (what a call of draw ``index`` returned) to the family's rule, on the
         arrangement the draw's inputs hold now (inside ``rewritten``, the rewritten one): the
         worst tensor's error over its bound, or ``CheckFailed`` naming the tensor."""
-        from pytest_attnperf.families.checks import CheckFailed
-
         got = tuple(result) if isinstance(result, (tuple, list)) else (result,)
         if len(got) != len(self._names):
             raise CheckFailed(f"{self.kernel}: returned {len(got)} tensors on a timed call, {len(self._names)} "
@@ -304,7 +304,7 @@ class Timed:
         bound moves the same way (the yardstick is rearranged alike; neither permutation
         reorders the axis the bound smooths along), so it passes as the checked answer did: the
         full rule is needed only where the bits differ (a kernel with atomics, say)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
         index = self._names.index(name)
         if index >= len(self._got):

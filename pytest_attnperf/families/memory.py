@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_attnperf.families.linear.kernels import FAMILIES, LinearCase
+from pytest_attnperf.families.linear.memory import memory_bound as linear_bound
+from pytest_attnperf.families.softmax.kernels import SoftmaxCase
+from pytest_attnperf.families.softmax.memory import memory_bound as softmax_bound
 from pytest_attnperf.gate.memory import Bound
 
 __all__ = ["bound_for"]
@@ -23,14 +27,10 @@ def bound_for(kernel: Any, case: Any, direction: Any) -> Bound | None:
         return None
     family = getattr(kernel, "family", None)
     if family == "softmax":
-        from pytest_attnperf.families.softmax.kernels import SoftmaxCase
-        from pytest_attnperf.families.softmax.memory import memory_bound as softmax_bound
 
         return softmax_bound(case, direction) if isinstance(case, SoftmaxCase) else None
-    from pytest_attnperf.families.linear.kernels import FAMILIES, LinearCase
 
     if family in FAMILIES and isinstance(case, LinearCase):
-        from pytest_attnperf.families.linear.memory import memory_bound as linear_bound
 
         return linear_bound(case, direction)
     return None

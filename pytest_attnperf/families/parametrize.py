@@ -14,7 +14,10 @@ collection (``suite_modules``), wherever the package is installed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
+import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -150,7 +153,6 @@ _ID_FIELDS = {"b": ("batch",), "h": ("heads",), "t": ("seq",), "d": ("head_dim",
 
 
 def _id_contradictions(case: Any) -> list[str]:
-    import re
 
     found: dict[str, list[int]] = {}
     tokens = str(case.id).split("-")
@@ -290,8 +292,6 @@ def check_families(config: pytest.Config, registry: KernelRegistry, builtin: Seq
     this run parametrized, and whose name is close to a built-in one's (``linear`` for
     ``linear_attn``, ``softmx``): it would join nothing, silently. A project's own family (one
     its own suite declares) is left alone."""
-    import difflib
-
     used = config.stash.get(USED_KEY, set())
     wrong = []
     for family in registry.families():
@@ -303,7 +303,6 @@ def check_families(config: pytest.Config, registry: KernelRegistry, builtin: Seq
             wrong.append(f"kernel {names} is registered in family {family!r}, which no suite of this run declares; "
                          f"did you mean {' or '.join(map(repr, close))}? (the built-in families: {', '.join(builtin)})")
         elif registry.family(family):
-            import warnings
 
             names = ", ".join(k.name for k in registry.family(family))
             warnings.warn(pytest.PytestConfigWarning(

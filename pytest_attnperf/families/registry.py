@@ -15,9 +15,13 @@ reference, times it and gates it against the baselines like any built-in kernel.
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from pytest_attnperf.gate.roofline import Floors
 
@@ -33,8 +37,6 @@ def _always(case: Any) -> str | None:
 def refusal_reason(exc: BaseException, patterns: Sequence[str]) -> str | None:
     """The first line of ``exc`` when it is a refusal (``NotImplementedError``, or a message
     matching one of ``patterns``, regular expressions), else None."""
-    import re
-
     text = f"{type(exc).__name__}: {exc}".strip()
     if isinstance(exc, NotImplementedError) or any(re.search(p, text) for p in patterns):
         return text.splitlines()[0][:300]
@@ -107,8 +109,6 @@ class Kernel:
 
     def call_or_skip(self, call: Callable[[], Any]) -> Any:
         """``call()``, with the kernel's own refusal of the case turned into a skip that quotes it."""
-        import pytest
-
         try:
             return call()
         except Exception as exc:
@@ -183,8 +183,6 @@ def import_ahead(items: Sequence[Any]) -> list[str]:
     its pool runs start up (``plugins.pool``), so the time an import takes (flash-linear-attention
     takes seconds) is not spent inside a case. An import must not use the GPU: a pool run may be
     timing there."""
-    import importlib
-
     names = dict.fromkeys(name for item in items
                           for value in getattr(getattr(item, "callspec", None), "params", {}).values()
                           if isinstance(value, Kernel) for name in value.imports)

@@ -52,7 +52,7 @@ def softmax_inputs(values: str, shape_q: tuple[int, ...], shape_kv: tuple[int, .
                    draw: Callable[[tuple[int, ...]], Any]) -> tuple[Any, Any, Any]:
     """``q, k, v`` in float32 for the regime ``values``; ``draw(shape)`` gives standard normal
     draws (the case's generator), so ``normal`` is exactly three draws in turn."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     q, k, v = draw(shape_q), draw(shape_kv), draw(shape_kv)
     if values == "normal":
@@ -84,7 +84,7 @@ def linear_gates(values: str, draw: Callable[..., Any], *shape: int) -> Any:
     a normal draw, or near 0 (``gate-near-zero``: no decay at all), near -inf (``gate-strong``:
     each token decays by exp(-20) to exp(-60)), or moderate for long (``decay-underflow``: about
     exp(-3) a token, so a chunk of 64 spans exp(-190), past what an fp32 exp(-cumsum) holds)."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     x = draw(*shape)
     if values == "gate-near-zero":
@@ -119,7 +119,7 @@ def laid_out(layout: str, tensors: tuple[Any, ...], heads_axis: int, seq_axis: i
     channels of a buffer 8 wider, so rows are not contiguous; ``expanded-kv``: K and V (the second
     and third) of ``kv_heads`` = 1 expanded over the query's heads with stride 0. Differentiable:
     gradients reach the case's own tensors."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if layout == "contiguous":
         return tensors

@@ -21,9 +21,18 @@ gradients are checked by the linear and softmax suites).
 
 from __future__ import annotations
 
+import copy
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
+
+from pytest_attnperf.families.layers.costs import attention_layer, gdn_layer
+from pytest_attnperf.families.linear.kernels import FLA_REFUSALS
+from pytest_attnperf.families.linear.reference import gated_delta_rule
+from pytest_attnperf.families.registry import refusal_reason
 
 __all__ = ["LAYERS", "LAYER_UNITS", "LadderCase", "cost", "gdn_reference", "run_layer"]
 
@@ -49,15 +58,15 @@ class LadderCase:
 
 
 def _torch_dtype(name: str) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}[name]
 
 
 def attention_module(case: LadderCase) -> Any:
     """q/k/v/o projections around causal SDPA, in float32 on the CPU (cast it where needed)."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     class AttentionLayer(torch.nn.Module):
         def __init__(self) -> None:
@@ -83,7 +92,7 @@ def attention_module(case: LadderCase) -> Any:
 
 def gdn_module(case: LadderCase) -> Any:
     """fla's GatedDeltaNet layer for the case, in float32 on the CPU (cast it where needed)."""
-    from fla.layers import GatedDeltaNet
+    from fla.layers import GatedDeltaNet  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     return GatedDeltaNet(hidden_size=case.hidden, head_dim=case.head_dim, num_heads=case.heads,
                          expand_v=case.expand_v, mode="chunk")
@@ -91,9 +100,8 @@ def gdn_module(case: LadderCase) -> Any:
 
 def gdn_reference(layer: Any, x: Any) -> Any:
     """The GDN layer's output on ``x`` ``[B, T, D]`` in float64 (see the module docstring)."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    from pytest_attnperf.families.linear.reference import gated_delta_rule
 
     x = x.detach().double()
     b, t, _ = x.shape
@@ -122,9 +130,7 @@ def gdn_reference(layer: Any, x: Any) -> Any:
 
 def attention_reference(layer: Any, x: Any) -> Any:
     """The attention layer's output on ``x`` in float64: a float64 copy through SDPA's math."""
-    import copy
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415 - torch loads on first use
 
     exact = copy.deepcopy(layer).double()
     with sdpa_kernel([SDPBackend.MATH]):
@@ -140,9 +146,7 @@ def run_layer(layer: str, case: LadderCase, direction: str, device: Any) -> Call
     """Build the layer (seeded by the case), check its output against its fp64 evaluation and
     return the zero-argument callable to time: a forward without autograd, or forward and
     the gradients of the input and every weight."""
-    import zlib
-
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if layer not in LAYERS:
         raise ValueError(f"unknown layer {layer!r}; expected one of {LAYERS}")
@@ -192,11 +196,6 @@ def first_backward(layer: str, call_bwd: Callable[[], Any]) -> None:
     """Run the layer's backward once before it is timed: a refusal (a ``NotImplementedError``,
     or fla's message refusing its Hopper backward with a Triton older than 3.7.1) skips the case
     quoting it; any other error fails it."""
-    import pytest
-
-    from pytest_attnperf.families.linear.kernels import FLA_REFUSALS
-    from pytest_attnperf.families.registry import refusal_reason
-
     try:
         call_bwd()
     except Exception as exc:
@@ -210,8 +209,6 @@ def first_backward(layer: str, call_bwd: Callable[[], Any]) -> None:
 
 def cost(layer: str, case: LadderCase, direction: str) -> Any:
     """The layer's analytic cost (``costs_layers``)."""
-    from pytest_attnperf.families.layers.costs import attention_layer, gdn_layer
-
     shape: dict[str, Any] = dict(batch=case.batch, seq=case.seq, hidden=case.hidden, heads=case.heads,
                                  head_dim=case.head_dim, dtype=case.dtype, backward=direction == "fwdbwd")
     if layer == "gdn":

@@ -24,17 +24,32 @@ the state read and written, ``2 x B x H x K x V x 4`` (``linear.costs`` with bot
 
 from __future__ import annotations
 
+import importlib
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from pytest_attnperf.families.checks import reported_plainly
+from pytest_attnperf.families.checks import (
+    Answer,
+    Checked,
+    CheckFailed,
+    call_checked,
+    expect_tensor,
+    own_copies,
+    plain,
+    reported_plainly,
+)
+from pytest_attnperf.families.draws import timed
+from pytest_attnperf.families.linear import costs as costs_linear
 from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.linear import rule
 from pytest_attnperf.families.linear.case import key_heads_refusal
+from pytest_attnperf.families.linear.suite import INSTALL_HINT, fla_missing
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.measure.switches import exact_fp32
 
 __all__ = ["ATTNPERF_CASES", "ATTNPERF_DIRECTIONS", "ATTNPERF_FAMILY", "BASE", "CASES", "CPU", "DIRECTIONS",
            "FAMILIES", "GPU", "LinearDecodeCase", "check_case", "cost", "register", "test_linear_decode"]
@@ -88,7 +103,6 @@ class LinearDecodeCase:
 
 
 def _fla(module: str, name: str) -> Callable[..., Any]:
-    import importlib
 
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
     return fn
@@ -123,7 +137,7 @@ def torch_recurrent(family: str) -> Callable[..., Any]:
     recurrence = linear._recurrence_fn(BASE[family])
 
     def step(*inputs: Any, scale: float, initial_state: Any) -> Any:
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
         out, state = recurrence(*inputs, scale=scale, initial_state=initial_state, final_state=True,
                                 compute=torch.float32)
@@ -166,11 +180,8 @@ _cache: dict[tuple[str, LinearDecodeCase, str, int], Prepared] = {}
 def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> Prepared:
     """The case's inputs (seeded by family, case and ``seed``) and both yardsticks, cached for the
     case's kernels."""
-    import zlib
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    import torch
-
-    from pytest_attnperf.measure.switches import exact_fp32
 
     key = (family, case, str(device), seed)
     if key in _cache:
@@ -205,7 +216,6 @@ def check_tensor(family: str, label: str, name: str, value: Any, reference: Any,
 
 
 def _expect(kernel: Kernel, got: Any, out_shape: tuple[int, ...], state: Any, q: Any) -> tuple[Any, Any]:
-    from pytest_attnperf.families.checks import CheckFailed, expect_tensor
 
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise CheckFailed(f"{kernel.name}: returned {type(got).__name__}, not (output, final_state)")
@@ -220,9 +230,6 @@ def check_case(family: str, kernel: Kernel, case: LinearDecodeCase, direction: s
     """Check ``kernel`` on ``case``: its return value's contract (an output of ``v``'s shape and the
     query's dtype, a new fp32 state of the initial one's shape; no writes into the inputs, the
     state included), then both tensors against the fp64 recurrence; a ``checks.Checked``."""
-    from pytest_attnperf.families.checks import Answer, Checked, call_checked, own_copies, plain
-    from pytest_attnperf.families.draws import timed
-
     if direction != "fwd":
         raise ValueError(f"decode runs forward only, not {direction!r}")
     p = prepare(family, case, device, seed)
@@ -251,8 +258,6 @@ def check_case(family: str, kernel: Kernel, case: LinearDecodeCase, direction: s
 
 def cost(family: str, case: LinearDecodeCase) -> Any:
     """The recurrent form's cost over the new tokens, reading the initial state and writing the new one."""
-    from pytest_attnperf.families.linear import costs as costs_linear
-
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
              "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[BASE[family]]
     grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if BASE[family] == "gdn" else {}
@@ -281,8 +286,6 @@ def test_linear_decode(
     request: pytest.FixtureRequest,
 ) -> None:
     """Output and new state against the fp64 recurrence from the same state, then device time."""
-    from pytest_attnperf.families.linear.suite import INSTALL_HINT, fla_missing
-
     if kernel.fn.__module__ == __name__ and kernel.name.startswith("fla-") and (why := fla_missing()):
         pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")
     with reported_plainly(attnperf_seed):

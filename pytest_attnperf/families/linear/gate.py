@@ -26,8 +26,8 @@ def gate_gradient(q: Tensor, k: Tensor, dq: Tensor, dk: Tensor, *, per_head: boo
     first token taken from ``later`` (fla's chunk kernels take that part from the state and its
     gradient). Every tensor ``[B, T, H, K]`` in one dtype, the sums taken in it; returns
     ``[B, T, H, K]``, or ``[B, T, H]`` when ``per_head``."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     terms = q * dq - k * dk
     if per_head:

@@ -36,17 +36,27 @@ take ``o``).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.families import values
+from pytest_attnperf.families.checks import Answer, Checked, call_checked, expect_tensor, gradients, own_copies, plain
+from pytest_attnperf.families.draws import timed
+from pytest_attnperf.families.linear import costs as costs_linear
+from pytest_attnperf.families.linear import reference as ref
 from pytest_attnperf.families.linear.case import LinearCase, value_grouped
+from pytest_attnperf.families.linear.gate import gate_gradient
+from pytest_attnperf.families.linear.reference import CHUNK, GLA_CHUNK, MAX_LOG_DECAY
 from pytest_attnperf.families.linear.rule import (
     check_elements,
     check_tensor,
 )
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.measure.switches import exact_fp32
 
 __all__ = [
     "FAMILIES", "FLA_IMPORTS", "LinearCase", "answer", "check_case", "check_elements", "check_tensor", "cost",
@@ -68,7 +78,6 @@ FLA_IMPORTS = ("fla",)  # what fla's kernels import on a first call: seconds, im
 
 
 def _fla(module: str, name: str) -> Callable[..., Any]:
-    import importlib
 
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
     return fn
@@ -145,7 +154,7 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
     events around eager launches, its ~10 launches per token paced by the host (docs/evidence.md,
     "The fla naive GDN recurrence on the device"). Made on the device, the zeros are one fill
     kernel each and the whole recurrence is graph-timed like fla's other naive references."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     fn = _fla("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
     q, k = value_grouped(q, k, v)  # it has one head count: grouped values get their key heads repeated
@@ -240,12 +249,12 @@ class Prepared:
         Each is computed on first use, not before: a kernel that refuses the case (fla's Hopper
         backward, say) is skipped without paying for it.
         """
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-        from pytest_attnperf.families import tf32
-        from pytest_attnperf.measure.switches import exact_fp32
 
         rounded = self.dtype != "fp32"
+        from pytest_attnperf.families import tf32  # noqa: PLC0415 - families.tf32 imports torch: kept out of the plugin's start-up
+
         products = not rounded and tf32.rounds_products(self.inputs[0].device)
         key = "recurrent" if form == "recurrent" else "chunk" if rounded else "tf32" if products else "fp32"
         with exact_fp32():  # TF32 only where the yardstick rounds to it itself, whatever the project set
@@ -261,9 +270,8 @@ class Prepared:
         """A recurrent kernel's yardstick: the token recurrence in float32, output and (but for
         GDN, whose gradients come from the chunked form) gradients as a recurrent backward
         computes them (``reference_linear.recurrent_gradients``)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-        from pytest_attnperf.families.linear import reference as ref
 
         with torch.no_grad():
             out = _recurrence_fn(self.family)(*self.inputs, scale=self.scale, compute=torch.float32)
@@ -282,11 +290,8 @@ class Prepared:
     def _run(self, compute: Any, store: Any, tf32: bool = False) -> tuple[Any, ...]:
         """The chunked form in ``compute``, ``store`` rounding what a chunk kernel stores; ``tf32``:
         every product's operands rounded to TF32 (``families.tf32``), forward and backward."""
-        import contextlib
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-        import torch
-
-        from pytest_attnperf.families.tf32 import tf32_products
 
         fn = _chunked_fn(self.family)
         leaves = [x.detach().to(compute).requires_grad_(self.backward) for x in self.inputs]
@@ -299,6 +304,8 @@ class Prepared:
             expanded = value_grouped(leaves[0], leaves[1], leaves[2])
             taken[0], taken[1] = (x.detach().requires_grad_(True) for x in expanded)
         with torch.enable_grad() if self.backward else torch.no_grad():
+            from pytest_attnperf.families.tf32 import tf32_products  # noqa: PLC0415 - families.tf32 imports torch: kept out of the plugin's start-up
+
             with tf32_products() if tf32 else contextlib.nullcontext():
                 out = fn(*taken, scale=self.scale, compute=compute, store=store, **self._chunking(compute))
             if not self.backward:
@@ -319,9 +326,8 @@ class Prepared:
         its default would overflow ``compute`` on these gates (``reference.MAX_LOG_DECAY``): the
         largest power of two whose chunks all decay less, so a strong gate's reference stays exact
         (empty: the default)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-        from pytest_attnperf.families.linear.reference import CHUNK, GLA_CHUNK, MAX_LOG_DECAY
 
         if self.family not in ("gla", "simple_gla"):
             return {}
@@ -340,10 +346,8 @@ class Prepared:
         chunk (``gate.gate_gradient``): at a chunk's first token that sum is longest, and the
         gradient there a small difference of large sums (the first token's is zero exactly;
         docs/checks.md, "Yardsticks")."""
-        import torch
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-        from pytest_attnperf.families.linear.gate import gate_gradient
-        from pytest_attnperf.families.linear.reference import CHUNK
 
         q, k = (x.detach() for x in leaves[:2])
         autograd = grads[3].detach()
@@ -356,7 +360,7 @@ class Prepared:
 def _deepest_chunk(gate: Any, chunk: int) -> float:
     """The largest total log decay (``-sum g``) inside one chunk of ``chunk`` tokens, over every
     sequence, head and channel (``gate`` ``[B, T, H(, K)]``)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     pad = (-gate.shape[1]) % chunk
     if pad:
@@ -366,16 +370,15 @@ def _deepest_chunk(gate: Any, chunk: int) -> float:
 
 
 def torch_dtype(name: str) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: int = 0) -> tuple[Any, ...]:
-    import zlib
 
-    import torch
-    import torch.nn.functional as F
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if why := case.refusal(family):
         raise ValueError(why)
@@ -409,8 +412,6 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: in
 
 def _references(family: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The family's chunked form and its token recurrence (``reference_linear``)."""
-    from pytest_attnperf.families.linear import reference as ref
-
     forms: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
         "linear_attn": (ref.chunk_linear_attention, ref.linear_attention), "gla": (ref.chunk_gla, ref.gla),
         "simple_gla": (ref.chunk_simple_gla, ref.simple_gla), "gdn": (ref.chunk_gated_delta_rule, ref.gated_delta_rule),
@@ -432,7 +433,7 @@ _cache: dict[tuple[str, LinearCase, str, str, int], Prepared] = {}
 def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Prepared:
     """The case's inputs (cached for the case, which every kernel shares, with its reference
     once computed: see ``Prepared.reference``)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     key = (family, case, direction, str(device), seed)
     if key in _cache:
@@ -455,9 +456,8 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     query's dtype and the inputs' device; a gradient for every input; no writes into the
     inputs), not its numbers: a ``checks.Answer`` with the reference and yardstick of
     the kernel's form. The kernel gets its own copies of the case's inputs (``checks.own_copies``)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies, plain
 
     p = prepare(family, case, direction, device, seed)
     backward = direction == "fwdbwd"
@@ -491,9 +491,6 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
     ``fwdbwd``; every batch and head); return a ``checks.Checked``: the callable to time and
     each tensor's worst error over its bound."""
-    from pytest_attnperf.families.checks import Checked
-    from pytest_attnperf.families.draws import timed
-
     a = answer(family, kernel, case, direction, device, seed)
     ratios = {name: check_tensor(family, f"{kernel.name} {name}", name, value, ref, yard, case.dtype)
               for name, value, ref, yard in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
@@ -514,8 +511,6 @@ def run_case(
 
 def cost(family: str, kernel: Kernel, case: LinearCase, direction: str) -> Any:
     """The analytic cost of the kernel's form (chunk or recurrent) on the case."""
-    from pytest_attnperf.families.linear import costs as costs_linear
-
     model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
              "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[family]
     grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if family == "gdn" else {}

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, overload
 
 from pytest_attnperf.families.linear.case import value_grouped
+from pytest_attnperf.families.linear.gate import gate_gradient
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -63,7 +64,7 @@ L2NORM_EPS = 1e-6
 
 def _heads_first(x: Tensor, compute: torch.dtype | None = None) -> Tensor:
     """``[B, T, H, ...]`` to ``[B, H, T, ...]`` in ``compute`` (float64 unless given)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     return x.to(compute or torch.float64).transpose(1, 2)
 
@@ -76,7 +77,7 @@ def _check_per_head(name: str, x: Tensor, k: Tensor) -> None:
 
 def _initial(initial_state: Tensor | None, q: Tensor, key_dim: int, value_dim: int) -> Tensor:
     """The state before the first token, ``[B, H, K, V]`` in ``q``'s dtype (zeros unless given)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     batch, heads = q.shape[0], q.shape[1]
     if initial_state is None:
@@ -89,7 +90,7 @@ def _initial(initial_state: Tensor | None, q: Tensor, key_dim: int, value_dim: i
 
 def _readout(q_t: Tensor, state: Tensor, scale: float) -> Tensor:
     """``scale * S^T q`` for every (batch, head): ``[B, H, K] x [B, H, K, V] -> [B, H, V]``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     return scale * torch.einsum("bhk,bhkv->bhv", q_t, state)
 
@@ -101,7 +102,7 @@ def _outer(k_t: Tensor, v_t: Tensor) -> Tensor:
 
 def _finish(outputs: list[Tensor], state: Tensor, final_state: bool) -> Tensor | tuple[Tensor, Tensor]:
     """Stack per-token ``[B, H, V]`` outputs into ``[B, T, H, V]``; append the state if asked."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     o = torch.stack(outputs, dim=1)
     return (o, state) if final_state else o
@@ -109,7 +110,7 @@ def _finish(outputs: list[Tensor], state: Tensor, final_state: bool) -> Tensor |
 
 def l2norm(x: Tensor, eps: float = L2NORM_EPS) -> Tensor:
     """``x / sqrt(sum(x**2) + eps)`` over the last axis, in float64 (fla's ``l2norm`` formula)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     x = x.double()
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
@@ -215,7 +216,7 @@ def gla(
         S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T   # row i of S decays by exp(g_t[i])
         o_t = scale * S_t^T q_t
     """
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if g.shape != k.shape:
         raise ValueError(f"g must have the keys' shape [B, T, H, K] = {list(k.shape)}, got {list(g.shape)}")
@@ -315,7 +316,7 @@ def gated_delta_rule(
     ``use_qk_l2norm_in_kernel=True`` does (default False: pass normalised keys yourself, or the
     state grows without bound whenever ``beta_t |k_t|^2`` leaves ``(0, 2)``).
     """
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     q, k = value_grouped(q, k, v)  # fewer query/key heads than value heads: grouped (case.value_grouped)
     _check_per_head("g", g, k)
@@ -353,7 +354,7 @@ def recurrent_gradients(
     gradient is small, so its rounding follows the terms' size rather than the result's.
     Returns ``(dq, dk, dv)``, plus ``dg`` when ``g`` is given, in the inputs' layouts.
     """
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     per_head = g is not None and g.dim() == 3
     if g is not None and per_head:
@@ -383,7 +384,6 @@ def recurrent_gradients(
     grads: tuple[Tensor, ...] = (dq_t, dk_t, dv_t)
     if g is None:
         return grads
-    from pytest_attnperf.families.linear.gate import gate_gradient
 
     return grads + (gate_gradient(q.transpose(1, 2), k.transpose(1, 2), dq_t, dk_t, per_head=per_head),)
 
@@ -414,7 +414,7 @@ def _rounding(store: torch.dtype | None) -> Callable[[Tensor], Tensor]:
 def _to_chunks(x: Tensor, chunk: int, dtype: torch.dtype) -> Tensor:
     """``[B, T, H, ...]`` to ``[B, H, N, C, ...]`` in ``dtype``, the last chunk padded with zeros
     (a zero key, value and beta writes nothing; a zero log gate decays nothing)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     x = x.to(dtype).transpose(1, 2)
     pad = (-x.shape[2]) % chunk
@@ -431,7 +431,7 @@ def _from_chunks(o: Tensor, seq: int) -> Tensor:
 def _decay_matrix(gamma: Tensor, diagonal: bool) -> Tensor:
     """``exp(gamma_r - gamma_s)`` for ``s <= r`` (``s < r`` without the diagonal), else 0;
     ``gamma [..., C]`` is the cumulative log decay inside each chunk."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     size = gamma.shape[-1]
     visible = torch.ones(size, size, dtype=torch.bool, device=gamma.device).tril(0 if diagonal else -1)
@@ -461,7 +461,7 @@ def _chunk_scan(
     intra-chunk scores (computed from unrounded factors), the decayed queries and keys of the
     state's products, and each chunk's state; the running state stays in ``q``'s dtype.
     """
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     r = _rounding(store)
     size = q.shape[3]
@@ -494,7 +494,7 @@ def chunk_linear_attention(
     """:func:`linear_attention` (causal, unnormalised) in the chunked form, computed in
     ``compute`` (default float64) with the intermediates a chunk kernel stores rounded to
     ``store`` (default: not rounded). Returns ``[B, T, H, V]`` in ``compute``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     compute = compute or torch.float64
     cq, ck, cv = _chunk_setup((q, k, v), chunk, compute)
@@ -509,7 +509,7 @@ def chunk_simple_gla(
     store: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """:func:`simple_gla` in the chunked form (arguments as :func:`chunk_linear_attention`)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     _check_per_head("g", g, k)
     compute = compute or torch.float64
@@ -527,7 +527,7 @@ def chunk_gla(
     """:func:`gla` in the chunked form (arguments as :func:`chunk_linear_attention`; ``chunk``
     defaults to ``CHUNK`` in float64, ``GLA_CHUNK`` below); raises ValueError when a chunk decays
     by more than ``MAX_LOG_DECAY`` (its ``exp(-gamma)`` would overflow): use a smaller ``chunk``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if g.shape != k.shape:
         raise ValueError(f"g must have the keys' shape [B, T, H, K] = {list(k.shape)}, got {list(g.shape)}")
@@ -566,7 +566,7 @@ def chunk_gated_delta_rule(
     state, the writes ``U``, and the writes decayed to the chunk's end (the decay applied to the
     unrounded writes, the keys left as given), as fla's chunk forward does.
     """
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     q, k = value_grouped(q, k, v)  # fewer query/key heads than value heads: grouped (case.value_grouped)
     _check_per_head("g", g, k)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax.sliced import run_sliced
 
 __all__ = ["fits_whole", "run_grouped", "scores_gb"]
 
@@ -28,6 +29,4 @@ def fits_whole(case: Any) -> bool:
 def run_grouped(kernel: Kernel, case: Any, direction: str, device: Any) -> Callable[[], Any]:
     """Check ``kernel`` on ``case`` (a ``SoftmaxCase``, grouped or not) on two key/value groups and
     return the zero-argument callable to time, which runs the whole case."""
-    from pytest_attnperf.families.softmax.sliced import run_sliced
-
     return run_sliced(kernel, case, direction, device, "grouped")

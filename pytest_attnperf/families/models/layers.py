@@ -38,7 +38,7 @@ def masked_lm_types() -> frozenset[str]:
     encoders, whose attention is bidirectional unless the config sets ``is_decoder``; none without
     transformers."""
     try:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES  # noqa: PLC0415 - torch loads on first use
     except ImportError:
         return frozenset()
     return frozenset(MODEL_FOR_MASKED_LM_MAPPING_NAMES)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_attnperf.families.models.layers import layer_specs, unsupported
+
 __all__ = ["CONFIGS", "INSTALL_HINT", "Model", "ModelError", "check_models", "committed", "load", "model_name"]
 
 CONFIGS = Path(__file__).resolve().parent / "configs"  # the committed configs, <name>.json (docs/models.md)
@@ -57,7 +59,7 @@ def model_name(spec: str) -> str:
 
 def _transformers() -> Any:
     try:
-        import transformers
+        import transformers  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
     except ImportError as exc:
         raise ModelError(f"--attnperf-model reads a model's config with transformers, which cannot be imported "
                          f"({type(exc).__name__}: {exc}): {INSTALL_HINT}") from None
@@ -111,8 +113,6 @@ def load(spec: str) -> Model:
 def check_models(specs: Sequence[str], tps: Sequence[int]) -> None:
     """Read each spec and split it at each degree; ``ModelError`` naming the spec (and the degree)
     that fails: at start-up, before any collection."""
-    from pytest_attnperf.families.models.layers import layer_specs, unsupported
-
     named: dict[str, str] = {}
     for spec in specs:
         try:

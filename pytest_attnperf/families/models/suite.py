@@ -17,6 +17,7 @@ and an SDPA backend that refuses a shape (a head dim it lacks) is skipped quotin
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from pytest_attnperf.families.linear import suite as linear_suite
 from pytest_attnperf.families.models import cases as model_cases
 from pytest_attnperf.families.models import grouped
 from pytest_attnperf.families.models.layers import all_specs
+from pytest_attnperf.families.models.load import load
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import suite as softmax_suite
 from pytest_attnperf.hw.detect import memory_gb
@@ -51,7 +53,6 @@ def built(config: pytest.Config) -> model_cases.ModelCases:
     ``--attnperf-tp``; a spec or a split that fails is a usage error naming it."""
     if CASES_KEY in config.stash:
         return config.stash[CASES_KEY]
-    from pytest_attnperf.families.models.load import load
 
     session = config.stash[suite.RUN_KEY]
     s = session.settings
@@ -99,7 +100,6 @@ def _refusing_plainly(kernel: Kernel) -> Kernel:
     inner = kernel.fn
 
     def fn(*args: Any, **kwargs: Any) -> Any:
-        import warnings
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

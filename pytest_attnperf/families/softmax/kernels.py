@@ -14,13 +14,36 @@ decode case; the decode suite runs it forward only.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_attnperf.costs import DTYPE_BYTES
+from pytest_attnperf.families.checks import (
+    ELEMENT_FACTOR,
+    ELEMENT_GRAD_FACTOR,
+    FACTOR,
+    GRAD_FACTOR,
+    Answer,
+    Checked,
+    CheckFailed,
+    allowance,
+    assert_close,
+    assert_elementwise,
+    assert_reaches,
+    call_checked,
+    expect_tensor,
+    gradients,
+    own_copies,
+    plain,
+)
+from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.families.softmax.reference import attention_mask
+from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 from pytest_attnperf.families.values import laid_out, softmax_inputs
 from pytest_attnperf.hw.detect import memory_gb
+from pytest_attnperf.measure.switches import exact_fp32
 
 __all__ = [
     "AXES", "FAMILY", "SIGNATURE", "SoftmaxCase", "TENSORS", "answer", "check_case", "check_elements",
@@ -83,9 +106,8 @@ class SoftmaxCase:
 
 def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
     """Explicit softmax over materialised scores, in the inputs' dtype."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    from pytest_attnperf.families.softmax.reference import attention_mask
 
     group = q.shape[1] // k.shape[1]
     if group > 1:
@@ -103,13 +125,13 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | No
     fewer queries than keys, causal goes as ``causal_lower_right`` (``is_causal`` would align it
     upper-left), which torch runs on flash or efficient where they take it and otherwise as a
     materialised mask."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if window is not None:
         raise ValueError("plain SDPA has no sliding window")
     gqa = q.shape[1] != k.shape[1]
     if causal and q.shape[2] != k.shape[2]:
-        from torch.nn.attention.bias import causal_lower_right
+        from torch.nn.attention.bias import causal_lower_right  # noqa: PLC0415 - torch loads on first use
 
         mask = causal_lower_right(q.shape[2], k.shape[2])
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
@@ -125,9 +147,8 @@ def sdpa_repeat_kv(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window
 
 def sdpa_dense_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
     """Sliding window as simple profilers do it: a dense T x T boolean mask through SDPA."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    from pytest_attnperf.families.softmax.reference import attention_mask
 
     mask = attention_mask(q.shape[2], causal, window, q.device, k.shape[2])
     gqa = q.shape[1] != k.shape[1]
@@ -141,9 +162,9 @@ FLEX_RECOMPILES = 256  # compilations of flex_attention a run may make (dynamo's
 def flex_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
     """True sliding window: compiled flex_attention with a block mask, so only the blocks
     inside the window are computed (the block mask is built once per shape)."""
-    import torch
-    import torch._dynamo
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+    import torch._dynamo  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415 - torch loads on first use
 
     seq, kv_seq = q.shape[2], k.shape[2]
     key = (seq, kv_seq, int(window or kv_seq), str(q.device))
@@ -249,8 +270,8 @@ class Prepared:
         if not held_to_tf32(tf32, self.q.dtype):
             return self.torch_value
         if not self._tf32:
-            from pytest_attnperf.families.tf32 import tf32_products
-            from pytest_attnperf.measure.switches import exact_fp32
+
+            from pytest_attnperf.families.tf32 import tf32_products  # noqa: PLC0415 - families.tf32 imports torch: kept out of the plugin's start-up
 
             with exact_fp32(), tf32_products():
                 self._tf32.append(_outputs(naive, (self.q, self.k, self.v), self.grad_out, self.opts))
@@ -259,7 +280,7 @@ class Prepared:
 
 def _outputs(fn: Any, xs: tuple[Any, ...], grad_out: Any, opts: dict[str, Any]) -> tuple[Any, ...]:
     """``fn``'s output on ``xs``, and its gradients against each where they require grad."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     out = fn(*xs, **opts)
     if not xs[0].requires_grad:
@@ -269,7 +290,6 @@ def _outputs(fn: Any, xs: tuple[Any, ...], grad_out: Any, opts: dict[str, Any]) 
 
 
 def _seed(text: str) -> int:
-    import zlib
 
     return zlib.crc32(text.encode())
 
@@ -282,10 +302,8 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     yardsticks; the last two (the case's two directions) are cached, since every kernel runs on
     the same case in turn. The ``naive`` kernel is itself the same-dtype yardstick: for it only
     shape and finiteness are really checked."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    from pytest_attnperf.families.softmax.reference import softmax_attention as reference
-    from pytest_attnperf.measure.switches import exact_fp32
 
     key = (case, direction, str(device), seed)
     if key in _cache:
@@ -329,9 +347,8 @@ def recomputed_gradients(q: Any, k: Any, v: Any, grad_out: Any, opts: dict[str, 
     CPU at scores of spread 47, torch's flash backward's fp32 ``dv`` erred 16x autograd's. The
     forward's and the backward's scores are rounded apart as two passes of a kernel round them.
     (docs/catalogue.md, "Yardsticks")."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    from pytest_attnperf.families.softmax.reference import attention_mask
 
     dtype, scale = q.dtype, opts["scale"]
     group = q.shape[1] // k.shape[1]
@@ -376,8 +393,6 @@ def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: A
     (``check_elements``) against the fp64 reference, PyTorch's own answer in the case's dtype as
     the yardstick (``tf32``: with TF32 products, ``Prepared.yardstick``). Returns the worst error
     over its bound (at most 1: it raises ``CheckFailed`` above)."""
-    from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, assert_close, assert_reaches
-
     output = name == "out"
     if not output:
         assert_reaches(label, value, reference)
@@ -391,8 +406,6 @@ def check_elements(label: str, name: str, value: Any, reference: Any, yardstick:
                    tf32: bool = False) -> float:
     """The elementwise part of ``check_tensor`` alone; returns the worst element's error over its
     bound. With ``tf32`` (fp32), no element's bound is below TF32's unit times its magnitude."""
-    from pytest_attnperf.families.checks import ELEMENT_FACTOR, ELEMENT_GRAD_FACTOR, assert_elementwise
-
     factor = ELEMENT_FACTOR[dtype] if name == "out" else ELEMENT_GRAD_FACTOR
     held = held_to_tf32(tf32, dtype)
     return assert_elementwise(label, value, reference, yardstick, dtype=dtype, factor=factor,
@@ -404,9 +417,8 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     """Call ``kernel`` on ``case`` once, checking its contract (a tensor of the query's shape,
     dtype and device; a gradient for every input; no writes into the inputs), not its numbers.
     The kernel gets its own copies of the case's inputs (``checks.own_copies``)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    from pytest_attnperf.families.checks import Answer, call_checked, expect_tensor, gradients, own_copies, plain
 
     p = prepare(case, direction, device, seed)
     opts = p.opts
@@ -438,9 +450,6 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
     ``fwdbwd``): its return value first (``answer``), then each tensor (``check_tensor``);
     return a ``checks.Checked``: the callable to time and each tensor's worst error over its bound."""
-    from pytest_attnperf.families.checks import Checked, CheckFailed
-    from pytest_attnperf.families.draws import timed
-
     a = answer(kernel, case, direction, device, seed)
 
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
@@ -469,8 +478,6 @@ TF32_SHARE = 0.5
 def _passes_tf32(a: Any, p: Prepared) -> bool:
     """Whether an fp32 answer fails as TF32 products make it fail: most of its output's elements
     outside their plain fp32 bound (``TF32_SHARE``), and every tensor within the TF32 yardstick's."""
-    from pytest_attnperf.families.checks import ELEMENT_FACTOR, CheckFailed, allowance
-
     out, ref, plain = a.got[0], a.reference[0], p.torch_value[0]
     allowed = allowance(ref, plain, dtype="fp32", factor=ELEMENT_FACTOR["fp32"])[0]
     outside = float(((out.double() - ref.double()).abs() > allowed).double().mean().item())

@@ -18,7 +18,7 @@ __all__ = ["attention_mask", "softmax_attention"]
 def attention_mask(seq: int, causal: bool, window: int | None, device: Any, kv_seq: int | None = None) -> Any:
     """Boolean ``[seq, kv_seq]`` mask of visible (query, key) pairs (``kv_seq`` defaults to
     ``seq``), causal aligned lower-right; None for full attention."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if not causal:
         return None
@@ -38,7 +38,7 @@ def softmax_attention(
 ) -> Any:
     """softmax(q k^T * scale, masked) v, in float64. A GQA group's query heads are stacked
     against their one K/V head (no K/V copies), so a long cache costs one fp64 copy of K and V."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     batch, heads, seq, dim = q.shape
     kv_heads, kv_seq = k.shape[1], k.shape[2]

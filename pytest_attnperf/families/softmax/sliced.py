@@ -13,10 +13,17 @@ the tolerance is ``checks.assert_close``'s, the rule of the softmax suite. The t
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
+from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, Answer, assert_close, call_checked
+from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax.kernels import held_to_tf32, naive
+from pytest_attnperf.families.softmax.reference import softmax_attention as reference
+from pytest_attnperf.measure.switches import exact_fp32
 
 __all__ = ["run_sliced", "run_softmax"]
 
@@ -24,7 +31,7 @@ __all__ = ["run_sliced", "run_softmax"]
 def _slices(x: Any, per_group: int) -> Any:
     """The first ``per_group`` heads of batch entry 0 and the last ``per_group`` of the last
     entry of ``[B, H, T, d]``, as ``[2, per_group, T, d]``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     return torch.stack([x[0, :per_group], x[-1, -per_group:]])
 
@@ -33,7 +40,7 @@ def _by_head(fn: Any, q: Any, k: Any, v: Any, grad_out: Any, backward: bool, opt
              ) -> tuple[Any, ...]:
     """``fn`` on each query head of the slices ``q`` ``[2, g, T, d]`` over ``k``, ``v`` ``[2, 1, T, d]``
     in turn: the output and (``backward``) dq per head, dk and dv summed over the group."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     outs, dqs, dks, dvs = [], [], [], []
     for head in range(q.shape[1]):
@@ -54,17 +61,8 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     """Check ``kernel`` on ``case`` (a ``SoftmaxCase``, grouped or not) on two key/value groups and
     return the zero-argument callable to time, which runs the whole case. ``label`` seeds the
     inputs' draw and names the timed draws."""
-    import zlib
-    from contextlib import nullcontext
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
-    import torch
-
-    from pytest_attnperf.families.checks import FACTOR, GRAD_FACTOR, Answer, assert_close, call_checked
-    from pytest_attnperf.families.draws import timed
-    from pytest_attnperf.families.softmax.kernels import held_to_tf32, naive
-    from pytest_attnperf.families.softmax.reference import softmax_attention as reference
-    from pytest_attnperf.families.tf32 import tf32_products
-    from pytest_attnperf.measure.switches import exact_fp32
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[case.dtype]
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{label}:{case.id}".encode()))
@@ -93,6 +91,8 @@ def run_sliced(kernel: Kernel, case: Any, direction: str, device: Any, label: st
     widths = {"out": group, "dq": group, "dk": 1, "dv": 1}
     sq, sk, sv, sg = (_slices(x.detach(), n) for x, n in ((q, group), (k, 1), (v, 1), (grad_out, group)))
     exact = _by_head(reference, sq.double(), sk.double(), sv.double(), sg.double(), backward, opts)
+    from pytest_attnperf.families.tf32 import tf32_products  # noqa: PLC0415 - families.tf32 imports torch: kept out of the plugin's start-up
+
     with exact_fp32(), tf32_products() if held_to_tf32(kernel.tf32, case.dtype) else nullcontext():
         mine = _by_head(naive, sq, sk, sv, sg, backward, opts)  # TF32 only where the kernel declares it
 
