@@ -55,8 +55,9 @@ def refusal(kernel: Kernel, case: Any, direction: str) -> str | None:
 
 def common_refusal(kernel: Kernel, case: Any, direction: str) -> str | None:
     """What every family refuses: a backward of a forward-only kernel or of a case whose gradients
-    say nothing (``backward_refusal``), a case no kernel of the family takes (``case.refusal``),
-    and what the kernel's ``supports`` declines."""
+    say nothing (``backward_refusal``), a case no kernel of the family takes (``case.refusal``), a
+    case carrying a call axis (``case.axes``) the kernel did not declare (``Kernel.axes``), and what
+    the kernel's ``supports`` declines."""
     if direction == "fwdbwd" and not kernel.backward:
         return f"{kernel.name} has no backward"
     backward_refusal = getattr(case, "backward_refusal", None)
@@ -65,6 +66,9 @@ def common_refusal(kernel: Kernel, case: Any, direction: str) -> str | None:
     refused = getattr(case, "refusal", None)  # a case no kernel of a family can take (LinearCase's key_heads)
     if callable(refused) and (why := refused(kernel.family)):
         return str(why)
+    undeclared = [axis for axis in getattr(case, "axes", ()) if axis not in kernel.axes]
+    if case is not None and undeclared:  # an optional call axis the kernel did not declare (Kernel.axes)
+        return f"{kernel.name} does not declare the call axis {', '.join(undeclared)} (Kernel.axes)"
     return kernel.supports(case) if case is not None else None
 
 

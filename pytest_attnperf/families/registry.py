@@ -68,6 +68,8 @@ class Kernel:
     correctness catalogue checks it there (``families.interpret``); nothing of it is timed on the CPU.
     ``output_types`` names the ``torch.Tensor`` subclasses it may return (any other subclass fails:
     ``checks.plain``); they are compared as plain tensors, never through their own methods.
+    ``axes`` names the optional call axes it takes (a linear family's ``state``, ``varlen``:
+    docs/families.md); a case that carries an axis the kernel does not name is refused, never passed.
     """
 
     family: str
@@ -87,8 +89,10 @@ class Kernel:
     tf32: bool = False  # softmax: its fp32 products run in TF32 (held to a TF32 yardstick)
     interpreted: bool = False  # Triton code the CPU runs under Triton's interpreter: checked there, never timed
     output_types: tuple[type, ...] = ()  # torch.Tensor subclasses it may return, compared as plain tensors
+    axes: tuple[str, ...] = ()  # optional call axes it takes (docs/families.md); a case needing another is refused
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", (self.axes,) if isinstance(self.axes, str) else tuple(self.axes))
         if self.tf32 and self.family != "softmax":
             raise ValueError(f"kernel '{self.name}' in family '{self.family}': tf32=True is the softmax family's "
                              "(a linear family's chunk kernel is held to TF32 products on a GPU already)")
@@ -150,13 +154,14 @@ class KernelRegistry:
         imports: tuple[str, ...] = (),
         tf32: bool = False,
         output_types: tuple[type, ...] = (),
+        axes: tuple[str, ...] = (),
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of ``add``; returns the function unchanged."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add(Kernel(family, name, fn, sdpa_backend, supports, backward, device_kinds,
                             (fn.__doc__ or "").strip(), unsupported, form, floors, deterministic, tiled,
-                            tuple(imports), tf32, output_types=tuple(output_types)))
+                            tuple(imports), tf32, output_types=tuple(output_types), axes=tuple(axes)))
             return fn
 
         return register
