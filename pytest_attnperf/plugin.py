@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,11 +30,13 @@ from pytest_attnperf.plugins.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
 from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
 from pytest_attnperf.report.triage import pr_comment, rerun_args, rerun_line
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
+from pytest_attnperf.store import status
 from pytest_attnperf.store.baselines import BaselineError
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
 REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
 PR_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-pr-comment wrote
+STATUS_KEY = pytest.StashKey[Path | None]()  # where attnperf-run reads the exit status pytest decided
 
 # -- configuration --------------------------------------------------------------------------
 
@@ -54,6 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     this run needs besides (``_optional_plugins``); an explicit ``--hw`` is checked here."""
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
+    config.stash[STATUS_KEY] = status.take_path()  # taken before any worker or pool run is started
     config.stash[timeline.KEY] = clock = timeline.Timeline.begin()
     config.pluginmanager.register(clock, "attnperf-timeline")  # the run's stages; the tests' phases from their reports
     config.stash[failures.KEY] = failed = failures.Failures()
@@ -93,6 +97,24 @@ def _optional_plugins(
     if root is not None:
         plugins.append((AutotunePlugin(session, root), autotune.NAME))
     return plugins
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Under ``attnperf-run``: the exit status pytest decided, and the cases left unjudged, written
+    for it to check (``store.status``): an exit handler that ends the process after this cannot
+    change how the run is read."""
+    path = config.stash.get(STATUS_KEY, None)
+    session = config.pluginmanager.get_plugin("session")
+    if path is None or session is None:
+        return
+    state = config.stash.get(SESSION_KEY, None)
+    unjudged = sum(row.status == "unjudged" for row in state.rows) if state is not None else 0
+    try:
+        status.write(path, int(session.exitstatus), unjudged)
+    except OSError as exc:  # attnperf-run then reads no status: no pass
+        config.get_terminal_writer().line(f"attnperf: the run's exit status could not be written to {path}: {exc}",
+                                          red=True)
 
 
 @pytest.hookimpl(trylast=True)
@@ -388,6 +410,37 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"re-run a failed case alone ({len(reruns)}), from {config.rootpath}:")
         for key in sorted(reruns):
             terminalreporter.write_line(f"  {reruns[key]}")
+    _unjudged_last(terminalreporter, state)
+
+
+def _unjudged_last(terminalreporter: Any, state: AttnPerfSession) -> None:
+    """The section's last line, where cases went unjudged: how many, and whether they failed
+    (``--attnperf-require-baseline``) or passed unjudged; and the count in pytest's last line
+    ("2 passed, 2 unjudged in 3.1s"), so a run that judged nothing never reads as plain green."""
+    unjudged = [row for row in state.rows if row.status == "unjudged"]
+    if not unjudged:
+        return
+    n = len(unjudged)
+    cases = f"{n} case{'s' if n != 1 else ''}"
+    if state.settings.require_baseline:
+        outcome = "each FAILED, since --attnperf-require-baseline asks that every case be judged"
+    else:
+        outcome = "they passed without being judged (--attnperf-require-baseline fails them)"
+    terminalreporter.write_line(f"UNJUDGED: {cases} of {len(state.rows)} timed on a contended host were not "
+                                f"judged against their baselines; {outcome}; rerun on an idle host", yellow=True)
+    terminalreporter.stats.setdefault("unjudged", []).extend(UnjudgedCount(row.nodeid) for row in unjudged)
+    recolour = getattr(terminalreporter, "_set_main_color", None)
+    if callable(recolour):  # pytest's last line counts a status it did not know before in its colour
+        recolour()
+
+
+class UnjudgedCount:
+    """One unjudged case in the terminal reporter's ``stats``, which its last line counts."""
+
+    count_towards_summary = True
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
 
 
 @pytest.hookimpl(optionalhook=True)

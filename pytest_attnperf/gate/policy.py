@@ -123,14 +123,19 @@ def _contended(measurement: Measurement) -> str | None:
     return next((note for note in measurement.notes if note.startswith(CONTENDED)), None)
 
 
-def _unjudged(note: str, measurement: Measurement, baseline: Summary) -> Verdict:
-    """A passing verdict for a host-clock case timed on a contended host: its samples hold other
-    work's time slices (scheduler ticks), so against the baseline they say nothing of the kernel,
-    neither a regression to fail nor an unchanged case to pass as such."""
+def _unjudged(note: str, measurement: Measurement, baseline: Summary, terms: GateTerms) -> Verdict:
+    """The verdict of a host-clock case timed on a contended host: its samples hold other work's
+    time slices (scheduler ticks), so against the baseline they say nothing of the kernel,
+    neither a regression to fail nor an unchanged case to pass as such. It passes, counted as
+    unjudged in the run's last line, unless ``--attnperf-require-baseline`` (what CI runs with)
+    asks that every case be judged: then it fails."""
+    required = terms.require_baseline
     return Verdict(
         "unjudged", measurement.median_ms / centre_ms(baseline),
         f"UNJUDGED: {note}, so the host clock timed other work too and the case is not judged "
-        f"against its baseline (this run: {measurement.summary.describe()}); rerun it on an idle host",
+        f"against its baseline (this run: {measurement.summary.describe()}); rerun it on an idle host"
+        + ("; --attnperf-require-baseline is set, so a case the gate could not judge fails" if required else ""),
+        required=required,
     )
 
 
@@ -221,7 +226,7 @@ def decide(measurement: Measurement, entry: Mapping[str, Any] | None, summary: S
         return Decision(Verdict("new", None, "no baseline entry"), missing=True)
     contended = _contended(measurement)
     if summary is not None and contended is not None:  # a failing case on a busy CPU: not the kernel's doing
-        return Decision(_unjudged(contended, measurement, summary))
+        return Decision(_unjudged(contended, measurement, summary, terms))
     if summary is not None and measurement.clock == "cuda-events" and not _all_from_here(summary, here):
         return Decision(Verdict(
             "not compared", measurement.median_ms / centre_ms(summary),
@@ -245,7 +250,7 @@ def decide_again(first: Verdict, measurement: Measurement, again: Measurement, s
         return first, replace(measurement, notes=(*measurement.notes, note)), None
     contended = _contended(again)
     if summary is not None and contended is not None:
-        return _unjudged(contended, again, summary), again, None
+        return _unjudged(contended, again, summary, terms), again, None
     second, refused = _judge(again, summary, terms, here)
     note = f"re-measured after a suspected regression ({first.change_pct:+.1f}% first)"
     return second, replace(again, notes=(*again.notes, note)), refused

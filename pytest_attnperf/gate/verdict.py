@@ -62,11 +62,13 @@ class Verdict:
     machine_noise: float = 0.0  # the between-machines term the noise bar used (0: none, or no bar)
     machine_shift_ms: float | None = None  # the centre's move for this machine (see judge); None: not moved
     held: str | None = None  # why a change beyond the tolerance was judged unchanged (see ``held_by``)
+    required: bool = False  # a verdict that judged nothing, where the run requires a judgement: it fails
 
     @property
     def failed(self) -> bool:
-        """Whether the verdict fails the test (regressed, or the clock changed)."""
-        return self.status in ("regressed", "clock changed")
+        """Whether the verdict fails the test (regressed, or the clock changed; unjudged, where
+        ``required``)."""
+        return self.status in ("regressed", "clock changed") or (self.required and self.status == "unjudged")
 
     @property
     def change_pct(self) -> float | None:

@@ -6,16 +6,19 @@ then leaves the case unjudged: ``gate.policy``; docs/measurement.md, "On the CPU
   a whole tick or time slice later (1 to 10 ms: ``CONFIG_HZ`` 1000 to 100), so on a busy host a
   short call's samples sit at its own time plus whole multiples of one step.
 - **Load above the cores**: the 1-minute load average over the cores this process may use, read
-  at the start and the end of the sampling.
+  at the start and the end of the sampling, less this process's own runnable threads besides the
+  timing one (``own_running``): threads a kernel keeps busy (or left running) are the kernel's
+  load, which its time must show, not a busy host's, which would leave its case unjudged.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["CONTENDED", "LOAD_PER_CORE", "HostLoad", "contention_note", "host_load", "overloaded",
+__all__ = ["CONTENDED", "LOAD_PER_CORE", "HostLoad", "contention_note", "host_load", "overloaded", "own_running",
            "quantised_step_ms"]
 
 CONTENDED = "host contended"  # the note's first words: what the gate looks for on a host-clock measurement
@@ -40,28 +43,58 @@ LOAD_PER_CORE = 1.5
 
 
 class HostLoad(NamedTuple):
-    """The 1-minute load average and the cores this process may run on."""
+    """The 1-minute load average, the cores this process may run on, and this process's own
+    runnable threads besides the one reading it (``own_running``), which are no other work's."""
 
     load: float
     cores: int
+    own: int = 0
+
+    @property
+    def others(self) -> float:
+        """The load of other work: the load less this process's own runnable threads, never below 0."""
+        return max(0.0, self.load - self.own)
+
+
+def own_running(task_dir: str = "/proc/self/task") -> int:
+    """The threads of this process in the running state (``R`` in ``/proc/self/task/<tid>/stat``),
+    the calling thread left out; 0 where there is no ``/proc``."""
+    me = str(threading.get_native_id())
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return 0
+    running = 0
+    for tid in tids:
+        if tid == me:
+            continue
+        try:
+            with open(f"{task_dir}/{tid}/stat", encoding="utf-8", errors="replace") as handle:
+                state = handle.read().rpartition(")")[2].split()[:1]
+        except OSError:  # a thread that ended meanwhile
+            continue
+        running += state == ["R"]
+    return running
 
 
 def host_load() -> HostLoad | None:
-    """The host's load (``os.getloadavg``) and this process's cores (its affinity where the
-    platform has one, else ``os.cpu_count``); None where the platform gives no load average."""
+    """The host's load (``os.getloadavg``), this process's cores (its affinity where the
+    platform has one, else ``os.cpu_count``) and its own runnable threads; None where the
+    platform gives no load average."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average on this platform
         return None
     affinity = getattr(os, "sched_getaffinity", None)
     cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-    return HostLoad(load, max(1, cores))
+    return HostLoad(load, max(1, cores), own_running())
 
 
 def overloaded(readings: Sequence[HostLoad | None]) -> HostLoad | None:
-    """The highest reading whose load over its cores is above ``LOAD_PER_CORE``; None if none is."""
-    over = [r for r in readings if r is not None and r.load / r.cores > LOAD_PER_CORE]
-    return max(over, key=lambda r: r.load / r.cores, default=None)
+    """The highest reading whose load of other work (``HostLoad.others``) over its cores is
+    above ``LOAD_PER_CORE``; None if none is."""
+    over = [r for r in readings if r is not None and r.others / r.cores > LOAD_PER_CORE]
+    return max(over, key=lambda r: r.others / r.cores, default=None)
 
 
 def _on_lattice(excess_ms: float, step_ms: float) -> bool:
@@ -93,7 +126,8 @@ def contention_note(samples_ms: Sequence[float], readings: Sequence[HostLoad | N
     signals = []
     heavy = overloaded(readings)
     if heavy is not None:
-        signals.append(f"load {heavy.load:.1f} on {heavy.cores} cores")
+        own = f" (less {heavy.own} of this process's own threads)" if heavy.own else ""
+        signals.append(f"load {heavy.others:.1f}{own} on {heavy.cores} cores")
     step_ms = quantised_step_ms(samples_ms)
     if step_ms is not None:
         signals.append(f"samples quantised at {step_ms:.1f} ms")

@@ -21,7 +21,9 @@ Around the call of each attention case (a test using an ``attnperf*`` fixture), 
   test may seed its own inputs;
 - **the process** (``measure.process``): ``os._exit`` and ``os.exec*`` raise during the call
   (an exit there would end the run with no summary and, often, exit status 0), and a case that
-  called one fails naming the call; live child processes the call started and left are killed
+  called one fails naming the call; an exit handler a kernel's own code registers
+  (``atexit.register``) is unregistered and its case fails naming it; Python threads the call
+  started and left running kernel code fail it, named; live child processes the call started and left are killed
   (``SIGKILL``) and named; the handlers of ``SIGALRM``, ``SIGINT`` and ``SIGTERM`` and the case
   time limit's timer are checked and set back;
 - **memory**: an out-of-memory error fails the case with the size it tried to allocate and the
@@ -306,13 +308,15 @@ class CaseState:
     handlers: dict[str, Any]
     alarm_armed: bool
     children: dict[int, str] | None
+    threads: frozenset[int] = frozenset()
 
     @classmethod
     def take(cls) -> CaseState:
         """What the case's call may change, read now."""
         switches = torch_globals()
         return cls(switches, snapshot_globals(switches), snapshot_rng(), snapshot_functions(),
-                   process.snapshot_handlers(), process.alarm_armed(), process.live_children())
+                   process.snapshot_handlers(), process.alarm_armed(), process.live_children(),
+                   frozenset(process.thread_idents()))
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,11 @@ def undo(before: CaseState, clock: CaseClock | None, exits: process.ExitRefusal)
             "which would end the run at once with no summary, JUnit file or baselines, and an exit status "
             "CI can read as a pass", "refused (ExitRefused was raised in its place), and the run goes on",
             "  a case that must end the process can raise an exception or call pytest.fail instead"))
+    if exits.handlers:
+        findings.append(Finding(
+            "registered an exit handler", "which runs after the run's exit status is decided and can change it (a "
+            "handler calling os._exit(0) turns a failing run into a passing one)", "unregistered now",
+            "\n".join(f"  {handler}" for handler in exits.handlers)))
     replaced = restore_functions(before.functions)  # first: setting the switches back calls torch
     changes = changed_globals(before.torch, snapshot_globals(before.switches))
     if changes:
@@ -365,6 +374,12 @@ def undo(before: CaseState, clock: CaseClock | None, exits: process.ExitRefusal)
         findings.append(Finding("changed signal handling", "which would switch off the case time limit (SIGALRM) "
                                 "or keep an interrupt (SIGINT, SIGTERM) from ending the run with its summary",
                                 "set back now", "\n".join(signals)))
+    threads = process.new_threads(set(before.threads))
+    if threads:
+        findings.append(Finding(
+            "left threads running", "whose load would slow every later case and read as the host's (a busy host "
+            "leaves its cases unjudged); their load is this kernel's", "they cannot be stopped from outside",
+            "\n".join(threads)))
     left = process.new_children(before.children)
     if left:
         findings.append(Finding("left child processes running", "which could hang the run or hold its memory "

@@ -9,6 +9,15 @@
   killed with ``SIGKILL`` so they cannot hang the run or hold its memory; read from ``/proc``,
   skipped where there is none. Long-lived helpers torch and multiprocessing start for the run
   (``HELPERS``) are not counted;
+- **exit handlers**: ``atexit.register`` called from a kernel's own code during the call is
+  noted and the handler unregistered after it (``ExitRefusal.handlers``): an exit handler runs
+  after pytest has decided the run's exit status, and one that calls the real ``os._exit(0)``
+  turns a failing run into a passing one. Registrations by the standard library and the libraries
+  the harness loads (``LIBRARIES``: torch's compiler registers its own on first use) go through;
+- **threads**: Python threads the call started and left running (``new_threads``), each named
+  with its target and where it runs now; they cannot be stopped from outside, so their case
+  fails, and their load counts against the kernel (``contention.host_load`` leaves this process's
+  own threads out of the host's load);
 - **signals**: the handlers of ``GUARDED_SIGNALS`` (the case time limit's ``SIGALRM``, and the
   interrupts that end a run with its summary) read before and after the call and set back, and
   an alarm the case left armed cancelled.
@@ -18,9 +27,11 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -29,6 +40,7 @@ from typing import Any, NoReturn
 __all__ = [
     "GUARDED_SIGNALS",
     "HELPERS",
+    "LIBRARIES",
     "ExitRefusal",
     "ExitRefused",
     "alarm_left",
@@ -36,9 +48,11 @@ __all__ = [
     "kill_children",
     "live_children",
     "new_children",
+    "new_threads",
     "real_exit",
     "restore_handlers",
     "snapshot_handlers",
+    "thread_idents",
 ]
 
 real_exit: Callable[[int], NoReturn] = os._exit
@@ -49,6 +63,17 @@ HARNESS_CALLERS = ("_pytest", "pytest", "execnet", "xdist", "pytest_attnperf")
 controller has gone that way)."""
 
 _EXITS = ("_exit", "execv", "execve")  # os.execl, execvp... call os.execv or os.execve
+
+LIBRARIES = HARNESS_CALLERS + ("torch", "triton", "fla", "numpy", "transformers", "coverage", "setuptools",
+                               "pkg_resources", "importlib_metadata")
+"""Modules whose exit handlers and threads, made during a case, are the library's own (torch's
+compiler registers its cleanup on first use, and keeps a thread pool), besides the standard library's."""
+
+
+def _library(module: str) -> bool:
+    """Whether ``module`` (a dotted name) is the standard library's or one of ``LIBRARIES``."""
+    top = module.split(".")[0]
+    return top in LIBRARIES or top in sys.stdlib_module_names
 
 
 class ExitRefused(BaseException):
@@ -63,6 +88,13 @@ def _caller(frame: FrameType | None) -> FrameType | None:
     return frame
 
 
+def _where(caller: FrameType | None) -> str:
+    """`` at kernels.py:12 in fused``: where a frame is; empty for none."""
+    if caller is None:
+        return ""
+    return f" at {os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno} in {caller.f_code.co_name}"
+
+
 def _call_text(name: str, args: tuple[Any, ...]) -> str:
     text = f"os.{name}({', '.join(repr(a) for a in args)})"
     return text if len(text) <= 120 else text[:117] + "...)"
@@ -70,12 +102,16 @@ def _call_text(name: str, args: tuple[Any, ...]) -> str:
 
 class ExitRefusal:
     """During a case's call: ``os._exit`` and ``os.execv``/``os.execve`` (``posix``'s too) raise
-    ``ExitRefused`` and are noted in ``calls``, each with where it was called; put back on exit."""
+    ``ExitRefused`` and are noted in ``calls``, each with where it was called; exit handlers a
+    kernel's own code registers (``atexit.register``) are noted in ``handlers`` and unregistered
+    when the block ends. Put back on exit."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []  # "os._exit(0) at kernels.py:12 in fused"
+        self.handlers: list[str] = []  # "conftest.on_exit, registered at conftest.py:9 in kernel (unregistered)"
         self._pid = os.getpid()
         self._saved: list[tuple[Any, str, Any]] = []
+        self._registered: list[Callable[..., Any]] = []
 
     def __enter__(self) -> ExitRefusal:
         owners = [os] + ([sys.modules["posix"]] if "posix" in sys.modules else [])
@@ -85,12 +121,31 @@ class ExitRefusal:
                 if real is not None:
                     self._saved.append((owner, name, real))
                     setattr(owner, name, self._refuser(name, real))
+        self._saved.append((atexit, "register", atexit.register))
+        atexit.register = self._noting(atexit.register)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for owner, name, real in reversed(self._saved):
             setattr(owner, name, real)
         self._saved.clear()
+        for handler in self._registered:
+            atexit.unregister(handler)
+        self._registered.clear()
+
+    def _noting(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+            done: Callable[..., Any] = real(func, *args, **kwargs)
+            caller = _caller(sys._getframe(1))
+            module = str(caller.f_globals.get("__name__", "")) if caller is not None else ""
+            if os.getpid() == self._pid and not _library(module):
+                self._registered.append(func)
+                name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func)[:60])}"
+                self.handlers.append(f"atexit.register({name}){_where(caller)}")
+            return done
+
+        register.__qualname__ = register.__name__ = "noted_register"
+        return register
 
     def _refuser(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def refused(*args: Any, **kwargs: Any) -> Any:
@@ -98,10 +153,8 @@ class ExitRefusal:
             module = str(caller.f_globals.get("__name__", "")) if caller is not None else ""
             if os.getpid() != self._pid or module.split(".")[0] in HARNESS_CALLERS:
                 return real(*args, **kwargs)  # a forked child, or the harness: exits
-            where = (f" at {os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno} in "
-                     f"{caller.f_code.co_name}" if caller is not None else "")
             call = _call_text(name, args)
-            self.calls.append(call + where)
+            self.calls.append(call + _where(caller))
             raise ExitRefused(f"{call} refused during an attention case: it would end the run with no summary")
 
         refused.__qualname__ = refused.__name__ = f"refused_{name}"
@@ -205,6 +258,50 @@ def kill_children(children: dict[int, str], wait_s: float = 2.0) -> list[str]:
             time.sleep(0.01)
         lines.append(f"  pid {pid}: {cmd} ({outcome})")
     return lines
+
+
+# -- threads -------------------------------------------------------------------------------
+
+
+def thread_idents() -> set[int]:
+    """The idents of this process's live Python threads."""
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def _describe_thread(thread: threading.Thread, frame: FrameType | None) -> str:
+    target = getattr(thread, "_target", None)
+    made = (f", target {getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+            if target is not None else "")
+    now = f", now{_where(frame)}" if frame is not None else ""
+    return f"  thread '{thread.name}' (native id {thread.native_id}{', daemon' if thread.daemon else ''}{made}{now})"
+
+
+def new_threads(before: set[int]) -> list[str]:
+    """A line for each live Python thread not in ``before`` that runs code outside the standard
+    library and ``LIBRARIES`` (a library's pool worker waiting for work is its own): threads a
+    case started and left running. Their load is the kernel's, not the host's."""
+    frames = sys._current_frames()
+    lines = []
+    for thread in threading.enumerate():
+        if thread.ident is None or thread.ident in before or not thread.is_alive():
+            continue
+        frame = frames.get(thread.ident)
+        target = getattr(thread, "_target", None)
+        owner = str(getattr(target, "__module__", None) or type(thread).__module__)
+        own_code = [f for f in _stack(frame) if not _library(str(f.f_globals.get("__name__", "")))]
+        if _library(owner) and not own_code:
+            continue
+        lines.append(_describe_thread(thread, own_code[0] if own_code else frame))
+    return lines
+
+
+def _stack(frame: FrameType | None) -> list[FrameType]:
+    """A thread's frames, innermost first."""
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames
 
 
 # -- signals -------------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""The run's exit status, decided where the kernel under test cannot reach it.
+
+A kernel runs in the pytest process, and whatever it can reach it can change: an exit handler
+it registers runs after pytest has decided the exit status and can end the process with the real
+``os._exit(0)`` (a reference taken at import, or libc's ``_exit`` through ctypes, passes every
+guard put on ``os``), so a run with failures ends with exit status 0. The case guard refuses
+what it can see during a case (``measure.process``), but no guard inside the process is
+complete. The status is therefore decided in a process the kernel never runs in:
+
+- the plugin writes the exit status pytest decided, and the count of cases left unjudged, to the
+  file named by ``STATUS_ENV`` when the run ends (``pytest_unconfigure``, after every summary),
+  and takes the name out of the environment at start-up, so pool runs and pytest-xdist workers,
+  which it starts, do not write it;
+- ``attnperf-run [pytest arguments]`` (``main``) runs pytest in a child process with a fresh
+  status file and exits with the status pytest decided: a child that ended 0 without writing the
+  file, or whose exit status differs from the file's, is not a pass (``decide``).
+
+CI runs the suites through ``attnperf-run`` (docs/ci.md). Nothing here imports pytest or torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DIED", "STATUS_ENV", "decide", "main", "read", "take_path", "write"]
+
+STATUS_ENV = "ATTNPERF_STATUS_FILE"
+DIED = 3  # pytest's status for an internal error: the run ended before it could say how it went
+_PASS_THROUGH = ("--version", "-V", "--help", "-h", "--co", "--collect-only")  # runs that configure no plugin's end
+
+
+def take_path() -> Path | None:
+    """The status file this run writes (``STATUS_ENV``), taken out of the environment so that the
+    processes the run starts (pool runs, pytest-xdist workers) do not write it too."""
+    value = os.environ.pop(STATUS_ENV, None)
+    return Path(value) if value else None
+
+
+def write(path: Path, exitstatus: int, unjudged: int) -> None:
+    """The exit status pytest decided and the cases left unjudged, written whole (a temporary file
+    renamed over the path), with this process's id."""
+    text = json.dumps({"exitstatus": int(exitstatus), "unjudged": int(unjudged), "pid": os.getpid()})
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    """What ``write`` left, None where there is no such file or it is not one (a run that ended
+    before writing, or a file written by something else)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("exitstatus"), int) or isinstance(
+            data.get("exitstatus"), bool):
+        return None
+    return data
+
+
+def decide(returncode: int, recorded: dict[str, Any] | None, args: Sequence[str] = ()) -> tuple[int, str | None]:
+    """The run's exit status from the child's ``returncode`` and the status it ``recorded``, and a
+    line saying why where they disagree (None where they agree):
+
+    - nothing recorded: the child ended before its end (an exit from a kernel or an exit handler,
+      a signal, a crash): its own status, or ``DIED`` where that was 0 (a run that never reached
+      its end is no pass); a run that configures nothing to the end (``--version``, ``--help``,
+      ``--collect-only``) passes its status through;
+    - recorded, and different: the recorded status where it is a failure (something after
+      pytest's decision, an exit handler, changed it), else the child's (it failed on its way out).
+    """
+    if recorded is None:
+        if returncode != 0 or any(arg in _PASS_THROUGH for arg in args):
+            return returncode, None
+        return DIED, (f"attnperf-run: pytest ended with exit status 0 without recording how the run went (a kernel or "
+                      f"an exit handler ended the process, or it was killed): exit status {DIED}, no pass")
+    status = int(recorded["exitstatus"])
+    if status == returncode:
+        return status, None
+    final = status if status != 0 else returncode
+    return final, (f"attnperf-run: pytest decided exit status {status}, but the process ended with {returncode} (an "
+                   f"exit handler or a kernel changed it after the run's end): exit status {final}")
+
+
+def main(argv: Sequence[str] | None = None, command: Sequence[str] | None = None) -> int:
+    """``attnperf-run [pytest arguments]``: pytest in a child process (``command``, by default this
+    Python's ``-m pytest``), its exit status decided here (``decide``) from the status it recorded."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    run = [*(command or [sys.executable, "-m", "pytest"]), *args]
+    with tempfile.TemporaryDirectory(prefix="attnperf-run-") as folder:
+        path = Path(folder) / "status.json"
+        env = {**os.environ, STATUS_ENV: str(path)}
+        try:
+            returncode = subprocess.call(run, env=env)
+        except KeyboardInterrupt:
+            returncode = 2  # the child got the interrupt too; pytest's status for it
+        if returncode < 0:  # ended by a signal: the shell's status for it
+            returncode = 128 - returncode
+        recorded = read(path)
+    status, line = decide(returncode, recorded, args)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
