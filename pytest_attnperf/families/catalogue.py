@@ -46,6 +46,11 @@ CLASSES: dict[str, str] = {
     "beta-bounds": "GDN's beta at 0 and at its maximum on alternate tokens",
     "large-state": "a state past fp16's range while the output stays representable",
     "backward": "the gradients (every fwdbwd row)",
+    "state": "an initial state in and the final state out (fla's initial_state, output_final_state)",
+    "varlen": "sequences packed with cu_seqlens: ragged, of one token, across a chunk of 64",
+    "split-state": "relation: two calls with the state carried equal one call on the whole",
+    "packed-loop": "relation: packed sequences equal one call per sequence",
+    "batch-split": "relation: a batch of N equals N calls of one batch entry",
 }
 
 
@@ -153,14 +158,18 @@ def softmax_rows() -> Iterator[Row]:
 
 def _linear(batch: int, heads: int, seq: int, key_dim: int, value_dim: int | None = None, dtype: str = "fp32", *,
             key_heads: int | None = None, beta_max: float = 1.0, values: str = "normal",
-            layout: str = "contiguous") -> LinearCase:
+            layout: str = "contiguous", state: bool = False, lengths: tuple[int, ...] | None = None,
+            relation: str | None = None) -> LinearCase:
     value_dim = key_dim if value_dim is None else value_dim
     parts = [f"b{batch}", f"h{heads}"] + ([f"hk{key_heads}"] if key_heads else []) + [f"t{seq}", f"d{key_dim}"]
     parts += [f"v{value_dim}"] if value_dim != key_dim else []
     parts += [f"beta{beta_max:g}"] if beta_max != 1.0 else []
     parts += [dtype] + ([] if values == "normal" else [values]) + ([] if layout == "contiguous" else [layout])
+    parts += (["state"] if state else []) + ([f"lens{'x'.join(map(str, lengths))}"] if lengths else [])
+    parts += [f"rel-{relation}"] if relation else []
     return LinearCase("cat-" + "-".join(parts), batch, heads, seq, key_dim, value_dim, dtype, beta_max=beta_max,
-                      gpu=False, key_heads=key_heads, values=values, layout=layout)
+                      gpu=False, key_heads=key_heads, values=values, layout=layout, state=state, lengths=lengths,
+                      relation=relation)
 
 
 def linear_rows() -> Iterator[Row]:
@@ -185,6 +194,14 @@ def linear_rows() -> Iterator[Row]:
     yield Row(L(1, 1, 40, 16, values="decay-underflow"), ("decay-underflow",), "smoke")
     yield Row(L(1, 2, 20, 16, beta_max=2.0, values="beta-bounds"), ("beta-bounds",), "smoke")
     yield Row(L(1, 1, 24, 16, dtype="fp16", values="large-state"), ("large-state", "low-precision"), "smoke")
+    # the call axes (a kernel that does not declare one refuses its rows) and the relations between calls
+    yield Row(L(2, 2, 12, 16, state=True), ("state",), "smoke")
+    yield Row(L(1, 1, 48, 16, lengths=(1, 17, 30)), ("varlen",), "smoke")  # ragged, one of one token
+    yield Row(L(1, 2, 24, 16, lengths=(9, 1, 14), state=True), ("varlen", "state"), "smoke")
+    yield Row(L(1, 1, 138, 16, lengths=(5, 70, 63)), ("varlen", "tile-edge"), "smoke")  # across a chunk of 64
+    yield Row(L(2, 2, 12, 16, state=True, relation="split-state"), ("split-state",), "smoke")
+    yield Row(L(1, 2, 24, 16, lengths=(1, 9, 14), relation="packed-loop"), ("packed-loop",), "smoke")
+    yield Row(L(3, 2, 8, 16, relation="batch-split"), ("batch-split",), "smoke")
     for t in (2, 15, 63, 127, 129, 257, 263):
         yield Row(L(1, 2, t, 16), ("tile-edge",) + (("tiny-seq",) if t <= 2 else ()))
     for k, v in ((16, 64), (64, 16), (32, 48)):
@@ -203,6 +220,15 @@ def linear_rows() -> Iterator[Row]:
                   (values, "low-precision", "tile-edge"))
     yield Row(L(1, 2, 300, 16, values="decay-underflow"), ("decay-underflow",))
     yield Row(L(1, 2, 100, 16, dtype="fp16", values="large-state"), ("large-state", "low-precision"))
+    yield Row(L(1, 2, 70, 16, state=True), ("state", "tile-edge"))
+    yield Row(L(1, 1, 33, 16, dtype="bf16", state=True), ("state", "low-precision"))
+    yield Row(L(1, 4, 12, 16, key_heads=2, state=True), ("state", "gqa"))
+    yield Row(L(1, 2, 200, 16, lengths=(64, 1, 65, 70)), ("varlen", "tile-edge"))
+    yield Row(L(1, 2, 136, 16, lengths=(63, 2, 71), state=True), ("varlen", "state", "tile-edge"))
+    yield Row(L(1, 2, 130, 16, state=True, relation="split-state"), ("split-state", "tile-edge"))
+    yield Row(L(1, 1, 138, 16, lengths=(5, 70, 63), state=True, relation="packed-loop"), ("packed-loop", "state"))
+    yield Row(L(4, 2, 20, 16, dtype="bf16", state=True, relation="batch-split"), ("batch-split", "state",
+                                                                                   "low-precision"))
     # a GPU's tiles and sizes: fla's chunks of 64, its head dims up to 256, long sequences
     for t in (4095, 4097):
         yield Row(L(2, 4, t, 128, dtype="bf16"), ("tile-edge", "low-precision"), gpu=True)
@@ -214,6 +240,11 @@ def linear_rows() -> Iterator[Row]:
     for values in ("gate-strong", "decay-underflow", "beta-bounds"):
         yield Row(L(2, 4, 1000, 128, dtype="bf16", beta_max=2.0 if values == "beta-bounds" else 1.0, values=values),
                   (values, "low-precision"), gpu=True)
+    yield Row(L(2, 4, 1000, 128, dtype="bf16", state=True), ("state", "low-precision"), gpu=True)
+    yield Row(L(1, 4, 2653, 128, dtype="bf16", lengths=(1, 500, 1023, 64, 1065), state=True),
+              ("varlen", "state", "low-precision"), gpu=True)
+    yield Row(L(1, 4, 2000, 64, dtype="bf16", state=True, relation="split-state"), ("split-state", "low-precision"),
+              gpu=True)
 
 
 def _fits(family: str, row: Row) -> bool:

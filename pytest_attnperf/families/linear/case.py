@@ -7,6 +7,13 @@ may have fewer query/key heads (``key_heads``: grouped value attention, GVA, as 
 ``j // (heads // key_heads)``, a group of consecutive value heads sharing one key head, as
 fla 0.6.0's GDN kernels index their keys (``i_h // (HV // H)``). The other families have one head
 count and refuse such a case (``refusal``).
+
+Two optional call axes, each taken only by a kernel that declares it (``Kernel.axes``), in fla's
+conventions: ``state`` (an fp32 initial state ``[N, H, K, V]`` in, ``initial_state``, and the final
+state out, ``output_final_state=True``) and ``varlen`` (``lengths``: sequences packed along T of one
+batch entry, passed as ``cu_seqlens``, their int64 offsets; the state starts afresh at each, or from
+its own initial state). A ``relation`` row checks a metamorphic relation between the kernel's own
+calls instead of the fp64 reference (``families.linear.relations``).
 """
 
 from __future__ import annotations
@@ -16,12 +23,20 @@ from typing import Any
 
 from pytest_attnperf.families.values import layout_refusal, values_refusal
 
-__all__ = ["BETA_FAMILIES", "GROUPED_FAMILIES", "LinearCase", "key_head_of", "key_heads_refusal", "value_grouped"]
+__all__ = ["BETA_FAMILIES", "GROUPED_FAMILIES", "RELATIONS", "LinearCase", "key_head_of", "key_heads_refusal",
+           "value_grouped"]
 
 GROUPED_FAMILIES = frozenset({"gdn"})
 """The linear families whose queries and keys may have fewer heads than their values."""
 BETA_FAMILIES = frozenset({"gdn"})
 """The linear families with a beta input (the delta rule's write strength)."""
+RELATIONS = {
+    "split-state": "the sequence run as two calls, the first's final state the second's initial state, equals "
+                   "one call on the whole",
+    "packed-loop": "the sequences packed with cu_seqlens equal one call per sequence",
+    "batch-split": "a batch of N equals N calls of one batch entry each",
+}
+"""The metamorphic relations a ``relation`` row checks (``families.linear.relations``)."""
 
 
 def key_heads_refusal(family: str, key_heads: int | None) -> str | None:
@@ -51,6 +66,33 @@ class LinearCase:
     opt_in: str | None = None  # a row group collected only when --attnperf-opt-in names it (options.OPT_IN)
     values: str = "normal"  # how the inputs are drawn (``families.values``: adversarial regimes)
     layout: str = "contiguous"  # how the kernel receives them (``families.values.laid_out``)
+    state: bool = False  # the ``state`` axis: an initial state in, the final state out
+    lengths: tuple[int, ...] | None = None  # the ``varlen`` axis: packed sequences' lengths (batch 1, seq their sum)
+    relation: str | None = None  # a metamorphic relation checked instead of the reference (``RELATIONS``)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The optional call axes the case carries, which a kernel must declare (``Kernel.axes``)."""
+        return (("state",) if self.state else ()) + (("varlen",) if self.lengths is not None else ())
+
+    @property
+    def cu_seqlens(self) -> tuple[int, ...] | None:
+        """fla's ``cu_seqlens``: the packed sequences' offsets, ``0`` first and ``seq`` last."""
+        if self.lengths is None:
+            return None
+        offsets = [0]
+        for length in self.lengths:
+            offsets.append(offsets[-1] + length)
+        return tuple(offsets)
+
+    @property
+    def sequences(self) -> int:
+        """How many sequences (and states): the packed ones, else the batch entries."""
+        return len(self.lengths) if self.lengths is not None else self.batch
+
+    def backward_refusal(self) -> str | None:
+        """Why the case has no ``fwdbwd`` check: a relation compares forward calls."""
+        return f"the {self.relation} relation compares forward calls" if self.relation else None
 
     @property
     def scale(self) -> float:
@@ -69,8 +111,24 @@ class LinearCase:
         and a beta range are GDN's inputs."""
         if self.beta_max != 1.0 and family not in BETA_FAMILIES:
             return "beta_max is a GDN input; this family has no beta"
+        if why := self._axes_refusal():
+            return why
         return (key_heads_refusal(family, self.key_heads) or values_refusal(family, self.values)
                 or layout_refusal(family, self.layout))
+
+
+    def _axes_refusal(self) -> str | None:
+        if self.lengths is not None and (self.batch != 1 or sum(self.lengths) != self.seq
+                                         or min(self.lengths, default=0) < 1):
+            return (f"lengths {self.lengths} pack sequences of at least one token into one batch entry: batch must "
+                    f"be 1 (it is {self.batch}) and seq their sum (it is {self.seq})")
+        if self.relation is not None and self.relation not in RELATIONS:
+            return f"no relation {self.relation!r} (known: {', '.join(RELATIONS)})"
+        if self.relation == "split-state" and (not self.state or self.lengths is not None or self.seq < 2):
+            return "split-state needs the state axis, one sequence per batch entry and two tokens at least"
+        if self.relation == "packed-loop" and self.lengths is None:
+            return "packed-loop needs packed sequences (lengths)"
+        return None
 
 
 def key_head_of(value_head: int, value_heads: int, key_heads: int) -> int:

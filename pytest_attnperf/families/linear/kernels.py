@@ -46,8 +46,10 @@ from typing import Any
 from pytest_attnperf.families import values
 from pytest_attnperf.families.checks import Answer, Checked, call_checked, expect_tensor, gradients, own_copies, plain
 from pytest_attnperf.families.draws import timed
+from pytest_attnperf.families.linear import axes as call_axes
 from pytest_attnperf.families.linear import costs as costs_linear
 from pytest_attnperf.families.linear import reference as ref
+from pytest_attnperf.families.linear import relations
 from pytest_attnperf.families.linear.case import LinearCase, value_grouped
 from pytest_attnperf.families.linear.gate import gate_gradient
 from pytest_attnperf.families.linear.reference import CHUNK, GLA_CHUNK, MAX_LOG_DECAY
@@ -86,67 +88,78 @@ def _fla(module: str, name: str) -> Callable[..., Any]:
 # -- kernels ------------------------------------------------------------------------------
 
 
-def la_chunk(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+def _out(result: Any, axes: dict[str, Any], dtype: Any = None) -> Any:
+    """``o`` of an fla call (cast to ``dtype`` where given), or ``(o, final_state)`` where the call
+    asked for the final state (the ``state`` axis: ``families.linear.axes``)."""
+    o = _first(result)
+    o = o if dtype is None else o.to(dtype)
+    return (o, result[1]) if axes.get("output_final_state") else o
+
+
+def la_chunk(q: Any, k: Any, v: Any, *, scale: float, **axes: Any) -> Any:
     """fla chunk_linear_attn (normalize=False: plain linear attention)."""
-    return _first(_fla("fla.ops.linear_attn", "chunk_linear_attn")(q, k, v, scale=scale, normalize=False))
+    return _out(_fla("fla.ops.linear_attn", "chunk_linear_attn")(q, k, v, scale=scale, normalize=False, **axes), axes)
 
 
-def la_fused_chunk(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+def la_fused_chunk(q: Any, k: Any, v: Any, *, scale: float, **axes: Any) -> Any:
     """fla fused_chunk_linear_attn (normalize=False)."""
-    return _first(_fla("fla.ops.linear_attn", "fused_chunk_linear_attn")(q, k, v, scale=scale, normalize=False))
+    fn = _fla("fla.ops.linear_attn", "fused_chunk_linear_attn")
+    return _out(fn(q, k, v, scale=scale, normalize=False, **axes), axes)
 
 
-def la_fused_recurrent(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+def la_fused_recurrent(q: Any, k: Any, v: Any, *, scale: float, **axes: Any) -> Any:
     """fla fused_recurrent_linear_attn."""
-    return _first(_fla("fla.ops.linear_attn", "fused_recurrent_linear_attn")(q, k, v, scale=scale, normalize=False))
+    fn = _fla("fla.ops.linear_attn", "fused_recurrent_linear_attn")
+    return _out(fn(q, k, v, scale=scale, normalize=False, **axes), axes)
 
 
-def la_naive(q: Any, k: Any, v: Any, *, scale: float) -> Any:
+def la_naive(q: Any, k: Any, v: Any, *, scale: float, **axes: Any) -> Any:
     """fla's pure-PyTorch naive_recurrent_linear_attn (fp32 inside)."""
     fn = _fla("fla.ops.linear_attn.naive", "naive_recurrent_linear_attn")
-    return _first(fn(q, k, v, scale=scale, normalize=False))
+    return _out(fn(q, k, v, scale=scale, normalize=False, **axes), axes)
 
 
-def gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+def gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float, **axes: Any) -> Any:
     """fla chunk_gla."""
-    return _first(_fla("fla.ops.gla", "chunk_gla")(q, k, v, g, scale=scale))
+    return _out(_fla("fla.ops.gla", "chunk_gla")(q, k, v, g, scale=scale, **axes), axes)
 
 
-def gla_fused_recurrent(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+def gla_fused_recurrent(q: Any, k: Any, v: Any, g: Any, *, scale: float, **axes: Any) -> Any:
     """fla fused_recurrent_gla (per-key gates as gk)."""
-    return _first(_fla("fla.ops.gla", "fused_recurrent_gla")(q, k, v, gk=g, scale=scale))
+    return _out(_fla("fla.ops.gla", "fused_recurrent_gla")(q, k, v, gk=g, scale=scale, **axes), axes)
 
 
-def gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+def gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float, **axes: Any) -> Any:
     """fla's pure-PyTorch naive_recurrent_gla (fp32 inside; its scale is fixed at K^-0.5)."""
     if abs(scale - q.shape[-1] ** -0.5) > 1e-12:
         raise NotImplementedError("naive_recurrent_gla has no scale argument (always K^-0.5)")
-    return _first(_fla("fla.ops.gla.naive", "naive_recurrent_gla")(q, k, v, g)).to(q.dtype)
+    return _out(_fla("fla.ops.gla.naive", "naive_recurrent_gla")(q, k, v, g, **axes), axes, q.dtype)
 
 
-def simple_gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+def simple_gla_chunk(q: Any, k: Any, v: Any, g: Any, *, scale: float, **axes: Any) -> Any:
     """fla chunk_simple_gla (one gate per head and token)."""
-    return _first(_fla("fla.ops.simple_gla", "chunk_simple_gla")(q, k, v, g=g, scale=scale))
+    return _out(_fla("fla.ops.simple_gla", "chunk_simple_gla")(q, k, v, g=g, scale=scale, **axes), axes)
 
 
-def simple_gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float) -> Any:
+def simple_gla_naive(q: Any, k: Any, v: Any, g: Any, *, scale: float, **axes: Any) -> Any:
     """fla's pure-PyTorch naive_recurrent_simple_gla (fp32 inside)."""
     fn = _fla("fla.ops.simple_gla.naive", "naive_recurrent_simple_gla")
-    return _first(fn(q, k, v, g, scale=scale)).to(q.dtype)
+    return _out(fn(q, k, v, g, scale=scale, **{"output_final_state": False, **axes}), axes, q.dtype)
 
 
-def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+def gdn_chunk(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float, **axes: Any) -> Any:
     """fla chunk_gated_delta_rule."""
-    return _first(_fla("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(q, k, v, g, beta, scale=scale))
+    return _out(_fla("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")(q, k, v, g, beta, scale=scale, **axes),
+                axes)
 
 
-def gdn_fused_recurrent(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+def gdn_fused_recurrent(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float, **axes: Any) -> Any:
     """fla fused_recurrent_gated_delta_rule."""
     fn = _fla("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule")
-    return _first(fn(q, k, v, g=g, beta=beta, scale=scale))
+    return _out(fn(q, k, v, g=g, beta=beta, scale=scale, **axes), axes)
 
 
-def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any:
+def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float, **axes: Any) -> Any:
     """fla's pure-PyTorch naive_recurrent_gated_delta_rule (fp32 inside; note its q, k, v,
     beta, g argument order), called with the inputs' device as torch's default device: it makes
     its output and state with ``torch.zeros(...).to(v)``, on the host and then copied over, and
@@ -159,7 +172,7 @@ def gdn_naive(q: Any, k: Any, v: Any, g: Any, beta: Any, *, scale: float) -> Any
     fn = _fla("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
     q, k = value_grouped(q, k, v)  # it has one head count: grouped values get their key heads repeated
     with torch.device(q.device):
-        return _first(fn(q, k, v, beta, g, scale=scale)).to(q.dtype)
+        return _out(fn(q, k, v, beta, g, scale=scale, **axes), axes, q.dtype)
 
 
 # batch x heads x sequence: the CPU table's rows and small model cases, none of the GPU table's
@@ -202,7 +215,9 @@ def register(registry: KernelRegistry) -> None:
                             supports=_supports(name), description=(fn.__doc__ or "").strip(),
                             tiled=name != "fla-naive",  # a torch loop keeps every step's state for autograd
                             imports=FLA_IMPORTS,
-                            interpreted=name == "fla-fused-recurrent"))  # Triton's interpreter runs it on a CPU
+                            interpreted=name == "fla-fused-recurrent",  # Triton's interpreter runs it on a CPU
+                            # fla's naive recurrences take an initial state and return the final one, not cu_seqlens
+                            axes=("state",) if name == "fla-naive" else ("state", "varlen")))
 
 
 # -- running a case -----------------------------------------------------------------------
@@ -220,7 +235,29 @@ class Prepared:
     scale: float
     dtype: str
     backward: bool  # fwdbwd: the reference carries the gradient of each input
+    case: LinearCase | None = None  # its call axes (state, packed sequences: ``families.linear.axes``)
+    grad_state: Any = None  # the final state's gradient (the state axis, fwdbwd)
     _computed: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The call axes of the case (``LinearCase.axes``)."""
+        return () if self.case is None else self.case.axes
+
+    def split(self, tensors: Any) -> tuple[tuple[Any, ...], Any]:
+        """``(q, k, v[, g[, beta]])`` and the initial state (None without the state axis)."""
+        tensors = tuple(tensors)
+        return (tensors[:-1], tensors[-1]) if "state" in self.axes else (tensors, None)
+
+    def _forward(self, fn: Callable[..., Any], tensors: tuple[Any, ...], **kwargs: Any) -> tuple[Any, ...]:
+        """``(out,)``, or ``(out, final_state)`` with the state axis: ``fn`` on each packed sequence
+        from its own initial state where the case has them (``axes.per_sequence``)."""
+        if not self.axes:
+            return (fn(*tensors, **kwargs),)
+        plain_tensors, h0 = self.split(tensors)
+        assert self.case is not None
+        out, final = call_axes.per_sequence(fn, plain_tensors, h0, self.case, **kwargs)
+        return (out, final) if "state" in self.axes else (out,)
 
     def reference(self, form: str | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """``(reference, yardstick)``: out, then the gradient of every input (fwdbwd), of every
@@ -274,13 +311,14 @@ class Prepared:
 
 
         with torch.no_grad():
-            out = _recurrence_fn(self.family)(*self.inputs, scale=self.scale, compute=torch.float32)
+            outs = self._forward(_recurrence_fn(self.family), self.inputs, scale=self.scale, compute=torch.float32)
             if not self.backward:
-                return (out,)
-        if self.family == "gdn":
+                return outs
+        if self.family == "gdn" or self.axes:  # with a state or packed sequences: the chunked form's, by autograd
             if "fp32" not in self._computed:
                 self._computed["fp32"] = self._run(torch.float32, None)
-            return (out,) + self._computed["fp32"][1:]
+            return outs + self._computed["fp32"][len(outs):]
+        out = outs[0]
         with torch.no_grad():
             q, k, v = self.inputs[:3]
             gate = self.inputs[3] if self.family in ("gla", "simple_gla") else None
@@ -307,19 +345,21 @@ class Prepared:
             from pytest_attnperf.families.tf32 import tf32_products  # noqa: PLC0415 - families.tf32 imports torch: kept out of the plugin's start-up
 
             with tf32_products() if tf32 else contextlib.nullcontext():
-                out = fn(*taken, scale=self.scale, compute=compute, store=store, **self._chunking(compute))
+                outs = self._forward(fn, tuple(taken), scale=self.scale, compute=compute, store=store,
+                                     **self._chunking(compute))
             if not self.backward:
-                return (out,)
-            grads = list(torch.autograd.grad(out, taken, self.grad_out.to(compute)))
+                return outs
+            grad_outs = (self.grad_out.to(compute),) + (() if len(outs) == 1 else (self.grad_state.to(compute),))
+            grads = list(torch.autograd.grad(outs, taken, grad_outs))
         if split:
             kept = torch_dtype(self.dtype) if self.dtype != "fp32" else compute
             heads = self.inputs[0].shape[2]
             for i in (0, 1):
                 b, t, hv, d = grads[i].shape
                 grads[i] = grads[i].to(kept).to(compute).view(b, t, heads, hv // heads, d).sum(3)
-        if self.family in ("gla", "simple_gla") and compute != torch.float64:
-            grads[3] = self._gate_yardstick(leaves, grads)
-        return (out.detach(),) + tuple(g.detach() for g in grads)
+        if self.family in ("gla", "simple_gla") and compute != torch.float64 and not self.axes:
+            grads[3] = self._gate_yardstick(leaves, grads)  # (its sum over a chunk starts from a zero state)
+        return tuple(o.detach() for o in outs) + tuple(g.detach() for g in grads)
 
     def _chunking(self, compute: Any) -> dict[str, int]:
         """The chunk for the factored form (LA, simple GLA, GLA: ``exp(-gamma)`` inside a chunk) where
@@ -407,6 +447,8 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: in
         if case.values == "beta-bounds":
             beta = values.beta_bounds(beta, case.beta_max)
         tensors.append(beta.to(dtype))
+    if case.state:  # fla keeps its states in float32
+        tensors.append(draw(*call_axes.state_shape(case)))
     return tuple(x.requires_grad_(backward) for x in tensors)
 
 
@@ -445,8 +487,10 @@ def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: in
     # large-state's gradient scaled as its queries are: dq = scale S dO stays within fp16 where S does not
     gain = values.linear_scales(case.values)[0]
     grad_out = (torch.randn(inputs[2].shape, generator=gen, device=device) * gain).to(inputs[0].dtype)
-    names = ("q", "k", "v", "g", "beta")[: len(inputs)]
-    prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd")
+    grad_state = torch.randn(call_axes.state_shape(case), generator=gen, device=device) if case.state else None
+    names = ("q", "k", "v", "g", "beta")[: len(inputs) - case.state] + (("h0",) if case.state else ())
+    prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd", case,
+                        grad_state)
     _cache[key] = prepared
     return prepared
 
@@ -465,6 +509,8 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     expected = tuple(v.shape)
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
+        if case.axes:
+            return run_axes(xs, grad_out, check)
         out = plain(kernel, kernel.fn(*values.laid_out(case.layout, xs, HEAD_AXIS, 1), scale=case.scale))
         if check:
             expect_tensor(kernel.name, out, expected, q.dtype, q.device)
@@ -474,6 +520,19 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
             return (out,) + tuple(plain(kernel, g) for g in gradients(kernel.name, out, xs, p.names, grad_out))
         return (out,) + tuple(plain(kernel, g) for g in torch.autograd.grad(out, xs, grad_out))
 
+    def run_axes(xs: tuple[Any, ...], grad_out: Any, check: bool) -> Any:
+        tensors, h0 = p.split(xs)
+        result = kernel.fn(*values.laid_out(case.layout, tensors, HEAD_AXIS, 1), scale=case.scale,
+                           **call_axes.call_kwargs(case, h0, q.device))
+        outs = tuple(x for x in call_axes.returned(kernel, result, case, expected, q.dtype, q.device, check)
+                     if x is not None)
+        if not backward:
+            return outs
+        grad_outs = (grad_out,) + ((p.grad_state,) if case.state else ())
+        grads = (call_axes.gradients(kernel.name, outs, xs, p.names, grad_outs) if check
+                 else torch.autograd.grad(outs, xs, grad_outs))
+        return outs + tuple(plain(kernel, g) for g in grads)
+
     inputs, grad_out = own_copies(p.inputs), p.grad_out.clone()
 
     def call() -> Any:
@@ -482,7 +541,7 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
     got = call_checked(kernel, lambda: run_on(inputs, grad_out, True), ", ".join(p.names), inputs,
                        device)  # a refusal skips here
     reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
-    names = ("out", *(f"d{n}" for n in p.names))[: len(got)]
+    names = ("out", *(("ht",) if case.state else ()), *(f"d{n}" for n in p.names))[: len(got)]
     return Answer(names, tuple(x.detach() for x in got), reference[: len(got)], yardstick[: len(got)], call,
                   run_on=run_on, inputs=inputs, input_names=p.names, grad_out=grad_out if backward else None)
 
@@ -490,13 +549,20 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
 def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:
     """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
     ``fwdbwd``; every batch and head); return a ``checks.Checked``: the callable to time and
-    each tensor's worst error over its bound."""
+    each tensor's worst error over its bound. A ``relation`` row checks its metamorphic relation
+    instead (``families.linear.relations``); a case with call axes is checked, and timed
+    unchecked (its timed draws do not yet rearrange a state or packed sequences)."""
+    if case.relation:
+        return relations.check(family, kernel, case, prepare(family, case, "fwd", device, seed), device)
     a = answer(family, kernel, case, direction, device, seed)
     ratios = {name: check_tensor(family, f"{kernel.name} {name}", name, value, ref, yard, case.dtype)
               for name, value, ref, yard in zip(a.names, a.got, a.reference, a.yardstick, strict=True)}
 
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
         return check_tensor(family, label, name, value, reference, yardstick, case.dtype)
+
+    if case.axes:
+        return Checked(a.call, ratios)
 
     return Checked(timed(a, kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
 

@@ -56,8 +56,8 @@ def assert_normwise(name: str, value: Any, reference: Any, dtype: str, units: fl
 
 def axes_of(name: str, ndim: int) -> str:
     """The axis letters of a tensor of the families' layout: ``b t h d`` (a GLA gate's last is ``k``,
-    a state, ``h0`` or ``ht``, is ``b h k v``)."""
-    if name in ("h0", "ht") and ndim == 4:
+    a state, ``h0``, ``ht`` or ``dh0``, is ``b h k v``)."""
+    if name in ("h0", "ht", "dh0") and ndim == 4:
         return "b h k v"
     return {4: "b t h k" if name in ("g", "dg") else "b t h d", 3: "b t h"}.get(ndim, "")
 
@@ -85,8 +85,9 @@ def assert_elements(name: str, value: Any, reference: Any, yardstick: Any, dtype
 
 
 def factors(family: str, name: str) -> tuple[float, float]:
-    """The normwise units and the elementwise factor of an output (``out``) or a gradient."""
-    if name == "out":
+    """The normwise units and the elementwise factor of an output (``out``, and the final state
+    ``ht``: formed by the same forward products) or a gradient."""
+    if name in ("out", "ht"):
         return OUT_UNITS, FAMILY_OUT_FACTOR.get(family, OUT_FACTOR)
     return GRAD_UNITS, GRAD_FACTOR
 
@@ -97,7 +98,7 @@ def check_tensor(family: str, label: str, name: str, value: Any, reference: Any,
     factor. Returns the worst error over its bound (at most 1: it raises ``CheckFailed`` above)."""
     # a gate's gradient that its own yardstick gets no digit of (strong decays): zero is as near as any
     lost = name == "dg" and _normwise(yardstick, reference) >= 1.0 / YARDSTICK_NORMWISE
-    if name != "out" and not lost:
+    if name not in ("out", "ht") and not lost:
         assert_reaches(label, value, reference)
     units, factor = factors(family, name)
     return assert_checked(label, value, reference, yardstick, dtype, units, factor, tensor=name)
