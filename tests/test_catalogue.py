@@ -168,14 +168,24 @@ def test_a_recomputing_backward_is_autograds_up_to_fp32_rounding() -> None:
 
 
 def test_the_known_failure_marks_only_its_kernel_regime_and_direction(monkeypatch: pytest.MonkeyPatch) -> None:
-    known = Known("gla", "fla-fused-recurrent", "gate-strong", "fwdbwd", "a finding")
+    known = Known("gla", "fla-fused-recurrent", "a finding", direction="fwdbwd", values="gate-strong")
     monkeypatch.setattr(catalogue_suite, "KNOWN", (known,))
     kernel = Kernel(known.family, known.kernel, lambda *a, **k: None)
-    row = next(r for r in _rows(known.family, "smoke") if known.values in r.classes)
-    assert _marks(CatalogueCheck(kernel, row, known.direction))
+    row = next(r for r in _rows(known.family, "smoke") if "gate-strong" in r.classes)
+    assert _marks(CatalogueCheck(kernel, row, "fwdbwd"))
     assert not _marks(CatalogueCheck(kernel, row, "fwd"))
     other = Kernel(known.family, "other", lambda *a, **k: None)
-    assert not _marks(CatalogueCheck(other, row, known.direction))
+    assert not _marks(CatalogueCheck(other, row, "fwdbwd"))
+
+
+def test_a_known_failure_named_by_class_marks_that_class_in_both_directions(monkeypatch: pytest.MonkeyPatch) -> None:
+    known = Known("gla", "fla-fused-recurrent", "a finding", row_class="grid-limit")
+    monkeypatch.setattr(catalogue_suite, "KNOWN", (known,))
+    kernel = Kernel(known.family, known.kernel, lambda *a, **k: None)
+    rows = _rows(known.family, "smoke")
+    grid = next(r for r in rows if "grid-limit" in r.classes)
+    assert all(_marks(CatalogueCheck(kernel, grid, d)) for d in ("fwd", "fwdbwd"))
+    assert not _marks(CatalogueCheck(kernel, next(r for r in rows if "grid-limit" not in r.classes), "fwd"))
 
 
 def test_interpreted_kernels_take_small_rows_only() -> None:

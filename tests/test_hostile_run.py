@@ -11,6 +11,7 @@ the gate's policy on plain numbers; the two pytester runs use the scripted ticke
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import subprocess
 import sys
@@ -152,6 +153,20 @@ def test_a_librarys_exit_handler_registered_during_a_case_stays() -> None:
         assert exits.handlers == []
     finally:
         atexit.unregister(kernel_exit_handler)
+
+
+def test_an_exit_handler_a_module_registers_as_the_kernel_first_imports_it_stays(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "imaging_lib.py").write_text("import atexit\n\ndef clear_cache():\n    pass\n\n"
+                                             "atexit.register(clear_cache)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "imaging_lib", raising=False)
+    with process.ExitRefusal() as exits:
+        imported = importlib.import_module("imaging_lib")  # a kernel's first call importing a library (PIL does this)
+    try:
+        assert exits.handlers == []
+    finally:
+        atexit.unregister(imported.clear_cache)
 
 
 def test_the_guard_fails_a_case_that_registered_an_exit_handler() -> None:

@@ -449,7 +449,8 @@ PY
     tar czf "$OUT/decode-baselines.tgz" -C "$TMPB" . && (cd "$OUT" && tar czf decode-report.tgz decode-report \
       && rm -rf decode-report) ;;
   catalogue)  # the correctness catalogue over every built-in kernel, check-only, each tier of TIERS (default
-    # smoke,full) with WORKERS pytest-xdist workers (default 4) sharing the one GPU; fla's autotuned
+    # smoke,full) with WORKERS pytest-xdist workers (default 4) sharing the one GPU (families.share: a
+    # large row takes it alone); fla's autotuned
     # kernels held to their first configuration (the catalogue checks numbers, and each new head shape
     # would autotune for minutes); each tier stopped by SIGINT after BUDGET s (default 270), its summary
     # still written. Per tier: the JUnit report, the coverage JSON and the log in $OUT,
@@ -466,7 +467,9 @@ PY
       echo "tier $tier: exit $?, $((SECONDS - start)) s on one GPU, $(tail -n 1 "$OUT/catalogue-$tier.log")"
     done
     for tier in ${TIERS:-smoke full}; do
-      echo "== $tier"; grep -E '^(FAILED|  [a-z_]+/)' "$OUT/catalogue-$tier.log" | cut -c1-400
-    done ;;
+      echo "== $tier"; grep -E '^(FAILED|XPASS|  [a-z_]+/)' "$OUT/catalogue-$tier.log" | cut -c1-400
+    done
+    # the findings on fla's kernels, outside the harness (tools/fla_findings.py), autotuned as fla ships
+    [ -n "${FINDINGS:-1}" ] && timeout 300 python3 tools/fla_findings.py 2>&1 | tee "$OUT/fla-findings.txt" | tail -n 12 ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|power|integrity|inventory|memory|memory-noise|models|decode|history" >&2; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ reason; the coverage report (``plugins.catalogue``) counts it as not vouched for
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,12 @@ from pytest_attnperf.families import catalogue
 from pytest_attnperf.families.checks import reported_plainly
 from pytest_attnperf.families.family import FAMILIES, family
 from pytest_attnperf.families.interpret import enable, interpreted_refusal, interpreter_refusal
+from pytest_attnperf.families.linear import kernels as linear_kernels
 from pytest_attnperf.families.linear.suite import INSTALL_HINT, fla_missing
 from pytest_attnperf.families.parametrize import RUN_KEY
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.share import footprint, run_shared
+from pytest_attnperf.families.softmax import kernels as softmax_kernels
 from pytest_attnperf.markers import pin_backend
 
 __all__ = ["KNOWN", "CatalogueCheck", "Known", "TIER_KEY", "checks", "pytest_generate_tests", "runs_here",
@@ -96,26 +100,67 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @dataclass(frozen=True)
 class Known:
     """A built-in kernel's known failure on catalogue rows: a strict expected failure (it flips to
-    a failure when the kernel is fixed), with what was found."""
+    a failure when the kernel is fixed), with what was found. A field left None matches any row."""
 
     family: str
     kernel: str
-    values: str
-    direction: str
     reason: str
+    direction: str | None = None
+    values: str | None = None  # the row's value regime
+    row_class: str | None = None  # a trigger class the row carries
+    dtype: str | None = None
+    row: str | None = None  # the row's id
 
     def matches(self, check: CatalogueCheck) -> bool:
-        """Whether ``check`` is this known failure's kernel, regime and direction."""
-        return (check.kernel.family, check.kernel.name, check.direction) == (self.family, self.kernel, self.direction) \
-            and getattr(check.row.case, "values", None) == self.values
+        """Whether ``check`` is this known failure's kernel, and its row and direction those named."""
+        case = check.row.case
+        wanted = ((self.direction, check.direction), (self.values, getattr(case, "values", None)),
+                  (self.dtype, getattr(case, "dtype", None)), (self.row, check.row.id))
+        return (check.kernel.family, check.kernel.name) == (self.family, self.kernel) \
+            and all(want is None or want == got for want, got in wanted) \
+            and (self.row_class is None or self.row_class in check.row.classes)
 
 
-KNOWN: tuple[Known, ...] = ()
-"""None on the CPU today (docs/catalogue.md, "Known failures of built-in kernels")."""
+_GRID = ("fla 0.6.0's chunk kernels put batch x heads on a launch grid's second axis (chunk_o.py: grid = (NV * NT, "
+         "B * HV)), which CUDA caps at 65535: past it the launch fails with 'Triton Error [CUDA]: invalid argument' "
+         "(tools/fla_findings.py: chunk_simple_gla runs at 1092 x 60 = 65520 rows and raises at 1100 x 60); "
+         "upstream fla-org/flash-linear-attention#172, closed without a fix; #1077 moved GDN's state kernels only")
+_GRID_GDN = _GRID + "; GDN's chunk kernels take 33000 x 2 and 2200 x 32 rows and fail at 1100 x 60"
+_FP16_STATE = ("fla 0.6.0's chunk kernels store the state carried between chunks in the inputs' dtype (chunk_h.py: "
+               "k.new_empty(..., dtype=k.dtype unless states_in_fp32)): an fp16 state past 65504 is inf from the "
+               "second chunk on though the output stays within fp16 (the reference's largest |out| is 3821; "
+               "tools/fla_findings.py), where the fused recurrent kernel keeps it in fp32 and passes; upstream fixed "
+               "the same class for TTT's dh in fla-org/flash-linear-attention#1214, not for these")
+_GLA_DIM4 = ("fla 0.6.0's chunk GLA backward does not compile at head dim 4 (a tl.dot over a value block of 4 needs "
+             "K >= 16: CompilationError) though its forward runs; no upstream issue found in the stored issues; "
+             "reproduced in tools/fla_findings.py")
+_STATE_ROW = "cat-b1-h2-t100-d16-fp16-large-state"
+KNOWN: tuple[Known, ...] = (
+    *(Known(family, "fla-chunk", _GRID, row_class="grid-limit") for family in ("linear_attn", "gla", "simple_gla")),
+    Known("gdn", "fla-chunk", _GRID_GDN, row="cat-b1100-h60-t2-d4-fp32"),
+    *(Known(family, "fla-chunk", _FP16_STATE, row=_STATE_ROW) for family in ("linear_attn", "gla")),
+    Known("linear_attn", "fla-fused-chunk", _FP16_STATE, row=_STATE_ROW),
+    Known("simple_gla", "fla-chunk", _FP16_STATE, row=_STATE_ROW, direction="fwd"),
+    Known("gla", "fla-chunk", _GLA_DIM4, row="cat-b1-h1-t65600-d4-fp32", direction="fwdbwd"),
+)
+"""Built-in kernels' failures on the GPU's catalogue rows, each found there and reproduced outside
+the harness (docs/catalogue.md, "Known failures of built-in kernels"); none on the CPU."""
 
 
 def _marks(check: CatalogueCheck) -> list[Any]:
     return [pytest.mark.xfail(strict=True, reason=k.reason) for k in KNOWN if k.matches(check)]
+
+
+def _processes() -> int:
+    """How many check-only processes share the device: this run's pytest-xdist workers (one GPU
+    per run of the catalogue; ``families.share``)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def _forget() -> None:
+    """Drop the inputs and references the families keep of the last case (``families.share``)."""
+    softmax_kernels._cache.clear()  # noqa: SLF001 - the cache's owner has no public clear; the suite uses it
+    linear_kernels._cache.clear()  # noqa: SLF001 - as above
 
 
 def _pinned(kernel: Kernel) -> Any:
@@ -139,7 +184,8 @@ def test_catalogue(check: CatalogueCheck, attnperf_device: Any, attnperf_seed: i
             pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")
     try:
         with reported_plainly(attnperf_seed), _pinned(kernel):
-            checked = fam.check(kernel, case, direction, attnperf_device, seed=attnperf_seed)
+            checked = run_shared(lambda: fam.check(kernel, case, direction, attnperf_device, seed=attnperf_seed),
+                                 attnperf_device, footprint(case, direction), _processes(), _forget)
     except RuntimeError as exc:
         if kernel.sdpa_backend and NO_BACKEND.search(str(exc)):
             pytest.skip(f"refused: {kernel.name}: SDPA's {kernel.sdpa_backend} backend does not take this case")

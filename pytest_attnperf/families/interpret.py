@@ -54,17 +54,26 @@ def interpreted_refusal(case: Any) -> str | None:
 
 
 def hold_autotuners() -> None:
-    """Hold every ``triton.autotune`` kernel to its first configuration (once per process)."""
+    """Hold every ``triton.autotune`` kernel to its first configuration (once per process), or
+    on a GPU to the first one the device has the resources for: the autotuner would skip a
+    configuration that needs more shared memory than the GPU has, and so does this."""
     if _held:
         return
     from triton.runtime.autotuner import Autotuner  # noqa: PLC0415 - torch loads on first use
+    from triton.runtime.errors import OutOfResources  # noqa: PLC0415 - as above
 
     run = Autotuner.run
 
     def first_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if len(self.configs) > 1:
-            self.configs = self.configs[:1]
-        return run(self, *args, **kwargs)
+        candidates = self.__dict__.setdefault("_attnperf_candidates", list(self.configs))
+        while True:
+            self.configs = candidates[:1]
+            try:
+                return run(self, *args, **kwargs)
+            except OutOfResources:
+                if len(candidates) == 1:
+                    raise
+                candidates.pop(0)
 
     Autotuner.run = first_config
     _held.append(True)

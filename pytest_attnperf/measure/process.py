@@ -88,6 +88,16 @@ def _caller(frame: FrameType | None) -> FrameType | None:
     return frame
 
 
+def _importing(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside an import (importlib's frames below it): a module registering
+    its exit handler as it loads (PIL, tqdm, filelock do), which a kernel's first call can trigger."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _where(caller: FrameType | None) -> str:
     """`` at kernels.py:12 in fused``: where a frame is; empty for none."""
     if caller is None:
@@ -138,7 +148,7 @@ class ExitRefusal:
             done: Callable[..., Any] = real(func, *args, **kwargs)
             caller = _caller(sys._getframe(1))
             module = str(caller.f_globals.get("__name__", "")) if caller is not None else ""
-            if os.getpid() == self._pid and not _library(module):
+            if os.getpid() == self._pid and not _library(module) and not _importing(caller):
                 self._registered.append(func)
                 name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func)[:60])}"
                 self.handlers.append(f"atexit.register({name}){_where(caller)}")

@@ -39,6 +39,7 @@ from pytest_attnperf.families.checks import (
 )
 from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.families.softmax.recompute import further, recomputed_gradients, recomputed_output
 from pytest_attnperf.families.softmax.reference import attention_mask
 from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 from pytest_attnperf.families.values import laid_out, softmax_inputs
@@ -327,9 +328,11 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     with exact_fp32():  # fp32 yardsticks at full precision, whatever TF32 setting the project made
         exact = _outputs(reference, leaves64, grad_out, opts)
         plain = _outputs(naive, (q, k, v), grad_out, opts)
+        # each output element: the further of PyTorch's and a flash-style forward's (``recompute``)
+        plain = (further(plain[0], recomputed_output(q, k, v, opts, exact[0]), exact[0]),) + plain[1:]
         if backward:  # each gradient element: the further of autograd's and a recomputing backward's
             recomputed = recomputed_gradients(q, k, v, grad_out, opts)
-            plain = plain[:1] + tuple(torch.where((a.double() - r).abs() >= (b.double() - r).abs(), a, b)
+            plain = plain[:1] + tuple(further(a, b, r)
                                       for a, b, r in zip(plain[1:], recomputed, exact[1:], strict=True))
         prepared = Prepared(q, k, v, grad_out, exact, plain, opts)
     _cache[key] = prepared
@@ -337,43 +340,6 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
 
 
 TENSORS = ("out", "dq", "dk", "dv")
-
-
-def recomputed_gradients(q: Any, k: Any, v: Any, grad_out: Any, opts: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """``dq, dk, dv`` as a flash-style backward forms them in the inputs' dtype: the scores
-    recomputed in fp32, the probabilities as ``exp(s - lse)`` from the row's fp32 log-sum-exp, cast
-    to the dtype for ``dv``. Where the scores are large the LSE's own rounding (``|lse| u``) shifts
-    every probability of its row alike, which autograd through a stored softmax never sees: on the
-    CPU at scores of spread 47, torch's flash backward's fp32 ``dv`` erred 16x autograd's. The
-    forward's and the backward's scores are rounded apart as two passes of a kernel round them.
-    (docs/catalogue.md, "Yardsticks")."""
-    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
-
-
-    dtype, scale = q.dtype, opts["scale"]
-    group = q.shape[1] // k.shape[1]
-    qq, do = q.detach().float(), grad_out.float()
-    kk, vv = (x.detach().repeat_interleave(group, dim=1).float() for x in (k, v))
-    mask = attention_mask(q.shape[2], opts["causal"], opts["window"], q.device, k.shape[2])
-
-    def scores(first: Any, second: Any) -> Any:
-        found = first @ second.transpose(-1, -2)
-        return found if mask is None else found.masked_fill(~mask, float("-inf"))
-
-    # the forward's scores with the scale folded into q, the backward's scaled after the product: a
-    # kernel's two passes round them apart, so even a row of one visible key has p = exp(s' - lse) != 1
-    forward = scores(qq * scale, kk)
-    top = forward.amax(-1, keepdim=True)
-    lse = top + torch.log(torch.exp(forward - top).sum(-1, keepdim=True))
-    p = torch.exp(scores(qq, kk) * scale - lse)
-    o = (p.to(dtype) @ vv.to(dtype)).float()
-    dv = p.to(dtype).float().transpose(-1, -2) @ do
-    ds = p * (do @ vv.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
-    dq, dk = (ds @ kk) * scale, (ds.transpose(-1, -2) @ qq) * scale
-    if group > 1:
-        b, h, t, d = dk.shape
-        dk, dv = (x.view(b, h // group, group, t, d).sum(2) for x in (dk, dv))
-    return dq.to(dtype), dk.to(dtype), dv.to(dtype)
 
 
 # what TF32 keeps of an fp32 operand: 10 mantissa bits, truncated (``families.tf32``)
