@@ -158,13 +158,13 @@ def twin(family: str) -> Kernel:
     return _kernel(family, "twin-axes", None, TWIN_DOC)
 
 
-_STATE = "cat-b2-h2-t12-d16-fp32-state"
-_VARLEN = "cat-b1-h1-t48-d16-fp32-lens1x17x30"
-_VARLEN_STATE = "cat-b1-h2-t24-d16-fp32-state-lens9x1x14"
+_STATE = "cat-b2-h1-t12-d16-fp32-state"
+_VARLEN = "cat-b1-h1-t24-d16-fp32-lens1x9x14"
+_VARLEN_STATE = "cat-b1-h1-t24-d16-fp32-state-lens9x1x14"
 _VARLEN_CHUNK = "cat-b1-h1-t138-d16-fp32-lens5x70x63"
-_SPLIT = "cat-b2-h2-t12-d16-fp32-state-rel-split-state"
-_PACKED = "cat-b1-h2-t24-d16-fp32-lens1x9x14-rel-packed-loop"
-_BATCH = "cat-b3-h2-t8-d16-fp32-rel-batch-split"
+_SPLIT = "cat-b2-h1-t12-d16-fp32-state-rel-split-state"
+_PACKED = "cat-b1-h1-t24-d16-fp32-lens1x9x14-rel-packed-loop"
+_BATCH = "cat-b3-h1-t8-d16-fp32-rel-batch-split"
 
 BUGS = {
     "drops-initial-state": "Starts every sequence from a zero state, whatever initial_state holds.",
