@@ -25,12 +25,13 @@ from pytest_attnperf.outcome import PerfResult, Row
 from pytest_attnperf.parallel.fleet import case_key, timing_turn
 from pytest_attnperf.report.params import case_params
 from pytest_attnperf.session import AttnPerfSession
-from pytest_attnperf.store.baselines import BaselineError
+from pytest_attnperf.store.baselines import BaselineError, entry_problem, rounded
 
 __all__ = ["PENDING_KEY", "VERIFY_S_KEY", "CaseHistory", "Perf", "PoolSamples"]
 
 PENDING_KEY = pytest.StashKey[dict[str, Any]]()
 VERIFY_S_KEY = pytest.StashKey[float]()  # host seconds a test's timers spent checking their timed draws
+RECORD_TRIES = 3  # measurements a recording takes before it refuses to write an entry the reader would refuse
 
 
 
@@ -245,7 +246,7 @@ class Perf:
         if session.settings.pool_out is not None:
             return Verdict("pool run", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:
-            return Verdict("recorded", None, "recorded for --update-baselines"), measurement
+            return Verdict("recorded", None, "recorded for --update-baselines"), self._recordable(fn, measurement, plan)
         baseline = session.baseline
         entry = baseline.entries.get(self._key) if baseline else None
         summary = baseline.summary(self._key) if baseline else None
@@ -263,6 +264,32 @@ class Perf:
         self._refused(refused)
         return verdict, replace(kept, kernels=measurement.kernels, kernels_source=measurement.kernels_source,
                                 inventory_s=measurement.inventory_s, kernels_vs_eager=measurement.kernels_vs_eager)
+
+    def _recordable(self, fn: Callable[[], Any], measurement: Measurement, plan: Any) -> Measurement:
+        """A measurement whose entry the baseline reader accepts (``store.baselines.entry_problem``,
+        on the figures as the file rounds them): the first, or one of up to ``RECORD_TRIES - 1``
+        more, each with twice the samples and budget of the one before (a busy host's scheduler
+        ticks widen a short sampling's interval beyond what the reader takes, and more samples
+        narrow it). Where none is, the case fails and nothing is recorded for it."""
+        problem, tries = _recorded_problem(measurement), 1
+        first = measurement
+        while problem is not None and tries < RECORD_TRIES:
+            scale = 2 ** tries
+            tries += 1
+            again = self._pooled(self._sampled(fn, replace(plan, inventory=False, min_samples=plan.min_samples * scale,
+                                                           budget_s=plan.budget_s * scale)))
+            measurement = replace(again, kernels=first.kernels, kernels_source=first.kernels_source,
+                                  inventory_s=first.inventory_s, kernels_vs_eager=first.kernels_vs_eager)
+            note = (f"re-measured for the recording ({tries} of at most {RECORD_TRIES}, {scale}x the samples): "
+                    f"the baseline reader refuses the first: {problem}")
+            problem = _recorded_problem(measurement)
+            measurement = replace(measurement, notes=(*measurement.notes, note))
+        if problem is not None:
+            pytest.fail(f"{self._key}: NOT RECORDED: measured {tries} times, each too noisy to be a baseline: the "
+                        f"baseline reader would refuse the entry ({problem}; last: {measurement.summary.describe()}). "
+                        f"{self._session.baseline_path} keeps what it had for this case; record it on an idle host",
+                        pytrace=False)
+        return measurement
 
     def _sampled(self, fn: Callable[[], Any], plan: Any) -> Measurement:
         """The timer's measurement of ``fn``; a timed result that fails its check
@@ -304,7 +331,12 @@ class Perf:
         m, s = result.measurement, result.measurement.summary
         before = self._baseline_entry()
         if self._session.settings.update_baselines:  # the entry is written only then
-            self._request.node.stash[PENDING_KEY] = self._entry(result, before)
+            entry = self._entry(result, before)
+            problem = entry_problem({key: rounded(value) for key, value in entry.items()})  # as the file keeps it
+            if problem is not None:  # never written: the reader would set it aside and fail the case's next gate
+                pytest.fail(f"{self._key}: NOT RECORDED: the baseline reader would refuse this entry ({problem}); "
+                            f"{self._session.baseline_path} keeps what it had for this case", pytrace=False)
+            self._request.node.stash[PENDING_KEY] = entry
         eager_change = None
         if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)) \
                 and before["eager_ms"] > 0:  # never divide by a bad entry's time
@@ -426,6 +458,17 @@ class Perf:
             bench.pedantic(REPLAY_CLOCK.step, rounds=rounds, iterations=1, warmup_rounds=0)
         finally:
             REPLAY_CLOCK.finish()
+
+
+def _recorded_problem(measurement: Measurement) -> str | None:
+    """Why the baseline reader would refuse an entry of ``measurement``'s figures, rounded as the
+    file keeps them (None: it would take it)."""
+    s = measurement.summary
+    entry: dict[str, Any] = {"median_ms": s.median_ms, "ci_low_ms": s.ci_low_ms, "ci_high_ms": s.ci_high_ms,
+                             "stdrel": s.stdrel, "n_samples": s.n_samples}
+    if measurement.kernels is not None:
+        entry["kernels"] = dict(measurement.kernels)
+    return entry_problem({key: rounded(value) for key, value in entry.items()})
 
 
 def _called_again(fn: Callable[[], Any]) -> Callable[[], Any]:

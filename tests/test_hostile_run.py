@@ -155,8 +155,8 @@ def test_a_librarys_exit_handler_registered_during_a_case_stays() -> None:
         atexit.unregister(kernel_exit_handler)
 
 
-def test_an_exit_handler_a_module_registers_as_the_kernel_first_imports_it_stays(tmp_path: Path,
-                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_exit_handler_a_module_registers_as_the_kernel_first_imports_it_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "imaging_lib.py").write_text("import atexit\n\ndef clear_cache():\n    pass\n\n"
                                              "atexit.register(clear_cache)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
