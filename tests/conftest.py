@@ -6,6 +6,8 @@ when that happens. Importing them here keeps them loaded for the whole session.
 """
 
 import os
+import warnings
+from pathlib import Path
 
 # One thread per process: the tests' tensors are tiny, and under -n auto each core already runs a
 # worker, whose pytester runs and subprocesses inherit this (set before torch starts its pool;
@@ -19,18 +21,6 @@ import torch.nn.attention
 import torch.nn.functional
 import torch.profiler
 import torch.utils.flop_counter
-
-# fla, when installed: importing it starts torch.compile's machinery (its activations are compiled
-# at import); first loaded inside a pytester run and imported again after it, dynamo and inductor
-# register their backends twice and the second import fails ("duplicate name: eager")
-try:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # fla's "Triton is not supported on current platform" on a CPU
-        import fla.ops  # noqa: F401
-except ImportError:
-    pass
 
 
 def _load_lazily_imported_modules() -> None:
@@ -50,6 +40,25 @@ if os.environ["OMP_NUM_THREADS"] == "1":
 
 
 import pytest  # noqa: E402
+
+
+def _load_fla() -> None:
+    """fla, when installed: importing it starts torch.compile's machinery (its activations are
+    compiled at import); first loaded inside a pytester run and imported again after it, dynamo and
+    inductor register their backends twice and the second import fails ("duplicate name: eager")."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fla's "Triton is not supported on current platform" on a CPU
+            import fla.ops  # noqa: F401
+    except ImportError:
+        pass
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before any test runs, and only where a test runs pytest inside pytest (the pure tests of
+    tests/unit load fla themselves where they use it, and skip its ten seconds of start-up)."""
+    if any("pytester" in getattr(item, "fixturenames", ()) for item in session.items):
+        _load_fla()
 
 
 @pytest.fixture(autouse=True)
@@ -79,3 +88,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``pytest tests/ -n auto``: these tests time nothing on a device, so one worker per CPU
     (the plugin's own rule, one per GPU, is for the suites)."""
     return max(1, os.cpu_count() or 1)
+
+
+UNIT = Path(__file__).parent / "unit"
+_RUNS = ("runpytest", "runpytest_inprocess", "runpytest_subprocess", "inline_run", "inline_runsource",
+         "inline_genitems", "runitem", "spawn_pytest", "runpython")
+
+
+def _no_run_here(*args: object, **kwargs: object) -> None:
+    pytest.fail("tests/unit runs no pytest inside pytest: an end-to-end test belongs in tests/", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_run_no_pytest(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/unit is the fast subset: a test there that starts a run inside its own fails
+    (``pytester.parseconfig`` builds a real config without running one)."""
+    if UNIT in request.node.path.parents:
+        for name in _RUNS:
+            monkeypatch.setattr(pytest.Pytester, name, _no_run_here)

@@ -399,3 +399,38 @@ def test_wrong_kernels_registered_by_a_user_fail_in_the_suites(suite_copy: pytes
     goods = [t for t in found if "good-exact" in t]
     assert len(goods) == len(FAMILIES) * 2, goods  # both directions of each family's good kernel
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+# -- a suite's failure, as a user reads it --------------------------------------------------
+
+DV_OFF_CONFTEST = '''
+import torch
+
+
+def pytest_attnperf_register_kernels(registry, config):
+    @registry.kernel(family="softmax", name="dv-off")
+    def dv_off(q, k, v, *, causal, scale, window=None):
+        v = v + 0.01 * (v - v.detach())  # the forward exact, dv 1% large
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+'''
+
+
+def test_a_suite_failure_is_its_message_alone_with_the_seed(pytester: pytest.Pytester,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    shutil.copytree(ROOT / "suites", pytester.path / "suites")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makeconftest(DV_OFF_CONFTEST)
+    result = pytester.runpytest_subprocess(
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", "cpu-b2-h4-t128-d32-causal-fp32 and dv-off",
+        "--attnperf-check-only", "--attnperf-seed=5",
+    )
+    result.assert_outcomes(failed=1, passed=1)  # fwdbwd fails on dv; fwd passes
+    text = result.stdout.str()
+    section = text[text.index("_ test_softmax["):text.index("= attnperf =")]
+    assert re.search(r"dv-off dv: max \|error\| \S+ against fp64, at b=\d h=\d t=\d+ d=\d+, exceeds .*; "
+                     r"\d+ elements are beyond it", section), section
+    assert "(inputs drawn with --attnperf-seed=5)" in section
+    assert "pytest_attnperf" not in section
+    assert "Traceback" not in section
+    assert len([line for line in section.splitlines()[1:] if line.strip() and not line.startswith("-")]) <= 4, section

@@ -37,7 +37,8 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 @pytest.mark.parametrize("where", ["project", "empty"])
 def test_help_lists_every_option(pytester: pytest.Pytester, flag: str, where: str) -> None:
-    """--help and -h work with the plugin loaded, in a configured project and in an empty folder."""
+    """--help and -h work with the plugin loaded, in a configured project and in an empty folder, and
+    show the tuning options apart from the everyday ones."""
     if where == "project":
         pytester.makeini("[pytest]\nattnperf_tolerance = 3%\n")
         pytester.makeconftest("def pytest_attnperf_register_kernels(registry, config):\n    pass\n")
@@ -48,6 +49,11 @@ def test_help_lists_every_option(pytester: pytest.Pytester, flag: str, where: st
         assert opt.flag in out
         assert opt.ini in out
     assert "slowdown tolerated before a case fails (default 5%)" in re.sub(r"\s+", " ", out)
+    # the everyday options in one group, the noise model and sampling in another
+    everyday, tuning = out.index("attnperf: attention kernels"), out.index("attnperf tuning:")
+    assert everyday < out.index("--attnperf-tolerance") < tuning
+    assert out.index("--attnperf-machine-offset") > tuning
+    assert out.index("--attnperf-budget") > tuning
 
 
 def test_each_help_is_one_short_line_ending_with_its_default() -> None:

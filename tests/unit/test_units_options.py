@@ -194,16 +194,6 @@ def test_a_bare_number_is_seconds_where_the_option_counts_seconds(
     assert settings(pytester, f"--attnperf-case-timeout={given}").case_timeout_s == pytest.approx(expected_s)
 
 
-def test_help_shows_the_tuning_options_apart(pytester: pytest.Pytester) -> None:
-    """--help lists the everyday options in one group and the noise model and sampling in another."""
-    result = pytester.runpytest("-p", "pytest_attnperf.plugin", "--help")
-    text = result.stdout.str()
-    everyday, tuning = text.index("attnperf: attention kernels"), text.index("attnperf tuning:")
-    assert everyday < text.index("--attnperf-tolerance") < tuning
-    assert text.index("--attnperf-machine-offset") > tuning
-    assert text.index("--attnperf-budget") > tuning
-
-
 def test_counts_and_times_are_taken_up_to_their_bounds(pytester: pytest.Pytester) -> None:
     """The largest accepted values (a bound refuses only what the timers or the machine cannot take)."""
     got = settings(pytester, "--attnperf-case-timeout=999999s", "--attnperf-min-samples=100000",
