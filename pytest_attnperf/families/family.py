@@ -68,7 +68,7 @@ def common_refusal(kernel: Kernel, case: Any, direction: str) -> str | None:
         return str(why)
     undeclared = [axis for axis in getattr(case, "axes", ()) if axis not in kernel.axes]
     if case is not None and undeclared:  # an optional call axis the kernel did not declare (Kernel.axes)
-        return f"{kernel.name} does not declare the call axis {', '.join(undeclared)} (Kernel.axes)"
+        return f"the kernel does not declare the call axis {', '.join(undeclared)} (Kernel.axes)"
     return kernel.supports(case) if case is not None else None
 
 
