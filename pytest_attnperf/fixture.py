@@ -12,7 +12,7 @@ import pytest
 from pytest_attnperf import floors
 from pytest_attnperf.costs import Cost, metrics
 from pytest_attnperf.families.memory import bound_for
-from pytest_attnperf.gate import policy
+from pytest_attnperf.gate import physics, policy
 from pytest_attnperf.gate.drift import DriftNote
 from pytest_attnperf.gate.memory import MemoryCheck, Tolerance, against_baseline, against_bound
 from pytest_attnperf.gate.verdict import Verdict
@@ -359,6 +359,7 @@ class Perf:
                 change_pct=result.verdict.change_pct,
                 eager_change_pct=eager_change,
                 notes=(m.notes + policy.verdict_notes(result.verdict, self._session.gate_terms) + floors.notes(result)
+                       + self._impossible_rates(result)
                        + ((result.kernels_changed,) if result.kernels_changed else ())
                        + ((m.kernels_vs_eager,) if m.kernels_vs_eager else ())
                        + ((drifted.text(),) if drifted is not None else ())),
@@ -376,6 +377,12 @@ class Perf:
                 drift_pct=None if drifted is None else drifted.pct,
             )
         )
+
+    def _impossible_rates(self, result: PerfResult) -> tuple[str, ...]:
+        """MFU or bandwidth % above 100% of a measured ceiling, named (``physics.above_measured``)."""
+        ceilings, dtype = self._session.ceilings, result.dtype or "?"
+        return physics.above_measured(result.mfu, result.bandwidth_frac, ceilings.rate_peak(dtype),
+                                      ceilings.rate_bandwidth(), dtype)
 
     def _entry(self, result: PerfResult, before: dict[str, Any] | None) -> dict[str, Any]:
         """The baseline entry ``--update-baselines`` writes for this case."""

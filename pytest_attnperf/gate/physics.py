@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pytest_attnperf.gate.roofline import Ceiling
 
-__all__ = ["TOLERANCE", "PhysicsCheck", "judge", "not_run", "roofline_seconds"]
+__all__ = ["TOLERANCE", "PhysicsCheck", "above_measured", "judge", "not_run", "roofline_seconds"]
 
 # How far above its ceilings a case may read before it is refused: the ceilings are medians
 # that move between runs by a few percent (the power cap, the clock), and the case's median by its
@@ -93,6 +93,25 @@ def _message(flops: float, bytes_moved: float, seconds: float, dtype: str, peak:
     lines.append("  a FLOP or byte count above the kernel's work, or a timer that misses work (a cached answer, "
                  "work left running after the timed call), reads so; if the ceiling is wrong, give --attnperf-peaks")
     return "\n".join(lines)
+
+
+def above_measured(mfu: float | None, bandwidth_frac: float | None, peak: Ceiling | None,
+                   bandwidth: Ceiling | None, dtype: str) -> tuple[str, ...]:
+    """A note for each of MFU and bandwidth % above 100% of a *measured* ceiling (the figures they
+    are taken against where no vendor's or user's is known: the CPU's): no kernel beats the
+    machine, so the figure is impossible, whether the ceiling was measured low (a busy host) or
+    the cost model or timer is wrong. Named wherever the impossible-speed check itself does not
+    run (the CPU) or passes."""
+    found = []
+    for name, frac, ceiling, unit, what in (("MFU", mfu, peak, 1e12, f"{dtype} matmul ceiling"),
+                                            ("bandwidth", bandwidth_frac, bandwidth, 1e9, "copy bandwidth")):
+        if frac is None or ceiling is None or ceiling.source != "measured" or frac <= 1.0:
+            continue
+        figure = f"{ceiling.value / unit:.3g} {'TFLOP/s' if unit == 1e12 else 'GB/s'}"
+        found.append(f"IMPOSSIBLE {name} {100 * frac:.1f}%: above 100% of the measured {what} ({figure}); the "
+                     "ceiling was measured low (a busy host: --attnperf-ceilings=measure on an idle one) or the cost "
+                     "model or the timer is wrong")
+    return tuple(found)
 
 
 def _named(ceiling: Ceiling) -> str:

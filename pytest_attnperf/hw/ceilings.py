@@ -12,7 +12,11 @@ with the run's own timer and sampling plan, so the device clock is used as for t
 
 The figures are kept in ``$XDG_CACHE_HOME/pytest-attnperf/ceilings`` (``~/.cache`` without it),
 one JSON file per machine (``--attnperf-machine`` or the detected one) and software stack
-(torch, CUDA, driver), and reused while those match. ``Ceilings`` puts them beside the spec
+(torch, CUDA, driver), and reused while those match. Figures that are not plausible are used for
+this run only, never cached (``Measured.doubts``): a CPU's taken on a contended host (the host
+timer's contention signals, ``measure.contention``: a busy host measures its ceilings low, and
+every case's MFU then reads above 100%), or any whose samples spread over more than
+``PLAUSIBLE_SPREAD`` times; the next run measures them again. ``Ceilings`` puts them beside the spec
 table and the user's ``--attnperf-peaks``. ``attnperf-ceilings`` measures and
 prints them (see docs/roofline.md).
 """
@@ -35,6 +39,7 @@ from typing import Any
 from pytest_attnperf.gate.roofline import Ceiling, ridge
 from pytest_attnperf.hw.detect import detect_device
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec, match, unlisted_spec
+from pytest_attnperf.measure.contention import HostLoad, contention_note, host_load
 from pytest_attnperf.measure.switches import exact_fp32
 from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer
 
@@ -47,6 +52,7 @@ GPU_COPY_BYTES = 2**30
 CPU_MATMUL_N = (256, 512, 1024)  # the first, then larger while a call takes at most CPU_CALL_S
 CPU_CALL_S = 0.2
 CPU_COPY_BYTES = 2**28
+PLAUSIBLE_SPREAD = 1.5  # a ceiling's 95% interval spanning more than this many times is not a steady figure
 CEILINGS_MIN_SAMPLES = 5  # a ceiling is a steady large call: five samples (a round of cold graphs on a GPU)
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -140,6 +146,7 @@ class Measured:
     shapes: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     cached: bool = False  # read from the cache file, not measured in this run
+    doubts: tuple[str, ...] = ()  # why the figures are not plausible enough to cache (a contended host, a wide spread)
 
     def peak(self, dtype: str) -> float | None:
         """The measured FLOP/s of ``dtype``; None when not measured."""
@@ -177,19 +184,30 @@ class Measured:
             return None
 
 
-def _rate(work: Workload, timer: Timer, plan: SamplingPlan) -> tuple[float, tuple[str, ...]]:
-    """Work a second of one workload, and the timer's notes (a throttled clock, say)."""
+def _rate(work: Workload, timer: Timer, plan: SamplingPlan,
+          load: Callable[[], HostLoad | None] | None) -> tuple[float, tuple[str, ...], str | None]:
+    """Work a second of one workload, the timer's notes (a throttled clock, say), and why the
+    figure is not plausible (None: it is): the host contended while it was sampled, where
+    ``load`` reads the host's load (the CPU), or samples spread over more than ``PLAUSIBLE_SPREAD``."""
+    before = load() if load is not None else None
     m = timer.measure(work, plan)
     seconds = m.median_ms / 1e3
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"the {m.clock} clock read a median of {m.median_ms!r} ms")
-    return (work.flops or work.bytes) / seconds, m.notes
+    doubt = contention_note(m.samples_ms, [before, load()]) if load is not None else None
+    s = m.summary
+    if doubt is None and s.ci_low_ms > 0 and s.ci_high_ms / s.ci_low_ms > PLAUSIBLE_SPREAD:
+        doubt = (f"samples spread {s.ci_low_ms:.4g}..{s.ci_high_ms:.4g} ms, more than {PLAUSIBLE_SPREAD:g} times "
+                 "(no steady figure)")
+    return (work.flops or work.bytes) / seconds, m.notes, doubt
 
 
-def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measured:
+def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice,
+            load: Callable[[], HostLoad | None] = host_load) -> Measured:
     """Time the matmuls and the copy on ``device`` with ``timer``. A workload that fails is
-    left out with its reason in ``notes``; no CUDA where ``device`` is a GPU raises
-    ``RuntimeError``."""
+    left out with its reason in ``notes``; one whose figure is not plausible (a contended host,
+    read with ``load`` on the CPU; a wide spread) is kept for the run and named in ``doubts``,
+    so it is not cached. No CUDA where ``device`` is a GPU raises ``RuntimeError``."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
 
     if device.is_gpu and not torch.cuda.is_available():
@@ -199,10 +217,11 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
     flops: dict[str, float | None] = {}
     shapes: dict[str, str] = {}
     notes: list[str] = []
+    doubts: list[str] = []
 
     def timed(name: str, work: Workload) -> float | None:
         try:
-            value, said = _rate(work, timer, plan)
+            value, said, doubt = _rate(work, timer, plan, None if device.is_gpu else load)
         except Exception as exc:  # noqa: BLE001 - one ceiling's failure costs only that ceiling
             notes.append(f"{name} not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
             return None
@@ -210,6 +229,7 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
             work.release()
         shapes[name] = work.shape
         notes.extend(f"{name}: {n}" for n in said)
+        doubts.extend([f"{name}: {doubt}"] if doubt else [])
         return value
 
     with exact_fp32():  # fp32 matmul without TF32 (torch's default, and how the checks run)
@@ -228,7 +248,7 @@ def measure(timer: Timer, plan: SamplingPlan, device: DetectedDevice) -> Measure
     if device.is_gpu:
         torch.cuda.empty_cache()  # give the ceilings' buffers back before the next case
     return Measured(tuple(flops.items()), bytes_per_s, _dt.datetime.now().isoformat(timespec="seconds"),
-                    tuple(sorted(shapes.items())), tuple(notes))
+                    tuple(sorted(shapes.items())), tuple(notes), doubts=tuple(doubts))
 
 
 # -- the cache ------------------------------------------------------------------------------
@@ -375,6 +395,9 @@ def obtain(spec: HardwareSpec, how: str, peaks: tuple[tuple[str, float], ...], *
         return replace(base, why=f"not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
     if not any(v for _, v in measured.flops) and not measured.bytes_per_s:
         return replace(base, measured=measured)
+    if measured.doubts:  # this run's figures; the next run measures them again
+        return replace(base, measured=measured, cache_note=f"NOT cached, not plausible enough to keep for later runs "
+                       f"({'; '.join(measured.doubts)}): measured again by the next run")
     problem = save(path, measured, stack)
     return replace(base, measured=measured, cache_note=problem or f"cached in {path}")
 
