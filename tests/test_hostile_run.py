@@ -169,6 +169,38 @@ def test_an_exit_handler_a_module_registers_as_the_kernel_first_imports_it_stays
         atexit.unregister(imported.clear_cache)
 
 
+MONITOR = """import atexit, threading
+
+stop = threading.Event()
+
+def _at_exit():
+    stop.set()
+
+def start():
+    atexit.register(_at_exit)
+    threading.Thread(target=stop.wait, args=(60,), name="lib-monitor", daemon=True).start()
+"""
+
+
+def test_an_installed_librarys_handler_and_thread_started_during_the_call_are_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    (installed / "monitor_lib.py").write_text(MONITOR)  # as tqdm starts its monitor inside torch's compiler
+    monkeypatch.syspath_prepend(str(installed))
+    monkeypatch.delitem(sys.modules, "monitor_lib", raising=False)
+    lib = importlib.import_module("monitor_lib")
+    before = process.thread_idents()
+    with process.ExitRefusal() as exits:
+        lib.start()
+    try:
+        assert exits.handlers == []
+        assert process.new_threads(before) == []
+    finally:
+        lib.stop.set()
+        atexit.unregister(lib._at_exit)
+
+
 def test_the_guard_fails_a_case_that_registered_an_exit_handler() -> None:
     state = isolation.CaseState.take()
     with process.ExitRefusal() as exits:

@@ -70,10 +70,24 @@ LIBRARIES = HARNESS_CALLERS + ("torch", "triton", "fla", "numpy", "transformers"
 compiler registers its cleanup on first use, and keeps a thread pool), besides the standard library's."""
 
 
+INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+
 def _library(module: str) -> bool:
-    """Whether ``module`` (a dotted name) is the standard library's or one of ``LIBRARIES``."""
+    """Whether ``module`` (a dotted name) is the standard library's, one of ``LIBRARIES``, or an
+    installed package's (its file under ``site-packages``: tqdm's monitor thread and exit handler,
+    started by torch's compiler inside a case, are tqdm's). A kernel's own code is the project's,
+    outside them (an editable install included)."""
     top = module.split(".")[0]
-    return top in LIBRARIES or top in sys.stdlib_module_names
+    if top in LIBRARIES or top in sys.stdlib_module_names:
+        return True
+    loaded = sys.modules.get(module) or sys.modules.get(top)
+    return _installed(str(getattr(loaded, "__file__", None) or ""))
+
+
+def _installed(filename: str) -> bool:
+    """Whether ``filename`` belongs to an installed package (under ``site-packages``)."""
+    return any(part in filename for part in INSTALLED)
 
 
 class ExitRefused(BaseException):
@@ -148,7 +162,8 @@ class ExitRefusal:
             done: Callable[..., Any] = real(func, *args, **kwargs)
             caller = _caller(sys._getframe(1))
             module = str(caller.f_globals.get("__name__", "")) if caller is not None else ""
-            if os.getpid() == self._pid and not _library(module) and not _importing(caller):
+            installed = caller is not None and _installed(caller.f_code.co_filename)
+            if os.getpid() == self._pid and not _library(module) and not installed and not _importing(caller):
                 self._registered.append(func)
                 name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func)[:60])}"
                 self.handlers.append(f"atexit.register({name}){_where(caller)}")
@@ -298,7 +313,8 @@ def new_threads(before: set[int]) -> list[str]:
         frame = frames.get(thread.ident)
         target = getattr(thread, "_target", None)
         owner = str(getattr(target, "__module__", None) or type(thread).__module__)
-        own_code = [f for f in _stack(frame) if not _library(str(f.f_globals.get("__name__", "")))]
+        own_code = [f for f in _stack(frame) if not _library(str(f.f_globals.get("__name__", "")))
+                    and not _installed(f.f_code.co_filename)]
         if _library(owner) and not own_code:
             continue
         lines.append(_describe_thread(thread, own_code[0] if own_code else frame))
