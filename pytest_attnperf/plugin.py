@@ -58,6 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
     config.stash[STATUS_KEY] = status.take_path()  # taken before any worker or pool run is started
+    _output_folders(config)
     config.stash[timeline.KEY] = clock = timeline.Timeline.begin()
     config.pluginmanager.register(clock, "attnperf-timeline")  # the run's stages; the tests' phases from their reports
     config.stash[failures.KEY] = failed = failures.Failures()
@@ -73,6 +74,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(plugin, name)
     if session.settings.hw is not None and session.fleet is None:  # a controller opens no device: its workers check
         session.hardware  # noqa: B018 - an explicit --hw is checked at start-up
+
+
+def _output_folders(config: pytest.Config) -> None:
+    """The folder of pytest-benchmark's ``--benchmark-json`` made now, where it is missing (its file
+    is written at the run's end, and a missing folder lost the run's JSON then); one that cannot be
+    made is a usage error naming it, before anything runs."""
+    path = config.getoption("benchmark_json", None)
+    if not isinstance(path, Path) or getattr(config, "workerinput", None) is not None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"attnperf: --benchmark-json={path}: its folder cannot be made: {exc}") from None
 
 
 def _optional_plugins(

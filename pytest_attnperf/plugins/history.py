@@ -24,6 +24,7 @@ from pytest_attnperf.options import project_dir
 from pytest_attnperf.outcome import PerfResult
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store import history
+from pytest_attnperf.store.baselines import BaselineError
 from pytest_attnperf.store.history import git_commit, history_path
 
 __all__ = ["NAME", "WINDOW", "HistoryRecorder", "since_recorded", "wanted"]
@@ -83,8 +84,13 @@ class HistoryRecorder:
 
     @cached_property
     def _past(self) -> dict[tuple[str, str], list[Any]]:
-        """The history as it was when this run first needed it, by case and mode."""
-        return history.series(history.read(self.path).records)
+        """The history as it was when this run first needed it, by case and mode; empty, with the
+        problem named in the summary, where the file cannot be read (a FIFO, a device, a link loop)."""
+        try:
+            return history.series(history.read(self.path).records)
+        except BaselineError as exc:
+            self.problem = self.problem or f"NOT read, drift not judged: {exc}"
+            return {}
 
     def judge(self, key: str, result: PerfResult) -> DriftNote | None:
         """The case's drift on the history so far plus this run, since its latest recording and

@@ -26,10 +26,12 @@ the file, and the folder users commit should hold baselines only.
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import hashlib
 import math
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -51,8 +53,8 @@ except ImportError:  # not on POSIX: updates are not locked (see ``locked``)
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "FORMAT", "IGNORED", "INTERVAL_RATIO_MAX", "LOCK_TIMEOUT_S", "BaselineError", "BaselineFile", "LockTimeout",
-    "Unusable",
+    "FORMAT", "IGNORED", "INTERVAL_RATIO_MAX", "LOCK_TIMEOUT_S", "MAX_FILE_BYTES", "MODES", "BaselineError",
+    "BaselineFile", "LockTimeout", "Unusable", "read_regular",
     "ignore_transients", "interval_problem", "load", "lock_path",
     "locked", "merge", "remove_stale_temporaries", "rounded", "save", "save_unsaved", "temporaries", "update",
     "write_atomic",
@@ -61,6 +63,9 @@ __all__ = [
 FORMAT = 1
 LOCK_TIMEOUT_S = 120.0  # an update waits this long for another run's update of the same file
 INTERVAL_RATIO_MAX = 100.0  # an entry whose ci_high_ms / ci_low_ms is above this is unusable
+MAX_FILE_BYTES = 2**30  # a baseline or history file larger is refused before it is read (10,000 entries: about 5 MB)
+MODES = ("cold", "hot", "host")  # an entry's ``mode``: another (an edit) would leave its case "not compared", ungated
+_KNOWN_KEYS = ("format", "meta", "entries")
 
 # libyaml's loader and dumper when PyYAML was built with it (about twice as fast on a large file),
 # the loader refusing duplicate keys and aliases, the dumper writing no alias (yamlstrict)
@@ -94,6 +99,7 @@ class BaselineFile:
     meta: dict[str, Any] = field(default_factory=dict)
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     unusable: dict[str, Unusable] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # top-level keys besides format, meta and entries: kept
     digest: str | None = field(default=None, compare=False)  # sha256 of the bytes it was loaded from
     _summaries: dict[str, Summary] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -148,6 +154,9 @@ def entry_problem(entry: Any) -> str | None:
     problem = interval_problem(entry)
     if problem is not None:
         return problem
+    if "mode" in entry and entry["mode"] not in MODES:
+        return (f"ValueError: 'mode' is {entry['mode']!r}, not one of {', '.join(MODES)}: an entry of another mode is "
+                "never compared, so its case would go ungated")
     if "kernels" in entry:  # an inventory (measure/inventory.py); entries recorded before have none
         problem = kernels_problem(entry["kernels"])
         if problem is not None:
@@ -179,17 +188,48 @@ def _parse(text: str) -> Any:
         return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (yamlstrict.StrictLoader)
 
 
+def read_regular(path: Path, what: str = "baseline file") -> bytes | None:
+    """The bytes of the regular file at ``path``, None when there is none (a link to nothing
+    included); ``BaselineError`` naming ``what``, the path and the cause for what cannot be read
+    as one without hanging or filling memory: a FIFO or socket (opened without blocking), a device
+    (``/dev/zero`` never ends), a folder, a link loop, a file over ``MAX_FILE_BYTES``."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BaselineError(f"{what} {path} is a symbolic link loop (it leads back to itself): replace it with "
+                                "the file or a link to one") from None
+        raise BaselineError(f"{what} {path} cannot be read: {exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+                else "a block device" if stat.S_ISBLK(mode) else "a folder" if stat.S_ISDIR(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise BaselineError(f"{what} {path} is {kind}, not a regular file: it was not read (reading it could "
+                            "hang or never end), and nothing is written over it")
+    with os.fdopen(fd, "rb") as handle:
+        raw = handle.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise BaselineError(f"{what} {path} is larger than {MAX_FILE_BYTES / 2**20:.0f} MiB: not read")
+    return raw
+
+
 def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
     """The file's contents, None when it does not exist; ``BaselineError`` when unusable.
 
     An entry that fails validation raises too, naming it, unless ``keep_unusable``: then it is
-    set aside in ``unusable`` with its cause, and the others load."""
-    if not path.exists():
+    set aside in ``unusable`` with its cause, and the others load. Top-level keys besides
+    ``format``, ``meta`` and ``entries`` are kept (``extra``) and written back."""
+    raw = read_regular(path)
+    if raw is None:
         return None
     try:
-        raw = path.read_bytes()
         text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise BaselineError(f"baseline file {path} cannot be read: {exc}") from None
     if not text.strip():
         raise BaselineError(f"baseline file {path} is empty; remove it or restore it from version control")
@@ -201,6 +241,10 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
         ) from None
     except yaml.YAMLError as exc:
         raise BaselineError(f"baseline file {path} is not valid YAML: {cut(str(exc), 2 * QUOTE_CHARS)}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise BaselineError(f"baseline file {path} holds a number it cannot read: {cut(str(exc))}") from None
+    except RecursionError:
+        raise BaselineError(f"baseline file {path} is nested too deeply to read") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BaselineError(
             f"baseline file {path} is not an attnperf baseline (expected a mapping with "
@@ -209,7 +253,8 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
     meta, entries = data.get("meta") or {}, data.get("entries") or {}
     if not isinstance(meta, dict) or not isinstance(entries, dict):
         raise BaselineError(f"baseline file {path}: 'meta' and 'entries' must be mappings")
-    loaded = BaselineFile(meta=meta, digest=hashlib.sha256(raw).hexdigest())
+    extra = {str(key): value for key, value in data.items() if key not in _KNOWN_KEYS}
+    loaded = BaselineFile(meta=meta, digest=hashlib.sha256(raw).hexdigest(), extra=extra)
     for key, entry in entries.items():
         problem = entry_problem(entry)
         if problem is None:
@@ -233,6 +278,7 @@ def merge(
         meta={**(existing.meta if existing else {}), **meta},
         entries=dict(existing.entries) if existing else {},
         unusable={k: v for k, v in existing.unusable.items() if k not in measured} if existing else {},
+        extra=dict(existing.extra) if existing else {},
     )
     for key, entry in measured.items():
         merged.entries[key] = {k: rounded(v) for k, v in entry.items()}
@@ -254,7 +300,8 @@ def save(path: Path, baseline: BaselineFile) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = {**{k: u.raw for k, u in baseline.unusable.items()}, **baseline.entries}
     with _collector_off():
-        text = _dumped({"format": FORMAT, "meta": baseline.meta}) + _dumped({"entries": entries})
+        text = (_dumped({"format": FORMAT, "meta": baseline.meta}) + (_dumped(baseline.extra) if baseline.extra else "")
+                + _dumped({"entries": entries}))
     write_atomic(path, text)
 
 

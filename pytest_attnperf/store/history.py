@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import socket
+import stat
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_attnperf.store.baselines import locked, rounded
+from pytest_attnperf.store.baselines import locked, read_regular, rounded
 
 __all__ = ["SCHEMA", "History", "append", "git_commit", "history_path", "make_record", "read", "series"]
 
@@ -83,8 +85,10 @@ def append(path: Path, record: Mapping[str, Any]) -> None:
     data = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     with locked(path):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)  # a FIFO never blocks
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file; nothing appended")
             view = memoryview(data)
             while view:  # a regular file takes the whole write; a short one is finished, still locked
                 view = view[os.write(fd, view):]
@@ -103,28 +107,36 @@ class History:
 
 
 def _lines(path: Path) -> Iterator[str]:
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        yield from handle
+    raw = read_regular(path, "history file")  # a FIFO or device is refused, naming it, never read
+    if raw is None:
+        return
+    yield from raw.decode("utf-8", errors="replace").splitlines()
+
+
+def _time(value: Any) -> bool:
+    """Whether ``value`` is a time a record can hold: a positive, finite number (a NaN median
+    would hide every shift in its case's history)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def read(path: Path) -> History:
-    """The history at ``path`` (empty when there is no file)."""
-    if not path.exists():
-        return History(())
+    """The history at ``path`` (empty when there is no file); a record that cannot be read, or
+    whose median is not a positive finite time, is counted as unreadable and left out.
+    ``store.baselines.BaselineError`` names a path that is no regular file."""
     records, unreadable, newer = [], 0, 0
     for line in _lines(path):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, a number of too many digits, nesting too deep
             unreadable += 1
             continue
         if not isinstance(record, dict) or not isinstance(record.get("schema"), int):
             unreadable += 1
         elif record["schema"] > SCHEMA:
             newer += 1
-        elif isinstance(record.get("case"), str) and isinstance(record.get("median_ms"), (int, float)):
+        elif isinstance(record.get("case"), str) and _time(record.get("median_ms")):
             records.append(record)
         else:
             unreadable += 1
