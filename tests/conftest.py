@@ -106,3 +106,24 @@ def _unit_tests_run_no_pytest(request: pytest.FixtureRequest, monkeypatch: pytes
     if UNIT in request.node.path.parents:
         for name in _RUNS:
             monkeypatch.setattr(pytest.Pytester, name, _no_run_here)
+
+
+# Modules whose tests share one expensive run (a module-scoped fixture, or a run cached per
+# process): under -n each is sent whole to one worker, so the run happens once, not once a worker.
+SHARED_RUNS = {"test_checks_faults.py", "test_faults_store.py", "test_integrity.py", "test_reference_linear.py",
+               "test_zoo_catalogue.py", "test_zoo_linear.py", "test_zoo_softmax.py"}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``pytest tests/ -n auto``: each test its own unit of work, as under ``--dist load``, except
+    the modules of ``SHARED_RUNS``, one unit each (these tests measure nothing themselves: the
+    plugin's grouping of a shape's cases is for the suites)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunsTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).name in SHARED_RUNS else nodeid
+
+    return SharedRunsTogether(config, log)

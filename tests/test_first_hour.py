@@ -11,7 +11,9 @@ kit's, as the module ``attnperf_fakes``) keep the timed runs quick and steady.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import kit
 import pytest
+from packaging.requirements import Requirement
 
 FAKES = kit.conftest("cpu", samples=kit.steps(5, centred=True))
 HARNESS = ("-p", "attnperf_fakes", "-p", "no:randomly", "-p", "no:cacheprovider", "--benchmark-disable",
@@ -201,7 +204,7 @@ def test_relative_report_and_baselines_folders_share_the_ini_files_folder(first_
 
 # -- the quick start from the built wheel, in a fresh virtual environment ------------------------
 
-TORCH = "torch==2.13.0"  # the README's pin
+TORCH = "torch"  # with what it needs, taken from this environment (_link_torch)
 SOURCE = ("pyproject.toml", "MANIFEST.in", "README.md", "CHANGELOG.md", "docs", "pytest_attnperf")
 STEP_S = 300  # a step that takes longer is stuck: a safety net, not a measurement (the times are printed)
 
@@ -225,10 +228,44 @@ def _isolation() -> list[str]:
     return ["--no-build-isolation"] if int(setuptools.__version__.split(".")[0]) >= 69 else []
 
 
+def _requirements(name: str) -> set[str]:
+    """The distribution ``name`` and those it needs (no extras), by their normalised names."""
+    found: set[str] = set()
+    todo = [name]
+    while todo:
+        key = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if key in found:
+            continue
+        found.add(key)
+        for line in importlib.metadata.requires(key) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return found
+
+
+def _link_torch(venv: Path, folder: Path) -> str:
+    """Torch and the distributions it needs, from this environment, linked into ``folder``, which a
+    .pth file puts on the new venv's path: pip then finds torch installed, as after the README's
+    ``pip install torch==...`` (the step CI's own install runs), and installs the wheel's other
+    dependencies into the venv (installing torch's wheel again would be most of this test's
+    time). Returns torch's version."""
+    folder.mkdir()
+    for name in _requirements(TORCH):
+        dist = importlib.metadata.distribution(name)
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
+            source = Path(str(dist.locate_file(top)))
+            if not top.endswith(".pth") and source.exists() and not (folder / top).exists():
+                (folder / top).symlink_to(source)
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    (site / "torch_of_the_tests.pth").write_text(f"{folder}\n")
+    return importlib.metadata.version(TORCH)
+
+
 def test_the_quick_start_from_the_built_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
-    """Build the wheel, install torch and it into a new venv (no site packages), write the page's
-    project and run its two commands there; the docs are reachable from the installed metadata.
-    About a minute (torch's install is half of it); it runs with the others, in CI too."""
+    """Build the wheel, install it into a new venv (no site packages; torch linked from this
+    environment), write the page's project and run its two commands there; the docs are reachable
+    from the installed metadata. It runs with the others, in CI too."""
     timings: dict[str, float] = {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNPERF_", "PYTHON", "VIRTUAL_ENV"))}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
@@ -251,12 +288,16 @@ def test_the_quick_start_from_the_built_wheel_in_a_fresh_venv(tmp_path: Path) ->
             names = {Path(name).relative_to(Path(name).parts[0]).as_posix() for name in archive.getnames()}
         assert {f"docs/{page.name}" for page in (kit.ROOT / "docs").glob("*.md")} <= names
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, timings, "make the venv")
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env, timings, "make the venv")
     python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "-q", TORCH], tmp_path, env, timings, "install torch")
-    _run([python, "-m", "pip", "install", "-q", str(wheel)], tmp_path, env, timings, "install the wheel")
-    shown = _run([python, "-m", "pip", "show", "-f", "pytest-attnperf"], tmp_path, env, timings, "pip show").stdout
+    torch_version = _link_torch(venv, tmp_path / "torch")
+    pip = [sys.executable, "-m", "pip", "--python", python]  # this environment's pip, on the venv
+    _run([*pip, "install", "-q", str(wheel)], tmp_path, env, timings, "install the wheel")
+    shown = _run([*pip, "show", "-f", "pytest-attnperf"], tmp_path, env, timings, "pip show").stdout
     assert "pytest_attnperf/families/softmax/suite.py" in shown
+    listed = _run([*pip, "list", "--format=freeze"], tmp_path, env, timings, "pip list").stdout
+    assert f"torch=={torch_version}" in listed.split()  # found where the link put it, nothing else of this
+    assert "pytest-attnperf==" in listed  # environment's (the wheel's own dependencies were installed)
     metadata = next((venv / "lib").glob("python*/site-packages/pytest_attnperf-*.dist-info/METADATA")).read_text()
     page = "https://github.com/pytest-attnperf/pytest-attnperf/blob/main/docs/own-project.md"
     assert f"Project-URL: Quick start, {page}" in metadata
