@@ -79,8 +79,8 @@ def visible_pairs(seq: int, causal: bool, window: int | None = None, seq_k: int 
         raise ValueError(f"a window holds at least one key, got {window}")
     if not causal:
         return seq * seq_k
-    if seq_k < seq:
-        raise ValueError(f"causal attention of {seq} queries needs at least as many keys, got {seq_k}")
+    if seq_k < seq:  # more queries than keys: the first seq - seq_k see none, the rest are keys 0 .. seq_k - 1
+        return _window_sum(seq_k, window)
     return _window_sum(seq_k, window) - _window_sum(seq_k - seq, window)
 
 

@@ -51,6 +51,13 @@ CLASSES: dict[str, str] = {
     "split-state": "relation: two calls with the state carried equal one call on the whole",
     "packed-loop": "relation: packed sequences equal one call per sequence",
     "batch-split": "relation: a batch of N equals N calls of one batch entry",
+    "lse": "the log-sum-exp returned beside the output (return_lse=True)",
+    "q-gt-k": "more queries than keys, causal aligned lower-right: the top rows see no key",
+    "v-dim": "a value head dim other than the query/key one (MLA's qk 192 / v 128)",
+    "mask": "an explicit attn_mask: padding by batch entry, per-head patterns, additive biases",
+    "fully-masked": "rows whose every key is masked: output 0 and log-sum-exp -inf, not NaN",
+    "prefix": "relation: appending tokens leaves a causal kernel's earlier outputs as they were",
+    "inference": "relation: the forward under no_grad and inference_mode equals the grad-mode call",
 }
 
 
@@ -80,14 +87,18 @@ class Row:
 
 def _softmax(batch: int, heads: int, seq: int, dim: int, dtype: str = "fp32", *, causal: bool = True,
              kv_heads: int | None = None, window: int | None = None, kv_seq: int | None = None,
-             values: str = "normal", layout: str = "contiguous") -> SoftmaxCase:
+             values: str = "normal", layout: str = "contiguous", lse: bool = False, dim_v: int | None = None,
+             mask: str | None = None, relation: str | None = None) -> SoftmaxCase:
     parts = [f"b{batch}", f"h{heads}"] + ([f"kv{kv_heads}"] if kv_heads else []) + [f"t{seq}"]
     parts += [f"k{kv_seq}"] if kv_seq else []
-    parts += [f"d{dim}"] + ([f"w{window}"] if window else []) + (["causal"] if causal else []) + [dtype]
+    parts += [f"d{dim}"] + ([f"v{dim_v}"] if dim_v else []) + ([f"w{window}"] if window else [])
+    parts += (["causal"] if causal else []) + [dtype]
     parts += [] if values == "normal" else [values]
     parts += [] if layout == "contiguous" else [layout]
+    parts += (["lse"] if lse else []) + ([f"mask-{mask}"] if mask else []) + ([f"rel-{relation}"] if relation else [])
     return SoftmaxCase("cat-" + "-".join(parts), batch, heads, seq, dim, dtype, causal, kv_heads=kv_heads,
-                       window=window, gpu=False, kv_seq=kv_seq, values=values, layout=layout)
+                       window=window, gpu=False, kv_seq=kv_seq, values=values, layout=layout, lse=lse,
+                       head_dim_v=dim_v, mask=mask, relation=relation)
 
 
 def softmax_rows() -> Iterator[Row]:
@@ -112,6 +123,17 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(2, 2, 40, 32, values="negative-lse"), ("negative-lse",), "smoke")
     yield Row(S(2, 2, 40, 32, values="ties"), ("ties",), "smoke")
     yield Row(S(2, 2, 40, 32, causal=False, values="onehot"), ("onehot",), "smoke")
+    # the call axes (a kernel that does not declare one refuses its rows) and the checks between calls
+    yield Row(S(2, 2, 17, 32, lse=True), ("lse",), "smoke")
+    yield Row(S(2, 2, 17, 32, kv_seq=9), ("q-gt-k",), "smoke")  # the top 8 rows see no key
+    yield Row(S(2, 2, 17, 32, kv_seq=9, lse=True), ("q-gt-k", "lse"), "smoke")
+    yield Row(S(1, 2, 20, 48, dim_v=32), ("v-dim", "asym-dim"), "smoke")  # MLA's 192 / 128, scaled down
+    yield Row(S(3, 2, 20, 32, causal=False, mask="padding"), ("mask",), "smoke")
+    yield Row(S(1, 4, 20, 32, causal=False, mask="per-head"), ("mask", "batch-heads"), "smoke")
+    yield Row(S(2, 3, 20, 32, causal=False, mask="fully-masked"), ("mask", "fully-masked"), "smoke")
+    yield Row(S(2, 3, 20, 32, causal=False, mask="fully-masked", lse=True), ("mask", "fully-masked", "lse"), "smoke")
+    yield Row(S(2, 2, 40, 32, relation="prefix"), ("prefix",), "smoke")
+    yield Row(S(2, 2, 40, 32, relation="inference"), ("inference",), "smoke")
     # full: the rest of each class
     for t in (2, 15, 63, 127, 129, 255, 257, 263):
         yield Row(S(2, 2, t, 32), ("tile-edge",) + (("tiny-seq",) if t <= 2 else ()))
@@ -139,6 +161,18 @@ def softmax_rows() -> Iterator[Row]:
     for values in ("large-logits", "negative-lse", "ties", "onehot"):
         yield Row(S(2, 2, 65, 32, "bf16", values=values), (values, "low-precision", "tile-edge"))
         yield Row(S(1, 4, 1, 32, kv_heads=2, kv_seq=77, values=values), (values, "q-lt-k", "gqa"))
+    yield Row(S(1, 2, 70, 32, "bf16", lse=True), ("lse", "low-precision", "tile-edge"))
+    yield Row(S(2, 2, 40, 32, causal=False, values="large-logits", lse=True), ("lse", "large-logits"))
+    yield Row(S(1, 4, 31, 32, kv_heads=2, kv_seq=5), ("q-gt-k", "gqa"))
+    yield Row(S(1, 2, 20, 32, kv_seq=4, causal=False), ("q-gt-k",))
+    yield Row(S(1, 2, 70, 32, "bf16", kv_seq=65, lse=True), ("q-gt-k", "lse", "low-precision", "tile-edge"))
+    yield Row(S(2, 8, 33, 48, kv_heads=2, dim_v=32), ("v-dim", "asym-dim", "gqa"))
+    yield Row(S(1, 2, 65, 32, "bf16", dim_v=64), ("v-dim", "asym-dim", "low-precision", "tile-edge"))
+    yield Row(S(3, 2, 20, 32, "bf16", mask="padding-additive"), ("mask", "low-precision"))
+    yield Row(S(1, 4, 20, 32, "fp16", mask="alibi"), ("mask", "low-precision"))
+    yield Row(S(2, 4, 17, 32, kv_heads=2, kv_seq=9, mask="fully-masked"), ("mask", "fully-masked", "q-gt-k", "gqa"))
+    yield Row(S(1, 2, 100, 32, kv_seq=130, relation="prefix"), ("prefix", "q-lt-k", "tile-edge"))
+    yield Row(S(2, 4, 40, 32, "bf16", kv_heads=2, relation="inference"), ("inference", "gqa", "low-precision"))
     # a GPU's tiles: lengths around 128-wide blocks, the head dims flash kernels specialise on
     for t in (1023, 1025, 2049):
         yield Row(S(2, 4, t, 128, "bf16"), ("tile-edge", "low-precision"), gpu=True)
@@ -151,6 +185,11 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(2, 8, 4096, 64, "bf16", window=1023), ("window-edge", "low-precision"), gpu=True)
     yield Row(S(2, 4, 1000, 64, "fp16", values="large-logits"), ("large-logits", "low-precision"), gpu=True)
     yield Row(S(2, 4, 1000, 64, "bf16", values="negative-lse"), ("negative-lse", "low-precision"), gpu=True)
+    yield Row(S(2, 4, 1025, 64, "bf16", lse=True), ("lse", "low-precision", "tile-edge"), gpu=True)
+    yield Row(S(2, 4, 1024, 64, "bf16", kv_seq=700), ("q-gt-k", "low-precision"), gpu=True)
+    yield Row(S(2, 4, 1024, 192, "bf16", dim_v=128), ("v-dim", "asym-dim", "low-precision"), gpu=True)
+    yield Row(S(4, 8, 1024, 64, "bf16", causal=False, mask="padding"), ("mask", "low-precision"), gpu=True)
+    yield Row(S(2, 4, 2048, 64, "bf16", relation="prefix"), ("prefix", "low-precision"), gpu=True)
 
 
 # -- the linear families ---------------------------------------------------------------------
@@ -265,7 +304,13 @@ def rows(family: str, tier: str, gpu: bool) -> tuple[Row, ...]:
         return ()
     source = softmax_rows() if family == "softmax" else linear_rows()
     chosen = [r for r in source if (tier == "full" or r.tier == "smoke") and (gpu or not r.gpu) and _fits(family, r)]
-    return tuple(replace(r, case=replace(r.case, gpu=r.gpu)) for r in chosen)
+    return tuple(replace(r, case=replace(r.case, gpu=r.gpu, **_inference(r))) for r in chosen)
+
+
+def _inference(row: Row) -> dict[str, bool]:
+    """A softmax smoke row's forward is also called under ``torch.inference_mode()`` (one more call;
+    ``families.softmax.relations``)."""
+    return {"inference": True} if isinstance(row.case, SoftmaxCase) and row.tier == "smoke" else {}
 
 
 def classes_of(family: str) -> tuple[str, ...]:

@@ -95,10 +95,11 @@ def test_window_without_causal_is_refused() -> None:
         visible_pairs(16, causal=False, window=4)
 
 
-def test_causal_with_fewer_keys_than_queries_is_refused() -> None:
-    """Lower-right causal attention needs at least as many keys as queries (else a query sees none)."""
-    with pytest.raises(ValueError, match="at least as many keys"):
-        visible_pairs(32, causal=True, seq_k=16)
+def test_causal_with_fewer_keys_than_queries_counts_only_the_rows_that_see_keys() -> None:
+    """Lower-right causal with more queries than keys: the first 16 of 32 queries see no key, the
+    rest see 1 .. 16 of them."""
+    assert visible_pairs(32, causal=True, seq_k=16) == 16 * 17 // 2
+    assert visible_pairs(32, causal=True, seq_k=16, window=4) == 4 * 5 // 2 + 12 * 4
 
 
 # -- FLOPs against torch.utils.flop_counter ------------------------------------------------

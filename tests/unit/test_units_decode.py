@@ -83,20 +83,24 @@ def test_the_mask_is_aligned_to_the_end_of_the_cache() -> None:
     assert attention_mask(4, True, None, "cpu").int().tolist() == torch.ones(4, 4).tril().int().tolist()
 
 
-def test_fewer_keys_than_queries_are_refused() -> None:
-    """Lower-right causal with Tk < Tq would leave queries with no key at all."""
-    with pytest.raises(ValueError, match="at least as many keys"):
-        attention_mask(5, True, None, "cpu", 3)
+def test_fewer_keys_than_queries_leave_the_top_rows_empty() -> None:
+    """Lower-right causal with Tk < Tq (the q-gt-k axis): the first Tq - Tk queries see no key."""
+    mask = attention_mask(5, True, None, "cpu", 3).int().tolist()
+    assert mask == [[0, 0, 0], [0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]]
 
 
-def test_a_table_with_fewer_keys_than_queries_is_a_usage_error() -> None:
-    """A row whose cache is shorter than its queries is refused at collection, naming the row."""
+def test_a_table_with_fewer_keys_than_queries_carries_the_q_gt_k_axis() -> None:
+    """A row whose keys are fewer than its queries is taken at collection; it carries the q-gt-k
+    axis, which a kernel that does not declare it refuses."""
+    from pytest_attnperf.families.family import common_refusal
     from pytest_attnperf.families.parametrize import check_cases
+    from pytest_attnperf.families.registry import Kernel
 
     short = softmax.SoftmaxCase("b1-h4-t8-d16-causal-fp32", 1, 4, 8, 16, "fp32", True, gpu=False, kv_seq=4)
-    with pytest.raises(pytest.UsageError, match="'b1-h4-t8-d16-causal-fp32': kv_seq=4 keys for seq=8 queries"):
-        check_cases("mine", [short])
-    check_cases("mine", CPU)
+    check_cases("mine", [short, *CPU])
+    assert short.axes == ("q-gt-k",)
+    mine = Kernel("softmax", "mine", softmax.naive)
+    assert "does not declare the call axis q-gt-k" in str(common_refusal(mine, short, "fwd"))
 
 
 def test_a_decode_case_names_its_cache_and_draws_a_longer_kv() -> None:

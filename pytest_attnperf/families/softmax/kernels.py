@@ -2,7 +2,11 @@
 
 Signature of every kernel in the family (torch SDPA layout, K/V may have fewer heads)::
 
-    fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out  # [B, H, Tq, d]
+    fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out  # [B, H, Tq, dv]
+
+A kernel that declares an optional call axis (``Kernel.axes``: ``lse``, ``q-gt-k``, ``v-dim``,
+``mask``) also takes ``return_lse=True`` (returning ``(out, lse)``) and ``attn_mask=``, and
+cases of more queries than keys or of another value head dim (``families.softmax.axes``).
 
 Query and key lengths may differ: ``q.shape[2]`` (``Tq``) new tokens over ``k.shape[2]``
 (``Tk >= Tq``) keys, as in decode (``Tq = 1``) and chunked prefill. ``causal`` is then aligned
@@ -32,15 +36,16 @@ from pytest_attnperf.families.checks import (
     assert_elementwise,
     assert_reaches,
     call_checked,
-    expect_tensor,
     gradients,
     own_copies,
     plain,
 )
 from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.families.softmax import axes as call_axes
+from pytest_attnperf.families.softmax import relations
 from pytest_attnperf.families.softmax.recompute import further, recomputed_gradients, recomputed_output
-from pytest_attnperf.families.softmax.reference import attention_mask
+from pytest_attnperf.families.softmax.reference import attention_mask, masked_scores
 from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 from pytest_attnperf.families.values import laid_out, softmax_inputs
 from pytest_attnperf.hw.detect import memory_gb
@@ -74,6 +79,27 @@ class SoftmaxCase:
     kv_seq: int | None = None  # keys (the KV cache) when they outnumber the queries: decode
     values: str = "normal"  # how the inputs are drawn (``families.values``: adversarial regimes)
     layout: str = "contiguous"  # how the kernel receives them (``families.values.laid_out``)
+    lse: bool = False  # the ``lse`` axis: the kernel returns (out, lse) (``families.softmax.axes``)
+    head_dim_v: int | None = None  # the ``v-dim`` axis: the values' head dim where it is not head_dim
+    mask: str | None = None  # the ``mask`` axis: an explicit attn_mask (``axes.MASKS``)
+    relation: str | None = None  # a metamorphic check instead of the reference (``relations.RELATIONS``)
+    inference: bool = False  # forward: also called under torch.inference_mode(), compared with the grad-mode call
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The optional call axes the case carries, which a kernel must declare (``Kernel.axes``)."""
+        found = (("lse",) if self.lse else ()) + (("q-gt-k",) if self.n_kv_seq < self.seq else ())
+        return found + (("v-dim",) if self.n_head_dim_v != self.head_dim else ()) + (("mask",) if self.mask else ())
+
+    @property
+    def n_head_dim_v(self) -> int:
+        """The values' (and the output's) head dim: ``head_dim_v``, or ``head_dim``."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    def refusal(self, family: str) -> str | None:
+        """Why no kernel can take this case (None when one can): an unknown mask or relation, or a
+        relation the case's shape cannot carry."""
+        return relations.refusal(self)
 
     @property
     def n_kv_seq(self) -> int:
@@ -94,6 +120,8 @@ class SoftmaxCase:
         """Why the case has no fwdbwd direction, or None: with one key, each query's softmax is 1,
         so dq and dk are zero whatever the inputs, and a correct kernel's dq (the rounding of
         ``dp - rowsum(dO o O)``) fails any bound relative to that zero."""
+        if self.relation:
+            return f"the {self.relation} check compares forward calls"
         if self.n_kv_seq == 1:
             return "one key per query: the softmax is 1 and dq, dk are zero, so a backward checks nothing of them"
         return None
@@ -105,32 +133,40 @@ class SoftmaxCase:
         return scale
 
 
-def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
-    """Explicit softmax over materialised scores, in the inputs' dtype."""
+def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None, attn_mask: Any = None,
+          return_lse: bool = False) -> Any:
+    """Explicit softmax over materialised scores, in the inputs' dtype (every call axis: a row
+    with no visible key 0, its LSE -inf)."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
-
 
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    mask = attention_mask(q.shape[2], causal, window, q.device, k.shape[2])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    scores, empty = masked_scores(torch.matmul(q, k.transpose(-1, -2)) * scale, causal, window, attn_mask)
+    out = torch.matmul(torch.softmax(scores, dim=-1).masked_fill(empty, 0.0), v)
+    if not return_lse:
+        return out
+    return out, torch.logsumexp(scores.float(), dim=-1).masked_fill(empty[..., 0], float("-inf"))
 
 
-def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None, attn_mask: Any = None,
+         return_lse: bool = False) -> Any:
     """torch.nn.functional.scaled_dot_product_attention with ``is_causal`` (GQA native); with
-    fewer queries than keys, causal goes as ``causal_lower_right`` (``is_causal`` would align it
-    upper-left), which torch runs on flash or efficient where they take it and otherwise as a
-    materialised mask."""
+    another number of queries than keys, causal goes as ``causal_lower_right`` (``is_causal`` would
+    align it upper-left), which torch runs on flash or efficient where they take it and otherwise
+    as a materialised mask; an ``attn_mask`` is passed as it is (with causal, joined with the
+    lower-right mask). ``return_lse``: the flash backend's own log-sum-exp (``sdpa_lse``)."""
     import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if window is not None:
         raise ValueError("plain SDPA has no sliding window")
+    if return_lse:
+        return sdpa_lse(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask)
     gqa = q.shape[1] != k.shape[1]
+    if attn_mask is not None:
+        mask = _joined(q, k, causal, attn_mask) if causal else attn_mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     if causal and q.shape[2] != k.shape[2]:
         from torch.nn.attention.bias import causal_lower_right  # noqa: PLC0415 - torch loads on first use
 
@@ -139,11 +175,53 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | No
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
-def sdpa_repeat_kv(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
+def _joined(q: Any, k: Any, causal: bool, attn_mask: Any) -> Any:
+    """``attn_mask`` with the lower-right causal mask applied: boolean, or additive in its dtype."""
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+
+    visible = attention_mask(q.shape[2], causal, None, q.device, k.shape[2])
+    if visible is None:
+        return attn_mask
+    if attn_mask is None:
+        return visible
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & visible
+    return attn_mask.masked_fill(~visible, float("-inf"))
+
+
+def sdpa_lse(q: Any, k: Any, v: Any, *, causal: bool, scale: float, attn_mask: Any = None) -> Any:
+    """``(out, lse)`` from SDPA's flash backend, which keeps the log-sum-exp for its backward: on
+    the CPU ``aten._scaled_dot_product_flash_attention_for_cpu`` (an additive mask joining the
+    causal one and ``attn_mask``; K/V expanded over a GQA group); on a GPU
+    ``aten._scaled_dot_product_flash_attention`` (no mask: a case with one is refused)."""
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    aligned = q.shape[2] == k.shape[2]
+    if q.device.type != "cpu":
+        if attn_mask is not None or (causal and not aligned):
+            raise NotImplementedError("SDPA's GPU flash backend takes no mask: its LSE is read without one only")
+        found = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+        return found[0], found[1]
+    mask = _joined(q, k, causal and not (aligned and attn_mask is None), attn_mask)
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).contiguous()
+    is_causal = causal and aligned and attn_mask is None
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=mask,
+                                                                          scale=scale)
+    return out, lse
+
+
+def sdpa_repeat_kv(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None,
+                   attn_mask: Any = None) -> Any:
     """GQA the old way: K/V heads expanded with ``repeat_interleave``, then plain SDPA."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return sdpa(q, k, v, causal=causal, scale=scale, window=window)
+    return sdpa(q, k, v, causal=causal, scale=scale, window=window, attn_mask=attn_mask)
 
 
 def sdpa_dense_window(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None) -> Any:
@@ -228,22 +306,36 @@ def _window_only(case: SoftmaxCase) -> str | None:
     return None if case.window else "a windowed kernel; this case has no window"
 
 
+SDPA_AXES = ("q-gt-k", "v-dim", "mask")
+"""The call axes SDPA takes by torch's dispatch: a mask, a value head dim of its own (math and
+memory-efficient backends), more queries than keys (lower-right causal)."""
+BACKEND_AXES = {
+    "flash": ("lse", "q-gt-k", "mask"),  # its LSE read through aten; torch's flash needs one head dim for q, k, v
+    "efficient": SDPA_AXES,
+    "cudnn": ("q-gt-k", "mask"),
+    "math": SDPA_AXES,
+}
+"""The call axes each pinned SDPA backend declares (docs/families.md)."""
+
+
 def register(registry: KernelRegistry) -> None:
     """Add the softmax kernels to ``registry``: naive, SDPA by torch's dispatch and by backend, the GQA
     and window variants. Those that materialise T x T (naive's scores, the math backend's, the
     dense window's mask) are ``tiled=False``: no memory bound (docs/memory.md)."""
-    registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or "", tiled=False))
-    registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain,
+    registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or "", tiled=False, axes=call_axes.AXES))
+    registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain, axes=SDPA_AXES,
                         description="SDPA with torch's default dispatch (backend reported); native GQA"))
     for backend in ("flash", "efficient", "cudnn", "math"):
         registry.add(Kernel(FAMILY, f"sdpa-{backend}", sdpa, sdpa_backend=backend,
                             supports=_math if backend == "math" else _plain,
                             description=f"SDPA pinned to the {backend} backend",
-                            tiled=backend != "math"))  # the math backend materialises the scores
-    registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only,
+                            tiled=backend != "math",  # the math backend materialises the scores
+                            axes=BACKEND_AXES[backend]))
+    registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only, axes=SDPA_AXES,
                         description=sdpa_repeat_kv.__doc__ or ""))
     registry.add(Kernel(FAMILY, "sdpa-dense-window", sdpa_dense_window, supports=_window_only,
-                        description=sdpa_dense_window.__doc__ or "", tiled=False))  # its T x T mask
+                        description=sdpa_dense_window.__doc__ or "", tiled=False,  # its T x T mask
+                        axes=("q-gt-k", "v-dim")))
     registry.add(Kernel(FAMILY, "flex-window", flex_window, supports=_window_only,
                         description=flex_window.__doc__ or ""))
 
@@ -263,7 +355,15 @@ class Prepared:
     reference: tuple[Any, ...]  # out[, dq, dk, dv] in fp64
     torch_value: tuple[Any, ...]  # the same from ``naive`` in the case's dtype
     opts: dict[str, Any]  # causal, scale, window
+    mask: Any = None  # the case's explicit mask (the ``mask`` axis), or None
+    lse: Any = None  # the fp64 log-sum-exp [B, H, Tq] (a case with call axes), or None
+    empty: Any = None  # its rows with no visible key (bool [B, H, Tq]), or None
     _tf32: list[tuple[Any, ...]] = field(default_factory=list)  # the TF32 yardstick, once made (``yardstick``)
+
+    @property
+    def masked_opts(self) -> dict[str, Any]:
+        """``opts`` with the mask, for the references (a kernel gets its own copy: ``axes.call_kwargs``)."""
+        return self.opts if self.mask is None else {**self.opts, "attn_mask": self.mask}
 
     def yardstick(self, tf32: bool = False) -> tuple[Any, ...]:
         """``torch_value``, or (``tf32``, an fp32 case) ``naive`` with every matrix product's
@@ -275,7 +375,7 @@ class Prepared:
             from pytest_attnperf.families.tf32 import tf32_products  # noqa: PLC0415 - families.tf32 imports torch: kept out of the plugin's start-up
 
             with exact_fp32(), tf32_products():
-                self._tf32.append(_outputs(naive, (self.q, self.k, self.v), self.grad_out, self.opts))
+                self._tf32.append(_outputs(naive, (self.q, self.k, self.v), self.grad_out, self.masked_opts))
         return self._tf32[0]
 
 
@@ -315,26 +415,36 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     gen = torch.Generator(device=device).manual_seed(_seed(case.id if not seed else f"{case.id}:{seed}"))
     shape_q = (case.batch, case.heads, case.seq, case.head_dim)
     shape_kv = (case.batch, case.n_kv_heads, case.n_kv_seq, case.head_dim)
+    shape_out = shape_q[:3] + (case.n_head_dim_v,)
     backward = direction == "fwdbwd"
 
     def draw(shape: tuple[int, ...]) -> Any:
         return torch.randn(shape, generator=gen, device=device)
 
     drawn = softmax_inputs(case.values, shape_q, shape_kv, case.scale, draw)
+    if case.n_head_dim_v != case.head_dim:  # the ``v-dim`` axis: values of their own head dim
+        drawn = drawn[:2] + (draw(shape_kv[:3] + (case.n_head_dim_v,)),)
     q, k, v = (x.to(dtype).requires_grad_(backward) for x in drawn)
-    grad_out = torch.randn(shape_q, generator=gen, device=device).to(dtype)
+    grad_out = torch.randn(shape_out, generator=gen, device=device).to(dtype)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
+    mask = call_axes.draw_mask(case, device, dtype)
+    masked = opts if mask is None else {**opts, "attn_mask": mask}
     leaves64 = tuple(x.detach().double().requires_grad_(backward) for x in (q, k, v))
     with exact_fp32():  # fp32 yardsticks at full precision, whatever TF32 setting the project made
-        exact = _outputs(reference, leaves64, grad_out, opts)
-        plain = _outputs(naive, (q, k, v), grad_out, opts)
+        exact = _outputs(reference, leaves64, grad_out, masked)
+        plain = _outputs(naive, (q, k, v), grad_out, masked)
         # each output element: the further of PyTorch's and a flash-style forward's (``recompute``)
-        plain = (further(plain[0], recomputed_output(q, k, v, opts, exact[0]), exact[0]),) + plain[1:]
+        plain = (further(plain[0], recomputed_output(q, k, v, masked, exact[0]), exact[0]),) + plain[1:]
         if backward:  # each gradient element: the further of autograd's and a recomputing backward's
-            recomputed = recomputed_gradients(q, k, v, grad_out, opts)
+            recomputed = recomputed_gradients(q, k, v, grad_out, masked)
             plain = plain[:1] + tuple(further(a, b, r)
                                       for a, b, r in zip(plain[1:], recomputed, exact[1:], strict=True))
-        prepared = Prepared(q, k, v, grad_out, exact, plain, opts)
+        lse = empty = None
+        if case.axes:  # the rows with no visible key, and the log-sum-exp the lse axis is held to
+            with torch.no_grad():
+                lse = reference(*(x.detach() for x in leaves64), **masked, return_lse=True)[1]
+            empty = torch.isneginf(lse)
+        prepared = Prepared(q, k, v, grad_out, exact, plain, opts, mask, lse, empty)
     _cache[key] = prepared
     return prepared
 
@@ -383,22 +493,27 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
     """Call ``kernel`` on ``case`` once, checking its contract (a tensor of the query's shape,
     dtype and device; a gradient for every input; no writes into the inputs), not its numbers.
     The kernel gets its own copies of the case's inputs (``checks.own_copies``)."""
-    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+    return _answer(kernel, case, direction, device, seed)[0]
 
+
+def _answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> tuple[Any, Any]:
+    """``answer``, and the ``lse`` the kernel returned (the ``lse`` axis; None without it)."""
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     p = prepare(case, direction, device, seed)
     opts = p.opts
     backward = direction == "fwdbwd"
+    expected = tuple(p.q.shape[:3]) + (case.n_head_dim_v,)
 
     def run_on(xs: tuple[Any, ...], grad_out: Any, check: bool = False) -> Any:
-        out = plain(kernel, kernel.fn(*laid_out(case.layout, xs, HEAD_AXIS, 2), **opts))
-        if check:
-            expect_tensor(kernel.name, out, tuple(xs[0].shape), xs[0].dtype, xs[0].device)
+        result = kernel.fn(*laid_out(case.layout, xs, HEAD_AXIS, 2), **opts, **call_axes.call_kwargs(case, p.mask))
+        out, lse = call_axes.returned(kernel, result, case, expected, xs[0].dtype, xs[0].device, check)
+        outs = (out,) if lse is None else (out, lse)
         if not backward:
-            return (out,)
+            return outs
         if check:
-            return (out,) + tuple(plain(kernel, g) for g in gradients(kernel.name, out, xs, ("q", "k", "v"), grad_out))
-        return (out,) + tuple(plain(kernel, g) for g in torch.autograd.grad(out, xs, grad_out))
+            return outs + tuple(plain(kernel, g) for g in gradients(kernel.name, out, xs, ("q", "k", "v"), grad_out))
+        return outs + tuple(plain(kernel, g) for g in torch.autograd.grad(out, xs, grad_out))
 
     inputs, grad_out = own_copies((p.q, p.k, p.v)), p.grad_out.clone()
 
@@ -407,16 +522,30 @@ def answer(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed:
 
     got = tuple(x.detach() for x in call_checked(kernel, lambda: run_on(inputs, grad_out, True), "q, k, v",
                                                  inputs, device))
+    lse = None
+    if case.lse:
+        lse, got = got[1], got[:1] + got[2:]
     n = len(got)
     return Answer(TENSORS[:n], got, p.reference[:n], p.yardstick(kernel.tf32)[:n], call, run_on=run_on, inputs=inputs,
-                  input_names=("q", "k", "v"), grad_out=grad_out if backward else None)
+                  input_names=("q", "k", "v"), grad_out=grad_out if backward else None), lse
 
 
 def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Any:
     """Check ``kernel`` on ``case`` against the fp64 reference (outputs, and gradients for
     ``fwdbwd``): its return value first (``answer``), then each tensor (``check_tensor``);
-    return a ``checks.Checked``: the callable to time and each tensor's worst error over its bound."""
-    a = answer(kernel, case, direction, device, seed)
+    return a ``checks.Checked``: the callable to time and each tensor's worst error over its bound.
+
+    A case with call axes (``families.softmax.axes``) is held first to the rule for rows with no
+    visible key (output 0, LSE -inf), its ``lse`` to ``axes.lse_bound``, and is timed without its
+    timed draws; a ``relation`` row checks its metamorphic relation instead of the reference; an
+    ``inference`` case's forward is also called under ``torch.inference_mode()``
+    (``families.softmax.relations``)."""
+    if case.relation:
+        return relations.check(kernel, case, prepare(case, "fwd", device, seed), device)
+    a, lse = _answer(kernel, case, direction, device, seed)
+    p = prepare(case, direction, device, seed)
+    if p.empty is not None:
+        call_axes.check_empty_rows(kernel.name, a.got[0], lse, p.empty)
 
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
         return check_tensor(label, name, value, reference, yardstick, case.dtype, kernel.tf32)
@@ -428,6 +557,13 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
         if case.dtype != "fp32" or kernel.tf32 or not _passes_tf32(a, prepare(case, direction, device, seed)):
             raise
         raise CheckFailed(f"{exc}\n  {TF32_HINT}", exc.ratio) from None
+    if lse is not None:
+        allowed = call_axes.lse_bound(p.q, p.k, p.opts, p.mask, p.lse, case.dtype)
+        ratios["lse"] = call_axes.check_lse(f"{kernel.name} lse", lse, p.lse, allowed)
+    if case.inference and direction == "fwd":
+        relations.inference_agrees(kernel, case, p, a.got[0], device)
+    if case.axes:
+        return Checked(a.call, ratios)
     return Checked(timed(a, kernel.name, check, f"{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pytest_attnperf.families.softmax.reference import attention_mask
+from pytest_attnperf.families.softmax.reference import masked_scores
 
 __all__ = ["BLOCK", "further", "recomputed_gradients", "recomputed_output"]
 
@@ -50,9 +50,11 @@ def recomputed_output(q: Any, k: Any, v: Any, opts: dict[str, Any], reference: A
     dtype, c = q.dtype, opts["scale"] * LOG2E
     qq, kk, vv = _grouped(q, k, v)
     scores = qq @ kk.transpose(-1, -2)
-    mask = attention_mask(q.shape[2], opts["causal"], opts["window"], q.device, k.shape[2])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+    bias = opts.get("attn_mask")
+    if bias is not None and bias.dtype != torch.bool:  # an additive mask, added to the scaled scores in fp32
+        bias = bias.float() / opts["scale"]
+    scores, empty = masked_scores(scores, opts["causal"], opts["window"], bias)
+    scores = scores.masked_fill(empty, float("-inf"))  # a row with no visible key: nothing summed, output 0
     shape = scores.shape[:-1] + (1,)
     top = torch.full(shape, float("-inf"), device=q.device)
     total = torch.zeros(shape, device=q.device)
@@ -66,7 +68,7 @@ def recomputed_output(q: Any, k: Any, v: Any, opts: dict[str, Any], reference: A
         total = total * alpha + p.sum(-1, keepdim=True)
         acc = acc * alpha + p.to(dtype).float() @ vv[..., start:start + BLOCK, :].to(dtype).float()
         top = new_top
-    reciprocal = 1.0 / total
+    reciprocal = torch.where(total > 0, 1.0 / total, 0.0)
     high, low = ((acc * (reciprocal * (1.0 + side * RECIPROCAL_ERROR))).to(dtype) for side in (1, -1))
     return further(high, low, reference)
 
@@ -86,18 +88,22 @@ def recomputed_gradients(q: Any, k: Any, v: Any, grad_out: Any, opts: dict[str, 
     group = q.shape[1] // k.shape[1]
     qq, kk, vv = _grouped(q, k, v)
     do = grad_out.float()
-    mask = attention_mask(q.shape[2], opts["causal"], opts["window"], q.device, k.shape[2])
+    bias = opts.get("attn_mask")
 
-    def scores(first: Any, second: Any) -> Any:
+    def scores(first: Any, second: Any, unit: float) -> Any:
+        """Scores with the masks (an additive one in units of ``unit``); an empty row's all 0."""
         found = first @ second.transpose(-1, -2)
-        return found if mask is None else found.masked_fill(~mask, float("-inf"))
+        added = bias if bias is None or bias.dtype == torch.bool else bias.float() / unit
+        return masked_scores(found, opts["causal"], opts["window"], added)[0]
+
+    empty = masked_scores(qq[..., :1] @ kk[..., :1].transpose(-1, -2), opts["causal"], opts["window"], bias)[1]
 
     # the forward's scores with the scale folded into q, the backward's scaled after the product: a
     # kernel's two passes round them apart, so even a row of one visible key has p = exp(s' - lse) != 1
-    forward = scores(qq * scale, kk)
+    forward = scores(qq * scale, kk, 1.0)
     top = forward.amax(-1, keepdim=True)
     lse = top + torch.log(torch.exp(forward - top).sum(-1, keepdim=True))
-    p = torch.exp(scores(qq, kk) * scale - lse)
+    p = torch.exp(scores(qq, kk, scale) * scale - lse).masked_fill(empty, 0.0)
     o = (p.to(dtype) @ vv.to(dtype)).float()
     dv = p.to(dtype).float().transpose(-1, -2) @ do
     ds = p * (do @ vv.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
