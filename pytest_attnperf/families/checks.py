@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Answer", "CheckFailed", "Checked", "Closeness", "ELEMENT_FACTOR", "ELEMENT_GRAD_FACTOR", "Elementwise", "FACTOR",
     "GRAD_FACTOR",
-    "NEIGHBOURS", "PRECISION", "allowance", "assert_close", "assert_elementwise", "assert_finite", "assert_reaches",
+    "NEIGHBOURS", "PRECISION", "UNIT_ROUNDOFF", "allowance", "assert_close", "assert_elementwise", "assert_finite",
+    "assert_reaches",
     "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "own_copies", "plain",
     "poison_allocator",
     "reported_plainly", "smoothed", "snapshots", "ulp", "where",
@@ -180,6 +181,9 @@ def reported_plainly(seed: int = 0) -> Iterator[None]:
 
 # precision p of each dtype (with the implicit bit): one ulp at |x| in [2^e, 2^(e+1)) is 2^(e-p+1)
 PRECISION = {"bf16": 8, "fp16": 11, "fp32": 24, "fp64": 53}
+# the unit roundoff of each format, and of TF32 (10 mantissa bits, truncated: the rounding of an fp32
+# operand that a tensor core or Triton's fp32 ``tl.dot`` reads); the one table every rule takes it from
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24, "tf32": 2.0**-10}
 # the yardstick's error is smoothed over this many neighbours either side along one axis
 NEIGHBOURS = 2
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from pytest_attnperf.families.checks import UNIT_ROUNDOFF
 from pytest_attnperf.families.layers.costs import attention_layer, gdn_layer
 from pytest_attnperf.families.linear.kernels import FLA_REFUSALS
 from pytest_attnperf.families.linear.reference import gated_delta_rule
@@ -38,7 +39,6 @@ __all__ = ["LAYERS", "LAYER_UNITS", "LadderCase", "cost", "gdn_reference", "run_
 
 LAYERS = ("attention-flash", "attention-cudnn", "gdn")
 LAYER_UNITS = 8.0
-UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 
 
 @dataclass(frozen=True)

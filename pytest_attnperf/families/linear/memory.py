@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+from pytest_attnperf.costs import DTYPE_BYTES
 from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.gate.memory import MIB, Bound
 
@@ -37,14 +38,13 @@ __all__ = ["CHUNK", "FIXED_MIB", "SLACK", "memory_bound"]
 CHUNK = 64  # fla's chunk length
 SLACK = 2.0
 FIXED_MIB = 16.0
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 FP32 = 4
 
 
 def memory_bound(case: LinearCase, direction: str) -> Bound:
     """The most a chunked kernel may hold above the inputs of ``case`` (``fwd`` or ``fwdbwd``)."""
     tokens = case.batch * case.seq * case.heads  # value heads, also where the queries and keys have fewer
-    wide, e = max(case.key_dim, case.value_dim), ELEMENT_BYTES[case.dtype]
+    wide, e = max(case.key_dim, case.value_dim), DTYPE_BYTES[case.dtype]
     states = case.batch * case.heads * math.ceil(case.seq / CHUNK) * case.key_dim * case.value_dim * FP32
     terms: list[tuple[str, float]] = [
         ("output", tokens * case.value_dim * e),

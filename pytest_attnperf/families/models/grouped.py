@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax import memory
 from pytest_attnperf.families.softmax.sliced import run_sliced
 
 __all__ = ["fits_whole", "run_grouped", "scores_gb"]
@@ -17,8 +18,8 @@ WHOLE_CHECK_MAX_GB = 4.5  # fp64 scores of the whole case up to this: the family
 
 
 def scores_gb(case: Any) -> float:
-    """The fp64 T x T scores of every (batch, query head) pair of ``case``, in GB."""
-    return float(8.0 * case.batch * case.heads * case.seq**2 / 1e9)
+    """The fp64 T x T scores of every (batch, query head) pair of ``case`` (its reference's), in GB."""
+    return memory.scores_gb(case, "fp64")
 
 
 def fits_whole(case: Any) -> bool:

@@ -33,6 +33,7 @@ from pytest_attnperf.families.models import grouped
 from pytest_attnperf.families.models.layers import all_specs
 from pytest_attnperf.families.models.load import load
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax import memory
 from pytest_attnperf.families.softmax import suite as softmax_suite
 from pytest_attnperf.hw.detect import memory_gb
 
@@ -70,7 +71,7 @@ def built(config: pytest.Config) -> model_cases.ModelCases:
 
 def scores_gb(case: Any) -> float:
     """What a kernel that materialises fp32 scores holds at once on ``case``, in GB (estimated)."""
-    return float(SCORE_COPIES * 4.0 * case.batch * case.heads * case.seq**2 / 1e9)
+    return memory.scores_gb(case, "fp32", SCORE_COPIES)
 
 
 def scores_cap(gpu: bool) -> tuple[float, str]:
