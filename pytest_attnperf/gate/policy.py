@@ -25,7 +25,7 @@ from pytest_attnperf.measure.contention import CONTENDED
 from pytest_attnperf.measure.sampling import Measurement
 from pytest_attnperf.measure.summary import Summary
 
-__all__ = ["HISTORY_KEEP", "Decision", "GateTerms", "Here", "History", "decide", "decide_again", "history",
+__all__ = ["HISTORY_KEEP", "Decision", "GateTerms", "Here", "RecordingRuns", "decide", "decide_again", "history",
            "verdict_notes"]
 
 HISTORY_KEEP = HISTORY_ROBUST  # recordings of a case kept: enough for the robust spread
@@ -63,7 +63,7 @@ class Here:
     overhead_ms: Callable[[], float | None]  # the run's sample overhead as the gate may use it, measured on first need
 
 
-class History(NamedTuple):
+class RecordingRuns(NamedTuple):
     """A recording's history: its medians, the machine and sample overhead of each, this one last."""
 
     medians_ms: list[float]
@@ -256,7 +256,7 @@ def decide_again(first: Verdict, measurement: Measurement, again: Measurement, s
     return second, replace(again, notes=(*again.notes, note)), refused
 
 
-def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, here: Here) -> History:
+def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, here: Here) -> RecordingRuns:
     """The medians of a case's recordings, this one last, the machine of each and its sample
     floor (None where not measured or not usable): the earlier ones are kept (up to
     ``HISTORY_KEEP``) while the case was measured the same way and the gate, judging this
@@ -268,7 +268,7 @@ def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, 
     unchanged short kernel move that much between runs, and restarting on them would leave
     such cases with one recording, gated on the noise floor alone."""
     median_ms, floor_ms = m.summary.median_ms, here.overhead_ms()
-    fresh = History([median_ms], [here.machine], [floor_ms])
+    fresh = RecordingRuns([median_ms], [here.machine], [floor_ms])
     if not before or (before.get("mode"), before.get("clock")) != (m.mode, m.clock):
         return fresh
     if m.mode == "hot" and _other_sample(before, terms.hot_sample_ms):
@@ -288,7 +288,7 @@ def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, 
     else:  # an entry without a history: its median, machine unknown
         runs, machines, floors = [earlier.median_ms], [None], [None]
     keep = slice(-HISTORY_KEEP, None)
-    return History([*runs, median_ms][keep], [*machines, here.machine][keep], [*floors, floor_ms][keep], refused)
+    return RecordingRuns([*runs, median_ms][keep], [*machines, here.machine][keep], [*floors, floor_ms][keep], refused)
 
 
 def verdict_notes(verdict: Verdict, terms: GateTerms) -> tuple[str, ...]:
