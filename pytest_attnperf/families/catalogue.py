@@ -58,6 +58,10 @@ CLASSES: dict[str, str] = {
     "fully-masked": "rows whose every key is masked: output 0 and log-sum-exp -inf, not NaN",
     "prefix": "relation: appending tokens leaves a causal kernel's earlier outputs as they were",
     "inference": "relation: the forward under no_grad and inference_mode equals the grad-mode call",
+    "kv-cache": "decode into a KV cache: new tokens written at each request's cache_seqlens, attending its own prefix; "
+                "the cache checked after the call",
+    "paged": "a paged KV cache: a block table into a shuffled pool of pages, new tokens crossing a page",
+    "cache-ragged": "requests of different cache lengths in one call, one of them 0 or 1 token",
 }
 
 
@@ -88,7 +92,8 @@ class Row:
 def _softmax(batch: int, heads: int, seq: int, dim: int, dtype: str = "fp32", *, causal: bool = True,
              kv_heads: int | None = None, window: int | None = None, kv_seq: int | None = None,
              values: str = "normal", layout: str = "contiguous", lse: bool = False, dim_v: int | None = None,
-             mask: str | None = None, relation: str | None = None) -> SoftmaxCase:
+             mask: str | None = None, relation: str | None = None, cache: str | None = None,
+             lengths: tuple[int, ...] | None = None, page: int | None = None) -> SoftmaxCase:
     parts = [f"b{batch}", f"h{heads}"] + ([f"kv{kv_heads}"] if kv_heads else []) + [f"t{seq}"]
     parts += [f"k{kv_seq}"] if kv_seq else []
     parts += [f"d{dim}"] + ([f"v{dim_v}"] if dim_v else []) + ([f"w{window}"] if window else [])
@@ -96,9 +101,11 @@ def _softmax(batch: int, heads: int, seq: int, dim: int, dtype: str = "fp32", *,
     parts += [] if values == "normal" else [values]
     parts += [] if layout == "contiguous" else [layout]
     parts += (["lse"] if lse else []) + ([f"mask-{mask}"] if mask else []) + ([f"rel-{relation}"] if relation else [])
+    parts += [f"{cache}{page or ''}-lens{'x'.join(map(str, lengths or ()))}"] if cache else []
     return SoftmaxCase("cat-" + "-".join(parts), batch, heads, seq, dim, dtype, causal, kv_heads=kv_heads,
                        window=window, gpu=False, kv_seq=kv_seq, values=values, layout=layout, lse=lse,
-                       head_dim_v=dim_v, mask=mask, relation=relation)
+                       head_dim_v=dim_v, mask=mask, relation=relation, cache=cache, cache_lengths=lengths,
+                       page_size=page)
 
 
 def softmax_rows() -> Iterator[Row]:
@@ -134,6 +141,14 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(2, 3, 20, 32, causal=False, mask="fully-masked", lse=True), ("mask", "fully-masked", "lse"), "smoke")
     yield Row(S(2, 2, 40, 32, relation="prefix"), ("prefix",), "smoke")
     yield Row(S(2, 2, 40, 32, relation="inference"), ("inference",), "smoke")
+    yield Row(S(4, 2, 20, 32, relation="batch-split"), ("batch-split", "batch-heads"), "smoke")
+    # decode into a KV cache (kv_seq: the cache's slots; lens: each request's tokens before the call)
+    yield Row(S(3, 4, 1, 32, kv_heads=2, kv_seq=32, cache="append", lengths=(5, 0, 17)),
+              ("kv-cache", "cache-ragged", "gqa"), "smoke")
+    yield Row(S(2, 2, 3, 32, kv_seq=24, cache="append", lengths=(1, 20)), ("kv-cache", "cache-ragged"), "smoke")
+    yield Row(S(3, 4, 1, 32, kv_heads=2, kv_seq=32, cache="paged", page=8, lengths=(9, 0, 23)),
+              ("paged", "kv-cache", "cache-ragged", "gqa"), "smoke")
+    yield Row(S(2, 2, 3, 32, kv_seq=32, cache="paged", page=4, lengths=(7, 2)), ("paged", "kv-cache"), "smoke")
     # full: the rest of each class
     for t in (2, 15, 63, 127, 129, 255, 257, 263):
         yield Row(S(2, 2, t, 32), ("tile-edge",) + (("tiny-seq",) if t <= 2 else ()))
@@ -173,6 +188,19 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(2, 4, 17, 32, kv_heads=2, kv_seq=9, mask="fully-masked"), ("mask", "fully-masked", "q-gt-k", "gqa"))
     yield Row(S(1, 2, 100, 32, kv_seq=130, relation="prefix"), ("prefix", "q-lt-k", "tile-edge"))
     yield Row(S(2, 4, 40, 32, "bf16", kv_heads=2, relation="inference"), ("inference", "gqa", "low-precision"))
+    yield Row(S(5, 4, 33, 32, "bf16", kv_heads=2, relation="batch-split"), ("batch-split", "gqa", "low-precision"))
+    yield Row(S(4, 4, 1, 64, "bf16", kv_heads=1, kv_seq=128, cache="append", lengths=(0, 1, 63, 127)),
+              ("kv-cache", "cache-ragged", "mqa", "low-precision"))
+    yield Row(S(4, 2, 16, 32, "fp16", kv_seq=160, cache="append", lengths=(0, 47, 1, 144)),
+              ("kv-cache", "cache-ragged", "low-precision"))
+    yield Row(S(2, 2, 4, 32, causal=False, kv_seq=64, cache="append", lengths=(30, 1)), ("kv-cache", "cache-ragged"))
+    yield Row(S(2, 2, 4, 32, window=8, kv_seq=64, cache="append", lengths=(30, 3)), ("kv-cache", "window-edge"))
+    yield Row(S(4, 4, 1, 64, "bf16", kv_heads=2, kv_seq=128, cache="paged", page=16, lengths=(0, 15, 16, 127)),
+              ("paged", "kv-cache", "cache-ragged", "gqa", "low-precision"))
+    yield Row(S(3, 2, 5, 32, kv_seq=64, cache="paged", page=16, lengths=(13, 30, 1)),
+              ("paged", "kv-cache", "cache-ragged", "tile-edge"))
+    yield Row(S(2, 2, 20, 32, "fp16", kv_seq=96, cache="paged", page=16, lengths=(76, 9)),
+              ("paged", "kv-cache", "low-precision"))
     # a GPU's tiles: lengths around 128-wide blocks, the head dims flash kernels specialise on
     for t in (1023, 1025, 2049):
         yield Row(S(2, 4, t, 128, "bf16"), ("tile-edge", "low-precision"), gpu=True)
@@ -190,6 +218,15 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(2, 4, 1024, 192, "bf16", dim_v=128), ("v-dim", "asym-dim", "low-precision"), gpu=True)
     yield Row(S(4, 8, 1024, 64, "bf16", causal=False, mask="padding"), ("mask", "low-precision"), gpu=True)
     yield Row(S(2, 4, 2048, 64, "bf16", relation="prefix"), ("prefix", "low-precision"), gpu=True)
+    yield Row(S(8, 32, 1, 128, "bf16", kv_heads=8, kv_seq=4096, cache="append",
+                lengths=(0, 1, 255, 256, 1000, 2047, 4000, 4095)),
+              ("kv-cache", "cache-ragged", "gqa", "low-precision"), gpu=True)
+    for page in (16, 256):
+        yield Row(S(8, 32, 1, 128, "bf16", kv_heads=8, kv_seq=4096, cache="paged", page=page,
+                    lengths=(0, 1, page - 1, page, 1000, 2047, 4000, 4095)),
+                  ("paged", "kv-cache", "cache-ragged", "gqa", "low-precision"), gpu=True)
+    yield Row(S(4, 32, 16, 128, "bf16", kv_heads=8, kv_seq=8192, cache="paged", page=256, lengths=(250, 0, 4000, 8100)),
+              ("paged", "kv-cache", "cache-ragged", "gqa", "low-precision"), gpu=True)
 
 
 # -- the linear families ---------------------------------------------------------------------

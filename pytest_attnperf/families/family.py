@@ -16,6 +16,7 @@ from pytest_attnperf.families import catalogue
 from pytest_attnperf.families.checks import Checked
 from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax import cache
 from pytest_attnperf.families.softmax import kernels as softmax
 
 __all__ = ["FAMILIES", "Family", "LinearFamily", "SoftmaxFamily", "common_refusal", "family", "refusal"]
@@ -83,7 +84,9 @@ class SoftmaxFamily:
         return common_refusal(kernel, case, direction)
 
     def check(self, kernel: Kernel, case: Any, direction: str, device: Any, seed: int = 0) -> Checked:
-        """See ``Family.check``."""
+        """See ``Family.check``; a case with a KV cache is checked by ``softmax.cache``."""
+        if getattr(case, "cache", None):
+            return cache.check(kernel, case, direction, device, seed=seed)
         checked: Checked = softmax.check_case(kernel, case, direction, device, seed=seed)
         return checked
 

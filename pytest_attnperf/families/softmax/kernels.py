@@ -43,7 +43,7 @@ from pytest_attnperf.families.checks import (
 from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.families.softmax import axes as call_axes
-from pytest_attnperf.families.softmax import relations
+from pytest_attnperf.families.softmax import paging, relations
 from pytest_attnperf.families.softmax.recompute import further, recomputed_gradients, recomputed_output
 from pytest_attnperf.families.softmax.reference import attention_mask, masked_scores
 from pytest_attnperf.families.softmax.reference import softmax_attention as reference
@@ -84,12 +84,16 @@ class SoftmaxCase:
     mask: str | None = None  # the ``mask`` axis: an explicit attn_mask (``axes.MASKS``)
     relation: str | None = None  # a metamorphic check instead of the reference (``relations.RELATIONS``)
     inference: bool = False  # forward: also called under torch.inference_mode(), compared with the grad-mode call
+    cache: str | None = None  # the kv-cache (and paged) axes: "append" or "paged" (``paging.CACHES``); Tmax = kv_seq
+    cache_lengths: tuple[int, ...] | None = None  # with cache: each request's tokens before the call
+    page_size: int | None = None  # with cache="paged": the slots of a page
 
     @property
     def axes(self) -> tuple[str, ...]:
         """The optional call axes the case carries, which a kernel must declare (``Kernel.axes``)."""
         found = (("lse",) if self.lse else ()) + (("q-gt-k",) if self.n_kv_seq < self.seq else ())
-        return found + (("v-dim",) if self.n_head_dim_v != self.head_dim else ()) + (("mask",) if self.mask else ())
+        found += (("v-dim",) if self.n_head_dim_v != self.head_dim else ()) + (("mask",) if self.mask else ())
+        return found + (("kv-cache",) if self.cache else ()) + (("paged",) if self.cache == "paged" else ())
 
     @property
     def n_head_dim_v(self) -> int:
@@ -99,7 +103,7 @@ class SoftmaxCase:
     def refusal(self, family: str) -> str | None:
         """Why no kernel can take this case (None when one can): an unknown mask or relation, or a
         relation the case's shape cannot carry."""
-        return relations.refusal(self)
+        return relations.refusal(self) or paging.refusal(self)
 
     @property
     def n_kv_seq(self) -> int:
@@ -122,6 +126,8 @@ class SoftmaxCase:
         ``dp - rowsum(dO o O)``) fails any bound relative to that zero."""
         if self.relation:
             return f"the {self.relation} check compares forward calls"
+        if self.cache:
+            return "a cache call is a decode step: forward only"
         if self.n_kv_seq == 1:
             return "one key per query: the softmax is 1 and dq, dk are zero, so a backward checks nothing of them"
         return None
@@ -134,10 +140,14 @@ class SoftmaxCase:
 
 
 def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None, attn_mask: Any = None,
-          return_lse: bool = False) -> Any:
+          return_lse: bool = False, **cache: Any) -> Any:
     """Explicit softmax over materialised scores, in the inputs' dtype (every call axis: a row
-    with no visible key 0, its LSE -inf)."""
+    with no visible key 0, its LSE -inf; a KV cache, contiguous or paged, gathered per request:
+    ``paging.attend``)."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+
+    if cache:
+        return paging.attend(naive, q, k, v, causal=causal, scale=scale, window=window, **cache)
 
     group = q.shape[1] // k.shape[1]
     if group > 1:
@@ -151,16 +161,19 @@ def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | N
 
 
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None = None, attn_mask: Any = None,
-         return_lse: bool = False) -> Any:
+         return_lse: bool = False, **cache: Any) -> Any:
     """torch.nn.functional.scaled_dot_product_attention with ``is_causal`` (GQA native); with
     another number of queries than keys, causal goes as ``causal_lower_right`` (``is_causal`` would
     align it upper-left), which torch runs on flash or efficient where they take it and otherwise
     as a materialised mask; an ``attn_mask`` is passed as it is (with causal, joined with the
-    lower-right mask). ``return_lse``: the flash backend's own log-sum-exp (``sdpa_lse``)."""
+    lower-right mask). ``return_lse``: the flash backend's own log-sum-exp (``sdpa_lse``). A KV
+    cache (contiguous or paged): SDPA on each request's gathered keys (``paging.attend``)."""
     import torch.nn.functional as F  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if window is not None:
         raise ValueError("plain SDPA has no sliding window")
+    if cache:
+        return paging.attend(sdpa, q, k, v, causal=causal, scale=scale, window=window, **cache)
     if return_lse:
         return sdpa_lse(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask)
     gqa = q.shape[1] != k.shape[1]
@@ -306,13 +319,15 @@ def _window_only(case: SoftmaxCase) -> str | None:
     return None if case.window else "a windowed kernel; this case has no window"
 
 
-SDPA_AXES = ("q-gt-k", "v-dim", "mask")
+CACHE_AXES = ("kv-cache", "paged")  # SDPA over each request's gathered cache (``paging.attend``)
+SDPA_AXES = ("q-gt-k", "v-dim", "mask", *CACHE_AXES)
 """The call axes SDPA takes by torch's dispatch: a mask, a value head dim of its own (math and
-memory-efficient backends), more queries than keys (lower-right causal)."""
+memory-efficient backends), more queries than keys (lower-right causal), a KV cache gathered per
+request."""
 BACKEND_AXES = {
-    "flash": ("lse", "q-gt-k", "mask"),  # its LSE read through aten; torch's flash needs one head dim for q, k, v
+    "flash": ("lse", "q-gt-k", "mask", *CACHE_AXES),  # its LSE read through aten; one head dim for q, k, v
     "efficient": SDPA_AXES,
-    "cudnn": ("q-gt-k", "mask"),
+    "cudnn": ("q-gt-k", "mask", *CACHE_AXES),
     "math": SDPA_AXES,
 }
 """The call axes each pinned SDPA backend declares (docs/families.md)."""
@@ -322,7 +337,8 @@ def register(registry: KernelRegistry) -> None:
     """Add the softmax kernels to ``registry``: naive, SDPA by torch's dispatch and by backend, the GQA
     and window variants. Those that materialise T x T (naive's scores, the math backend's, the
     dense window's mask) are ``tiled=False``: no memory bound (docs/memory.md)."""
-    registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or "", tiled=False, axes=call_axes.AXES))
+    registry.add(Kernel(FAMILY, "naive", naive, description=naive.__doc__ or "", tiled=False,
+                        axes=call_axes.AXES + CACHE_AXES))
     registry.add(Kernel(FAMILY, "sdpa", sdpa, supports=_plain, axes=SDPA_AXES,
                         description="SDPA with torch's default dispatch (backend reported); native GQA"))
     for backend in ("flash", "efficient", "cudnn", "math"):
@@ -331,7 +347,7 @@ def register(registry: KernelRegistry) -> None:
                             description=f"SDPA pinned to the {backend} backend",
                             tiled=backend != "math",  # the math backend materialises the scores
                             axes=BACKEND_AXES[backend]))
-    registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only, axes=SDPA_AXES,
+    registry.add(Kernel(FAMILY, "sdpa-repeat-kv", sdpa_repeat_kv, supports=_gqa_only, axes=SDPA_AXES[:3],
                         description=sdpa_repeat_kv.__doc__ or ""))
     registry.add(Kernel(FAMILY, "sdpa-dense-window", sdpa_dense_window, supports=_window_only,
                         description=sdpa_dense_window.__doc__ or "", tiled=False,  # its T x T mask

@@ -5,6 +5,8 @@ forward calls only), and the inference call every catalogue forward makes.
 * ``prefix`` (causal): appending tokens does not change earlier outputs. The kernel runs on the
   whole case and on its first ``prefix_length`` queries (with the keys they see, the lower-right
   offset kept); the prefix's outputs (and LSE) equal the whole call's first rows.
+* ``batch-split``: a batch of ``N`` equals ``N`` calls of one batch entry each (a kernel that mixes
+  batch entries, or takes another path past one, differs); an explicit mask is not sliced: refused.
 * ``inference``: the forward called under ``torch.no_grad()`` and under ``torch.inference_mode()``
   equals the grad-mode call on inputs that require grad (serving code takes other branches there);
   every call must leave its inputs as they were (``checks.call_checked``).
@@ -49,6 +51,7 @@ RELATIONS = {
               "call's first rows)",
     "inference": "the forward under torch.no_grad() and torch.inference_mode() equals the grad-mode call, its inputs "
                  "unchanged",
+    "batch-split": "a batch of N equals N calls of one batch entry each (outputs, and LSE with lse)",
 }
 """The metamorphic checks a softmax ``relation`` row runs."""
 RELATION_FACTOR = 2.0
@@ -74,6 +77,8 @@ def refusal(case: Any) -> str | None:
         if not case.causal or case.mask is not None or case.seq < 2 or keys < 1:
             return ("prefix needs a causal case of two queries or more without an explicit mask, whose prefix sees a "
                     "key")
+    if case.relation == "batch-split" and (case.batch < 2 or case.mask is not None):
+        return "batch-split needs two batch entries or more and no explicit mask"
     return None
 
 
@@ -164,6 +169,16 @@ def check(kernel: Kernel, case: Any, p: Any, device: Any) -> Checked:
                     replace(plain_case, seq=cut, kv_seq=keys))
         first = (whole[0][:, :, :cut], None if whole[1] is None else whole[1][:, :, :cut])
         ratios = _agree(label, case, p, (first, part), q, k[:, :, :keys], v[:, :, :keys])
+    elif relation == "batch-split":
+        inputs = own_copies((p.q, p.k, p.v))
+        whole = call(inputs, plain_case)
+        ratios = {}
+        for b in range(case.batch):
+            one = tuple(x[b : b + 1].contiguous() for x in inputs)
+            alone = call(one, replace(plain_case, batch=1))
+            side = (whole[0][b : b + 1], None if whole[1] is None else whole[1][b : b + 1])
+            found = _agree(f"{label}, batch entry {b} alone", case, p, (side, alone), *one)
+            ratios = {name: max(ratio, ratios.get(name, 0.0)) for name, ratio in found.items()}
     else:  # inference: the same inputs, requiring grad as in training, in each grad mode
         inputs = tuple(x.detach().clone().requires_grad_(True) for x in (p.q, p.k, p.v))
         trained = call(inputs, plain_case)
