@@ -35,6 +35,9 @@ LONE = SoftmaxCase("cpu-b1-h1-t64-d16-fp32", 1, 1, 64, 16, "fp32", False, gpu=Fa
 HOST_PLAN = SamplingPlan(min_samples=4, max_samples=8, budget_s=0.01, warmup_calls=1)
 GRAPH_PLAN = SamplingPlan(min_samples=10, budget_s=0.05)
 REWRITTEN = r", rewritten in place after the timed calls: mine out"
+# caught first by the check of the last timed call's own result, on the contents that call read
+LAST = (r", the last timed call as it returned, on timed draw \d: the checked inputs with [a-z, ]*value columns "
+        r"[\d, .]+ of \d+ negated \(one timed call's\): mine out")
 
 
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: Any = None) -> Any:
@@ -145,8 +148,8 @@ def timed(fn: Any, case: SoftmaxCase = CASE, direction: str = "fwd", gpu: kit.Fa
 @pytest.mark.parametrize("fn", [MemoByAddress(), MemoByAddress(versions=True), watches_gc],
                          ids=["memo-by-address", "memo-by-address-and-version", "watches-gc"])
 def test_a_kernel_that_skips_its_timed_work_fails_on_the_host_naming_the_rewritten_draw(fn: Any) -> None:
-    with pytest.raises(TimedDiffers, match=r"the timed computation differs from the checked one: a host-timed call, "
-                                           r"on timed draw 1: the checked inputs with [a-z, ]*" + REWRITTEN):
+    with pytest.raises(TimedDiffers, match=r"the timed computation differs from the checked one: a host-timed call"
+                                           + LAST):
         HostTimer().measure(timed(fn), HOST_PLAN)
 
 
@@ -160,15 +163,14 @@ def test_a_kernel_that_does_its_work_passes_on_the_host_checked_on_rewritten_inp
 
 
 def test_where_nothing_can_be_permuted_an_address_memo_fails_on_the_rewritten_data() -> None:
-    with pytest.raises(TimedDiffers, match=r"on timed draw 1: the checked inputs" + REWRITTEN):
+    with pytest.raises(TimedDiffers, match=r"a host-timed call" + LAST):
         HostTimer().measure(timed(MemoByAddress(), LONE), HOST_PLAN)
 
 
 def test_where_the_rewrite_is_the_checked_data_an_answer_kept_from_the_checked_call_fails_on_the_draws_own() -> None:
     """One batch entry and one head, forward: the rewritten draw holds the checked call's data,
     so the draw is checked on its own (``v`` negated) as well."""
-    with pytest.raises(TimedDiffers, match=r"a host-timed call, on timed draw 1: the checked inputs with v negated: "
-                                           r"mine out"):
+    with pytest.raises(TimedDiffers, match=r"a host-timed call" + LAST):
         HostTimer().measure(timed(KeepsTheCheckedAnswer(), LONE), HOST_PLAN)
 
 
@@ -189,8 +191,7 @@ def test_a_kernel_that_skips_its_timed_work_fails_on_the_graph_path(gpu: kit.Fak
 
 
 def test_a_graph_that_captured_an_answer_fails_once_its_inputs_are_rewritten(gpu: kit.FakeGpu) -> None:
-    with pytest.raises(TimedDiffers, match=r"differs from the checked one: cold graph 1 of \d+, on timed draw 1: "
-                                           r"the checked inputs with [a-z, ]*" + REWRITTEN):
+    with pytest.raises(TimedDiffers, match=r"differs from the checked one: cold graph \d+ of \d+" + LAST):
         CudaTimer(kit.H200).measure(timed(BakedInGraph(gpu), gpu=gpu), GRAPH_PLAN)
 
 
@@ -288,8 +289,8 @@ def test_through_the_hook_the_kernels_that_skip_their_timed_work_fail_and_the_ho
                                     node % "honest-fwd": "PASSED", node % "honest-fwdbwd": "PASSED"}
     for name in ("memo-by-address", "watches-gc"):
         result.stdout.fnmatch_lines([f"*{name}-fwd*the timed computation differs from the checked one: a host-timed "
-                                     "call, on timed draw 1: the checked inputs with *, rewritten in place after the "
-                                     f"timed calls: {name} out: *"])
+                                     "call, the last timed call as it returned, on timed draw ?: the checked inputs "
+                                     f"with *value columns * negated (one timed call's): {name} out: *"])
 
 
 def test_draws_of_a_familys_own_without_rewritten_are_refused_not_left_unchecked() -> None:

@@ -39,6 +39,23 @@ cannot (one batch entry and one key/value head, or sign-only draws), it is draw 
 the output gradient's sign, and the draw is also checked on its own data, where an answer kept
 from the checked call does not match.
 
+Every timed call sees contents no other call of the case saw (``Timed.vary``): before each
+timed call, outside the timed region, the draw's inputs are rewritten in place with another
+pattern of signs over the value axis (the last axis of ``v``, of a state ``h0`` and of the output
+gradient), one pattern per call, never one used before in the case (all signs kept and all
+flipped are never used, so no call sees a draw's own data or, where a draw only negates ``v``,
+draw 0's). Negating value column ``c`` of ``v`` (with the state's and the output gradient's)
+negates column ``c`` of the output, of the new state and of ``dv`` and leaves ``dq``, ``dk``,
+the gates' and ``beta``'s gradients bit for bit as they were: every family treats value columns
+apart (attention and every linear recurrence mix values only along time), and a product of two
+negated numbers is the product of the two. So a kernel that keeps its answer keyed on its
+inputs' contents (a hash of their bytes, a few sampled values) misses on every timed call, and
+one keyed on part of them (``q`` alone, a few columns of ``v``) returns an answer to other
+contents, which the check of the last timed call's result finds (``measure.verify``,
+``Replays.check_last``). ``2**d - 2`` patterns exist for a value dimension ``d``: from
+``d = 11`` on, more than a measurement's most samples (2000); under that the patterns come round
+again once all are used.
+
 What this does not defend against: a kernel written to recognise the harness's
 transformations. It is aimed at stale answers, not at an adversary reading this module.
 """
@@ -58,11 +75,15 @@ from pytest_attnperf.families.checks import CheckFailed
 if TYPE_CHECKING:
     from pytest_attnperf.families.checks import Answer
 
-__all__ = ["NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transform", "timed"]
+__all__ = ["FLIPPED_WITH_V", "NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transform", "timed"]
 
 # which tensors change sign when v is negated, and when the output gradient is
 NEGATED_BY_V = frozenset({"v", "out", "dq", "dk", "dg", "dbeta", "h0", "ht"})
 NEGATED_BY_GRAD = frozenset({"grad_out", "dq", "dk", "dv", "dg", "dbeta"})
+# which tensors' value columns (last axis) change sign with v's, the state's and the output
+# gradient's together (``Transform.flips``); the inputs among them are what ``Timed.vary`` writes
+FLIPPED_WITH_V = frozenset({"v", "h0", "grad_out", "out", "ht", "dv", "dh0"})
+VARIED_INPUTS = frozenset({"v", "h0"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,7 @@ class Transform:
     grad_sign: int
     head_axis: int
     axes: tuple[tuple[str, int], ...] = ()  # tensors whose heads are on another axis than head_axis
+    flips: tuple[int, ...] = ()  # a timed call's signs over the value columns (``Timed.vary``); () for none
 
     def axis(self, name: str) -> int:
         """The head axis of tensor ``name``."""
@@ -120,6 +142,8 @@ class Transform:
             done.append("v negated")
         if self.grad_sign < 0:
             done.append("output gradient negated")
+        if -1 in self.flips:
+            done.append(f"value columns {_columns(self.flips)} negated (one timed call's)")
         return ", ".join(done)
 
     def sign(self, name: str) -> int:
@@ -139,7 +163,19 @@ class Transform:
             group = heads // len(self.groups)
             order = [g * group + j for g in self.groups for j in range(group)]
             out = out.index_select(axis, torch.tensor(order, device=device))
-        return -out if self.sign(name) < 0 else out
+        out = -out if self.sign(name) < 0 else out
+        if -1 in self.flips and name in FLIPPED_WITH_V:
+            if x.shape[-1] != len(self.flips):
+                raise ValueError(f"{name} has {x.shape[-1]} value columns; the call's signs are for {len(self.flips)}")
+            out = out * torch.tensor(self.flips, dtype=out.dtype, device=device)
+        return out
+
+
+def _columns(flips: tuple[int, ...]) -> str:
+    """The negated columns of ``flips``, in words: "0, 3, 5 of 16", the first eight only."""
+    negated = [str(c) for c, sign in enumerate(flips) if sign < 0]
+    shown = ", ".join(negated[:8]) + (", ..." if len(negated) > 8 else "")
+    return f"{shown} of {len(flips)}"
 
 
 class _Drawn:
@@ -152,6 +188,10 @@ class _Drawn:
 
     def __call__(self) -> Any:
         return self.run_on(self.inputs, self.grad_out)
+
+
+def _unvaried() -> None:
+    """``Timed.vary`` where a case has nothing to vary."""
 
 
 def _own(y: Any, x: Any) -> Any:
@@ -185,6 +225,9 @@ class Timed:
         self._seed_text, self._head_axis, self.kernel = seed_text, head_axis, kernel
         self._shapes, self._permute, self._got = shapes, permute, got
         self._head_axes = head_axes
+        # the value-column sign patterns the case's timed calls have read (``vary``), as bits
+        self._patterns: set[int] = set()
+        self._pattern_rng = random.Random(zlib.crc32(f"{seed_text}:calls".encode()))
         self._transforms: dict[int, Transform] = {}
         self._now: dict[int, Transform] = {}  # a draw's arrangement while rewritten
         # each draw's call, weakly: its inputs go with the harness's last reference to it (Replays.release)
@@ -231,6 +274,54 @@ class Timed:
         self._now.pop(index, None)
         drawn = self._drawn[index] = _Drawn(self._run_on, inputs, grad_out)
         return drawn
+
+    def vary(self, index: int) -> Callable[[], None]:
+        """What to call before each timed call of draw ``index``, outside the timed region: the
+        draw's ``v``, state and output gradient multiplied in place by the signs that take their
+        value columns from the pattern they hold to the next one (a pattern no call of the case
+        has read: module docstring), and ``verify`` holding a result to that pattern. Exact in
+        floating point, and one pass over those tensors. A case without ``v``, or with one value
+        column, is not varied."""
+        drawn = self._drawn.get(index)
+        if drawn is None:
+            raise LookupError(f"timed draw {index} has no call to vary: draw({index}) makes it")
+        names = dict(zip(self._input_names, self._inputs, strict=True))
+        width = int(names["v"].shape[-1]) if "v" in names and names["v"].ndim else 0
+        if width < 2:
+            return _unvaried
+
+        def step() -> None:
+            held = self._holding(index)
+            new = self._next_pattern(width)
+            old = held.flips or (1,) * width
+            self._flip(drawn, tuple(a * b for a, b in zip(old, new, strict=True)), width)
+            self._now[index] = replace(held, flips=new)
+
+        return step
+
+    def _next_pattern(self, width: int) -> tuple[int, ...]:
+        """Signs over ``width`` value columns that no timed call of the case has read, neither all
+        kept nor all flipped; once all have been read, they come round again."""
+        full = (1 << width) - 1
+        if len(self._patterns) >= full - 1:
+            self._patterns.clear()
+        bits = 0
+        while bits in (0, full) or bits in self._patterns:
+            bits = self._pattern_rng.getrandbits(width)
+        self._patterns.add(bits)
+        return tuple(-1 if bits >> c & 1 else 1 for c in range(width))
+
+    def _flip(self, drawn: _Drawn, delta: tuple[int, ...], width: int) -> None:
+        """``delta`` multiplied into the value columns of ``drawn``'s ``v``, state and output
+        gradient, in place through ``.data`` (as ``_write``: version counters left alone)."""
+        import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+
+        varied = [x for name, x in zip(self._input_names, drawn.inputs, strict=True) if name in VARIED_INPUTS]
+        varied += [drawn.grad_out] if drawn.grad_out is not None else []
+        with torch.no_grad():
+            for x in varied:
+                if x.ndim and x.shape[-1] == width:
+                    x.data.mul_(torch.tensor(delta, dtype=x.dtype, device=x.device))
 
     @contextmanager
     def rewritten(self, index: int) -> Iterator[bool]:

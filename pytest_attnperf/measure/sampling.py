@@ -197,9 +197,11 @@ class HostTimer:
     def measure(self, fn: Callable[[], Any], plan: SamplingPlan) -> Measurement:
         """Host-clock samples of ``fn`` after its warm-up, the garbage collector paused. The
         samples alternate between ``HOST_DRAWS`` timed draws (``verify.Replays``; a plain
-        callable is one), each checked after sampling on one more call, and two more calls of
-        the first are compared bit for bit. A contended host (``contention.contention_note``)
-        is noted, so the gate leaves the case unjudged."""
+        callable is one), each call's contents varied before the clock starts
+        (``Replays.vary``); the last call's result is checked as it returned, each draw after
+        sampling on one more call, and two more calls of the first are compared bit for bit. A
+        contended host (``contention.contention_note``) is noted, so the gate leaves the case
+        unjudged."""
         replays = Replays(fn)
         try:
             return self._measure(replays, plan)
@@ -212,19 +214,28 @@ class HostTimer:
         for later in calls[1:]:  # each draw's first call untimed, where an exception names the draw
             later()
         bare = [replays.bare(index) for index in range(1, len(calls) + 1)]
+        varies = [replays.vary(index) for index in range(1, len(calls) + 1)]
         turn, clock_ns = [0], self._clock_ns or time.perf_counter_ns
+        last: list[Any] = [None]  # the last timed call's result, checked as it returned (Replays.check_last)
 
         def take_ms() -> float:
-            call = bare[turn[0] % len(bare)]
+            index = turn[0] % len(bare)
             turn[0] += 1
+            varies[index]()  # contents no call has read, written before the clock starts
+            call = bare[index]
             start = clock_ns()
-            call()
-            return (clock_ns() - start) / 1e6
+            out = call()
+            taken = clock_ns() - start
+            last[0] = out  # after the clock's second read
+            return taken / 1e6
 
         loads = [self._load()]
         with gc_paused():
             samples = sample_adaptively(take_ms, plan, rounds_of=len(calls))
         loads.append(self._load())
+        if last[0] is not None:
+            replays.check_last((turn[0] - 1) % len(bare) + 1, "a host-timed call", last[0])
+        last[0] = None
         for index, call in enumerate(calls, start=1):
             replays.check(index, "a host-timed call", call)
         replays.compare(1, calls[0])

@@ -248,7 +248,8 @@ class CudaTimer:
         fn = replays.call(1)
         flush = self._flush_buffer() if plan.mode == "cold" else None
         if flush is not None:
-            nodes, failure = _capture_cold(replays.call, flush, plan.cold_graphs, capture_s=plan.budget_s / 2)
+            nodes, failure = _capture_cold(replays.call, flush, plan.cold_graphs, capture_s=plan.budget_s / 2,
+                                           vary_for=replays.vary)
             if nodes is not None:
                 if nodes.failure is not None:
                     notes.append(f"{nodes.graphs} of {plan.cold_graphs} cold graphs usable ({nodes.failure}); "
@@ -280,8 +281,10 @@ class CudaTimer:
             run = graph.replay if replays_per == 1 else (lambda: [graph.replay() for _ in range(replays_per)])
         start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
         spin = getattr(cuda, "_sleep", None)
+        vary = replays.vary(1)
 
         def take_ms() -> float:
+            vary()  # before the flush, the spin and the first event: outside the sample
             if flush is not None:
                 flush.zero_()
             if spin is not None:
@@ -297,6 +300,7 @@ class CudaTimer:
         where = "an eager call as timed" if graph is None else f"the {plan.mode} graph"
         sampler = Sampler([take_ms], [(1, where, graph.replay if graph is not None else fn)])
         sampler.graphed, sampler.calls_per_replay = graph is not None, calls // replays_per
+        sampler.keeps_results = graph is not None  # eager calls timed bare: their results are not kept
         return sampler, clock, calls
 
     @staticmethod
@@ -384,6 +388,8 @@ class Sampler:
         # for the kernel inventory: whether the timed ones are graph replays, each replay's calls, and
         # whether a replay holds the L2 flush (cold mode's graphs)
         self.graphed, self.calls_per_replay, self.holds_flush = True, 1, holds_flush
+        # whether the draws' recorded results are what the last samples wrote (a graph's outputs)
+        self.keeps_results = True
 
     @property
     def graphs(self) -> int:
@@ -395,8 +401,12 @@ class Sampler:
         return take()
 
     def verify(self, replays: Replays) -> None:
-        """Each timed draw's result checked after one more replay (or call) over NaN, then one
+        """The last sample's result checked as its replay wrote it, on the contents it read;
+        then each timed draw's result checked after one more replay (or call) over NaN, then one
         more replay (or call) of the first compared bit for bit (``verify.Replays``)."""
+        if self.keeps_results:
+            index, where, _ = self.timed[(self.next - 1) % len(self.takes)]
+            replays.check_last(index, where)
         for index, where, again in self.timed:
             replays.check(index, where, again)
         index, _, again = self.timed[0]
@@ -405,6 +415,7 @@ class Sampler:
 
 def _capture_cold(
     call_for: Callable[[int], Callable[[], Any]], flush: Any, graphs: int = 1, capture_s: float = math.inf,
+    vary_for: Callable[[int], Callable[[], None]] | None = None,
 ) -> tuple[Sampler | None, str | None]:
     """Cold mode's sampler: a graph of an L2 flush, a timing event, one call and a second
     event, the events recorded as nodes of the graph (``torch.cuda.Event(external=True)``), so
@@ -423,7 +434,10 @@ def _capture_cold(
     (``--attnperf-processes``, pool.py). No graph is begun once ``capture_s`` seconds have
     gone on capturing: a host-bound call (fla's naive recurrences, a Python loop over tokens) is
     captured once, and its long kernels did not move between processes anyway. When a later
-    capture fails (memory, say) the graphs captured so far are kept; ``.failure`` says why."""
+    capture fails (memory, say) the graphs captured so far are kept; ``.failure`` says why.
+    Before each replay, ``vary_for(i + 1)`` (``Replays.vary``) gives graph ``i``'s inputs contents
+    no replay has read: its kernels run on the stream before the replay's flush and first
+    event, outside the sample."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
     cuda: Any = torch.cuda  # torch.cuda's Stream, Event and _sleep are unannotated
 
@@ -437,7 +451,8 @@ def _capture_cold(
         except TypeError:
             return None, f"torch {torch.__version__} has no external CUDA events (torch.cuda.Event(external=True))"
         index = len(takes) + 1
-        taken, replay, pool, failure = _one_cold_graph(call_for(index), flush, start, end, pool)
+        taken, replay, pool, failure = _one_cold_graph(call_for(index), flush, start, end, pool,
+                                                       vary_for(index) if vary_for is not None else None)
         if taken is None or replay is None:
             if not takes:
                 return None, failure
@@ -455,10 +470,11 @@ def _named(sampler: Sampler) -> Sampler:
 
 
 def _one_cold_graph(
-    fn: Callable[[], Any], flush: Any, start: Any, end: Any, pool: Any,
+    fn: Callable[[], Any], flush: Any, start: Any, end: Any, pool: Any, vary: Callable[[], None] | None = None,
 ) -> tuple[Callable[[], float] | None, Callable[[], Any] | None, Any, str | None]:
     """One cold graph, in ``pool`` when given: ``(take one sample, its replay, its pool, None)``
-    or ``(None, None, pool, why)``."""
+    or ``(None, None, pool, why)``; a sample calls ``vary`` before the replay."""
+    before = vary or _nothing
 
     def body() -> None:
         flush.zero_()
@@ -470,17 +486,25 @@ def _one_cold_graph(
     if graph is None:
         return None, None, pool, failure
 
-    def take_ms() -> float:
+    def replayed_ms() -> float:
         graph.replay()
         end.synchronize()
         ms: float = start.elapsed_time(end)
         return ms
 
+    def take_ms() -> float:
+        before()  # before the graph's flush and its first event: outside the sample
+        return replayed_ms()
+
     try:
-        take_ms()
+        replayed_ms()
     except Exception as exc:  # noqa: BLE001 - events a graph recorded but torch cannot read: use another clock
         return None, None, pool, f"{type(exc).__name__}: {str(exc)[:120]}"
     return take_ms, graph.replay, graph.pool() if pool is None else pool, None
+
+
+def _nothing() -> None:
+    """No contents to vary before a replay."""
 
 
 _captured: list[Any] | None = None  # the graphs of the measurement under way (CudaTimer.measure)

@@ -23,6 +23,15 @@ the family's rule:
 - that replay or call runs with the garbage collector off (``collector.gc_paused``), as the
   timed calls did: a kernel that watches the collector is checked in the state it was timed in.
 
+Before each timed call, outside the timed region, a draw's contents are varied in place
+(``Replays.vary``, the suites' ``Timed.vary``: a pattern of signs over the value columns that no
+call of the case has read), so that no two timed calls read the same contents and a kernel
+that keeps its answer keyed on its inputs' contents misses every time. Before anything else is
+called, ``Replays.check_last`` holds the last timed call's own result, as it returned it (a
+graph's outputs, as its last replay wrote them), to the contents that call read: a kernel whose
+cache is keyed on part of its inputs (``q`` alone, a few sampled values) or on their addresses
+returns an answer to other contents there.
+
 A mismatch raises ``TimedDiffers``: the case fails as "the timed computation differs from the
 checked one", naming the graph, the draw (rewritten in place) and the tensor. A callable that is
 not a ``Draws`` (a test's own ``attnperf.measure(fn)``) is timed as it is and nothing is
@@ -85,6 +94,8 @@ class Draws(Protocol):
 
 
 DRAWS_METHODS = ("draw", "rewritten", "verify", "describe", "protected")  # Draws', besides __call__
+# optional: ``vary(i)``, what to call before each timed call of draw ``i`` to give it contents no
+# call has read (``families.draws.Timed.vary``); a Draws without it is timed on its draws' own contents
 
 
 class TimedDiffers(AssertionError):
@@ -127,6 +138,7 @@ class Replays:
             raise TypeError(f"{type(fn).__name__} gives timed draws (draw, verify) but not {', '.join(lacking)} "
                             "(measure.verify.Draws): its timed calls would go unchecked")
         self.results: dict[int, Any] = {}
+        self._varies: dict[int, Callable[[], None]] = {}
         self._calls: dict[int, Callable[[], Any]] = {}
         self._bases: dict[int, Callable[[], Any]] = {}
         self.verified = 0
@@ -142,6 +154,7 @@ class Replays:
         pool; the calls hold their inputs), not when the collector finds them: the draws' calls
         and this object refer to each other."""
         self.results.clear()
+        self._varies.clear()
         self._calls.clear()
         self._bases.clear()
 
@@ -179,6 +192,31 @@ class Replays:
         draw is called through ``call`` at least once first, and checked through it after."""
         self.call(index)
         return self._bases[index]
+
+    def vary(self, index: int) -> Callable[[], None]:
+        """What a timer calls before each timed call (or replay) of draw ``index``, outside the
+        timed region: the draw's contents varied in place (``Draws``'s optional ``vary``); nothing
+        for a plain callable or a ``Draws`` without it."""
+        if index not in self._varies:
+            self.call(index)  # the draw made, its inputs with it
+            vary = getattr(self.draws, "vary", None) if self.draws is not None else None
+            self._varies[index] = vary(index) if callable(vary) else _nothing
+        return self._varies[index]
+
+    def check_last(self, index: int, where: str, result: Any = None) -> None:
+        """Hold the last timed call's result, ``result`` (by default timed draw ``index``'s last
+        recorded one: a graph's outputs, as its last replay wrote them), to the family's rule on
+        the contents that call read, calling nothing: a kernel that answered it from a cache
+        keyed on part of its inputs, or on their addresses, answered other contents. Before any
+        other check, which calls the kernel again. ``where`` names the graph or call."""
+        if self.draws is None or (result is None and index not in self.results):
+            return
+        began = time.perf_counter()
+        try:
+            self._verify(index, self.results[index] if result is None else result,
+                         f"{where}, the last timed call as it returned, on timed {self.draws.describe(index)}")
+        finally:
+            self.seconds += time.perf_counter() - began
 
     def _first(self, base: Callable[[], Any], index: int) -> Any:
         assert self.draws is not None
@@ -218,7 +256,13 @@ class Replays:
         assert self.draws is not None
         with gc_paused(collect=False):
             again()
-        result = self.results[index]  # a call's new result; a graph's same tensors, rewritten
+        self._verify(index, self.results[index], where)  # a call's new result; a graph's same tensors, rewritten
+
+    def _verify(self, index: int, result: Any, where: str) -> None:
+        """``result`` of timed draw ``index`` verified on the data its inputs hold now, the torch
+        functions the kernel's calls replaced put back first; a failure is a ``TimedDiffers``
+        naming ``where``."""
+        assert self.draws is not None
         _synchronize(result)
         assert self._functions is not None  # taken with the draws
         replaced = put_back_functions(self._functions, "the kernel's timed calls", "the check of their results")
@@ -277,6 +321,10 @@ class Replays:
             diffs = [float((a.double() - b.detach().double()).abs().max()) for a, b in zip(before, after, strict=True)
                      if a.shape == b.shape and a.numel()]
             self.bitwise_diff = max(diffs) if diffs else None
+
+
+def _nothing() -> None:
+    """``Replays.vary`` where the draws are not varied."""
 
 
 def _synchronize(result: Any) -> None:

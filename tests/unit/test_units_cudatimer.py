@@ -387,8 +387,9 @@ class Draws:
 def test_each_cold_graph_times_a_draw_of_its_own_checked_after_sampling(gpu: FakeGpu) -> None:
     draws = Draws(gpu)
     m = CudaTimer(H200).measure(draws, PLAN)
-    checked_graphs = draws.checked[1:]  # the first: the eager calls timed for eager_ms, on draw 1
+    checked_graphs = draws.checked[2:]  # the first: the eager calls timed for eager_ms, on draw 1
     assert draws.checked[0] == (1, 1.0)
+    assert draws.checked[1] == (8, 8.0)  # the last sample's result, as graph 8's last replay wrote it
     assert checked_graphs == [(i, float(i)) for i in range(1, 9)]  # graph i wrote draw i's answer
     assert m.verified == 9
     assert m.bitwise is True
