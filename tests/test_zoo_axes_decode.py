@@ -1,0 +1,143 @@
+"""The softmax family's decode caches and batch-split relation (``tests/zoo/axes_decode.py``) on the
+catalogue's smoke rows, checked in this process on the CPU as the catalogue's suite checks a kernel
+(``Family.refusal``, then ``Family.check``, SDPA's backend pinned):
+
+* each wrong kernel fails the smoke row its pair names, a row of its class, with a wrong number or
+  a wrong cache the checks name;
+* the twin passes every smoke row of the cache classes and of batch-split (their backward refused:
+  a decode step and a relation compare forward calls);
+* every built-in kernel that declares a row's axes passes it, or is refused it (a pinned backend this
+  machine lacks); a kernel that declares no cache axis, or ``kv-cache`` without ``paged``, is refused
+  the rows it lacks, never passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_zoo_catalogue import _one_torch_thread, outcome  # noqa: F401 - tests/ is on the path; its autouse fixture
+from zoo import axes_decode as zoo
+
+from pytest_attnperf.families import catalogue
+from pytest_attnperf.families.catalogue_suite import NO_BACKEND
+from pytest_attnperf.families.registry import Kernel, KernelRegistry
+from pytest_attnperf.families.softmax import kernels as softmax
+from pytest_attnperf.markers import pin_backend
+
+CLASSES = ("kv-cache", "paged", "cache-ragged", "batch-split")
+DIRECTIONS = ("fwd", "fwdbwd")
+
+
+def decode_rows() -> tuple[catalogue.Row, ...]:
+    """The softmax smoke rows of the caches and of batch-split."""
+    return tuple(r for r in catalogue.rows("softmax", "smoke", False) if set(r.classes) & set(CLASSES))
+
+
+def row_named(row_id: str) -> catalogue.Row:
+    return next(r for r in decode_rows() if r.id == row_id)
+
+
+def test_the_zoo_is_complete() -> None:
+    """A wrong kernel for every class, each caught by a smoke row of its class, and a twin."""
+    assert {p.cls for p in zoo.PAIRS} == set(CLASSES)
+    registry = KernelRegistry()
+    zoo.register(registry)
+    assert len(registry) == len(zoo.PAIRS) + 1
+    for pair in zoo.PAIRS:
+        assert pair.cls in row_named(pair.row).classes, pair
+        kernel = pair.kernel()
+        assert f"[{pair.cls}]" in kernel.description
+        assert kernel.axes == zoo.AXES
+
+
+@pytest.mark.parametrize("pair", [pytest.param(p, id=f"{p.wrong_name}@{p.row.removeprefix('cat-')}")
+                                  for p in zoo.PAIRS])
+def test_a_wrong_kernel_fails_the_row_of_its_class(pair: zoo.Pair) -> None:
+    kernel, row = pair.kernel(), row_named(pair.row)
+    found = outcome(kernel, row, "fwd")
+    assert found.status == "failed", f"{kernel.name} on {row.id}: {found}"
+    assert kernel.name in found.message, found.message
+
+
+def test_a_misplaced_write_is_named_in_the_cache() -> None:
+    """A token written one slot late fails the cache's check, which names the request, the slot and
+    what the call was to do there."""
+    pair = next(p for p in zoo.PAIRS if p.name == "write-past-seqlens")
+    found = outcome(pair.kernel(), row_named(pair.row), "fwd")
+    assert found.status == "failed", found
+    assert "left its k_cache wrong after the call" in found.message or "out" in found.message, found
+    write_only = Kernel("softmax", "write-only", lambda *a, **kw: _write_late_attend_right(*a, **kw), axes=zoo.AXES)
+    found = outcome(write_only, row_named(pair.row), "fwd")
+    assert found.status == "failed", found
+    assert "left its k_cache wrong after the call" in found.message, found
+    assert "where its new token 0 goes" in found.message, found
+
+
+def _write_late_attend_right(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+    """The twin's output, then one more token written a slot late: the output is right, the cache not."""
+    out = zoo.attention(q, k, v, **kw)
+    cache, lengths = kw["k_cache"], kw["cache_seqlens"]
+    cache[0][:, int(lengths[0]) + 1] = cache[0][:, int(lengths[0])].clone()
+    cache[0][:, int(lengths[0])] = 0
+    return out
+
+
+@pytest.mark.parametrize(("row", "direction"), [pytest.param(r, d, id=f"{r.id.removeprefix('cat-')}-{d}")
+                                                 for r in decode_rows() for d in DIRECTIONS])
+def test_the_twin_passes_every_row_of_the_caches(row: catalogue.Row, direction: str) -> None:
+    found = outcome(zoo.twin(), row, direction)
+    if direction == "fwdbwd":
+        assert found.status == "refused", found
+        assert "forward only" in found.message or "compares forward calls" in found.message, found
+    else:
+        assert found.status == "passed", f"twin-decode on {row.id}: {found}"
+
+
+def builtin_params() -> Iterator[Any]:
+    registry = KernelRegistry()
+    softmax.register(registry)
+    for kernel in registry.family("softmax"):
+        for row in decode_rows():
+            yield pytest.param(kernel, row, id=f"{kernel.name}-{row.id.removeprefix('cat-')}")
+
+
+# (not ``kernel``: the plugin reads a test parameter of that name as a suite's kernel, with its ``case``)
+@pytest.mark.parametrize(("builtin", "row"), list(builtin_params()))
+def test_a_builtin_that_declares_the_axes_passes(builtin: Kernel, row: catalogue.Row) -> None:
+    undeclared = [a for a in row.case.axes if a not in builtin.axes]
+    pinned = pin_backend(builtin.sdpa_backend) if builtin.sdpa_backend else contextlib.nullcontext()
+    with pinned:
+        found = outcome(builtin, row, "fwd")
+    if undeclared:
+        assert found.status == "refused", found
+        assert f"does not declare the call axis {', '.join(undeclared)}" in found.message, found
+    elif found.status == "crashed" and NO_BACKEND.search(found.message):
+        assert builtin.sdpa_backend in ("efficient", "cudnn"), found  # backends the CPU lacks
+    elif found.status == "refused":
+        assert builtin.supports(row.case), found
+    else:
+        assert found.status == "passed", f"{builtin.name} on {row.id}: {found}"
+
+
+def test_naive_and_sdpa_declare_both_caches() -> None:
+    registry = KernelRegistry()
+    softmax.register(registry)
+    for name in ("naive", "sdpa", "sdpa-math", "sdpa-flash"):
+        assert {"kv-cache", "paged"} <= set(next(k for k in registry.family("softmax") if k.name == name).axes)
+
+
+def test_a_kernel_that_declares_no_cache_is_refused_their_rows_never_passed() -> None:
+    plain = Kernel("softmax", "plain", zoo.twin().fn)
+    appended = Kernel("softmax", "append-only", zoo.twin().fn, axes=("kv-cache",))
+    for row in decode_rows():
+        for kernel in (plain, appended):
+            undeclared = [a for a in row.case.axes if a not in kernel.axes]
+            found = outcome(kernel, row, "fwd")
+            if undeclared:
+                assert found.status == "refused", (kernel.name, row.id, found)
+                assert f"does not declare the call axis {', '.join(undeclared)}" in found.message
+            else:
+                assert found.status == "passed", (kernel.name, row.id, found)
