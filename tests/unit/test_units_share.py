@@ -4,6 +4,7 @@ each takes, the retry alone after running out of memory, and what a large case g
 from __future__ import annotations
 
 import fcntl
+import tempfile
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,7 +24,7 @@ def card(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """An 80 GiB card as far as ``run_shared`` asks, with its locks in a temporary folder."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=TOTAL))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(share.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
 
 
 def held(exclusive: bool) -> bool:
