@@ -596,6 +596,24 @@ def test_time_limit_always_runs_the_first_and_none_without_a_limit(tmp_path: Pat
     assert len(clock.runs) == 2
 
 
+def test_without_pytest_benchmark_it_names_the_extra_and_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from pytest_attnperf.noise import benchmark as noise
+
+    found = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "pytest_benchmark" else found(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(noise, "_pytest", lambda *a, **k: pytest.fail("a run started"))
+    assert noise.main(["--workdir", str(tmp_path / "work"), "--stages", "steady", "--runs", "1", "--", "x.py"]) == 2
+    assert capsys.readouterr().err == "attnperf noise: needs pytest-benchmark: pip install 'pytest-attnperf[noise]'\n"
+    assert not (tmp_path / "work").exists()
+
+
 @pytest.mark.parametrize("text", ["0", "-5", "ten", "nan"])
 def test_time_limit_must_be_a_positive_number(text: str, capsys: pytest.CaptureFixture[str]) -> None:
     from pytest_attnperf.noise import benchmark as noise

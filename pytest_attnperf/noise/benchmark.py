@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -445,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
                              "of any for a new stage; the first run always starts); exit status 3 when it stops")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
+    if importlib.util.find_spec("pytest_benchmark") is None:  # its runs write and read pytest-benchmark's JSON
+        print("attnperf noise: needs pytest-benchmark: pip install 'pytest-attnperf[noise]'", file=sys.stderr)
+        return 2
     named = set(opts.stages or ("record", "steady", "inject")) | ({"compare"} if opts.compare else set())
     stages: tuple[str, ...] = tuple(s for s in STAGES if s in named)
     args = [a for a in opts.pytest_args if a != "--"]
