@@ -93,13 +93,13 @@ missing_ids() {  # $1: the baseline file; the rest: a pytest selection. Its node
 }
 
 case "${1:-}" in
-  preflight)  # tools/preflight.py: the torch guard around each first use of a CUDA subsystem, the
+  preflight)  # tools/device/preflight.py: the torch guard around each first use of a CUDA subsystem, the
     # checked and timed path of a few built-ins per family on small shapes, and two cheats that must
     # fail (FULL=1: every built-in); before a whole run on a new machine or stack. On a fresh H200
     # Part A's SDPA, profiler and graph steps took 10 s, and fla's first calls (compiled, and
     # autotuned with an empty Triton cache) had not returned when a 150 s limit on the whole mode,
     # wheels' install included, stopped it: give it 300 s or more
-    python3 tools/preflight.py ${FULL:+--full} 2>&1 | tee "$OUT/preflight.log" | tail -n 60 ;;
+    python3 tools/device/preflight.py ${FULL:+--full} 2>&1 | tee "$OUT/preflight.log" | tail -n 60 ;;
   record | record-linear)  # the whole suite (record) or suites/test_linear.py (record-linear)
     # recorded into baselines/$HW.yaml (record-linear: the H200's); EXTRA: more pytest arguments
     # (EXTRA=--attnperf-opt-in=precision records the precision rows), K: a -k selection. BUDGET
@@ -332,11 +332,11 @@ print(f'{len(got)} recorded autotune choices installed into {sys.argv[1]}', *pro
       --junitxml="$OUT/integrity.xml" > "$OUT/integrity.log" 2>&1
     echo "bad failed: $(grep -c '^FAILED.*integrity-bad' "$OUT/integrity.log"), ok failed: $(grep -c '^FAILED.*integrity-ok' "$OUT/integrity.log")"
     tail -n 1 "$OUT/integrity.log" ;;
-  inventory)  # the kernel inventory (tools/inventory.py): what torch.profiler sees of a graph replay,
+  inventory)  # the kernel inventory (tools/device/inventory.py): what torch.profiler sees of a graph replay,
     # a few softmax and linear cases recorded into $OUT/inventory/baselines (not the committed file)
     # with their kernels and profiling time, then gated with two of them changed (SDPA's own dispatch
     # run as efficient, an extra copy in fla's chunk GLA); about 2 minutes
-    timeout -s INT "${BUDGET:-300}" python3 tools/inventory.py 2>&1 | tee "$OUT/inventory.log" | tail -n 20
+    timeout -s INT "${BUDGET:-300}" python3 tools/device/inventory.py 2>&1 | tee "$OUT/inventory.log" | tail -n 20
     keep_cache >/dev/null ;;
   memory)  # the memory gate on the softmax suite's GPU cases K selects (default three whose scores
     # outweigh the bound: B=32 H=16 T=1024, B=1 H=12 T=2048, GQA B=2 H=12/3 T=1024), gated against

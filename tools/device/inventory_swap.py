@@ -1,9 +1,9 @@
-"""A maintainers' plugin for ``tools/inventory.py``: changes the kernels of chosen cases, keeping
+"""A maintainers' plugin for ``tools/device/inventory.py``: changes the kernels of chosen cases, keeping
 their node ids and their answers, so a gating run against their recorded inventories shows
 ``kernels changed``.
 
 ``ATTNPERF_SWAP="[<case id>]=efficient;[<case id>]=copy"`` (each matched as the end of a node id), loaded with ``-p
-inventory_swap`` (``tools/`` on ``PYTHONPATH``):
+inventory_swap`` (``tools/device/`` on ``PYTHONPATH``):
 
 - ``efficient``: the case's kernel runs inside ``sdpa_kernel([EFFICIENT_ATTENTION])``, so an
   SDPA kernel that is not pinned (``sdpa``, torch's own dispatch) runs the efficient backend

@@ -6,7 +6,7 @@
    kernels are visible, and what one profile costs.
 2. **Record** a few softmax and linear cases into a baseline file of its own (not the committed
    one), and print case -> kernels with the profiling time of each case.
-3. **Gate** them again with two cases changed (``tools/inventory_swap.py``: torch's own SDPA
+3. **Gate** them again with two cases changed (``tools/device/inventory_swap.py``: torch's own SDPA
    dispatch made to run the efficient backend, and an extra copy in fla's chunk GLA): those two
    say ``kernels changed``, the others not; then the two alone under
    ``--attnperf-fail-on-kernel-change``, which fails them.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("OUT", "/tmp/attnperf-out")) / "inventory"
 SOFTMAX = "suites/test_softmax.py::test_softmax[b1-h12-t512-d64-causal-bf16-{}]"
 LINEAR = "suites/test_linear.py::test_linear[b4-h16-t1024-d128-bf16-{}]"
@@ -109,7 +109,7 @@ def _counted(names: list[str]) -> Any:
 def pytest_run(name: str, cases: list[str], *extra: str, swap: dict[str, str] | None = None) -> tuple[float, int]:
     """One pytest run of ``cases`` into its own folder; (wall seconds, exit status)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tools"), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tools" / "device"), env.get("PYTHONPATH", "")]))
     if swap:
         env["ATTNPERF_SWAP"] = ";".join(f"[{case.split('[', 1)[1]}={how}" for case, how in swap.items())
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "--hw=h200",

@@ -1,7 +1,7 @@
 """GPU pre-flight for the torch-function guard and the rewritten timed draws (about 1-3 min), what
 the CPU tests can only fake: run it on a new GPU, or after a torch or fla upgrade, before a whole run.
 
-Run from the repository root:  python3 tools/preflight.py [--full]   (or: bash tools/h200.sh preflight)
+Run from the repository root:  python3 tools/device/preflight.py [--full]   (or: bash tools/h200.sh preflight)
 (quick by default; --full runs every built-in kernel of Part B. On a CPU it runs a small subset,
 with the host timer, to check the script itself.)
 
@@ -32,7 +32,7 @@ sys.path.insert(0, os.getcwd())  # the checkout's package, uninstalled
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from pytest_attnperf.measure import switches as S  # noqa: E402
+from pytest_attnperf.measure import torch_functions as S  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 FULL = "--full" in sys.argv
