@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from test_zoo_catalogue import _one_torch_thread, outcome  # noqa: F401 - tests/ is on the path; its autouse fixture
 from zoo import axes_decode as zoo
 
-from pytest_attnperf.families import catalogue
+from pytest_attnperf.families import catalogue, order
 from pytest_attnperf.families.catalogue_suite import NO_BACKEND
+from pytest_attnperf.families.order import Source
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.families.softmax import kernels as softmax
 from pytest_attnperf.markers import pin_backend
 
+CPU = torch.device("cpu")
 CLASSES = ("kv-cache", "paged", "cache-ragged", "batch-split")
 DIRECTIONS = ("fwd", "fwdbwd")
 
@@ -141,3 +145,54 @@ def test_a_kernel_that_declares_no_cache_is_refused_their_rows_never_passed() ->
                 assert f"does not declare the call axis {', '.join(undeclared)}" in found.message
             else:
                 assert found.status == "passed", (kernel.name, row.id, found)
+
+
+# -- order independence (``families.order``) -------------------------------------------------------
+
+TESTS = str(Path(__file__).parent)
+ORDER = Source("zoo.axes_decode", "register_order", (TESTS,))
+
+
+def order_kernels() -> dict[str, Kernel]:
+    registry = KernelRegistry()
+    zoo.register_order(registry)  # forgets the stateful kernel's launches: each test starts it fresh
+    return {k.name: k for k in registry}
+
+
+def order_checks() -> list[tuple[catalogue.Row, str]]:
+    """The softmax smoke rows a kernel that declares no axis takes, forward, but the two largest (the order
+    check's list)."""
+    large = {"grid-limit", "long-keys"}
+    return [(r, "fwd") for r in catalogue.rows("softmax", "smoke", False)
+            if not r.case.axes and not r.case.window and not large & set(r.classes)]
+
+
+def test_a_kernel_that_keeps_state_between_calls_fails_naming_the_check_before() -> None:
+    """bug-stale-launch keeps the key tiles of its first call of each batch size: run in a shuffled order
+    in a fresh process, where another check of a batch size comes first, a result differs from the
+    catalogue order's, and the finding names the check that ran before it in each."""
+    kernel = order_kernels()["bug-stale-launch"]
+    found = order.record(ORDER, kernel, order_checks(), CPU, sample=8, fresh_count=8)
+    assert found, "the stateful kernel's results did not depend on order"
+    assert all("its result depends on what ran before it" in f for f in found), found
+    assert any("in a fresh process, after cat-" in f for f in found), found
+    assert all(f.startswith("softmax/bug-stale-launch cat-") for f in found), found
+
+
+def test_its_stateless_twin_gives_the_same_results_in_every_order() -> None:
+    kernel = order_kernels()["twin-launch"]
+    checks = order_checks()
+    first = order.ordered(kernel, checks, CPU)
+    assert {r.status for r in first} == {"passed"}, [r for r in first if r.status != "passed"]
+    assert order.record(ORDER, kernel, checks, CPU, sample=8, fresh_count=8, first=first) == []
+
+
+def test_a_builtin_gives_the_same_results_in_every_order() -> None:
+    """naive on the cache rows and its other smoke rows: shuffled and in a fresh process, bit for bit."""
+    registry = KernelRegistry()
+    softmax.register(registry)
+    naive = next(k for k in registry.family("softmax") if k.name == "naive")
+    checks = [(r, "fwd") for r in catalogue.rows("softmax", "smoke", False)
+              if r.case.cache or r.case.relation == "batch-split" or r.id.startswith("cat-b2-h2-t17")]
+    source = Source("pytest_attnperf.families.softmax.kernels")
+    assert order.record(source, naive, checks, CPU, sample=6, fresh_count=6) == []

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 
-__all__ = ["AXES", "BUGS", "PAIRS", "Pair", "attention", "pytest_attnperf_register_kernels", "register", "stateful",
-           "twin"]
+__all__ = ["AXES", "BUGS", "PAIRS", "Pair", "attention", "pytest_attnperf_register_kernels", "register",
+           "register_order", "stateful", "stateless", "twin"]
 
 AXES = ("kv-cache", "paged")
 ASSUMED_PAGE = 16  # the page size the page-size bug assumes
@@ -168,11 +168,12 @@ def twin() -> Kernel:
     return _kernel("twin-decode", None, TWIN_DOC)
 
 
-def stateful_pair() -> tuple[Kernel, Kernel]:
-    """The kernel whose results depend on what ran before it, and its stateless twin."""
+def register_order(registry: KernelRegistry) -> None:
+    """The kernel whose results depend on what ran before it (``bug-stale-launch``, its launches
+    forgotten) and its stateless twin (``twin-launch``): the order check's pair (``families.order``)."""
     _launches.clear()
-    return (Kernel("softmax", "bug-stale-launch", stateful, description=stateful.__doc__ or "", tiled=False),
-            Kernel("softmax", "twin-launch", stateless, description=stateless.__doc__ or "", tiled=False))
+    registry.add(Kernel("softmax", "bug-stale-launch", stateful, description=stateful.__doc__ or "", tiled=False))
+    registry.add(Kernel("softmax", "twin-launch", stateless, description=stateless.__doc__ or "", tiled=False))
 
 
 _APPEND = "cat-b3-h4-kv2-t1-k32-d32-causal-fp32-append-lens5x0x17"
