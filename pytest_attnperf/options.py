@@ -96,8 +96,8 @@ OPTIONS = (
            "growth of peak memory above the inputs tolerated before a case fails, or off (default 4MiB+1%)"),
     Option("require_baseline", "--attnperf-require-baseline", "ATTNPERF_REQUIRE_BASELINE",
            "attnperf_require_baseline", "false",
-           "fail a measured case that has no baseline entry, or that the gate could not judge (a contended CPU "
-           "host); default: off, they pass as new and unjudged", is_flag=True),
+           "fail a measured case with no baseline entry or left unjudged on a contended host (default off)",
+           is_flag=True),
     Option("fail_on_kernel_change", "--attnperf-fail-on-kernel-change", "ATTNPERF_FAIL_ON_KERNEL_CHANGE",
            "attnperf_fail_on_kernel_change", "false",
            "fail a case whose kernel inventory differs from its baseline entry's, not only report it (default: off)",
