@@ -115,17 +115,18 @@ def _optional_plugins(
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Under ``attnperf-run``: the exit status pytest decided, and the cases left unjudged, written
-    for it to check (``store.status``): an exit handler that ends the process after this cannot
-    change how the run is read."""
+    """Under ``attnperf-run``: the exit status pytest decided, the cases left unjudged and those a
+    dead pytest-xdist worker left unrun, written for it to check (``store.status``): an exit
+    handler that ends the process after this cannot change how the run is read."""
     path = config.stash.get(STATUS_KEY, None)
     session = config.pluginmanager.get_plugin("session")
     if path is None or session is None:
         return
     state = config.stash.get(SESSION_KEY, None)
     unjudged = sum(row.status == "unjudged" for row in state.rows) if state is not None else 0
+    not_run = len(state.fleet.not_run) if state is not None and state.fleet is not None else 0
     try:
-        status.write(path, int(session.exitstatus), unjudged)
+        status.write(path, int(session.exitstatus), unjudged, not_run)
     except OSError as exc:  # attnperf-run then reads no status: no pass
         config.get_terminal_writer().line(f"attnperf: the run's exit status could not be written to {path}: {exc}",
                                           red=True)

@@ -122,6 +122,10 @@ class Fleet:
     specs: list[str] = field(default_factory=list)  # each worker's execnet spec, gw0 first ("popen" for -n)
     testrunuid: str = ""
     planned: bool = True  # False: workers share whatever GPU they see, and may not time on it
+    collected: list[str] = field(default_factory=list)  # the node ids a worker collected (each collects them all)
+    reported: set[str] = field(default_factory=set)  # the node ids a report arrived for, from a worker or pytest-xdist
+    deaths: dict[str, str | None] = field(default_factory=dict)  # a worker that died -> the case it died in, if any
+    not_run: list[str] = field(default_factory=list)  # collected cases no worker ran (``deaths``), reported as errors
     _groups: dict[str, str] = field(default_factory=dict)
 
     def groups(self) -> dict[str, str]:
@@ -133,6 +137,15 @@ class Fleet:
                 except (OSError, ValueError):
                     continue
         return self._groups
+
+    def unreported(self) -> list[str]:
+        """The collected cases no report arrived for, in collection order."""
+        return [nodeid for nodeid in dict.fromkeys(self.collected) if nodeid not in self.reported]
+
+    def death_cause(self) -> str:
+        """The workers that died, and the case each died in: "worker gw0 died while running t.py::x"."""
+        return "; ".join(f"worker {worker} died " + (f"while running {case}" if case else "outside any case")
+                         for worker, case in sorted(self.deaths.items(), key=lambda item: (len(item[0]), item[0])))
 
     def forget_groups(self) -> None:
         """At the run's end: the workers' group maps and the CPU's timing lock file."""

@@ -14,6 +14,12 @@ at its end (its autotune results travel on their own: ``plugins.autotune``). The
 controller alone writes the baseline file (once, under its lock), the autotune choices, the
 summary and the report.
 
+A worker that dies is not replaced unless ``--max-worker-restart`` asks: pytest-xdist reports the
+case it died in as failed and ends the run. The controller compares the node ids the workers
+collected with the reports that arrived, and reports each case no worker ran as an error naming
+the worker that died and the case it died in (``report_not_run``), so pytest's last line counts
+every collected case and the summary says how many were not run.
+
 More timing workers than GPUs would time two cases at once on one card: with an explicit
 attnperf run (``--hw``, ``--update-baselines``, ``--attnperf-suites``) that is refused at start-up,
 otherwise every timed case on a worker that shares its GPU fails with the reason. A check-only run
@@ -27,6 +33,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +63,7 @@ from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import write_atomic
 
 __all__ = ["add_groups", "attach_case", "configure", "configure_node", "make_scheduler", "node_down", "planned",
-           "prepare", "summary_lines", "worker_output"]
+           "prepare", "report_not_run", "summary_lines", "worker_output"]
 
 
 def _explicit(session: AttnPerfSession) -> bool:
@@ -96,13 +103,40 @@ class Controller:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
-        """Take a finished worker's end-of-run payload."""
+        """Take a finished worker's end-of-run payload; note a worker that died."""
+        if error is not None and self.session.fleet is not None:
+            self.session.fleet.deaths.setdefault(str(node.gateway.id), None)
         node_down(self.session, node, error)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """Keep the node ids a worker collected (every worker collects the same)."""
+        if self.session.fleet is not None and not self.session.fleet.collected:
+            self.session.fleet.collected = list(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """Note the case a worker died in (pytest-xdist reports it as failed)."""
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+        if self.session.fleet is not None and worker is not None:
+            self.session.fleet.deaths[str(worker)] = crashitem
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Take in a worker's case as its teardown report arrives (``receive_case``)."""
+        """Take in a worker's case as its teardown report arrives (``receive_case``); note that
+        some report of the case arrived."""
+        if self.session.fleet is not None:
+            self.session.fleet.reported.add(report.nodeid)
         if report.when == "teardown":
             receive_case(self.session, report)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        """After pytest-xdist's loop: each case no worker ran after a worker died, reported as an
+        error (``report_not_run``) before pytest decides the exit status. A run stopped on
+        purpose (``-x``, an interrupt) raises out of the loop and reports nothing of the kind."""
+        result = yield
+        report_not_run(session.config, self.session)
+        return result
 
 
 def planned(config: pytest.Config) -> bool:
@@ -131,9 +165,11 @@ def _plan(config: pytest.Config, session: AttnPerfSession) -> Fleet:
     if getattr(option, "dist", None) == "load":
         option.dist = "loadgroup"  # a shape's cases on one worker: warm-up and autotuning once (see group_of)
     if getattr(option, "maxworkerrestart", "") is None:
-        # pytest-xdist's group scheduling does not recover from a crashed worker (a replacement
-        # re-ran the crashing case, or the run hung): the run goes on without it, and the cases it
-        # finished are kept; --max-worker-restart=N asks for replacements all the same
+        # a crashed worker is not replaced (under group scheduling a replacement re-ran the case
+        # that crashed it, or the run hung), so one crash ends the run: pytest-xdist reports the case
+        # it died in as failed and shuts the other workers down once they finish the cases they hold.
+        # The cases finished are kept, and each case no worker ran is reported as an error
+        # (report_not_run); --max-worker-restart=N asks for replacements all the same
         option.maxworkerrestart = "0"
     if fleet.gpus and specs:  # the pin in each worker's environment from its start, before any conftest runs
         option.tx = [f"{spec}//env:CUDA_VISIBLE_DEVICES={fleet.gpu_for(f'gw{i}')}" if _local(spec) else spec
@@ -227,6 +263,21 @@ def make_scheduler(config: pytest.Config, log: Any, session: AttnPerfSession) ->
     class ShapeScheduling(LoadGroupScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return groups().get(nodeid) or str(super()._split_scope(nodeid))
+
+        def remove_node(self, node: Any) -> str | None:
+            """pytest-xdist's, but the case a crashed worker died in goes back with its group as
+            done: the rest of the group may run on another worker, that case not again (it took
+            one worker down, and would take the next)."""
+            workload = self.assigned_work.pop(node)
+            pending = [(scope, nodeid) for scope, unit in workload.items() for nodeid, done in unit.items() if not done]
+            if not pending:
+                return None
+            scope, crashitem = pending[0]
+            workload[scope][crashitem] = True
+            self.workqueue.update({name: unit for name, unit in workload.items() if not all(unit.values())})
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return str(crashitem)
 
     return ShapeScheduling(config, log)
 
@@ -382,6 +433,32 @@ def node_down(session: AttnPerfSession, node: Any, error: object | None) -> None
     if payload.get("facts"):
         _adopt_facts(session, payload["facts"], worker)
 
+
+
+def report_not_run(config: pytest.Config, session: AttnPerfSession) -> None:
+    """Controller, after the run's loop: where a worker died, each collected case no report
+    arrived for is reported as an error naming the worker and the case it died in, so pytest's
+    last line and its exit status count it; the summary says how many (``summary_lines``)."""
+    fleet = session.fleet
+    if fleet is None or not fleet.deaths:
+        return
+    fleet.not_run = fleet.unreported()
+    if not fleet.not_run:
+        return
+    cause = fleet.death_cause()
+    collected = len(dict.fromkeys(fleet.collected))
+    fleet.problems.append(f"{len(fleet.not_run)} of {collected} collected cases not run, each reported as an "
+                          f"error: {cause}, which ended the run")
+    for nodeid in fleet.not_run:
+        config.hook.pytest_runtest_logreport(report=_not_run_report(nodeid, f"not run: {cause}, which ended the run"))
+
+
+def _not_run_report(nodeid: str, message: str) -> pytest.TestReport:
+    """A failed setup report (an error) for a case no worker ran, as pytest-xdist's own report of
+    the case a worker died in is made."""
+    path, _, name = nodeid.partition("::")
+    return pytest.TestReport(nodeid=nodeid, location=(path, None, name or path), keywords={}, outcome="failed",
+                             longrepr=message, when="setup")
 
 
 def summary_lines(session: AttnPerfSession) -> list[str]:

@@ -7,10 +7,11 @@ guard put on ``os``), so a run with failures ends with exit status 0. The case g
 what it can see during a case (``measure.process``), but no guard inside the process is
 complete. The status is therefore decided in a process the kernel never runs in:
 
-- the plugin writes the exit status pytest decided, and the count of cases left unjudged, to the
-  file named by ``STATUS_ENV`` when the run ends (``pytest_unconfigure``, after every summary),
-  and takes the name out of the environment at start-up, so pool runs and pytest-xdist workers,
-  which it starts, do not write it;
+- the plugin writes the exit status pytest decided, the count of cases left unjudged and the count
+  of cases never run (a pytest-xdist worker died and the run ended), to the file named by
+  ``STATUS_ENV`` when the run ends (``pytest_unconfigure``, after every summary), and takes the
+  name out of the environment at start-up, so pool runs and pytest-xdist workers, which it
+  starts, do not write it;
 - ``attnperf-run [pytest arguments]`` (``main``) runs pytest in a child process with a fresh
   status file and exits with the status pytest decided: a child that ended 0 without writing the
   file, or whose exit status differs from the file's, is not a pass (``decide``).
@@ -43,10 +44,13 @@ def take_path() -> Path | None:
     return Path(value) if value else None
 
 
-def write(path: Path, exitstatus: int, unjudged: int) -> None:
-    """The exit status pytest decided and the cases left unjudged, written whole (a temporary file
-    renamed over the path), with this process's id."""
-    text = json.dumps({"exitstatus": int(exitstatus), "unjudged": int(unjudged), "pid": os.getpid()})
+def write(path: Path, exitstatus: int, unjudged: int, not_run: int = 0) -> None:
+    """The exit status pytest decided, the cases left unjudged and those never run (where any were),
+    written whole (a temporary file renamed over the path), with this process's id."""
+    data = {"exitstatus": int(exitstatus), "unjudged": int(unjudged), "pid": os.getpid()}
+    if not_run:
+        data["not_run"] = int(not_run)
+    text = json.dumps(data)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
@@ -79,7 +83,8 @@ def decide(returncode: int, recorded: dict[str, Any] | None, args: Sequence[str]
       its end is no pass); a run that configures nothing to the end (``--version``, ``--help``,
       ``--collect-only``) passes its status through;
     - recorded, and different: the recorded status where it is a failure (something after
-      pytest's decision, an exit handler, changed it), else the child's (it failed on its way out).
+      pytest's decision, an exit handler, changed it), else the child's (it failed on its way out);
+    - recorded as 0 with cases never run: 1 (pytest reports each as an error, so this is a guard).
     """
     if recorded is None:
         if returncode != 0 or any(arg in _PASS_THROUGH for arg in args):
@@ -87,6 +92,9 @@ def decide(returncode: int, recorded: dict[str, Any] | None, args: Sequence[str]
         return DIED, (f"attnperf-run: pytest ended with exit status 0 without recording how the run went (a kernel or "
                       f"an exit handler ended the process, or it was killed): exit status {DIED}, no pass")
     status = int(recorded["exitstatus"])
+    not_run = recorded.get("not_run")
+    if status == 0 and isinstance(not_run, int) and not_run > 0:
+        return 1, f"attnperf-run: {not_run} collected case(s) were never run, yet pytest decided exit status 0: 1"
     if status == returncode:
         return status, None
     final = status if status != 0 else returncode
