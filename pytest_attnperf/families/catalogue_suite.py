@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pytest_attnperf.families import catalogue
-from pytest_attnperf.families.checks import reported_plainly
+from pytest_attnperf.families import catalogue, order
+from pytest_attnperf.families.checks import CheckFailed, reported_plainly
 from pytest_attnperf.families.family import FAMILIES, family
 from pytest_attnperf.families.interpret import enable, interpreted_refusal, interpreter_refusal
 from pytest_attnperf.families.linear import kernels as linear_kernels
@@ -28,10 +28,11 @@ from pytest_attnperf.families.share import footprint, run_shared
 from pytest_attnperf.families.softmax import kernels as softmax_kernels
 from pytest_attnperf.markers import pin_backend
 
-__all__ = ["KNOWN", "CatalogueCheck", "Known", "TIER_KEY", "checks", "pytest_generate_tests", "runs_here",
-           "test_catalogue"]
+__all__ = ["KNOWN", "ORDER_KEY", "CatalogueCheck", "Known", "TIER_KEY", "checks", "pytest_generate_tests", "runs_here",
+           "test_catalogue", "test_catalogue_order"]
 
 TIER_KEY = pytest.StashKey[str]()  # the run's tier, set by the catalogue plugin at configure time
+ORDER_KEY = pytest.StashKey[bool]()  # --attnperf-catalogue-order: each kernel's rows again, shuffled and fresh
 DIRECTIONS = ("fwd", "fwdbwd")
 PROPERTY = "attnperf_catalogue"  # the user property each catalogue test carries: what coverage reads
 # SDPA pinned to one backend that cannot take a case raises this (torch's message)
@@ -83,7 +84,10 @@ def checks(registry: Any, tier: str, device_kind: str, gpu: bool) -> list[Catalo
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize ``check`` with the run's catalogue tests (none under ``--attnperf-catalogue=off``)."""
+    """Parametrize ``check`` with the run's catalogue tests (none under ``--attnperf-catalogue=off``),
+    and ``order_kernel`` with the kernels the order check takes (``--attnperf-catalogue-order``)."""
+    if "order_kernel" in metafunc.fixturenames:
+        _order_kernels(metafunc)
     if "check" not in metafunc.fixturenames:
         return
     session = metafunc.config.stash[RUN_KEY]
@@ -201,3 +205,32 @@ def test_catalogue(check: CatalogueCheck, attnperf_device: Any, attnperf_seed: i
         raise
     for name, ratio in checked.properties():
         request.node.user_properties.append((name, ratio))
+
+
+def _order_kernels(metafunc: pytest.Metafunc) -> None:
+    """One order check per kernel that runs natively here, under ``--attnperf-catalogue-order``."""
+    session = metafunc.config.stash[RUN_KEY]
+    tier = metafunc.config.stash.get(TIER_KEY, "smoke")
+    on = metafunc.config.stash.get(ORDER_KEY, False) and tier != "off"
+    kernels = [k for name in FAMILIES for k in session.registry.family(name) if session.device.kind in k.device_kinds]
+    params = [pytest.param(k, id=f"{k.family}-{k.name}") for k in kernels] if on else []
+    if not params:
+        params = [pytest.param(None, id="none", marks=pytest.mark.skip(
+            reason=f"the order check is off (catalogue {tier}; --attnperf-catalogue-order runs it)"))]
+    metafunc.parametrize("order_kernel", params)
+
+
+def test_catalogue_order(order_kernel: Kernel, attnperf_device: Any, attnperf_seed: int,
+                         request: pytest.FixtureRequest) -> None:
+    """The kernel's catalogue rows of the run's tier again (``families.order``): in order, then a seeded
+    shuffled sample in this process and in a fresh one; fails naming each check whose result depended
+    on what ran before it."""
+    kernel = order_kernel
+    rows = family(kernel.family).rows(request.config.stash.get(TIER_KEY, "smoke"), attnperf_device.type != "cpu")
+    found_checks = [(row, direction) for row in rows for direction in DIRECTIONS]
+    source = order.source_of(kernel)
+    with reported_plainly(attnperf_seed):
+        found = order.record(source, kernel, found_checks, attnperf_device, seed=attnperf_seed,
+                             shuffle_seed=attnperf_seed, fresh_count=order.FRESH if source else 0)
+    if found:
+        raise CheckFailed("\n".join(found))

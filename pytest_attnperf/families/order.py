@@ -205,19 +205,20 @@ def fresh(source: Source, kernel: Kernel, checks: Sequence[Check], device: Any, 
     return [Result(**line) for line in lines]
 
 
-def record(source: Source, kernel: Kernel, checks: Sequence[Check], device: Any, *, seed: int = 0,
+def record(source: Source | None, kernel: Kernel, checks: Sequence[Check], device: Any, *, seed: int = 0,
            sample: int = SAMPLE, fresh_count: int = FRESH, shuffle_seed: int = 0,
            first: Sequence[Result] | None = None) -> list[str]:
     """The whole check for one kernel: ``checks`` in order (or their results ``first`` where the run
     made them already), a shuffled sample of ``sample`` again in this process, and the first
     ``fresh_count`` of that sample in a fresh process, in their shuffled order; every difference in
-    words (none: the kernel's results do not depend on what ran before)."""
+    words (none: the kernel's results do not depend on what ran before). Without a ``source`` no
+    fresh process runs."""
     bitwise = getattr(device, "type", str(device)) == "cpu" or kernel.deterministic
     first = list(first) if first is not None else ordered(kernel, checks, device, seed)
     picked, found = shuffled(kernel, checks, first, device, seed=seed, shuffle_seed=shuffle_seed,
                              bitwise=bitwise)
-    chosen = picked[:fresh_count]
-    if chosen:
+    chosen = picked[:fresh_count] if source is not None else []
+    if source is not None and chosen:
         alone = fresh(source, kernel, [checks[i] for i in chosen], device, seed)
 
         def before(position: int) -> str:

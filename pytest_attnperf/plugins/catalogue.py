@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_attnperf.families import catalogue
-from pytest_attnperf.families.catalogue_suite import PROPERTY, TIER_KEY, runs_here
+from pytest_attnperf.families.catalogue_suite import ORDER_KEY, PROPERTY, TIER_KEY, runs_here
 from pytest_attnperf.families.family import FAMILIES
 from pytest_attnperf.families.parametrize import RUN_KEY
 
@@ -33,7 +33,8 @@ REFUSED = ("refused: ", "does not support this case")  # a skip that is the kern
 
 
 def add_options(parser: pytest.Parser) -> None:
-    """``--attnperf-catalogue``, ``--attnperf-require-class`` and ``--attnperf-coverage-json``."""
+    """``--attnperf-catalogue``, ``--attnperf-require-class``, ``--attnperf-catalogue-order`` and
+    ``--attnperf-coverage-json``."""
     group = parser.getgroup("attnperf")
     group.addoption("--attnperf-catalogue", dest="attnperf_catalogue", default=None, choices=catalogue.TIERS,
                     help="the correctness catalogue's tier this run checks: off, smoke (default: every trigger "
@@ -42,6 +43,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--attnperf-require-class", dest="attnperf_require_class", default="",
                     help="comma-separated trigger classes that every catalogue kernel of a family that has them "
                          "must have passed; the run fails otherwise")
+    group.addoption("--attnperf-catalogue-order", dest="attnperf_catalogue_order", action="store_true", default=False,
+                    help="each kernel's catalogue rows again: a seeded shuffled sample in this process and in a fresh "
+                         "one; a check whose result depends on what ran before it fails, naming that check")
     group.addoption("--attnperf-coverage-json", dest="attnperf_coverage_json", default=None, metavar="PATH",
                     help="write the catalogue's coverage (kernel x trigger class) to PATH as JSON")
 
@@ -66,6 +70,7 @@ def configure(config: pytest.Config) -> None:
     """Read the options and register the coverage (a CPU run's catalogue turns Triton's
     interpreter on as it collects: ``catalogue_suite.pytest_generate_tests``)."""
     config.stash[TIER_KEY] = tier = _tier(config)
+    config.stash[ORDER_KEY] = bool(config.getoption("attnperf_catalogue_order", False))
     coverage = Coverage(tier, _required(config))
     config.stash[KEY] = coverage
     config.pluginmanager.register(coverage, NAME)
