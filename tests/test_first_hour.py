@@ -27,8 +27,11 @@ import pytest
 from packaging.requirements import Requirement
 
 FAKES = kit.conftest("cpu", samples=kit.steps(5, centred=True))
+# the runs are in this process (torch and the plugin loaded once, not once a run); the warning that
+# the already-loaded plugin cannot be assertion-rewritten is this harness's, no user's (a user's run is
+# a process of its own: the wheel's quick start below runs so)
 HARNESS = ("-p", "attnperf_fakes", "-p", "no:randomly", "-p", "no:cacheprovider", "--benchmark-disable",
-           "--attnperf-ceilings=off")
+           "--attnperf-ceilings=off", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 ONE_CASE = "my-attention and cpu-b1-h4-t64-d32-fp32"  # a case of the page's own CPU row: each mistake shows in it
 CPU_ONLY = ("-k", f"{ONE_CASE} and fwd]")
 MOST_LINES = 60  # a mistake's whole output: header, message, the removed combinations, summary
@@ -116,6 +119,7 @@ def first_hour(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> py
     for name in [n for n in os.environ if n.startswith("ATTNPERF_")]:
         monkeypatch.delenv(name)
     (pytester.path / "attnperf_fakes.py").write_text(FAKES)
+    pytester.syspathinsert()  # the fakes, for -p in this process's runs
     return pytester
 
 
@@ -139,7 +143,7 @@ def test_each_first_hour_mistake_is_one_clear_message_naming_the_fix(
     (first_hour.path / "perf" / "baselines").mkdir(parents=True, exist_ok=True)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    result = first_hour.runpytest_subprocess(*check_command(), *HARNESS, *CPU_ONLY, *args)
+    result = first_hour.runpytest_inprocess(*check_command(), *HARNESS, *CPU_ONLY, *args)
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == status, out
     (result.stderr if status == pytest.ExitCode.USAGE_ERROR else result.stdout).fnmatch_lines([message])
@@ -151,14 +155,14 @@ def test_each_first_hour_mistake_is_one_clear_message_naming_the_fix(
 def test_the_page_as_written_passes_before_any_mistake(first_hour: pytest.Pytester) -> None:
     """The control: the page's project, unchanged, runs the same selection and passes."""
     kit.write_files(first_hour.path, kit.page_files())
-    first_hour.runpytest_subprocess(*check_command(), *HARNESS, *CPU_ONLY).assert_outcomes(passed=1)
+    first_hour.runpytest_inprocess(*check_command(), *HARNESS, *CPU_ONLY).assert_outcomes(passed=1)
 
 
 def test_a_kernel_without_a_backward_is_told_about_backward_false(first_hour: pytest.Pytester) -> None:
     files = kit.page_files()
     edit("conftest.py", "is_causal=causal, scale=scale)", "is_causal=causal, scale=scale).detach()")(files)
     kit.write_files(first_hour.path, files)
-    result = first_hour.runpytest_subprocess(*check_command(), *HARNESS, "-k", f"{ONE_CASE} and fwdbwd")
+    result = first_hour.runpytest_inprocess(*check_command(), *HARNESS, "-k", f"{ONE_CASE} and fwdbwd")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["kernel 'my-attention' returned an output that does not require grad, so no gradient "
                                  "can be checked: a kernel without a backward is registered with backward=False*"])
@@ -172,7 +176,7 @@ def test_a_kernel_that_reseeds_torch_is_named_and_set_back(first_hour: pytest.Py
     files["tests/test_zz_after.py"] = ("import torch\n\n\ndef test_the_seed_is_back():\n"
                                        "    assert torch.initial_seed() != 1234\n")
     kit.write_files(first_hour.path, files)
-    result = first_hour.runpytest_subprocess(*check_command(), *HARNESS, "-k", f"{ONE_CASE} and fwd] or seed_is_back",
+    result = first_hour.runpytest_inprocess(*check_command(), *HARNESS, "-k", f"{ONE_CASE} and fwd] or seed_is_back",
                                              "--update-baselines")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*my-attention-fwd]: the case reseeded a global generator (set back now*"])
@@ -182,7 +186,7 @@ def test_a_family_no_test_declares_is_named_with_the_built_in_ones(first_hour: p
     files = kit.page_files()
     edit("conftest.py", 'family="linear_attn"', 'family="mamba"')(files)
     kit.write_files(first_hour.path, files)
-    result = first_hour.runpytest_subprocess(*check_command(), *HARNESS, *CPU_ONLY, "-W",
+    result = first_hour.runpytest_inprocess(*check_command(), *HARNESS, *CPU_ONLY, "-W",
                                              "error::pytest.PytestConfigWarning")
     assert result.ret != pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*kernel my-linear is registered in family 'mamba', which no test of this run "
@@ -195,7 +199,7 @@ def test_relative_report_and_baselines_folders_share_the_ini_files_folder(first_
     record, check = kit.page_commands()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(first_hour.path / "tests")
-        result = first_hour.runpytest_subprocess(*record, *HARNESS, *CPU_ONLY, "--attnperf-report=perf/report")
+        result = first_hour.runpytest_inprocess(*record, *HARNESS, *CPU_ONLY, "--attnperf-report=perf/report")
     result.assert_outcomes(passed=1)
     assert (first_hour.path / "perf" / "baselines" / "cpu.yaml").exists()
     assert (first_hour.path / "perf" / "report" / "report.json").exists()
