@@ -1,14 +1,9 @@
 """Whether host-clock samples were taken on a contended host: two signals, each a pure function
-of plain numbers, and the note ``HostTimer`` adds to its measurement when either fires (the gate
-then leaves the case unjudged: ``gate.policy``; docs/measurement.md, "On the CPU").
+of plain numbers (quantised samples, and a load average above the cores less this process's own
+runnable threads, ``own_running``), and the note ``HostTimer`` adds when either fires (the gate
+then leaves the case unjudged: ``gate.policy``).
 
-- **Quantised samples**: a process that loses its core waits for the scheduler to hand it back,
-  a whole tick or time slice later (1 to 10 ms: ``CONFIG_HZ`` 1000 to 100), so on a busy host a
-  short call's samples sit at its own time plus whole multiples of one step.
-- **Load above the cores**: the 1-minute load average over the cores this process may use, read
-  at the start and the end of the sampling, less this process's own runnable threads besides the
-  timing one (``own_running``): threads a kernel keeps busy (or left running) are the kernel's
-  load, which its time must show, not a busy host's, which would leave its case unjudged.
+docs/measurement.md, "On the CPU".
 """
 
 from __future__ import annotations

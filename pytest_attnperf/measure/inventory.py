@@ -1,22 +1,11 @@
 """The kernel inventory: which device kernels one timed call launches, and how many of each.
 
-After a CUDA case's sampling, outside the timed samples, one replay of the graph its first timed
-draw was sampled on is profiled (``torch.profiler``, CUDA activity: CUPTI reports the kernels a
-graph launch runs, with their names). What the harness adds to that replay is measured, not
-listed: once per timer, a replay of a graph that holds only the L2 flush is profiled, and so is
-the flush alone; the first holds the flush and what ``CUDAGraph.replay`` launches itself (its
-generator-state fills), the second the flush. A cold graph's inventory is its replay less the
-first; a hot graph's (no flush inside) its replay less the difference of the two, over the calls
-the graph holds. Where the profiler does not see a graph's kernels (the flush graph's replay shows
-no flush), one eager call of the same timed draw is profiled instead, and the inventory says so
-(``source``). The draws' inputs are made before any of this, so no copy of theirs is counted.
+One replay of a case's first timed graph is profiled after sampling, less what the harness adds
+(the L2 flush, the replay's own launches); names are normalised (``normalise``) and counted per
+call. ``diff`` compares with a baseline entry's ``kernels``; ``against_checked`` with the eager
+checked call's kernels (a note, never a failure).
 
-Names are normalised (``normalise``) before they are counted; the counts are per call. The
-baseline entry keeps them as ``kernels: {name: count}``, and ``diff`` says what a later run's
-inventory added, removed or launched a different number of times (docs/measurement.md, "The
-kernel inventory"). ``against_checked`` compares the graph's inventory with the eager checked
-call's kernels (the backend proof's profile, or one more): a difference is a note, never a
-failure.
+docs/measurement.md, "The kernel inventory".
 """
 
 from __future__ import annotations

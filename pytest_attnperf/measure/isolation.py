@@ -1,44 +1,9 @@
 """Case isolation: one bad kernel costs only its own case.
 
-Around the call of each attention case (a test using an ``attnperf*`` fixture), ``CaseGuard``
-(``plugins/guard.py``, with this module's parts):
-
-- **torch's state** (``measure.switches``, ``measure.torch_functions``): snapshots torch's
-  process-wide switches the harness relies on (inference and grad mode, default dtype and
-  device, SDPA backends, deterministic algorithms, cuDNN, oneDNN, TF32, each backend's
-  ``fp32_precision`` and the matmul precision, autocast, anomaly mode, CPU threads,
-  flush-denormal, the current CUDA device and stream) and the identity of the torch functions
-  the suites, kernels and checks call (``torch_functions.TORCH_FUNCTIONS``, and every attribute
-  of ``torch.Tensor`` and ``torch._C.TensorBase``) before the call and after it, outside the
-  ``attnperf_sdpa_backend`` pin; a case that changed a switch or replaced a function is failed,
-  naming each, and they are put back for the cases after it (checked again once the case's
-  objects are freed: a guard a kernel kept restores state when it is freed). Functions are also
-  put back before any check of a kernel's answer runs: after its checked call
-  (``families.checks.call_checked``) and before the check of its timed results
-  (``verify.Replays``, against what they were as its timing began), so a patch cannot fool the
-  check and then undo itself. The global random generators' states are put back too: a case that
-  reseeded one (``torch.manual_seed``) is reported (a warning naming it), not failed, since a
-  test may seed its own inputs;
-- **the process** (``measure.process``): ``os._exit`` and ``os.exec*`` raise during the call
-  (an exit there would end the run with no summary and, often, exit status 0), and a case that
-  called one fails naming the call; an exit handler a kernel's own code registers
-  (``atexit.register``) is unregistered and its case fails naming it; Python threads the call
-  started and left running kernel code fail it, named; live child processes the call started and left are killed
-  (``SIGKILL``) and named; the handlers of ``SIGALRM``, ``SIGINT`` and ``SIGTERM`` and the case
-  time limit's timer are checked and set back;
-- **memory**: an out-of-memory error fails the case with the size it tried to allocate and the
-  memory left after the case's objects are released; after every attention case its frames are
-  cleared, garbage is collected and the CUDA cache emptied (``release_memory``), so the next
-  case starts with the memory the run had before it;
-- **time**: the call (warm-up, correctness check, timing) is limited to
-  ``--attnperf-case-timeout`` seconds by ``SIGALRM`` on the main thread, which fails the case
-  with the stack where it was stuck. A call that never returns to Python (a GPU deadlock inside
-  a C call) cannot be interrupted so: ``GRACE_S`` seconds later a watchdog thread writes a
-  message and every thread's stack to stderr and ends the process (exit status 3), and should
-  the interpreter itself be held, ``faulthandler`` dumps the stacks ("Timeout (h:mm:ss)!") and
-  ends it (exit status 1) ``GRACE_S`` after that. Not on platforms without ``SIGALRM`` (Windows:
-  the report header says so), under pytest-timeout (``--timeout``, its ini key or
-  environment variable, or a ``timeout`` marker: it owns the limit then), or off the main thread.
+Around the call of each attention case, ``CaseGuard`` (``plugins/guard.py``) uses this module's
+parts: torch's switches and functions (``measure.switches``, ``measure.torch_functions``), the
+process (``measure.process``: exits, exit handlers, threads, child processes, signals), memory
+(``release_memory``) and time (``SIGALRM``, then a watchdog, for ``--attnperf-case-timeout``).
 
 docs/isolation.md describes each check. torch is imported only for attention cases.
 """

@@ -1,28 +1,10 @@
 """What a kernel can do to the process around an attention case, and how each is undone.
 
-- **exit**: ``os._exit`` (and ``os.execv``/``os.execve``, which every ``os.exec*`` calls) raise
-  ``ExitRefused`` during the case's call (``ExitRefusal``) instead of ending the process: an
-  exit there ends the run with the kernel's exit status, often 0, and no summary, JUnit file or
-  baselines, so CI would read a kernel's exit as a passing run. A forked child, and the harness's
-  own callers (pytest, pytest-xdist's execnet, this package), still exit;
-- **child processes**: the live children the case's call started and left (``new_children``),
-  killed with ``SIGKILL`` so they cannot hang the run or hold its memory; read from ``/proc``,
-  skipped where there is none. Long-lived helpers torch and multiprocessing start for the run
-  (``HELPERS``) are not counted;
-- **exit handlers**: ``atexit.register`` called from a kernel's own code during the call is
-  noted and the handler unregistered after it (``ExitRefusal.handlers``): an exit handler runs
-  after pytest has decided the run's exit status, and one that calls the real ``os._exit(0)``
-  turns a failing run into a passing one. Registrations by the standard library and the libraries
-  the harness loads (``LIBRARIES``: torch's compiler registers its own on first use) go through;
-- **threads**: Python threads the call started and left running (``new_threads``), each named
-  with its target and where it runs now; they cannot be stopped from outside, so their case
-  fails, and their load counts against the kernel (``contention.host_load`` leaves this process's
-  own threads out of the host's load);
-- **signals**: the handlers of ``GUARDED_SIGNALS`` (the case time limit's ``SIGALRM``, and the
-  interrupts that end a run with its summary) read before and after the call and set back, and
-  an alarm the case left armed cancelled.
+``os._exit`` and ``os.exec*`` refused during the call (``ExitRefusal``), exit handlers a kernel
+registers unregistered, threads it left running named (``new_threads``), child processes it left
+killed (``new_children``), the handlers of ``GUARDED_SIGNALS`` set back.
 
-Nothing here imports torch.
+docs/isolation.md says why each matters and what goes through. Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """What one profiled call ran: the names of its operators and of its device activity (kernels,
 copies, fills), read from ``torch.profiler``'s raw results.
 
-``profile.events()`` builds a ``FunctionEvent`` for every operator and links them into a tree
-before it returns anything; over an eager call of thousands of launches (a token loop in Python)
-that took seconds, and in a whole run of the suites most of the kernel inventory's time. The raw
-results (``profile.profiler.kineto_results``) already hold each event's name and device, so the
-names are read from them as ``events()`` gives them: the same events left out (the profiler's
-own bookkeeping records, hidden events), names demangled the same way, in the same order. The
-device activity is the same list; an operator nested in one of its own name as its only child,
-which ``events()`` merges into one, is named twice here (callers ask only which operators ran)."""
+The raw results (``profile.profiler.kineto_results``) are read as ``events()`` would give them
+(the same events left out, names demangled the same way, in the same order) without building
+its tree of ``FunctionEvent``, which took seconds over an eager call of thousands of launches.
+An operator nested in one of its own name as its only child is named twice here.
+"""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """torch's process-wide state around an attention case: what a kernel can leave changed.
 
-- **switches**: grad and inference mode, default dtype and device, SDPA backends, deterministic
-  algorithms, cuDNN, oneDNN, TF32 and matmul precision, autocast, anomaly mode, CPU threads,
-  flush-denormal, the current CUDA device and stream (``torch_globals``): read before and after
-  a case, compared, set back;
-- **full float32 products** while references, yardsticks and ceilings are made, whatever TF32
-  setting the project made (``exact_fp32``);
-- **random generators**: the default CPU one and, once CUDA is initialized, each device's
-  (``snapshot_rng``, ``restore_rng``).
-
-The torch functions a kernel can replace are guarded in ``measure.torch_functions``.
+The switches (``torch_globals``: read before and after a case, compared, set back), full float32
+products while references, yardsticks and ceilings are made (``exact_fp32``), and the random
+generators (``snapshot_rng``, ``restore_rng``). Replaced torch functions: ``measure.torch_functions``.
+docs/isolation.md lists the switches.
 
 torch is imported only by the functions that read it, and only an already imported module is
 looked at (``flex_attention``'s is not imported to check it).

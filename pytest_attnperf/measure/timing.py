@@ -1,35 +1,12 @@
 """Timing on the device.
 
-GPU (``CudaTimer``): warm-up (autotuning included) runs first, untimed, on a side stream;
-the callable is then captured in a CUDA graph. In cold mode (the default) that graph holds an
-L2 flush (a write of twice the L2's size), then a timing event, the call, and a second event
-(``torch.cuda.Event(external=True)``: event nodes inside the graph, clock ``cuda-graph-nodes``),
-and a sample is the device time between the two events of one replay: one call, its inputs out
-of the L2, and nothing of the graph's launch, which happens before the flush. In hot mode a
-graph holds several back-to-back calls and a sample is their mean, between events around one
-replay. A callable that cannot be captured is timed with events around eager launches, and the
-measurement says so. Beside the kernel figure, the eager per-call time (events around ordinary
-launches, what a user running eagerly sees) is reported as ``eager_ms``.
+``CudaTimer``: warm-up, then CUDA graphs with event nodes around each call (cold mode: an L2
+flush first; hot mode: back-to-back calls), with the eager per-call time beside it; events around
+eager launches where a graph cannot be captured. ``HostTimer``: a host clock around each call on
+the CPU. Both sample adaptively (``sample_adaptively``) with the garbage collector held off, and
+release every graph they captured (``_release_graphs``).
 
-Where the graph cannot hold the events (a torch without external CUDA events), cold
-samples are events around the replay of a one-call graph (clock ``cuda-graph``, the harness's
-first cold clock): the flush and a spin kernel (``torch.cuda._sleep``, about 100 us) are
-enqueued first, so the host enqueues the replay while the GPU is busy and the replay starts the
-moment the start event is recorded, but the graph's launch is inside every sample (a little;
-without the spin, a short kernel's figure depended on whether the host had kept up with the L2
-flush: docs/evidence.md, "Cold clock").
-
-CPU (``HostTimer``): the work is synchronous, so a host clock (``time.perf_counter_ns``)
-around each call is the measurement. The CPU has no allocator statistics to read, so no peak
-memory is measured there (``peak_mib`` None) and the memory gate judges nothing.
-
-Both stop sampling adaptively (``sample_adaptively``): at least ``min_samples``, then until
-the relative standard deviation is under the target or the per-case budget is spent, with
-Python's garbage collector run before and held off during the timed calls (``gc_paused``).
-Every graph a measurement captured is reset when it returns or fails, so its memory pool goes
-back to the allocator with the case (``_release_graphs``). After sampling and its checks, where
-the plan asks, one replay of the first graph is profiled for the case's kernel inventory,
-which is compared with the eager checked call's kernels (``inventory.py``).
+docs/measurement.md says how and why (cold and hot modes, clocks, when sampling stops).
 """
 
 from __future__ import annotations

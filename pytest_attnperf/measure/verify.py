@@ -1,45 +1,12 @@
 """The timed work is the checked work: what the timed calls returned, checked after sampling.
 
-A case's correctness check runs on one call of draw 0 of its inputs; its timed calls run on
-other draws (``Draws``; the suites' ``families.draws.Timed``), one per cold graph, so a kernel
-that keeps an answer from an earlier call (by shape, by call count) cannot return it unseen.
-After sampling, outside the timed region, ``Replays.check`` holds each timed draw's result to
-the family's rule:
+``Replays.check`` holds each timed draw's result (``Draws``) to the family's rule on rewritten
+inputs, after a NaN-filled replay or call; ``Replays.vary`` varies a draw's contents before each
+timed call; ``Replays.check_last`` checks the last timed call's own result; ``Replays.compare``
+gives the measurement's ``bitwise``. A mismatch raises ``TimedDiffers``. A callable that is not a
+``Draws`` is timed as it is and nothing is verified.
 
-- the draw's inputs (and output gradient) are first rewritten in place with another
-  rearrangement of draw 0 (``Draws.rewritten``: the same tensors and storage), one its timed
-  calls never read, and the result is checked against that; they are put back after. A kernel
-  that keeps its answer by its inputs' addresses, or a graph that captured an answer rather
-  than the work (a graph reads its inputs where they were at capture), answers data the inputs
-  no longer hold. Where the rewritten data cannot differ from draw 0's (a case of one batch
-  entry and one key/value head, or sign-only draws), the draw is checked on its own data too;
-- a graph's outputs are overwritten with NaN first and the graph replayed once more, so what is
-  checked is what a replay wrote: a kernel whose replay skips its work, writes only part of its
-  output, or leaves the work to a stream the graph does not hold, leaves NaN behind;
-- an eager or host-timed draw is called once more, its last result overwritten with NaN first
-  (a kernel that returns one buffer per shape writes it again), and checked on what that call
-  returned. The draws are checked one at a time, so a kernel that returns the same buffer for
-  every draw is checked on the draw that wrote it;
-- that replay or call runs with the garbage collector off (``collector.gc_paused``), as the
-  timed calls did: a kernel that watches the collector is checked in the state it was timed in.
-
-Before each timed call, outside the timed region, a draw's contents are varied in place
-(``Replays.vary``, the suites' ``Timed.vary``: a pattern of signs over the value columns that no
-call of the case has read), so that no two timed calls read the same contents and a kernel
-that keeps its answer keyed on its inputs' contents misses every time. Before anything else is
-called, ``Replays.check_last`` holds the last timed call's own result, as it returned it (a
-graph's outputs, as its last replay wrote them), to the contents that call read: a kernel whose
-cache is keyed on part of its inputs (``q`` alone, a few sampled values) or on their addresses
-returns an answer to other contents there.
-
-A mismatch raises ``TimedDiffers``: the case fails as "the timed computation differs from the
-checked one", naming the graph, the draw (rewritten in place) and the tensor. A callable that is
-not a ``Draws`` (a test's own ``attnperf.measure(fn)``) is timed as it is and nothing is
-verified; its replays are still compared bit for bit.
-
-``Replays.compare`` says whether one more replay (or call) of a timed draw gives the same bits as
-the one before: the measurement's ``bitwise``, reported per case; the
-``attnperf_deterministic`` marker makes it a requirement.
+docs/measurement.md, "The timed work is the checked work", says what each step catches.
 """
 
 from __future__ import annotations
