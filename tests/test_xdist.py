@@ -107,7 +107,9 @@ def table_rows(out: str) -> list[str]:
 
 def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester) -> None:
     """Two workers, two (fake) GPUs: every entry of a serial --update-baselines is written by a
-    parallel one, under the serial keys, with the same figures; an entry of another test stays."""
+    parallel one, under the serial keys, with the same figures; an entry of another test stays.
+    The same run's report holds every worker's cases, and each worker appends the cases it
+    measured to one history under the run's id (the controller appends none)."""
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
     serial = kit.entries(project)
     assert sorted(serial) == CASES
@@ -116,7 +118,8 @@ def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester)
         data["entries"] = {"elsewhere.py::test_x": serial[CASES[0]]}
     seen(project)
 
-    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2", f"--attnperf-report={project.path / 'report'}",
+                               "--attnperf-history=hist")
     result.assert_outcomes(passed=9)
     parallel = kit.entries(project)
     assert sorted(parallel) == sorted([*CASES, "elsewhere.py::test_x"])  # no '@group' suffix in any key
@@ -143,6 +146,14 @@ def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester)
                                  "*gw1: GPU 1 (NVIDIA H200, GPU-fake-1): * measured cases"])
     counts = [int(n) for n in re.findall(r"gw\d: GPU \d \(.*\): (\d+) measured cases", out)]
     assert sum(counts) == 8
+
+    report = json.loads((project.path / "report" / "report.json").read_text())
+    assert sorted(case["nodeid"] for case in report["cases"]) == CASES
+    assert report["environment"]["hardware"] == "h200"
+    found = [json.loads(line) for line in (project.path / "hist" / "h200.jsonl").read_text().splitlines()]
+    assert sorted(r["case"] for r in found) == sorted(CASES)
+    assert len({r["run"] for r in found}) == 1
+    assert len({r["machine"]["id"] for r in found}) == 2  # each worker's card: GPU-fake-0 and GPU-fake-1
 
 
 def test_parallel_verdicts_match_the_serial_ones(project: pytest.Pytester) -> None:
@@ -277,15 +288,6 @@ def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
     assert sorted(yaml.safe_load(saved[0].read_text())["entries"]) == CASES
 
 
-def test_the_report_holds_every_workers_cases(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
-    result = project.runpytest(*PLUGIN, "-n", "2", f"--attnperf-report={project.path / 'report'}")
-    result.assert_outcomes(passed=9)
-    report = json.loads((project.path / "report" / "report.json").read_text())
-    assert sorted(case["nodeid"] for case in report["cases"]) == CASES
-    assert report["environment"]["hardware"] == "h200"
-
-
 def test_a_project_that_does_not_configure_attnperf_keeps_xdist_as_it_is(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """No attnperf option anywhere: no pin, no grouping, -n auto counts CPUs; a timed case on a
@@ -363,13 +365,3 @@ def test_the_report_lists_the_workers_correctness_failures(project: pytest.Pytes
         ("test_failing.py::test_case[raises]", "RuntimeError: kernel launch failed: invalid argument"),
         ("test_failing.py::test_case[wrong]", "o: 12 of 4096 elements outside the bound"),
     ]
-
-
-def test_the_workers_append_every_case_to_one_history_under_the_runs_id(project: pytest.Pytester) -> None:
-    """Each worker appends the cases it measured; the controller appends none; one run id."""
-    project.runpytest(*PLUGIN, "-n", "2", "--attnperf-history=hist").assert_outcomes(passed=9)
-    lines = (project.path / "hist" / "h200.jsonl").read_text().splitlines()
-    found = [json.loads(line) for line in lines]
-    assert sorted(r["case"] for r in found) == sorted(CASES)
-    assert len({r["run"] for r in found}) == 1
-    assert len({r["machine"]["id"] for r in found}) == 2  # each worker's card: GPU-fake-0 and GPU-fake-1
