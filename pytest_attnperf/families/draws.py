@@ -1,63 +1,13 @@
 """The timed draws of a case: the checked call's inputs, rearranged so that the answer is known.
 
-A case is checked on one draw of its inputs (draw 0). Its timed calls run on other draws, one
-per cold graph, so that a kernel which returns an answer it kept (by shape, by call count) from
-an earlier call cannot match, and each timed draw's result is checked after sampling
-(``measure.verify``). Computing a new fp64 reference for every draw would cost the reference
-again per graph; instead each timed draw is draw 0 with its batch entries and heads permuted
-and its values negated, transformations under which every family's exact answer moves along
-exactly:
+A case is checked on draw 0; each timed draw is draw 0 with batch entries and heads permuted
+(a GQA group, or GDN's grouped value heads, moving as one) and ``v`` negated, under which every
+family's exact answer moves exactly, so draw 0's fp64 reference serves every draw
+(``Transform.apply``). ``Timed.rewritten`` writes another arrangement over a draw's inputs in
+place before it is checked; ``Timed.vary`` gives each timed call a sign pattern over the value
+axis no other call read. Aimed at stale answers, not at a kernel that recognises these moves.
 
-- attention works on each batch entry and head on its own, so permuting batch entries (and
-  heads, query heads moving with their key/value head, so a GQA group stays one group, and GDN's
-  grouped value heads with their query/key head alike: a group is consecutive heads of the
-  tensors with more, ``Timed.transform``) permutes the outputs and gradients the same way;
-- softmax attention's and every linear family's output is linear in ``v`` (the state starts at
-  zero), and every loss gradient is linear in the output gradient: negating ``v`` negates the
-  output and the gradients of ``q``, ``k``, the gates and ``beta`` (bilinear in ``v`` and the
-  output gradient); negating the output gradient negates every gradient;
-- a recurrent step from a given state (``h0``) is linear in ``v`` and ``h0`` together: negating
-  both negates the output and the new state (``ht``). A state keeps its heads on its own axis
-  (``head_axes`` names it per tensor).
-
-Negation and permutation are exact in floating point, so the fp64 reference and the
-same-dtype yardstick of draw d are draw 0's, rearranged (``Transform.apply``), and a correct
-kernel's error on draw d is its error on draw 0's data in another order. Every timed draw
-negates ``v``, so it differs from draw 0 even for a case of one batch entry and one head; the
-permutations (seeded by the case and the draw's number) make the timed draws differ from one
-another where the case has more than one batch entry or head.
-
-Each timed draw owns its inputs. Before a timed draw is checked, ``Timed.rewritten`` writes
-another rearrangement of draw 0 over them in place (the same tensors and storage, through
-``.data``, so their version counters do not move either), and the check holds the call to that
-arrangement; they are put back after it. A kernel that keeps its answer by its inputs'
-addresses, or a graph that captured an answer rather than the work, then returns an answer to
-data the inputs no longer hold. The rewritten arrangement is seeded by the draw's index
-negated, never negates ``v`` (every timed draw does, so it differs from what the timed calls
-read) and permutes where the case can (so it differs from draw 0's data too); where the case
-cannot (one batch entry and one key/value head, or sign-only draws), it is draw 0's data up to
-the output gradient's sign, and the draw is also checked on its own data, where an answer kept
-from the checked call does not match.
-
-Every timed call sees contents no other call of the case saw (``Timed.vary``): before each
-timed call, outside the timed region, the draw's inputs are rewritten in place with another
-pattern of signs over the value axis (the last axis of ``v``, of a state ``h0`` and of the output
-gradient), one pattern per call, never one used before in the case (all signs kept and all
-flipped are never used, so no call sees a draw's own data or, where a draw only negates ``v``,
-draw 0's). Negating value column ``c`` of ``v`` (with the state's and the output gradient's)
-negates column ``c`` of the output, of the new state and of ``dv`` and leaves ``dq``, ``dk``,
-the gates' and ``beta``'s gradients bit for bit as they were: every family treats value columns
-apart (attention and every linear recurrence mix values only along time), and a product of two
-negated numbers is the product of the two. So a kernel that keeps its answer keyed on its
-inputs' contents (a hash of their bytes, a few sampled values) misses on every timed call, and
-one keyed on part of them (``q`` alone, a few columns of ``v``) returns an answer to other
-contents, which the check of the last timed call's result finds (``measure.verify``,
-``Replays.check_last``). ``2**d - 2`` patterns exist for a value dimension ``d``: from
-``d = 11`` on, more than a measurement's most samples (2000); under that the patterns come round
-again once all are used.
-
-What this does not defend against: a kernel written to recognise the harness's
-transformations. It is aimed at stale answers, not at an adversary reading this module.
+docs/measurement.md, "The timed work is the checked work", gives the reasoning in full.
 """
 
 from __future__ import annotations

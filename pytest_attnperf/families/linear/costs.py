@@ -1,56 +1,11 @@
 """Analytic FLOP and byte models of linear attention. Plain numbers in, plain numbers out; no torch.
 
-Per (batch, head), with ``T`` tokens, key width ``K``, value width ``V``, the state ``S`` a
-``[K, V]`` matrix, and the chunk form cutting the sequence into chunks of ``C`` tokens (the last
-one ``T - (n-1)C`` long, counted at its own length, not padded).
+Per (batch, head): contractions only, a multiply-add 2 FLOPs, intra-chunk products as dense
+tiles, backward 2x the forward FLOPs, bytes the floor a kernel must move (gates in
+``gate_dtype``, fp32 by default; states fp32). The chunk and recurrent forms of linear attention,
+GLA, simple GLA and the gated delta rule.
 
-Conventions (those of :mod:`pytest_attnperf.costs`, extended):
-
-* A multiply-add is 2 FLOPs. Only contractions are counted: matrix products, matrix-vector
-  products, outer products added into a state, and the triangular inverse of the delta rule.
-  Element-wise work (gate exponentials, ``diag(exp g)`` decays of a state or a tile, ``beta``
-  scalings, causal masks, ``scale``, the normalisation of ``normalize=True``) is not counted,
-  as softmax attention's exponentials are not. So GLA and simple GLA count exactly what plain
-  linear attention counts; their gates cost bytes, not FLOPs.
-* Intra-chunk products are counted as the dense ``c x c`` tiles a chunk kernel multiplies: the
-  causal mask zeroes the upper triangle *after* the product. (fla's ``chunk_gla`` builds its
-  scores from 16-wide sub-chunks and skips the blocks above the diagonal, so it executes a
-  little less than counted.) This is the price the chunk form pays for tensor-core matmuls:
-  when ``C`` divides ``T`` it does ``2C(K+V)`` FLOPs per token more than the recurrent form
-  (``C(6K+4V) + (C-1)(C-2)/3`` more for the delta rule).
-* Backward is 2x the forward FLOPs: each product ``Y = A B`` has two gradient products of its
-  size, ``dA = dY B^T`` and ``dB = A^T dY`` (the recurrent forms' backward recurrences do the
-  same: ``8KV`` per token for linear attention). Recomputation (fla recomputes the chunk states
-  and, for the delta rule, the WY factors in its backward) is not counted, so forward+backward
-  is 3x the forward.
-* Bytes are the floor a kernel must move through device memory: every input read once, every
-  output written once, nothing intermediate. ``q, k, v`` and the output are in ``dtype``.
-  Gates ``g`` are in ``gate_dtype``, fp32 by default: fla's kernels read the gates in whatever
-  dtype the caller passes, but take their chunk-local cumulative sum in fp32
-  (``fla.ops.utils.cumsum``: ``output_dtype=torch.float``), and ``chunk_gla`` saves that fp32
-  sum for its backward when the gates already are fp32 (it recomputes it otherwise); pass
-  ``gate_dtype`` to match the caller. ``beta`` is in ``beta_dtype`` (``dtype`` unless given, as
-  in ``chunk_gated_delta_rule``'s docstring example). States are fp32 (fla writes its final state as ``torch.float`` and
-  ``chunk_gla`` asserts an fp32 initial state): ``initial_state`` and ``final_state`` add one
-  ``[B, H, K, V]`` fp32 read or write. The backward reads the forward's inputs and ``dO`` and
-  writes one gradient per input (in that input's dtype); it does not need ``O``.
-
-Forward FLOPs per (batch, head); ``sum c^2`` runs over the chunk lengths (``T*C`` when ``C``
-divides ``T``):
-
-* Linear attention, GLA and simple GLA, chunk form: ``2(K+V) sum c^2 + 4KVT``. Per chunk of
-  ``c`` tokens: the scores ``Q K^T`` (``2c^2 K``), their product with ``V`` (``2c^2 V``), the
-  inter-chunk read-out ``Q S`` (``2cKV``) and the state update ``S += K^T V`` (``2cKV``).
-* The same, recurrent form: ``4KVT``. Per token: the update ``S += k v^T`` (``2KV``) and the
-  read-out ``S^T q`` (``2KV``).
-* Gated delta rule, chunk (WY) form: ``(6K+4V) sum c^2 + 6KVT + sum c(c-1)(c-2)/3``. Per chunk:
-  the Gram matrix ``(beta K) K^T`` (``2c^2 K``); the inverse ``T`` of the unit lower-triangular
-  ``I + A`` (``c(c-1)(c-2)/6`` multiply-adds by forward substitution); ``W = T (beta K)``
-  (``2c^2 K``) and ``U = T (beta V)`` (``2c^2 V``); the corrected values ``U - W S``
-  (``2cKV``); the scores ``Q K^T`` (``2c^2 K``) and their product with the corrected values
-  (``2c^2 V``); the read-out ``Q S`` (``2cKV``) and the state update ``S += K^T U`` (``2cKV``).
-* The same, recurrent form: ``6KVT``. Per token: ``S^T k`` (``2KV``), the rank-1 write
-  ``S += k u^T`` (``2KV``) and the read-out ``S^T q`` (``2KV``).
+docs/families.md, "Linear attention", states each convention and formula.
 """
 
 from __future__ import annotations
