@@ -18,6 +18,8 @@ import pytest
 
 FAKES = kit.conftest("cpu", samples=kit.steps(5, centred=True))
 
+# the runs are in this process (torch, fla and the plugin loaded once, not once a run); the page's
+# commands in a process of their own, from the built wheel: tests/test_first_hour.py
 HARNESS = ("-p", "pytest_attnperf.plugin", "-p", "attnperf_fakes", "-p", "no:randomly", "-p", "no:cacheprovider",
            "-rA", "-v", "--benchmark-disable")
 
@@ -32,8 +34,7 @@ def commands() -> list[list[str]]:
 
 @pytest.fixture
 def own_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    # a subprocess per run: torch's state does not survive pytester's in-process module resets
-    kit.pythonpath(monkeypatch, pytester.path)  # the fakes, from anywhere
+    pytester.syspathinsert()  # the fakes, for -p
     for name in [n for n in os.environ if n.startswith("ATTNPERF_")]:
         monkeypatch.delenv(name)
     kit.write_files(pytester.path, kit.page_files())
@@ -58,7 +59,7 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
     """The kernel of the project's conftest.py runs in the built-in suite and on the project's own
     shapes, and --update-baselines writes into the folder its pyproject.toml names."""
     record, check = commands()
-    result = own_project.runpytest_subprocess(*record, *HARNESS)
+    result = own_project.runpytest_inprocess(*record, *HARNESS)
     result.assert_outcomes(passed=15, skipped=40)
     out = result.stdout.str()
     built_in = ("pytest_attnperf/families/softmax/suite.py::"
@@ -82,13 +83,13 @@ def test_the_page_runs_as_written(own_project: pytest.Pytester) -> None:
 
     with pytest.MonkeyPatch.context() as mp:  # from a subfolder: the baselines still lie beside pyproject.toml
         mp.chdir(own_project.path / "tests")
-        again = own_project.runpytest_subprocess(*check, *HARNESS)
+        again = own_project.runpytest_inprocess(*check, *HARNESS)
     again.assert_outcomes(passed=15, skipped=40)
     assert "15 measured cases (15 unchanged)" in again.stdout.str()
     assert not (own_project.path / "tests" / "perf").exists()
 
     kit.set_speeds(own_project, {"tests/test_my_shapes.py::test_softmax[cpu-b1-h4-t64-d32-fp32-my-attention-fwd]": 1.2})
-    slower = own_project.runpytest_subprocess(*check, *HARNESS)
+    slower = own_project.runpytest_inprocess(*check, *HARNESS)
     slower.assert_outcomes(passed=14, failed=1, skipped=40)
     # two separate matches: how much of the message the short summary line keeps depends on the terminal's width
     slower.stdout.fnmatch_lines(["*test_my_shapes.py::test_softmax[[]cpu-b1-*-fwd[]]: REGRESSED +20.0%*"])
