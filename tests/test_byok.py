@@ -20,10 +20,10 @@ def readme_conftest() -> str:
 
 
 @pytest.fixture
-def suite_copy(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    # a subprocess per run: torch's compiled and autograd state does not survive pytester's
-    # in-process module resets between runs
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+def suite_copy(pytester: pytest.Pytester) -> pytest.Pytester:
+    # the runs are in this process (torch and the plugin loaded once, not once a run): tests/conftest.py
+    # loads torch's lazily imported modules and fla before any run, so their state survives pytester's
+    # module resets between runs
     shutil.copytree(ROOT / "suites", pytester.path / "suites")
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
     return pytester
@@ -34,7 +34,7 @@ def run_cpu_case(
     suite: str = "softmax",
 ) -> pytest.RunResult:
     """One CPU case of a suite, for the kernels ``-k`` selects by ``name`` (``my-attention-``)."""
-    return pytester.runpytest_subprocess(
+    return pytester.runpytest_inprocess(
         "-p", "pytest_attnperf.plugin", f"suites/test_{suite}.py", "-k", f"{case} and {name}",
         "--attnperf-budget=0.01", "--benchmark-disable", "-rs", *args,
     )
@@ -176,7 +176,7 @@ def test_a_kernel_that_reseeds_the_global_generator_is_reported_and_the_next_tes
 ) -> None:
     suite_copy.makeconftest(RESEEDS)
     suite_copy.makepyfile(test_after=AFTER_RESEED)
-    result = suite_copy.runpytest_subprocess(
+    result = suite_copy.runpytest_inprocess(
         "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "test_after.py",
         "-k", "cpu-b2-h4-t128-d32-causal-fp32 and (reseeds- or sdpa-math-) or test_after",
         "--attnperf-budget=0.01", "--benchmark-disable", "-rA",
