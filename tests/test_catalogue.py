@@ -250,10 +250,11 @@ def _coverage(project: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, d
 def test_coverage_names_what_each_kernel_failed_refused_and_never_reached(project: pytest.Pytester) -> None:
     result, kernels = _coverage(project)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*attnperf catalogue*", "  softmax/mine-ok: 4 passed; refused window-edge; "
+    result.stdout.fnmatch_lines(["*attnperf catalogue*", "  softmax/mine-ok: 4 passed; refused window-edge, lse; "
                                  "unreached *", "  softmax/mine-zero-max: * failed negative-lse*"])
     ok, bad = kernels["mine-ok"]["classes"], kernels["mine-zero-max"]["classes"]
     assert ok["window-edge"]["status"] == "refused"
+    assert ok["lse"]["status"] == "refused"  # an axis the kernel does not declare: refused, never passed
     assert ok["negative-lse"]["status"] == "passed"
     assert bad["negative-lse"]["status"] == "failed"
     assert bad["tile-edge"]["status"] == "passed"
