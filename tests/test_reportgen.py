@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -179,13 +178,12 @@ def pytest_attnperf_make_timer(config, device):
 '''
 
 
-def test_cpu_sweep_writes_the_report(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_sweep_writes_the_report(pytester: pytest.Pytester) -> None:
     """The CPU sweep (naive softmax and SDPA math against fla's naive linear attention) through the
     plugin: report.json's studies from the scripted times, report.md, and the PNGs with matplotlib."""
-    kit.pythonpath(monkeypatch, os.environ.get("PYTHONPATH", ""))
     shutil.copytree(kit.ROOT / "suites", pytester.path / "suites")
     kit.make_project(pytester, SWEEP_CONFTEST)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(  # in this process: torch, fla and the plugin loaded once
         "-p", "pytest_attnperf.plugin", "suites/test_sweep.py", "-k", "cpu and (softmax or linear_attn) and not t256",
         "--attnperf-report=out", "--benchmark-disable", "--attnperf-budget=0.01")
     result.assert_outcomes(passed=18)
