@@ -13,6 +13,7 @@ from pytest_attnperf.families import checks
 from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.linear import rule
 from pytest_attnperf.families.registry import Kernel
+from pytest_attnperf.families.softmax import builtins
 from pytest_attnperf.families.softmax import kernels as softmax
 
 CPU = torch.device("cpu")
@@ -208,11 +209,11 @@ def test_flex_window_compiles_past_dynamos_default_limit_of_eight(monkeypatch: p
 
     monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled)
     monkeypatch.setattr(flex, "create_block_mask", lambda *args, **kwargs: None)
-    monkeypatch.setattr(softmax, "_flex", {})
+    monkeypatch.setattr(builtins, "_flex", {})
     q = torch.zeros(1, 2, 8, 4)
-    softmax.flex_window(q, q, q, causal=True, scale=0.5, window=4)
-    assert seen == [softmax.FLEX_RECOMPILES]
-    assert softmax.FLEX_RECOMPILES > default
+    builtins.flex_window(q, q, q, causal=True, scale=0.5, window=4)
+    assert seen == [builtins.FLEX_RECOMPILES]
+    assert builtins.FLEX_RECOMPILES > default
     assert torch._dynamo.config.recompile_limit == default  # put back
 
 
