@@ -198,7 +198,7 @@ GROUP = ("attnperf: attention kernels' correctness and speed "
          "(each option also env ATTNPERF_<NAME>, ini attnperf_<name>)")
 TUNING_GROUP = ("attnperf tuning: the gate's noise model, sampling, ceilings and caches "
                 "(defaults measured: docs/gate.md, docs/measurement.md)")
-# the options a user seldom sets: shown apart in --help and in the README
+# the options a user seldom sets: shown apart in --help and in docs/options.md
 TUNING = frozenset({
     "run_noise", "run_noise_time", "machine_noise", "machine_offset", "machine_residual", "machine",
     "budget", "stdrel", "min_samples", "cold_graphs", "hot_sample", "processes", "processes_below",
