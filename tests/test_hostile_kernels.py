@@ -242,11 +242,27 @@ def cost_only_their_own_case(result: pytest.RunResult, *hostile: str) -> None:
     result.stdout.fnmatch_lines([f"*{len(hostile)} failed, 2 passed*"])
 
 
-def test_a_kernel_that_replaces_torch_functions_fails_naming_them_and_they_are_put_back(
+BLIND_ABS = "conftest.blind_abs.<locals>.abs"
+ONEDNN_PRODUCTS = "none" if hasattr(torch.backends.mkldnn, "matmul") else "-"
+# what ``good`` saw, first called
+TORCHS_OWN = f"flush denormal: False; oneDNN: True; oneDNN fp32 products: {ONEDNN_PRODUCTS}; |-1.0| = 1.0"
+CHECKS_BLIND = "replaced torch functions, put back now; its checks would otherwise have run with them:"
+
+
+def test_kernels_that_replace_torch_functions_or_tensor_methods_fail_naming_them_and_they_are_put_back(
     suite: pytest.Pytester,
 ) -> None:
-    result = run(suite, "patches-torch")
-    cost_only_their_own_case(result, "patches-torch")
+    """In one run, each costing only its own case: torch functions replaced; ``abs`` written into
+    ``torch._C.TensorBase``'s dict, or set on ``torch.Tensor`` over it, reading the checks' every
+    float64 error as 0 (the kernels are 5% off): named, put back before the checks, and an honest
+    kernel 5% off after them fails, so they ran with torch's own; and a patch that undoes itself
+    after fooling the checks of its checked call, or those of its timed calls (it sees the NaN the
+    harness writes over a result it is about to check), putting torch's own ``abs`` back on its
+    next call, so nothing is left replaced at the case's end."""
+    hostile = ("patches-torch", "patches-tensorbase-abs", "shadows-abs", "five-percent-off", "blinds-checks-briefly",
+               "blinds-timed-checks")
+    result = run(suite, " or ".join(hostile))
+    cost_only_their_own_case(result, *hostile)
     local = "conftest.pytest_attnperf_register_kernels.<locals>.patches_torch.<locals>"
     result.stdout.fnmatch_lines([
         "kernel 'patches-torch' replaced torch functions, put back now; its checks would otherwise have run with "
@@ -255,52 +271,31 @@ def test_a_kernel_that_replaces_torch_functions_fails_naming_them_and_they_are_p
         f"  torch.softmax: replaced by {local}.<lambda>",
         f"  torch.Tensor.__matmul__: replaced by {local}.<lambda>",
     ], consecutive=True)
-
-
-BLIND_ABS = "conftest.blind_abs.<locals>.abs"
-ONEDNN_PRODUCTS = "none" if hasattr(torch.backends.mkldnn, "matmul") else "-"
-# what ``good`` saw, first called
-TORCHS_OWN = f"flush denormal: False; oneDNN: True; oneDNN fp32 products: {ONEDNN_PRODUCTS}; |-1.0| = 1.0"
-CHECKS_BLIND = "replaced torch functions, put back now; its checks would otherwise have run with them:"
-
-
-def test_a_kernel_that_replaces_a_tensor_method_the_checks_call_fails_before_they_run_with_it(
-    suite: pytest.Pytester,
-) -> None:
-    """``abs`` written into ``torch._C.TensorBase``'s dict, or set on ``torch.Tensor`` over it,
-    reads the checks' every float64 error as 0 (the kernels are 5% off): named, put back before
-    the checks; an honest kernel 5% off after them fails, so they ran with torch's own."""
-    result = run(suite, "patches-tensorbase-abs or shadows-abs or five-percent-off")
-    cost_only_their_own_case(result, "patches-tensorbase-abs", "shadows-abs", "five-percent-off")
     result.stdout.fnmatch_lines([f"kernel 'patches-tensorbase-abs' {CHECKS_BLIND}",
                                  f"  torch._C.TensorBase.abs: replaced by {BLIND_ABS}"], consecutive=True)
     result.stdout.fnmatch_lines([f"kernel 'shadows-abs' {CHECKS_BLIND}",
                                  f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
     result.stdout.fnmatch_lines(["five-percent-off out: max |error| * against fp64, at *, exceeds *"])
-    assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
-
-
-def test_a_patch_that_undoes_itself_after_fooling_the_checks_still_fails_checked_or_timed(
-    suite: pytest.Pytester,
-) -> None:
-    """One kernel blinds the checks of its checked call, one those of its timed calls (it sees
-    the NaN the harness writes over a result it is about to check); each puts torch's own ``abs``
-    back on its next call, so nothing is left replaced at the case's end."""
-    result = run(suite, "blinds-checks-briefly or blinds-timed-checks")
-    cost_only_their_own_case(result, "blinds-checks-briefly", "blinds-timed-checks")
     result.stdout.fnmatch_lines([f"kernel 'blinds-checks-briefly' {CHECKS_BLIND}",
                                  f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
     result.stdout.fnmatch_lines([
         "*blinds-timed-checks-fwd*: the kernel's timed calls replaced torch functions, put back now; the check of "
         "their results would otherwise have run with them:",
         f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
+    assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
 
 
-def test_a_kernel_that_flushes_denormals_or_changes_onednn_fails_naming_them_and_they_are_set_back(
-    suite: pytest.Pytester,
-) -> None:
-    result = run(suite, "flushes-denormals")
-    cost_only_their_own_case(result, "flushes-denormals")
+def test_kernels_that_change_torchs_global_state_fail_naming_it_and_it_is_set_back(suite: pytest.Pytester) -> None:
+    """Inference mode left on (the backward cases after it pass), denormals flushed and oneDNN
+    changed: in one run, each costing only its own case; ``good`` after them sees torch's own."""
+    result = run(suite, "keeps-inference-mode or flushes-denormals")
+    cost_only_their_own_case(result, "keeps-inference-mode", "flushes-denormals")
+    result.stdout.fnmatch_lines([
+        "*keeps-inference-mode-fwd]: the case changed torch's global state, which would carry into every later "
+        "case; set back now:",
+        "*inference mode (torch.is_inference_mode_enabled): False -> True",
+        "*grad mode (torch.is_grad_enabled): True -> False",
+    ])
     result.stdout.fnmatch_lines([
         "*flushes-denormals-fwd]: the case changed torch's global state, which would carry into every later case; "
         "set back now:",
@@ -310,19 +305,6 @@ def test_a_kernel_that_flushes_denormals_or_changes_onednn_fails_naming_them_and
         "*flush denormal (torch.set_flush_denormal): False -> True",
     ])
     assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
-
-
-def test_a_kernel_that_leaves_inference_mode_on_fails_naming_it_and_backward_cases_after_it_pass(
-    suite: pytest.Pytester,
-) -> None:
-    result = run(suite, "keeps-inference-mode")
-    cost_only_their_own_case(result, "keeps-inference-mode")
-    result.stdout.fnmatch_lines([
-        "*keeps-inference-mode-fwd]: the case changed torch's global state, which would carry into every later "
-        "case; set back now:",
-        "*inference mode (torch.is_inference_mode_enabled): False -> True",
-        "*grad mode (torch.is_grad_enabled): True -> False",
-    ])
 
 
 def test_a_kernel_that_calls_os_exit_fails_its_case_and_the_run_goes_on_to_its_summary(
