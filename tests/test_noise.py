@@ -374,11 +374,18 @@ def test_inject_without_steady_runs_sizes_from_the_baseline(project: Path) -> No
     assert "+50% on 1 cases <10us: caught 1" in report
 
 
-def test_inject_on_an_empty_workdir_names_the_missing_baseline(project: Path) -> None:
-    result = noise(project, "--stages", "inject")
-    assert result.returncode != 0
-    assert f"no cpu.yaml in {(project / 'work').resolve()}" in result.stderr
-    assert "+ " not in result.stdout  # no pytest run started
+def test_inject_on_an_empty_workdir_names_the_missing_baseline(
+    project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command's own function, in this process (the module's command line runs in the tests above)."""
+    from pytest_attnperf.noise import benchmark
+
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(benchmark, "_pytest", lambda *a, **k: pytest.fail("a pytest run started"))
+    status = benchmark.main(["--workdir", "work", "--stages", "inject",
+                             "--", "-p", "pytest_attnperf.plugin", "--hw=cpu", "test_cases.py"])
+    assert status != 0
+    assert f"no cpu.yaml in {(project / 'work').resolve()}" in capsys.readouterr().err
 
 
 def test_compare_report_counts_each_size_class_and_failed_captures(
