@@ -278,7 +278,8 @@ def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
     (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.0}))
     alone = project.runpytest(*PLUGIN, "--hw=h200")
     alone.assert_outcomes(passed=1, failed=1)
-    pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms", "-rA")
+    pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms", "-rA",
+                               "--benchmark-json=b.json")
     pooled.assert_outcomes(passed=2)
     out = pooled.stdout.str()
     assert "2 cases under 5000 us timed in 3 processes (2 pool runs before the tests" in out
@@ -286,8 +287,6 @@ def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
     assert "every pool run's median is -9.1% from this process's" in out  # both 10% under this one
     assert "pool run 1:" not in out
     assert "pool run 2:" not in out
-    pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms",
-                               "--benchmark-json=b.json")
     extra = {b["name"]: b["extra_info"] for b in json.loads((project.path / "b.json").read_text())["benchmarks"]}
     assert extra["test_case[a]"]["attnperf_processes"] == 3
     assert extra["test_case[a]"]["attnperf_process_medians_ms"] == pytest.approx([1.1, 1.0, 1.0])
