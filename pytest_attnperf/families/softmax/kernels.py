@@ -54,7 +54,7 @@ from pytest_attnperf.measure.switches import exact_fp32
 
 __all__ = [
     "AXES", "FAMILY", "SIGNATURE", "SoftmaxCase", "TENSORS", "answer", "check_case", "check_elements",
-    "check_tensor", "register", "run_case",
+    "check_tensor", "flex_window", "naive", "register", "run_case", "sdpa", "sdpa_dense_window", "sdpa_repeat_kv",
 ]
 
 FAMILY = "softmax"
