@@ -136,8 +136,8 @@ _FP16_STATE = ("fla 0.6.0's chunk kernels store the state carried between chunks
                "tools/fla_findings.py), where the fused recurrent kernel keeps it in fp32 and passes; upstream fixed "
                "the same class for TTT's dh in fla-org/flash-linear-attention#1214, not for these")
 _GLA_DIM4 = ("fla 0.6.0's chunk GLA backward does not compile at head dim 4 (a tl.dot over a value block of 4 needs "
-             "K >= 16: CompilationError) though its forward runs; no upstream issue found in the stored issues; "
-             "reproduced in tools/fla_findings.py")
+             "K >= 16: CompilationError, seen in the catalogue on an H100 and an H200) though its forward runs; no "
+             "upstream issue found in the stored issues; tools/fla_findings.py holds its reproduction, not yet run")
 _STATE_ROW = "cat-b1-h2-t100-d16-fp16-large-state"
 _EMPTY_LSE = ("torch's CPU flash attention (aten._scaled_dot_product_flash_attention_for_cpu, torch 2.13) returns a "
               "log-sum-exp of 0 for a row with no visible key (a fully masked row; the top rows of causal with more "
