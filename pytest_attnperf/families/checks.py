@@ -46,7 +46,7 @@ __all__ = [
     "assert_reaches",
     "assert_unchanged", "call_checked", "describe", "expect_tensor", "gradients", "max_error", "own_copies", "plain",
     "poison_allocator",
-    "reported_plainly", "smoothed", "snapshots", "ulp", "where",
+    "reported_plainly", "returned_pair", "smoothed", "snapshots", "ulp", "where",
 ]
 
 FACTOR = 2.0
@@ -306,6 +306,32 @@ def describe(value: Any) -> str:
         return f"{label} (len {len(value)})"
     shape = getattr(value, "shape", None)
     return f"{label} of shape {tuple(shape)}" if shape is not None else label
+
+
+def returned_pair(kernel: Any, result: Any, paired: bool, call: str, second: str, second_shape: tuple[int, ...],
+                  out_shape: tuple[int, ...], dtype: Any, device: Any, check: bool) -> tuple[Any, Any]:
+    """``(out, second)`` of a kernel's return value, each a plain tensor (``second`` None unless
+    ``paired``: the kernel was called with ``call``, e.g. ``return_lse=True``, and returns a pair);
+    with ``check``, failing unless ``out`` is of ``out_shape`` and ``dtype`` and ``second`` a float32
+    tensor of ``second_shape``, both on ``device``."""
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+
+    if not paired:
+        out = plain(kernel, result)
+        if check:
+            expect_tensor(kernel.name, out, out_shape, dtype, device)
+        return out, None
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise CheckFailed(f"kernel '{kernel.name}' was called with {call} and returned {describe(result)}; "
+                          f"expected (out, {second})")
+    out, extra = plain(kernel, result[0]), plain(kernel, result[1])
+    if check:
+        expect_tensor(kernel.name, out, out_shape, dtype, device)
+        if not (isinstance(extra, torch.Tensor) and tuple(extra.shape) == second_shape
+                and extra.dtype == torch.float32 and extra.device == device):
+            raise CheckFailed(f"kernel '{kernel.name}' returned as its {second} {describe(extra)}; expected a "
+                              f"torch.Tensor of shape {second_shape}, dtype torch.float32 on {device}")
+    return out, extra
 
 
 def expect_tensor(kernel: str, value: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pytest_attnperf.families.checks import CheckFailed, describe, expect_tensor, plain
+from pytest_attnperf.families.checks import CheckFailed, returned_pair
 from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.families.registry import Kernel
 
@@ -60,25 +60,8 @@ def returned(kernel: Kernel, result: Any, case: LinearCase, out_shape: tuple[int
     """``(o, final_state)`` of a kernel's return value (``final_state`` None without the state
     axis), each a plain tensor; with ``check``, failing unless a state call returned a pair and
     each is a tensor of its shape, dtype (the final state float32) and device."""
-    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
-
-    if not case.state:
-        out = plain(kernel, result)
-        if check:
-            expect_tensor(kernel.name, out, out_shape, dtype, device)
-        return out, None
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise CheckFailed(f"kernel '{kernel.name}' was called with output_final_state=True and returned "
-                          f"{type(result).__name__}; expected (o, final_state)")
-    out, final = plain(kernel, result[0]), plain(kernel, result[1])
-    if check:
-        expect_tensor(kernel.name, out, out_shape, dtype, device)
-        shape = state_shape(case)
-        if not (isinstance(final, torch.Tensor) and tuple(final.shape) == shape and final.dtype == torch.float32
-                and final.device == device):
-            raise CheckFailed(f"kernel '{kernel.name}' returned a final state of {describe(final)}; expected a "
-                              f"torch.Tensor of shape {shape}, dtype torch.float32 on {device}")
-    return out, final
+    return returned_pair(kernel, result, case.state, "output_final_state=True", "final state", state_shape(case),
+                         out_shape, dtype, device, check)
 
 
 def gradients(kernel: str, outputs: tuple[Any, ...], inputs: tuple[Any, ...], names: tuple[str, ...],

@@ -29,7 +29,7 @@ import math
 import zlib
 from typing import Any
 
-from pytest_attnperf.families.checks import PRECISION, CheckFailed, describe, expect_tensor, plain, where
+from pytest_attnperf.families.checks import PRECISION, CheckFailed, returned_pair, where
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax.reference import masked_scores
 
@@ -69,25 +69,8 @@ def returned(kernel: Kernel, result: Any, case: Any, out_shape: tuple[int, ...],
     """``(out, lse)`` of a kernel's return value (``lse`` None without the axis), each a plain
     tensor; with ``check``, failing unless an ``lse`` call returned a pair, ``out`` of
     ``out_shape`` and ``dtype``, ``lse`` float32 ``[B, H, Tq]``, both on ``device``."""
-    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
-
-    if not case.lse:
-        out = plain(kernel, result)
-        if check:
-            expect_tensor(kernel.name, out, out_shape, dtype, device)
-        return out, None
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise CheckFailed(f"kernel '{kernel.name}' was called with return_lse=True and returned "
-                          f"{describe(result)}; expected (out, lse)")
-    out, lse = plain(kernel, result[0]), plain(kernel, result[1])
-    if check:
-        expect_tensor(kernel.name, out, out_shape, dtype, device)
-        shape = out_shape[:3]
-        if not (isinstance(lse, torch.Tensor) and tuple(lse.shape) == shape and lse.dtype == torch.float32
-                and lse.device == device):
-            raise CheckFailed(f"kernel '{kernel.name}' returned an lse of {describe(lse)}; expected a torch.Tensor "
-                              f"of shape {shape}, dtype torch.float32 on {device}")
-    return out, lse
+    return returned_pair(kernel, result, case.lse, "return_lse=True", "lse", out_shape[:3], out_shape, dtype, device,
+                         check)
 
 
 def draw_mask(case: Any, device: Any, dtype: Any) -> Any:
