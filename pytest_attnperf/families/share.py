@@ -17,11 +17,15 @@ others, not by the kernel, and a kernel that truly needs more than the card fail
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, each check runs as it comes
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["SHARE", "footprint", "run_shared"]
 
@@ -76,7 +80,7 @@ def run_shared(check: Callable[[], T], device: Any, nbytes: int, processes: int,
     ``release`` after it (the caller drops what it kept of the case, its inputs and references),
     so no idle process holds a large case's tensors while another runs. Off a GPU, or as the only
     process, it just runs."""
-    if getattr(device, "type", "cpu") != "cuda" or processes <= 1:
+    if getattr(device, "type", "cpu") != "cuda" or processes <= 1 or fcntl is None:
         return check()
     import torch  # noqa: PLC0415 - only a GPU run gets here; torch stays out of the plugin's start-up
 

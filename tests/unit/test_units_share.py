@@ -99,3 +99,9 @@ def test_a_large_case_releases_what_its_process_kept_and_a_small_one_keeps_it() 
 def test_off_a_gpu_or_alone_the_check_just_runs() -> None:
     assert share.run_shared(lambda: 1, SimpleNamespace(type="cpu"), TOTAL, 6) == 1
     assert share.run_shared(lambda: 2, GPU, TOTAL, 1) == 2
+
+
+def test_without_flock_the_check_runs_unlocked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(share, "fcntl", None)  # not POSIX
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: pytest.fail("no share to size"))
+    assert share.run_shared(lambda: 3, GPU, TOTAL, 6) == 3
