@@ -105,3 +105,17 @@ def test_without_flock_the_check_runs_unlocked(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(share, "fcntl", None)  # not POSIX
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: pytest.fail("no share to size"))
     assert share.run_shared(lambda: 3, GPU, TOTAL, 6) == 3
+
+
+def test_the_catalogue_releases_what_both_families_kept_of_a_case() -> None:
+    from pytest_attnperf.families import catalogue_suite
+    from pytest_attnperf.families.linear import kernels as linear_kernels
+    from pytest_attnperf.families.softmax import kernels as softmax_kernels
+
+    softmax_kernels.prepare(SoftmaxCase("kept", 1, 1, 4, 8, "fp32", True), "fwd", torch.device("cpu"))
+    linear_kernels.prepare("linear_attn", LinearCase("kept", 1, 1, 4, 8, 8, "fp32"), "fwd", torch.device("cpu"))
+    assert softmax_kernels._cache
+    assert linear_kernels._cache
+    catalogue_suite._forget()
+    assert not softmax_kernels._cache
+    assert not linear_kernels._cache

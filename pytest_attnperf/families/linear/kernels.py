@@ -62,7 +62,7 @@ from pytest_attnperf.measure.switches import exact_fp32
 
 __all__ = [
     "FAMILIES", "FLA_IMPORTS", "LinearCase", "answer", "check_case", "check_elements", "check_tensor", "cost",
-    "prepare", "register", "run_case",
+    "forget", "prepare", "register", "run_case",
 ]
 
 FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
@@ -470,6 +470,11 @@ def _recurrence_fn(family: str) -> Callable[..., Any]:
 
 
 _cache: dict[tuple[str, LinearCase, str, str, int], Prepared] = {}
+
+
+def forget() -> None:
+    """Drop the inputs and references kept of the last case (``prepare``'s cache)."""
+    _cache.clear()
 
 
 def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Prepared:

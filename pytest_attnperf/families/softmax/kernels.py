@@ -54,7 +54,8 @@ from pytest_attnperf.measure.switches import exact_fp32
 
 __all__ = [
     "AXES", "FAMILY", "SIGNATURE", "SoftmaxCase", "TENSORS", "answer", "check_case", "check_elements",
-    "check_tensor", "flex_window", "naive", "register", "run_case", "sdpa", "sdpa_dense_window", "sdpa_repeat_kv",
+    "check_tensor", "flex_window", "forget", "naive", "register", "run_case", "sdpa", "sdpa_dense_window",
+    "sdpa_repeat_kv",
 ]
 
 FAMILY = "softmax"
@@ -295,6 +296,11 @@ def _seed(text: str) -> int:
 
 
 _cache: dict[tuple[SoftmaxCase, str, str, int], Prepared] = {}
+
+
+def forget() -> None:
+    """Drop the inputs and references kept of the last case (``prepare``'s cache)."""
+    _cache.clear()
 
 
 def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Prepared:
