@@ -62,9 +62,10 @@ def test_a_dead_worker_leaves_no_case_unreported(pytester: pytest.Pytester, monk
     out = result.stdout.str()
 
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    crashed = re.findall(r"worker '(gw\d)' crashed while running '([^']+)'", out)
+    # xdist's message, in the FAILURES section and, when the terminal is wide enough, in the summary
+    crashed = set(re.findall(r"worker '(gw\d)' crashed while running '([^']+)'", out))
     assert len(crashed) == 1
-    dead, case = crashed[0]
+    dead, case = crashed.pop()
     assert case == CRASH
     assert (pytester.path / "died").read_text() == dead
 
