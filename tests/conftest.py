@@ -71,8 +71,11 @@ def _ceilings_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch
 @pytest.fixture(autouse=True)
 def _terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs under test print for an 80-column terminal, whatever terminal (or CI log) runs the tests:
-    pytest cuts its short summary lines to that width."""
+    pytest cuts its short summary lines to that width, except on a CI service (``CI`` or
+    ``BUILD_NUMBER`` set), so the runs under test are told they are on none."""
     monkeypatch.setenv("COLUMNS", "80")
+    for name in ("CI", "BUILD_NUMBER"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(autouse=True)
