@@ -127,7 +127,7 @@ class Perf:
         self._feed_benchmark(result)
         breached = [check.message for check in memory if check.failed]
         if verdict.failed:
-            drift = session.drift()
+            drift = session.baselines.drift()
             extra = f"\n  environment differs from the baseline's: {', '.join(drift)}" if drift else ""
             unquoted = [n for n in measurement.notes if n not in verdict.message]  # "clock changed" quotes its own
             if unquoted:
@@ -144,7 +144,7 @@ class Perf:
         if below or breached:  # a memory breach fails apart from the time's verdict
             pytest.fail(f"{self._key}: " + "\n".join(line for line in [*breached, below] if line), pytrace=False)
         if result.kernels_changed and session.settings.fail_on_kernel_change:
-            pytest.fail(f"{self._key}: {result.kernels_changed} (against {session.baseline_path}; "
+            pytest.fail(f"{self._key}: {result.kernels_changed} (against {session.baselines.path}; "
                         "--attnperf-fail-on-kernel-change is set)", pytrace=False)
         if drifted is not None and drifted.fails:
             pytest.fail(f"{self._key}: DRIFTED {drifted.pct:+.1f}% on its history (--attnperf-fail-on-drift): "
@@ -230,7 +230,7 @@ class Perf:
             return
         problem = None
         try:
-            baseline = session.baseline
+            baseline = session.baselines.file
         except BaselineError as exc:
             problem = f"{exc}\nNothing was written; fix or remove the file."
         if problem is None and not session.settings.update_baselines and baseline and self._key in baseline.unusable:
@@ -247,14 +247,14 @@ class Perf:
             return Verdict("pool run", None, "measured for the main run's --attnperf-processes; not gated"), measurement
         if session.settings.update_baselines:
             return Verdict("recorded", None, "recorded for --update-baselines"), self._recordable(fn, measurement, plan)
-        baseline = session.baseline
+        baseline = session.baselines.file
         entry = baseline.entries.get(self._key) if baseline else None
         summary = baseline.summary(self._key) if baseline else None
         terms, here = session.gate_terms, session.here
         decision = policy.decide(measurement, entry, summary, terms, here)
         self._refused(decision.refusal)
         if decision.missing:
-            pytest.fail(f"{self._key}: no entry in {session.baseline_path} and --attnperf-require-baseline is set; "
+            pytest.fail(f"{self._key}: no entry in {session.baselines.path} and --attnperf-require-baseline is set; "
                         "record it with --update-baselines", pytrace=False)
         if not decision.remeasure:
             return decision.verdict, measurement
@@ -287,7 +287,7 @@ class Perf:
         if problem is not None:
             pytest.fail(f"{self._key}: NOT RECORDED: measured {tries} times, each too noisy to be a baseline: the "
                         f"baseline reader would refuse the entry ({problem}; last: {measurement.summary.describe()}). "
-                        f"{self._session.baseline_path} keeps what it had for this case; record it on an idle host",
+                        f"{self._session.baselines.path} keeps what it had for this case; record it on an idle host",
                         pytrace=False)
         return measurement
 
@@ -335,7 +335,7 @@ class Perf:
             problem = entry_problem({key: rounded(value) for key, value in entry.items()})  # as the file keeps it
             if problem is not None:  # never written: the reader would set it aside and fail the case's next gate
                 pytest.fail(f"{self._key}: NOT RECORDED: the baseline reader would refuse this entry ({problem}); "
-                            f"{self._session.baseline_path} keeps what it had for this case", pytrace=False)
+                            f"{self._session.baselines.path} keeps what it had for this case", pytrace=False)
             self._request.node.stash[PENDING_KEY] = entry
         eager_change = None
         if m.eager_ms is not None and before and isinstance(before.get("eager_ms"), (int, float)) \
@@ -419,7 +419,7 @@ class Perf:
 
     def _baseline_entry(self) -> dict[str, Any] | None:
         try:
-            baseline = self._session.baseline
+            baseline = self._session.baselines.file
         except BaselineError:
             return None
         return baseline.entries.get(self._key) if baseline else None

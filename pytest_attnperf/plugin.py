@@ -222,9 +222,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state = get_session(session.config)
     if "registry" in vars(state):  # built: some module was parametrized (a kernel in a misspelt family joins none)
         suite.check_families(session.config, state.registry, tuple(CALLS))
-    state.check_baselines(session.items)  # the file's problems, before any test
+    _name_baseline_problems(session.config, session.items)  # the file's problems, before any test
     if not state.settings.check_only:  # nothing is timed then
         xdist.prepare(state, session.items)  # the sample overhead and the ceilings, before any test
+
+
+def _name_baseline_problems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """At start-up, when measured cases are selected: the baseline file read once and its problems
+    named on the terminal before anything is measured (``BaselineKeeper.startup_lines``)."""
+    if config.option.collectonly or not any("attnperf" in getattr(i, "fixturenames", ()) for i in items):
+        return
+    keeper = get_session(config).baselines
+    try:
+        keeper.path  # noqa: B018 - the device lookup every measured case makes anyway
+    except Exception:  # noqa: BLE001 - each measured case meets the error itself
+        return
+    lines = keeper.startup_lines()
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and lines:
+        reporter.ensure_newline()
+        for line in lines:
+            reporter.write_line(line, yellow=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -279,7 +297,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             # committed once teardown passed too: a fixture that fails after the measurement
             # (a leak check, say) keeps the test's entry out of the baseline
             entry = item.stash[PENDING_KEY]
-            state.commit(key, entry)
+            state.baselines.commit(key, entry)
         xdist.attach_case(state, key, report, entry)  # a pytest-xdist worker's case, to the controller
     return report
 
@@ -296,7 +314,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if state.fleet is not None:
         state.fleet.forget_groups()
         state.rows[:] = xdist.rows_in_order(state.rows)
-    state.write_baselines()
+    mixed = state.fleet.mixed if state.fleet is not None and state.fleet.mixed else None
+    state.baselines.write(mixed)
+    if state.baselines.failed and session.exitstatus == pytest.ExitCode.OK:  # its entries were saved aside
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _write_report(config)
     _write_pr_comment(config)
 
@@ -332,7 +353,7 @@ def _write_pr_comment(config: pytest.Config) -> None:
     if path is None or state.seat is not None:
         return
     try:
-        entries = dict(state.baseline.entries) if state.rows and state.baseline is not None else {}
+        entries = dict(state.baselines.file.entries) if state.rows and state.baselines.file is not None else {}
     except BaselineError:
         entries = {}
     failed = failures.Failures.of(config)
@@ -376,8 +397,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     pool_runs, autotuning = PoolRuns.of(config), AutotunePlugin.of(config)
     pooled = pool_runs is not None and pool_runs.results is not None
     reruns = _reruns(config) if state.seat is None else {}
-    if not (state.rows or state.write_note is not None or gone or opted_out or pooled or checked or fleet_lines
-            or reruns):
+    if not (state.rows or state.baselines.write_note is not None or gone or opted_out or pooled or checked
+            or fleet_lines or reruns):
         return
     terminalreporter.section("attnperf")
     for line in fleet_lines:
@@ -392,7 +413,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"{checked} cases checked only (--attnperf-check-only): correctness "
                                     "checked; nothing timed, gated or recorded")
     if state.rows:
-        drift = xdist.merged_drift(state) if state.fleet is not None else state.drift()
+        drift = xdist.merged_drift(state) if state.fleet is not None else state.baselines.drift()
         for line in summary_lines(state.rows, state.hardware.name, drift):
             terminalreporter.write_line(line)
         floor_ms, how = state.overhead or (None, "no CUDA device")
@@ -404,7 +425,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(f"sample overheads not used: {refused}")
     for line in pool_runs.summary_lines() if pool_runs is not None else ():
         terminalreporter.write_line(line)
-    for note in (state.gating_note(), state.write_note, state.record_note, state.ignore_note):
+    keeper = state.baselines
+    for note in (keeper.gating_note(row.nodeid for row in state.rows), keeper.write_note, keeper.record_note,
+                 keeper.ignore_note):
         if note:
             terminalreporter.write_line(f"baselines: {note}")
     recorder = HistoryRecorder.of(config)

@@ -256,7 +256,7 @@ class AutotunePlugin:
             return
         key = case_key(item)
         keep = {rel: source for rel, source in run.produced.items() if source == key}
-        if keep and _kept(run, state.pending, key):
+        if keep and _kept(run, state.baselines.pending, key):
             _record_into(run, run.cache_dir, keep)
 
     @pytest.hookimpl(wrapper=True)
@@ -311,16 +311,16 @@ class AutotunePlugin:
         once for all; any other run records its own while recording. TRITON_CACHE_DIR is restored."""
         state, config = self.session, session.config
         if state.seat is not None:
-            part = self._worker_part(state.pending)
+            part = self._worker_part(state.baselines.pending)
             if hasattr(config, "workeroutput"):
                 config.workeroutput[OUTPUT_KEY] = encode(part)
         elif state.fleet is not None:
-            self._merge([*self.parts, {"keep": self.sources, "files": self.received}], state.pending)
+            self._merge([*self.parts, {"keep": self.sources, "files": self.received}], state.baselines.pending)
         elif self.run is not None:
-            keep = _to_record(self.run, state.pending)
+            keep = _to_record(self.run, state.baselines.pending)
             if keep:
                 _record_into(self.run, self.run.cache_dir, keep)
-            elif self.run.recording and state.pending:
+            elif self.run.recording and state.baselines.pending:
                 self.run.write_note = NOTHING_AUTOTUNED
             _restore_env(self.run)
 

@@ -364,7 +364,7 @@ class PoolRuns:
         except Exception:  # noqa: BLE001 - each test that needs the device meets the error, as without pool runs
             return
         try:
-            baseline = state.baseline
+            baseline = state.baselines.file
         except BaselineError as exc:
             self.results = PoolResults({}, processes=s.processes, problems=(f"no pool runs: {exc}",))
             return

@@ -378,7 +378,7 @@ def receive_case(session: AttnPerfSession, report: pytest.TestReport) -> None:
         return
     session.rows.extend(case["rows"])
     if case["entry"] is not None:
-        session.commit(case["key"], case["entry"])
+        session.baselines.commit(case["key"], case["entry"])
     share = session.fleet.shares.setdefault(case["worker"], WorkerShare(gpu=None))
     share.cases += len(case["rows"])
 
@@ -393,9 +393,9 @@ def worker_output(config: pytest.Config, session: AttnPerfSession) -> None:
     opted_out = {group: sorted(ids) for group, ids in config.stash.get(OPTED_OUT_KEY, {}).items()}
     payload: dict[str, Any] = {"worker": session.seat.worker, "checked_only": session.checked_only,
                                "removed": removed(config), "opted_out": opted_out}
-    if session.rows or session.pending:  # the device was looked up for them: its facts are known and cheap
+    if session.rows or session.baselines.pending:  # the device was looked up for them: its facts are known and cheap
         payload["facts"] = _facts(session)
-        payload["drift"] = session.drift()
+        payload["drift"] = session.baselines.drift()
         payload["floor"] = session.overhead
         payload["overhead_refusals"] = sorted(session.overhead_refusals)
     pool_runs = PoolRuns.of(config)
