@@ -413,7 +413,7 @@ class Perf:
             entry["notes"] = list(m.notes)
         past = policy.history(before, m, self._session.gate_terms, self._session.here)
         self._refused(past.refusal)
-        entry["run_medians_ms"], entry["run_machines"], entry["run_floors_ms"] = (
+        entry["run_medians_ms"], entry["run_machines"], entry["run_overheads_ms"] = (
             past.medians_ms, past.machines, past.overheads_ms)
         return entry
 
@@ -450,8 +450,8 @@ class Perf:
                 "eager_ms": result.measurement.eager_ms,
                 "verdict": result.verdict.status,
                 "attnperf_machine": self._session.machine,
-                "attnperf_floor_ms": self._session.measure_overhead()[0],  # cold, one call a sample
-                "attnperf_gate_floor_ms": self._session.gate_overhead_ms(),  # the same, if the gate may use it
+                "attnperf_overhead_ms": self._session.measure_overhead()[0],  # cold, one call a sample
+                "attnperf_gate_overhead_ms": self._session.gate_overhead_ms(),  # the same, if the gate may use it
                 "family": _family(self._request.node),
                 "flops": result.cost.flops,
                 "bytes": result.cost.bytes,

@@ -132,7 +132,7 @@ class AttnPerfSession:
         return self.overhead
 
     def gate_overhead_ms(self) -> float | None:
-        """The floor as the gate uses it: kept with each recording (``run_floors_ms``) and,
+        """The floor as the gate uses it: kept with each recording (``run_overheads_ms``) and,
         against another machine's recordings, the difference moves a cold case's centre
         (``Perf._machine_terms``). Only a floor timed the way cold cases are (events inside the
         graph, ``cuda-graph-nodes``) and not caught at a held-down clock; else None, and the

@@ -443,7 +443,7 @@ def test_the_overheads_reach_the_recordings_and_the_gate_and_a_refusal_is_report
     set_clocks(project, a=["cuda-graph-nodes"], b=["cuda-graph-nodes"])
     set_speed(project, a=0.060, b=0.060)
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)
-    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_floors_ms"] == [0.00326]
+    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["run_overheads_ms"] == [0.00326]
     floor[0] = 0.0051
     set_speed(project, a=0.060 * 1.05 + 0.00184, b=0.060)
     moved = project.runpytest(*PLUGIN, "--attnperf-tolerance=1.5%", "--attnperf-machine=B")
@@ -470,14 +470,14 @@ def test_the_sample_overhead_is_measured_once_and_reported(
     plain = project.runpytest(*PLUGIN, "--benchmark-json=plain.json")
     plain.assert_outcomes(passed=2)
     assert "sample overhead" not in plain.stdout.str()
-    assert {b["extra_info"]["attnperf_floor_ms"] for b in benchmarks(project, "plain.json")} == {None}
+    assert {b["extra_info"]["attnperf_overhead_ms"] for b in benchmarks(project, "plain.json")} == {None}
     cuda_available(monkeypatch)
     set_speeds(project, {"floor": 0.004})  # timed before any test: 4 us
     result = project.runpytest(*PLUGIN, "--benchmark-json=out.json")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         ["sample overhead (one-element add, cold; not used by the gate: clock scripted): 4.00 us"])
-    floors = [b["extra_info"]["attnperf_floor_ms"] for b in benchmarks(project, "out.json")]
+    floors = [b["extra_info"]["attnperf_overhead_ms"] for b in benchmarks(project, "out.json")]
     assert floors == [pytest.approx(0.004), pytest.approx(0.004)]
     # measured without pytest-benchmark too; a failure is named, not raised
     project.runpytest(*PLUGIN, "-p", "no:benchmark").stdout.fnmatch_lines(

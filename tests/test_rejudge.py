@@ -112,10 +112,11 @@ def test_overheads_move_the_centre_where_both_are_known(tmp_path: Path, capsys: 
     1.5% tolerance. With the 2 us offset the short case's bar is about 10%: it passes. With
     --overheads its centre moves by 1.84 us, the residual is 0.5 us, and the +5% is caught. A file
     without floors takes --baseline-overhead, else keeps the offset; a case on the fallback clock
-    (launch inside its samples) keeps it too."""
+    (launch inside its samples) keeps it too. The run is saved as runs were before the keys were
+    settled (``attnperf_floor_ms``): its overhead is read all the same."""
     short, long_ = "suites/test_x.py::test_x[short]", "suites/test_x.py::test_x[long]"
-    recorded = {short: {**entry(0.060, [0.060]), "run_floors_ms": [0.00326], "clock": "cuda-graph-nodes"},
-                long_: {**entry(1.0, [1.0]), "run_floors_ms": [0.00326], "clock": "cuda-graph-nodes"}}
+    recorded = {short: {**entry(0.060, [0.060]), "run_overheads_ms": [0.00326], "clock": "cuda-graph-nodes"},
+                long_: {**entry(1.0, [1.0]), "run_overheads_ms": [0.00326], "clock": "cuda-graph-nodes"}}
 
     def judged(*extra: str) -> str:
         (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"format": FORMAT, "meta": {}, "entries": recorded}))
@@ -132,7 +133,7 @@ def test_overheads_move_the_centre_where_both_are_known(tmp_path: Path, capsys: 
     assert "steady runs: 2 judgements, 1 regressed" in out
     assert "0.5 us residual" in out
     for e in recorded.values():
-        del e["run_floors_ms"]
+        del e["run_overheads_ms"]
     assert "steady runs: 2 judgements, 0 regressed" in judged("--overheads")
     assert "steady runs: 2 judgements, 1 regressed" in judged("--overheads", "--baseline-overhead", "3.26us")
     recorded[short]["clock"] = "cuda-graph"
@@ -140,7 +141,7 @@ def test_overheads_move_the_centre_where_both_are_known(tmp_path: Path, capsys: 
 
 
 def test_overheads_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The shift comes from the floor the gate used (``attnperf_gate_floor_ms``: null when it
+    """The shift comes from the overhead the gate used (``attnperf_gate_overhead_ms``: null when it
     could not use the run's floor), never from an implausible difference (more than 6 us, or one
     that empties the centre: no crash, the offset stands), and only for a case the run timed on
     the baseline's nodes clock."""
@@ -148,17 +149,17 @@ def test_overheads_as_the_gate_used_them(tmp_path: Path, capsys: pytest.CaptureF
 
     def judged(median_ms: float, extra: dict[str, Any], recorded_floor: float = 0.00326, centre: float = 0.060,
                clock: str = "cuda-graph-nodes") -> str:
-        base = {case: {**entry(centre, [centre]), "run_floors_ms": [recorded_floor], "clock": "cuda-graph-nodes"}}
+        base = {case: {**entry(centre, [centre]), "run_overheads_ms": [recorded_floor], "clock": "cuda-graph-nodes"}}
         (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"format": FORMAT, "meta": {}, "entries": base}))
-        info = {"attnperf_floor_ms": 0.0051, "attnperf_clock": clock, **extra}
+        info = {"attnperf_overhead_ms": 0.0051, "attnperf_clock": clock, **extra}
         (tmp_path / "run0.json").write_text(json.dumps(
             {"benchmarks": [{"fullname": case, "stats": {"median": median_ms * 1e-3}, "extra_info": info}]}))
         rejudge.main([str(tmp_path), "--machine-noise", "0.7%", "--machine-offset", "2us", "--overheads"])
         return capsys.readouterr().out
 
     slower = 0.060 * 1.05 + 0.00184  # +5% and B's floor less A's: caught only with the shift
-    assert "1 judgements, 1 regressed" in judged(slower, {"attnperf_gate_floor_ms": 0.0051})
-    assert "1 judgements, 0 regressed" in judged(slower, {"attnperf_gate_floor_ms": None})
+    assert "1 judgements, 1 regressed" in judged(slower, {"attnperf_gate_overhead_ms": 0.0051})
+    assert "1 judgements, 0 regressed" in judged(slower, {"attnperf_gate_overhead_ms": None})
     assert "1 judgements, 1 regressed" in judged(slower, {})  # a run from before the key: its floor
     assert "1 judgements, 0 regressed" in judged(slower, {}, clock="cuda-graph")
     assert "1 judgements, 0 regressed" in judged(slower, {}, recorded_floor=0.0151)  # 10 us apart

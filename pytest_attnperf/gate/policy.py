@@ -284,7 +284,7 @@ def history(before: Mapping[str, Any] | None, m: Measurement, terms: GateTerms, 
         return fresh._replace(refusal=refused)
     if earlier.run_medians_ms:
         runs, machines, floors = (list(earlier.run_medians_ms), list(earlier.run_machines),
-                                  list(earlier.run_floors_ms))
+                                  list(earlier.run_overheads_ms))
     else:  # an entry without a history: its median, machine unknown
         runs, machines, floors = [earlier.median_ms], [None], [None]
     keep = slice(-HISTORY_KEEP, None)

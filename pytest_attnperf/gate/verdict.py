@@ -131,7 +131,7 @@ def run_noise(baseline: Summary, floor: float, floor_ms: float = 0.0) -> tuple[f
 def centre_overhead_ms(baseline: Summary) -> float | None:
     """The sample overhead of the recordings behind the baseline's centre (the latest one with
     fewer than ``HISTORY_MIN`` recordings, else the median of all), None if one is missing."""
-    floors = baseline.run_floors_ms[-1:] if len(baseline.run_medians_ms) < HISTORY_MIN else baseline.run_floors_ms
+    floors = baseline.run_overheads_ms[-1:] if len(baseline.run_medians_ms) < HISTORY_MIN else baseline.run_overheads_ms
     known = [f for f in floors if f is not None]
     return statistics.median(known) if known and len(known) == len(floors) else None
 

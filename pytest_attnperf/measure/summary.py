@@ -9,9 +9,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Summary", "median_ci"]
+__all__ = ["OLD_OVERHEADS_KEY", "OVERHEADS_KEY", "Summary", "median_ci"]
 
 _Z95 = 1.959963984540054
+# a baseline entry's sample overhead of each recording; files written before the name was settled
+# hold it under the old one, read when the new is absent and written under the new
+OVERHEADS_KEY, OLD_OVERHEADS_KEY = "run_overheads_ms", "run_floors_ms"
 
 
 def median_ci(sorted_values: Sequence[float]) -> tuple[float, float]:
@@ -37,7 +40,7 @@ class Summary:
     n_samples: int
     run_medians_ms: tuple[float, ...] = ()  # a baseline's medians of its recordings, oldest first
     run_machines: tuple[str | None, ...] = ()  # the machine of each recording (None: not known)
-    run_floors_ms: tuple[float | None, ...] = ()  # each recording's sample overhead (None: not measured)
+    run_overheads_ms: tuple[float | None, ...] = ()  # each recording's sample overhead (None: not measured)
 
     @classmethod
     def from_samples(cls, samples_ms: Sequence[float]) -> Summary:
@@ -88,12 +91,13 @@ class Summary:
             m is None or isinstance(m, str) for m in machines
         ):
             raise TypeError(f"'run_machines' is {machines!r}, not one name (or null) per recording")
-        floors = entry.get("run_floors_ms", [None] * len(runs))
-        if not isinstance(floors, list) or len(floors) != len(runs) or not all(
+        key = OVERHEADS_KEY if OVERHEADS_KEY in entry or OLD_OVERHEADS_KEY not in entry else OLD_OVERHEADS_KEY
+        overheads = entry.get(key, [None] * len(runs))
+        if not isinstance(overheads, list) or len(overheads) != len(runs) or not all(
             f is None or (isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0)
-            for f in floors
+            for f in overheads
         ):
-            raise TypeError(f"'run_floors_ms' is {floors!r}, not one positive time (or null) per recording")
+            raise TypeError(f"'{key}' is {overheads!r}, not one positive time (or null) per recording")
         if num("stdrel") < 0:
             raise ValueError(f"'stdrel' is {entry['stdrel']!r}; a spread cannot be negative")
         for key in ("hot_sample_ms", "eager_ms"):  # optional times, divided by when present
@@ -110,7 +114,7 @@ class Summary:
             n_samples=count,
             run_medians_ms=tuple(float(v) for v in runs),
             run_machines=tuple(machines),
-            run_floors_ms=tuple(None if f is None else float(f) for f in floors),
+            run_overheads_ms=tuple(None if f is None else float(f) for f in overheads),
         )
 
     def describe(self) -> str:

@@ -19,13 +19,15 @@ calls per sample of hot mode's graphs, which the run files do not hold, so re-ju
 are gated too loosely.
 
 ``--overheads`` judges as the plugin does where both sample overheads are known: each steady run's
-floor (``attnperf_floor_ms`` in its JSON) less the floor of the recordings behind a case's
-centre (``run_floors_ms``, or ``--baseline-overhead`` for a file recorded before floors were kept)
-moves the centre of each cold ``cuda-graph-nodes`` case, and ``--machine-residual`` replaces
-the offset, as the plugin does: a case without both floors, timed otherwise (in the baseline or
-the run), or with an implausible difference (``gate.overhead_shift_ms``) keeps the offset. The run's
-floor is the one the gate used (``attnperf_gate_floor_ms``; for runs from before it was written,
-``attnperf_floor_ms``). Inject reports hold no floor, so they are judged without it.
+overhead (``attnperf_overhead_ms`` in its JSON) less the overhead of the recordings behind a case's
+centre (``run_overheads_ms``, or ``--baseline-overhead`` for a file recorded before they were kept)
+moves the centre of each cold ``cuda-graph-nodes`` case, and ``--machine-residual`` replaces the
+offset, as the plugin does: a case without both overheads, timed otherwise (in the baseline or the
+run), or with an implausible difference (``gate.overhead_shift_ms``) keeps the offset. The run's
+overhead is the one the gate used (``attnperf_gate_overhead_ms``; for runs from before it was
+written, ``attnperf_overhead_ms``); runs and files saved before the names were settled hold them as
+``attnperf_floor_ms``, ``attnperf_gate_floor_ms`` and ``run_floors_ms``, read the same. Inject
+reports hold no overhead, so they are judged without it.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ def shifted(summary: Summary, entry: dict[str, Any], run_clock: str | None, mach
     if not nodes or run_clock not in (None, "cuda-graph-nodes"):
         return (*machine, None)
     residual_ms, fallback_ms = floors
-    if fallback_ms is not None and not any(summary.run_floors_ms):  # a file from before floors were kept
-        summary = replace(summary, run_floors_ms=(fallback_ms,) * len(summary.run_medians_ms))
+    if fallback_ms is not None and not any(summary.run_overheads_ms):  # a file from before floors were kept
+        summary = replace(summary, run_overheads_ms=(fallback_ms,) * len(summary.run_medians_ms))
     shift_ms, _ = overhead_shift_ms(summary, run_floor_ms)
     return (*machine, None) if shift_ms is None else (machine[0], residual_ms, shift_ms)
 

@@ -28,15 +28,24 @@ class Run(NamedTuple):
     event_timed: set[str]  # cases timed with events around eager launches (clock ``cuda-events``:
     # not graph-capturable, so launch and host overhead are in the figure)
     verdicts: dict[str, str] | None = None  # each case's gate status (``verdict``: unchanged, new, ...)
-    floor_ms: float | None = None  # the run's sample overhead (``attnperf_floor_ms``), on CUDA
-    gate_overhead_ms: float | None = None  # the floor as the gate used it (``attnperf_gate_floor_ms``; runs
-    # from before that key: ``attnperf_floor_ms``, which the gate did not use then)
+    floor_ms: float | None = None  # the run's sample overhead (``attnperf_overhead_ms``), on CUDA
+    gate_overhead_ms: float | None = None  # the overhead as the gate used it (``attnperf_gate_overhead_ms``;
+    # runs from before that key: ``attnperf_overhead_ms``, which the gate did not use then)
     clocks: dict[str, str] | None = None  # each case's clock (``attnperf_clock``)
 
 
-def _first_extra(benchmarks: list[dict[str, Any]], key: str) -> tuple[bool, float | None]:
-    """Whether any case carries ``key`` in its ``extra_info``, and the first non-null value."""
+# the sample overhead's keys in the benchmark JSON, then their names in runs saved before the
+# names were settled (read, never written)
+OVERHEAD = ("attnperf_overhead_ms", "attnperf_floor_ms")
+GATE_OVERHEAD = ("attnperf_gate_overhead_ms", "attnperf_gate_floor_ms")
+
+
+def _first_extra(benchmarks: list[dict[str, Any]], key: str, old: str) -> tuple[bool, float | None]:
+    """Whether any case carries ``key`` (or, where none does, ``old``) in its ``extra_info``, and
+    the first non-null value."""
     extras = [b.get("extra_info", {}) for b in benchmarks]
+    if not any(key in e for e in extras):
+        key = old
     found = [e[key] for e in extras if key in e]
     return bool(found), next((float(v) for v in found if v is not None), None)
 
@@ -46,8 +55,8 @@ def read_run(path: Path) -> Run:
     plugin wrote beside it."""
     data = json.loads(path.read_text())
     benchmarks = data["benchmarks"]
-    floor = _first_extra(benchmarks, "attnperf_floor_ms")[1]
-    has_gate_floor, gate_floor = _first_extra(benchmarks, "attnperf_gate_floor_ms")
+    floor = _first_extra(benchmarks, *OVERHEAD)[1]
+    has_gate_floor, gate_floor = _first_extra(benchmarks, *GATE_OVERHEAD)
     return Run(
         medians={b["fullname"]: b["stats"]["median"] * 1e3 for b in benchmarks},
         machines={str(b["extra_info"]["attnperf_machine"]) for b in benchmarks

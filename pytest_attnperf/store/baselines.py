@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from pytest_attnperf.measure.inventory import kernels_problem
-from pytest_attnperf.measure.summary import Summary
+from pytest_attnperf.measure.summary import OLD_OVERHEADS_KEY, OVERHEADS_KEY, Summary
 from pytest_attnperf.store.yamlstrict import QUOTE_CHARS, StrictLoader, StrictYAMLError, UnaliasedDumper, cut
 
 try:
@@ -256,6 +256,7 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
     extra = {str(key): value for key, value in data.items() if key not in _KNOWN_KEYS}
     loaded = BaselineFile(meta=meta, digest=hashlib.sha256(raw).hexdigest(), extra=extra)
     for key, entry in entries.items():
+        entry = _renamed(entry)
         problem = entry_problem(entry)
         if problem is None:
             loaded.entries[str(key)] = entry
@@ -265,6 +266,14 @@ def load(path: Path, *, keep_unusable: bool = False) -> BaselineFile | None:
             raise BaselineError(where)
         loaded.unusable[str(key)] = Unusable(entry, problem, where)
     return loaded
+
+
+def _renamed(entry: Any) -> Any:
+    """An entry as this version writes it: the sample overheads of a file written before their key
+    was settled (``run_floors_ms``) under ``run_overheads_ms``, so a save writes the new key only."""
+    if isinstance(entry, dict) and OLD_OVERHEADS_KEY in entry and OVERHEADS_KEY not in entry:
+        return {(OVERHEADS_KEY if k == OLD_OVERHEADS_KEY else k): v for k, v in entry.items()}
+    return entry
 
 
 def merge(

@@ -56,6 +56,22 @@ def test_save_then_load_round_trips(tmp_path: Path) -> None:
     assert load(path) == original
 
 
+def test_a_file_written_before_the_overheads_key_was_settled_loads_and_saves_under_the_new_key(tmp_path: Path) -> None:
+    """An entry's sample overheads stored as ``run_floors_ms`` (files recorded before the name was
+    settled) are read as ``run_overheads_ms``; a save of the loaded file writes the new key only."""
+    old = {**entry(1.0), "run_medians_ms": [1.0, 1.0], "run_floors_ms": [0.0033, None]}
+    path = tmp_path / "h200.yaml"
+    path.write_text(yaml.safe_dump({"format": baselines.FORMAT, "meta": {}, "entries": {"t.py::a": old}}))
+    loaded = load(path)
+    assert loaded is not None
+    assert loaded.entries["t.py::a"]["run_overheads_ms"] == [0.0033, None]
+    assert "run_floors_ms" not in loaded.entries["t.py::a"]
+    assert Summary.from_mapping(loaded.entries["t.py::a"]).run_overheads_ms == (0.0033, None)
+    save(path, loaded)
+    assert "run_floors_ms" not in path.read_text()
+    assert yaml.safe_load(path.read_text())["entries"]["t.py::a"]["run_overheads_ms"] == [0.0033, None]
+
+
 def test_save_creates_the_folder(tmp_path: Path) -> None:
     """A missing baselines folder is created."""
     path = tmp_path / "deep" / "er" / "gb10.yaml"

@@ -585,14 +585,19 @@ def test_recording_machines_must_match_the_recordings() -> None:
             Summary.from_mapping({**entry, "run_machines": bad})
 
 
-def test_recording_floors_must_match_the_recordings() -> None:
+def test_recording_overheads_must_match_the_recordings() -> None:
     entry = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "stdrel": 0.01, "n_samples": 10,
              "run_medians_ms": [1.0, 1.0]}
-    assert Summary.from_mapping(entry).run_floors_ms == (None, None)  # older files: not measured
-    assert Summary.from_mapping({**entry, "run_floors_ms": [0.0033, None]}).run_floors_ms == (0.0033, None)
-    for bad in ([0.0033], "0.0033", [0.0033, 0.0], [0.0033, float("nan")], [True, None]):
-        with pytest.raises(TypeError, match="run_floors_ms"):
-            Summary.from_mapping({**entry, "run_floors_ms": bad})
+    assert Summary.from_mapping(entry).run_overheads_ms == (None, None)  # older files: not measured
+    assert Summary.from_mapping({**entry, "run_overheads_ms": [0.0033, None]}).run_overheads_ms == (0.0033, None)
+    # an entry written before the key was settled holds it as run_floors_ms: read, the new key first
+    assert Summary.from_mapping({**entry, "run_floors_ms": [0.0033, None]}).run_overheads_ms == (0.0033, None)
+    both = {**entry, "run_floors_ms": [0.0099, 0.0099], "run_overheads_ms": [0.0033, None]}
+    assert Summary.from_mapping(both).run_overheads_ms == (0.0033, None)
+    for key in ("run_overheads_ms", "run_floors_ms"):
+        for bad in ([0.0033], "0.0033", [0.0033, 0.0], [0.0033, float("nan")], [True, None]):
+            with pytest.raises(TypeError, match=key):
+                Summary.from_mapping({**entry, key: bad})
 
 
 def test_the_centre_floor_follows_the_centre() -> None:
@@ -601,11 +606,11 @@ def test_the_centre_floor_follows_the_centre() -> None:
     from dataclasses import replace
 
     base = summarise(1, 0.05, n=50)
-    two = replace(with_history(base, [0.05, 0.05]), run_floors_ms=(None, 0.0033))
+    two = replace(with_history(base, [0.05, 0.05]), run_overheads_ms=(None, 0.0033))
     assert centre_overhead_ms(two) == 0.0033
-    three = replace(with_history(base, [0.05, 0.05, 0.05]), run_floors_ms=(0.0050, 0.0033, 0.0034))
+    three = replace(with_history(base, [0.05, 0.05, 0.05]), run_overheads_ms=(0.0050, 0.0033, 0.0034))
     assert centre_overhead_ms(three) == 0.0034
-    assert centre_overhead_ms(replace(three, run_floors_ms=(None, 0.0033, 0.0034))) is None
+    assert centre_overhead_ms(replace(three, run_overheads_ms=(None, 0.0033, 0.0034))) is None
     assert centre_overhead_ms(with_history(base, [0.05])) is None  # built without floors
 
 

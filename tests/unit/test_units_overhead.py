@@ -68,7 +68,7 @@ def test_the_overhead_is_timed_cold_and_says_so(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("bad", [0.0, float("nan"), float("inf")])
 def test_an_overhead_that_is_not_a_positive_time_is_not_kept(monkeypatch: pytest.MonkeyPatch, bad: float) -> None:
     """A zero, NaN or infinite floor would make the baseline file unloadable once written into
-    ``run_floors_ms``: it is reported as not measured and kept out."""
+    ``run_overheads_ms``: it is reported as not measured and kept out."""
     session = session_timing_overhead(monkeypatch, bad)
     assert session.gate_overhead_ms() is None
     assert session.measure_overhead() == (None, f"one-element add, cold read {bad!r} ms")

@@ -36,7 +36,7 @@ def entry_of(m: Measurement, *, machines: tuple[str | None, ...] = ("this-box",)
     runs = medians if medians is not None else (s.median_ms,) * len(machines)
     return {"median_ms": s.median_ms, "ci_low_ms": s.ci_low_ms, "ci_high_ms": s.ci_high_ms, "stdrel": s.stdrel,
             "n_samples": s.n_samples, "clock": m.clock, "mode": m.mode, "run_medians_ms": list(runs),
-            "run_machines": list(machines), "run_floors_ms": [None] * len(runs), **extra}
+            "run_machines": list(machines), "run_overheads_ms": [None] * len(runs), **extra}
 
 
 def decide(m: Measurement, entry: dict[str, Any] | None, terms: GateTerms = TERMS,

@@ -69,7 +69,7 @@ class Case:
             entry["hot_sample_ms"] = terms.hot_sample_ms
         if m.notes:
             entry["notes"] = list(m.notes)
-        entry["run_medians_ms"], entry["run_machines"], entry["run_floors_ms"] = (
+        entry["run_medians_ms"], entry["run_machines"], entry["run_overheads_ms"] = (
             past.medians_ms, past.machines, past.overheads_ms)
         self.entry = {k: rounded(v) for k, v in entry.items()}
         assert entry_problem(self.entry) is None  # the file still loads
@@ -172,7 +172,7 @@ def test_the_history_keeps_five_recordings_and_their_machines(terms: Any) -> Non
     for machine in "AAAAAB":
         entry = case.record(scripted(1.0), terms(), machine=machine)
     assert entry["run_machines"] == ["A", "A", "A", "A", "B"]
-    assert len(entry["run_medians_ms"]) == len(entry["run_floors_ms"]) == 5
+    assert len(entry["run_medians_ms"]) == len(entry["run_overheads_ms"]) == 5
     assert case.verdict(scripted(1.0), terms()).status == "unchanged"
 
 
@@ -336,7 +336,7 @@ def test_the_overheads_difference_moves_the_centre_on_another_machine(terms: Any
     for case in (a, b):
         case.record(scripted(0.060, "cuda-graph-nodes"), terms(), machine="A", overhead_ms=0.00326)
     assert a.entry is not None
-    assert a.entry["run_floors_ms"] == [0.00326]
+    assert a.entry["run_overheads_ms"] == [0.00326]
     same = scripted(0.060 + 0.00184, "cuda-graph-nodes")
     slower = scripted(0.060 * 1.05 + 0.00184, "cuda-graph-nodes")
     unmoved = a.verdict(same, tight, machine="B", overhead_ms=0.0051)
@@ -350,12 +350,12 @@ def test_the_overheads_difference_moves_the_centre_on_another_machine(terms: Any
     assert b.verdict(slower, tight, machine="B", overhead_ms=None).status == "unchanged"  # not measured: the offset
     # a history holding a recording without an overhead behind the centre: the offset
     a.record(same, terms(), machine="A", overhead_ms=0.0051)
-    assert a.record(same, terms(), machine="A", overhead_ms=None)["run_floors_ms"] == [0.00326, 0.0051, None]
+    assert a.record(same, terms(), machine="A", overhead_ms=None)["run_overheads_ms"] == [0.00326, 0.0051, None]
     assert a.verdict(same, tight, machine="B", overhead_ms=0.0051).status == "unchanged"
     b.record(slower, terms(), machine="A", overhead_ms=0.0051)  # +8%: a new kernel, its history restarts
     b.record(slower, terms(), machine="A", overhead_ms=None)
     assert b.entry is not None
-    assert b.entry["run_floors_ms"] == [0.0051, None]
+    assert b.entry["run_overheads_ms"] == [0.0051, None]
     assert b.verdict(slower, tight, machine="B", overhead_ms=0.0051).status == "unchanged"
 
 
@@ -398,4 +398,4 @@ def test_the_centre_moves_only_for_a_plausible_shift_on_the_overheads_clock(
 def test_an_overhead_the_gate_may_not_use_is_not_recorded(terms: Any) -> None:
     """Recorded while the overhead was timed on another clock (or at a held-down clock, where
     ``AttnPerfSession.gate_overhead_ms`` gives None): the entry keeps no overhead for it."""
-    assert Case().record(scripted(1.0), terms(), overhead_ms=None)["run_floors_ms"] == [None]
+    assert Case().record(scripted(1.0), terms(), overhead_ms=None)["run_overheads_ms"] == [None]

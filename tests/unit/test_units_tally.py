@@ -16,7 +16,7 @@ def entry(*runs: float, clock: str = "cuda-graph-nodes", mode: str = "cold",
     """An entry whose history holds ``runs`` (on machine A unless ``machines`` says otherwise)."""
     return {"median_ms": runs[-1], "ci_low_ms": 0.99 * runs[-1], "ci_high_ms": 1.01 * runs[-1], "stdrel": 0.004,
             "n_samples": 20, "clock": clock, "mode": mode, "run_medians_ms": list(runs),
-            "run_machines": list(machines or ("A",) * len(runs)), "run_floors_ms": [None] * len(runs), **extra}
+            "run_machines": list(machines or ("A",) * len(runs)), "run_overheads_ms": [None] * len(runs), **extra}
 
 
 def test_gating_counts_matched_new_and_not_run() -> None:
