@@ -123,7 +123,7 @@ class Perf:
         self._record(result, memory, drifted)
         verdict, measurement = result.verdict, result.measurement
         node.user_properties.extend(_junit_properties(result, memory))  # JUnit XML; the noise benchmark reads it
-        self._session.measure_overhead()  # measured before any test (session.prepare); here only if that step could not
+        self._session.overhead.measure()  # measured before any test (session.prepare); here only if that step could not
         self._feed_benchmark(result)
         breached = [check.message for check in memory if check.failed]
         if verdict.failed:
@@ -314,7 +314,7 @@ class Perf:
     def _refused(self, refusal: str | None) -> None:
         """Note, for the run's summary, why the sample overheads' difference was not used."""
         if refusal:
-            self._session.overhead_refusals.add(refusal)
+            self._session.overhead.refusals.add(refusal)
 
     def _pooled(self, measurement: Measurement) -> Measurement:
         """In a pool run, the measurement as taken, also written to the pool run's file; in a run
@@ -450,8 +450,8 @@ class Perf:
                 "eager_ms": result.measurement.eager_ms,
                 "verdict": result.verdict.status,
                 "attnperf_machine": self._session.machine,
-                "attnperf_overhead_ms": self._session.measure_overhead()[0],  # cold, one call a sample
-                "attnperf_gate_overhead_ms": self._session.gate_overhead_ms(),  # the same, if the gate may use it
+                "attnperf_overhead_ms": self._session.overhead.measure()[0],  # cold, one call a sample
+                "attnperf_gate_overhead_ms": self._session.overhead.for_gate_ms(),  # the same, if the gate may use it
                 "family": _family(self._request.node),
                 "flops": result.cost.flops,
                 "bytes": result.cost.bytes,

@@ -20,6 +20,7 @@ from pytest_attnperf.families.registry import KernelRegistry, import_ahead
 from pytest_attnperf.fixture import PENDING_KEY, Perf
 from pytest_attnperf.hw.detect import detect_device
 from pytest_attnperf.hw.table import DetectedDevice, HardwareSpec
+from pytest_attnperf.measure.overhead import NO_CUDA
 from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
 from pytest_attnperf.parallel import fleet
@@ -416,12 +417,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         drift = xdist.merged_drift(state) if state.fleet is not None else state.baselines.drift()
         for line in summary_lines(state.rows, state.hardware.name, drift):
             terminalreporter.write_line(line)
-        floor_ms, how = state.overhead or (None, "no CUDA device")
-        if floor_ms is not None:
-            terminalreporter.write_line(f"sample overhead ({how}): {1e3 * floor_ms:.2f} us")
-        elif how != "no CUDA device":  # it failed on a GPU: say why
+        overhead_ms, how = state.overhead.figure or (None, NO_CUDA)
+        if overhead_ms is not None:
+            terminalreporter.write_line(f"sample overhead ({how}): {1e3 * overhead_ms:.2f} us")
+        elif how != NO_CUDA:  # it failed on a GPU: say why
             terminalreporter.write_line(f"sample overhead not measured: {how}")
-        for refused in sorted(state.overhead_refusals):
+        for refused in sorted(state.overhead.refusals):
             terminalreporter.write_line(f"sample overheads not used: {refused}")
     for line in pool_runs.summary_lines() if pool_runs is not None else ():
         terminalreporter.write_line(line)

@@ -7,8 +7,7 @@ attention tests imports nothing and writes nothing.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import pytest
@@ -19,7 +18,8 @@ from pytest_attnperf.gate.policy import GateTerms, Here
 from pytest_attnperf.hw import ceilings
 from pytest_attnperf.hw.ceilings import Ceilings
 from pytest_attnperf.hw.table import DetectedDevice, HardwareMismatch, HardwareSpec, machine_id, resolve
-from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer, one_element_add
+from pytest_attnperf.measure.overhead import SampleOverhead
+from pytest_attnperf.measure.timing import SamplingPlan, Timer, default_timer
 from pytest_attnperf.options import Settings, source, user_cache
 from pytest_attnperf.outcome import Row
 from pytest_attnperf.parallel.fleet import Fleet, Seat
@@ -37,9 +37,6 @@ class AttnPerfSession:
     config: pytest.Config
     settings: Settings
     rows: list[Row] = field(default_factory=list)
-    overhead: tuple[float | None, str] | None = None  # see measure_overhead: (ms, how), once measured
-    overhead_for_gate_ms: float | None = None  # see gate_overhead_ms
-    overhead_refusals: set[str] = field(default_factory=set)  # floors' differences the gate did not use, and why
     checked_only: int = 0  # cases --attnperf-check-only let through measure() untimed
     fleet: Fleet | None = None  # a pytest-xdist controller's workers (plugins/xdist.py)
     seat: Seat | None = None  # a pytest-xdist worker's GPU and place in the fleet
@@ -104,7 +101,7 @@ class AttnPerfSession:
     @cached_property
     def here(self) -> Here:
         """What the gate knows of this machine: its name and its sample overhead (measured on first need)."""
-        return Here(self.machine, self.gate_overhead_ms)
+        return Here(self.machine, self.overhead.for_gate_ms)
 
     def plan(self, mode: str | None = None) -> SamplingPlan:
         """The sampling plan from the settings, in ``mode`` when given."""
@@ -119,48 +116,10 @@ class AttnPerfSession:
             inventory=s.pool_out is None,  # a pool run's figures are pooled; the main run reads the kernels
         )
 
-    def measure_overhead(self) -> tuple[float | None, str]:
-        """The timer's figure for the least a sample can hold, a one-element add on CUDA device
-        0, cold (one call a sample, whatever the run's mode: hot mode's graphs of many calls
-        would spread a per-sample cost over them), measured once per run: beside each case in
-        the benchmark JSON, so runs on two machines show whether a machine's samples carry a
-        fixed cost of their own (see --attnperf-machine-offset and docs/evidence.md,
-        "Fixed time per sample"). ``(None, why)`` without CUDA or when it fails. Where the gate may
-        use it, see ``gate_overhead_ms``."""
-        if self.overhead is None:
-            self.overhead, self.overhead_for_gate_ms = self._overhead()
-        return self.overhead
-
-    def gate_overhead_ms(self) -> float | None:
-        """The floor as the gate uses it: kept with each recording (``run_overheads_ms``) and,
-        against another machine's recordings, the difference moves a cold case's centre
-        (``Perf._machine_terms``). Only a floor timed the way cold cases are (events inside the
-        graph, ``cuda-graph-nodes``) and not caught at a held-down clock; else None, and the
-        reason is in ``measure_overhead``'s words."""
-        self.measure_overhead()
-        return self.overhead_for_gate_ms
-
-    def _overhead(self) -> tuple[tuple[float | None, str], float | None]:
-        if not self.device.is_gpu:  # a CPU run need not import torch for it
-            return (None, "no CUDA device"), None
-        plan = replace(self.plan("cold"), overhead=True)
-        how = "one-element add, cold"
-        try:
-            import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
-
-            if not torch.cuda.is_available():
-                return (None, "no CUDA device"), None
-            m = self.timer.measure(one_element_add(), plan)
-        except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail the run
-            return (None, f"{how} failed: {type(exc).__name__}: {str(exc)[:120]}"), None
-        if not (math.isfinite(m.median_ms) and m.median_ms > 0):
-            return (None, f"{how} read {m.median_ms!r} ms"), None
-        doubts = [n for n in m.notes if n.startswith(("still throttled", "clocks held down"))]
-        if m.clock != "cuda-graph-nodes":
-            doubts.insert(0, f"clock {m.clock}")
-        if doubts:
-            return (m.median_ms, f"{how}; not used by the gate: {'; '.join(doubts)}"), None
-        return (m.median_ms, how), m.median_ms
+    @cached_property
+    def overhead(self) -> SampleOverhead:
+        """The run's sample overhead (``measure.overhead``), timed on first need."""
+        return SampleOverhead(lambda: self.device.is_gpu, lambda: self.timer, lambda: self.plan("cold"))
 
     def prepare(self, items: list[pytest.Item]) -> None:
         """Before any test, when measured cases are selected: measure the sample overhead and the
@@ -175,7 +134,7 @@ class AttnPerfSession:
             self.hardware  # noqa: B018 - the device lookup each measured case makes anyway
         except Exception:  # noqa: BLE001 - each measured case meets the error itself
             return
-        self.measure_overhead()
+        self.overhead.measure()
         self.ceilings  # noqa: B018 - measured, or read from their cache, now
 
     # -- baselines ------------------------------------------------------------------------

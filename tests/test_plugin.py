@@ -436,10 +436,10 @@ def test_the_overheads_reach_the_recordings_and_the_gate_and_a_refusal_is_report
     recording; on another machine a cold case's centre moves by the overheads' difference, and a
     difference not used for being implausible is reported under the summary. (Which differences
     move a centre, and by what: tests/unit/test_units_policy_runs.py.)"""
-    from pytest_attnperf.session import AttnPerfSession
+    from pytest_attnperf.measure.overhead import SampleOverhead
 
     floor = [0.00326]
-    monkeypatch.setattr(AttnPerfSession, "_overhead", lambda self: ((floor[0], "scripted"), floor[0]))
+    monkeypatch.setattr(SampleOverhead, "_time", lambda self: ((floor[0], "scripted"), floor[0]))
     set_clocks(project, a=["cuda-graph-nodes"], b=["cuda-graph-nodes"])
     set_speed(project, a=0.060, b=0.060)
     project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-machine=A").assert_outcomes(passed=2)

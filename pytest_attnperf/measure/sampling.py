@@ -35,7 +35,7 @@ class SamplingPlan:
     inventory: bool = False  # on CUDA, read the kernels one timed call launches after sampling (measure/inventory.py)
     checked_kernels: tuple[str, ...] | None = None  # the raw names the backend proof's profile of the checked call
     # recorded (None: it took none; the inventory profiles one more eager call to compare with its graph's)
-    overhead: bool = False  # the run's sample overhead (AttnPerfSession.measure_overhead), not a case: a timer
+    overhead: bool = False  # the run's sample overhead (measure.overhead), not a case: a timer
     # that wraps another to change the cases (the noise benchmark's inject.py) leaves it alone
 
 

@@ -396,8 +396,8 @@ def worker_output(config: pytest.Config, session: AttnPerfSession) -> None:
     if session.rows or session.baselines.pending:  # the device was looked up for them: its facts are known and cheap
         payload["facts"] = _facts(session)
         payload["drift"] = session.baselines.drift()
-        payload["floor"] = session.overhead
-        payload["overhead_refusals"] = sorted(session.overhead_refusals)
+        payload["floor"] = session.overhead.figure
+        payload["overhead_refusals"] = sorted(session.overhead.refusals)
     pool_runs = PoolRuns.of(config)
     if pool_runs is not None and pool_runs.results is not None:
         payload["processes"] = pool_runs.summary_lines()

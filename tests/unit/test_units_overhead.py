@@ -1,12 +1,13 @@
-"""The run's sample overhead (a one-element add, cold), as ``AttnPerfSession`` measures it once
-and gives it to the gate: which figures the gate may use, and how it is timed. A session on a
-faked CUDA device whose timer gives fixed figures; no pytest run."""
+"""The run's sample overhead (a one-element add, cold), as ``measure.overhead.SampleOverhead``
+times it once and gives it to the gate: which figures the gate may use, and how the session has
+it timed. A faked CUDA device whose timer gives fixed figures; no pytest run."""
 
 from __future__ import annotations
 
 import pytest
 from kit import H200, cuda_available
 
+from pytest_attnperf.measure.overhead import SampleOverhead
 from pytest_attnperf.measure.timing import Measurement, SamplingPlan
 from pytest_attnperf.session import AttnPerfSession
 
@@ -26,10 +27,15 @@ def session_timing_overhead(monkeypatch: pytest.MonkeyPatch, median_ms: float, c
 
     cuda_available(monkeypatch)
     session = AttnPerfSession.__new__(AttnPerfSession)
-    session.overhead = None
     session.__dict__.update(device=H200, timer=Timer(),
                             plan=lambda mode=None: SamplingPlan(mode=mode or "cold"))
     return session
+
+
+def overhead_timed_at(monkeypatch: pytest.MonkeyPatch, median_ms: float, clock: str = "cuda-graph-nodes",
+                      notes: tuple[str, ...] = ()) -> SampleOverhead:
+    """The sample overhead of a session whose timer gives these figures."""
+    return session_timing_overhead(monkeypatch, median_ms, clock, notes).overhead
 
 
 @pytest.mark.parametrize(("median_ms", "clock", "notes", "gate_ms", "how"), [
@@ -48,9 +54,9 @@ def test_which_overheads_the_gate_may_use(monkeypatch: pytest.MonkeyPatch, media
                                        notes: tuple[str, ...], gate_ms: float | None, how: str) -> None:
     """Only a floor timed as cold cases are (events inside the graph) and not at a held-down
     clock is kept with recordings and moves centres; every floor is still reported."""
-    session = session_timing_overhead(monkeypatch, median_ms, clock, notes)
-    assert session.gate_overhead_ms() == gate_ms
-    assert session.measure_overhead() == (median_ms, how)
+    overhead = overhead_timed_at(monkeypatch, median_ms, clock, notes)
+    assert overhead.for_gate_ms() == gate_ms
+    assert overhead.measure() == (median_ms, how)
 
 
 def test_the_overhead_is_timed_cold_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,8 +65,8 @@ def test_the_overhead_is_timed_cold_and_says_so(monkeypatch: pytest.MonkeyPatch)
     plans: list[SamplingPlan] = []
     session = session_timing_overhead(monkeypatch, 0.00326, plans=plans)
     session.__dict__["plan"] = lambda mode=None: SamplingPlan(mode=mode or "hot")
-    session.measure_overhead()
-    session.measure_overhead()  # once per run
+    session.overhead.measure()
+    session.overhead.measure()  # once per run
     assert [(p.mode, p.overhead) for p in plans] == [("cold", True)]
     assert not SamplingPlan().overhead
 
@@ -69,6 +75,6 @@ def test_the_overhead_is_timed_cold_and_says_so(monkeypatch: pytest.MonkeyPatch)
 def test_an_overhead_that_is_not_a_positive_time_is_not_kept(monkeypatch: pytest.MonkeyPatch, bad: float) -> None:
     """A zero, NaN or infinite floor would make the baseline file unloadable once written into
     ``run_overheads_ms``: it is reported as not measured and kept out."""
-    session = session_timing_overhead(monkeypatch, bad)
-    assert session.gate_overhead_ms() is None
-    assert session.measure_overhead() == (None, f"one-element add, cold read {bad!r} ms")
+    overhead = overhead_timed_at(monkeypatch, bad)
+    assert overhead.for_gate_ms() is None
+    assert overhead.measure() == (None, f"one-element add, cold read {bad!r} ms")
