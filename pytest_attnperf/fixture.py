@@ -16,9 +16,10 @@ from pytest_attnperf.gate import physics, policy
 from pytest_attnperf.gate.drift import DriftNote
 from pytest_attnperf.gate.memory import MemoryCheck, Tolerance, against_baseline, against_bound
 from pytest_attnperf.gate.verdict import Verdict
-from pytest_attnperf.markers import backends_seen, cupti_attached_note, pin_backend, profile_names, prove_backend
+from pytest_attnperf.markers import backends_seen, pin_backend, profile_names, prove_backend
 from pytest_attnperf.measure import inventory
 from pytest_attnperf.measure.pooling import Taken, pool, write_taken
+from pytest_attnperf.measure.profiled import cupti_attached_note
 from pytest_attnperf.measure.timing import REPLAY_CLOCK, Measurement
 from pytest_attnperf.measure.verify import Draws, TimedDiffers, raised_as_differing
 from pytest_attnperf.outcome import PerfResult, Row

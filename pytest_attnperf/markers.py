@@ -10,7 +10,6 @@ never measured under the wrong name.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ import pytest
 
 from pytest_attnperf.gate.roofline import Floors
 from pytest_attnperf.hw.table import DetectedDevice
-from pytest_attnperf.measure import inventory, profiled
+from pytest_attnperf.measure import profiled
 
 __all__ = [
     "BACKENDS",
@@ -30,7 +29,6 @@ __all__ = [
     "check_marker_args",
     "check_marker_names",
     "marker_names",
-    "cupti_attached_note",
     "pin_backend",
     "prove_backend",
     "requirement_failure",
@@ -136,49 +134,10 @@ def backends_seen(op_names: Iterable[str], kernel_names: Iterable[str]) -> set[s
     return seen
 
 
-CUPTI_ENV = "TEARDOWN_CUPTI"
-# TEARDOWN_CUPTI as it was when this process's last GPU profile stopped (None: no GPU profile yet)
-_cupti_at_stop: str | None = None
-
-
-def cupti_attached_note() -> str | None:
-    """A note for a case timed after a GPU profile that left CUPTI attached (the variable was
-    not "1" when the profile stopped); None otherwise."""
-    stopped = [(v, who) for v, who in ((_cupti_at_stop, "backend proof's"), (inventory.cupti_at_stop,
-                                                                           "kernel inventory's"))
-               if v is not None and v != "1"]
-    if not stopped:
-        return None
-    value, who = stopped[0]
-    return (f"{CUPTI_ENV} was {value!r} when the {who} profile stopped (set by you, "
-            "or by torch.compile's CUDA graphs), so CUPTI stayed attached and later launches in this "
-            "process may run slower (docs/measurement.md, \"CUPTI\", gives the slowdowns measured)")
-
-
 def profile_names(fn: Callable[[], Any], device: DetectedDevice) -> tuple[list[str], list[str]]:
-    """ATen op names and CUDA kernel names recorded while ``fn`` ran once.
-
-    On a GPU, Kineto leaves CUPTI attached when a profile ends unless ``TEARDOWN_CUPTI=1``
-    (read when the profile stops; pytorch issue #144455), and every later launch in the
-    process pays for it (docs/evidence.md, "CUPTI detached after the backend proof"). So unless
-    it is already set (by the user, or by torch.compile, which sets it to 0 for its CUDA graphs),
-    it is set to 1 before profiling; it applies to the whole process, the user's own profiles
-    included. ``cupti_attached_note`` says when a profile left CUPTI attached."""
-    global _cupti_at_stop
-    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - torch loads on first use, not at start-up
-
-    activities = [ProfilerActivity.CPU]
-    if device.is_gpu:
-        activities.append(ProfilerActivity.CUDA)
-        os.environ.setdefault(CUPTI_ENV, "1")
-    with profile(activities=activities) as prof:
-        fn()
-        if device.is_gpu:
-            torch.cuda.synchronize()
-    if device.is_gpu:  # what Kineto read as the profile stopped
-        _cupti_at_stop = os.environ.get(CUPTI_ENV, "")
-    return profiled.names(prof)
+    """ATen op names and CUDA kernel names recorded while ``fn`` ran once (``measure.profiled.profile``,
+    which owns ``TEARDOWN_CUPTI``)."""
+    return profiled.profile(fn, cuda=device.is_gpu, who="backend proof's")
 
 
 def prove_backend(fn: Callable[[], Any], backend: str, device: DetectedDevice) -> tuple[set[str], list[str]]:

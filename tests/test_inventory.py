@@ -542,13 +542,13 @@ def test_the_profiler_sets_teardown_cupti_and_notes_a_profile_that_left_it_attac
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The inventory's profile, like the backend proof's, is noted when it stopped with CUPTI
     left attached."""
-    from pytest_attnperf import markers
+    from pytest_attnperf.measure import profiled
 
-    monkeypatch.setattr(markers, "_cupti_at_stop", None)
-    monkeypatch.setattr(inventory, "cupti_at_stop", "1")
-    assert markers.cupti_attached_note() is None
-    monkeypatch.setattr(inventory, "cupti_at_stop", "0")
-    assert "TEARDOWN_CUPTI was '0' when the kernel inventory's profile stopped" in (markers.cupti_attached_note() or "")
+    monkeypatch.setattr(profiled, "AT_STOP", {"kernel inventory's": "1"})
+    assert profiled.cupti_attached_note() is None
+    profiled.AT_STOP["kernel inventory's"] = "0"
+    note = profiled.cupti_attached_note() or ""
+    assert "TEARDOWN_CUPTI was '0' when the kernel inventory's profile stopped" in note
 
 
 def test_the_harness_part_of_a_replay() -> None:

@@ -64,10 +64,10 @@ def test_cupti_left_attached_is_noted_on_the_re_measured_failure(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU profile that stopped with TEARDOWN_CUPTI=0 (as torch.compile's CUDA graphs set it):
     every GPU case says so, the failing one too, whose notes come from its second measurement."""
-    from pytest_attnperf import markers
+    from pytest_attnperf.measure import profiled
 
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    monkeypatch.setattr(markers, "_cupti_at_stop", "0")
+    monkeypatch.setattr(profiled, "AT_STOP", {"backend proof's": "0"})
     set_speed(project, a=1.10)
     result = project.runpytest(*PLUGIN, "--hw=h200")
     result.assert_outcomes(passed=1, failed=1)
@@ -243,10 +243,10 @@ def test_a_changed_clock_failure_quotes_each_note_once(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLOCK CHANGED message quotes the timer's notes as its reason; a note added after the
     gate (CUPTI left attached) is still shown, under "notes:", and nothing twice."""
-    from pytest_attnperf import markers
+    from pytest_attnperf.measure import profiled
 
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    monkeypatch.setattr(markers, "_cupti_at_stop", "0")
+    monkeypatch.setattr(profiled, "AT_STOP", {"backend proof's": "0"})
     set_clocks(project, a=["cuda-events"])
     result = project.runpytest(*PLUGIN)
     result.assert_outcomes(passed=1, failed=1)

@@ -11,7 +11,6 @@ docs/measurement.md, "The kernel inventory".
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from collections import Counter
@@ -21,18 +20,15 @@ from typing import Any
 
 from pytest_attnperf.measure import profiled
 
-__all__ = ["AGREE_MAX_LAUNCHES", "CUPTI_ENV", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange",
+__all__ = ["AGREE_MAX_LAUNCHES", "EAGER", "GRAPH", "Harness", "Inventory", "KernelChange",
            "against_checked", "device_kernels", "diff", "disagreement", "eager_difference", "entry_kernels",
            "kernels_problem", "normalise", "per_call", "take"]
 
-CUPTI_ENV = "TEARDOWN_CUPTI"
 # a graph of more launches than this is not compared with the case's other graphs: the profiler's
 # activity buffers may drop records of a long replay (a Python loop over tokens captured whole),
 # which would read as a graph doing less work
 AGREE_MAX_LAUNCHES = 2048
 GRAPH, EAGER = "graph replay", "eager call"
-# TEARDOWN_CUPTI as it was when this module's last profile stopped (None: none yet; markers.py reads it)
-cupti_at_stop: str | None = None
 
 Profile = Callable[[Callable[[], Any]], list[str]]  # raw names of the device activity one call of fn made
 
@@ -219,19 +215,9 @@ def _normalised(raw: Counter[str]) -> Counter[str]:
 
 def device_kernels(fn: Callable[[], Any]) -> list[str]:
     """The raw names of the device activity (kernels, copies, fills) that one call of ``fn``
-    made, from ``torch.profiler``'s CUDA activity. ``TEARDOWN_CUPTI`` is set to 1 first unless it
-    is set, as for the backend proof (markers.py says why)."""
-    global cupti_at_stop
-    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - torch loads on first use, not at start-up
-
-    os.environ.setdefault(CUPTI_ENV, "1")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    cupti_at_stop = os.environ.get(CUPTI_ENV, "")
-    return profiled.names(prof)[1]
+    made, from ``torch.profiler``'s CUDA activity (``profiled.profile``, which owns
+    ``TEARDOWN_CUPTI``)."""
+    return profiled.profile(fn, cuda=True, who="kernel inventory's")[1]
 
 
 # -- the verdict against the baseline entry ------------------------------------------------------

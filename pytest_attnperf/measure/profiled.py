@@ -5,13 +5,25 @@ The raw results (``profile.profiler.kineto_results``) are read as ``events()`` w
 (the same events left out, names demangled the same way, in the same order) without building
 its tree of ``FunctionEvent``, which took seconds over an eager call of thousands of launches.
 An operator nested in one of its own name as its only child is named twice here.
+
+``profile`` runs a call under the profiler for the backend proof and the kernel inventory alike,
+and owns ``TEARDOWN_CUPTI``: on a GPU Kineto leaves CUPTI attached when a profile ends unless
+the variable is "1" (read when the profile stops; pytorch issue #144455), and every later launch
+in the process pays for it (docs/evidence.md, "CUPTI detached after the backend proof").
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["names"]
+__all__ = ["AT_STOP", "CUPTI_ENV", "cupti_attached_note", "names", "profile"]
+
+CUPTI_ENV = "TEARDOWN_CUPTI"
+# TEARDOWN_CUPTI as it was when each profiler's last GPU profile in this process stopped, by its
+# name in the note ("backend proof's", "kernel inventory's"); absent: no GPU profile of it yet
+AT_STOP: dict[str, str] = {}
 
 # the records profile.events() leaves out by name (torch.autograd.profiler_util._filter_name)
 _LEFT_OUT = frozenset({
@@ -46,3 +58,38 @@ def names(prof: Any) -> tuple[list[str], list[str]]:
                 name = "ProfilerStep*"
         (device if str(event.device_type()).endswith("CUDA") else ops).append(name)
     return ops, device
+
+
+def profile(fn: Callable[[], Any], *, cuda: bool, who: str) -> tuple[list[str], list[str]]:
+    """``names`` of what ``fn`` ran once under ``torch.profiler``, with the CUDA activity when
+    ``cuda``. Then ``TEARDOWN_CUPTI`` is set to 1 first unless it is set (by the user, or by
+    torch.compile, which sets it to 0 for its CUDA graphs; it applies to the whole process, the
+    user's own profiles included), and the value Kineto read at the stop is kept under ``who``
+    for ``cupti_attached_note``."""
+    import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
+    from torch.profiler import ProfilerActivity  # noqa: PLC0415 - torch loads on first use, not at start-up
+
+    activities = [ProfilerActivity.CPU]
+    if cuda:
+        activities.append(ProfilerActivity.CUDA)
+        os.environ.setdefault(CUPTI_ENV, "1")
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    if cuda:  # what Kineto read as the profile stopped
+        AT_STOP[who] = os.environ.get(CUPTI_ENV, "")
+    return names(prof)
+
+
+def cupti_attached_note() -> str | None:
+    """A note for a case timed after a GPU profile that left CUPTI attached (the variable was
+    not "1" when the profile stopped); None otherwise."""
+    stopped = [(value, who) for who, value in AT_STOP.items() if value != "1"]
+    if not stopped:
+        return None
+    value, who = stopped[0]
+    return (f"{CUPTI_ENV} was {value!r} when the {who} profile stopped (set by you, "
+            "or by torch.compile's CUDA graphs), so CUPTI stayed attached and later launches in this "
+            "process may run slower (docs/measurement.md, \"CUPTI\", gives the slowdowns measured)")

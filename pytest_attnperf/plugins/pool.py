@@ -44,8 +44,8 @@ import pytest
 
 from pytest_attnperf.gate.verdict import centre_ms
 from pytest_attnperf.measure import child as child_run
-from pytest_attnperf.measure.inventory import CUPTI_ENV
 from pytest_attnperf.measure.pooling import Taken, read_taken, short_cases
+from pytest_attnperf.measure.profiled import CUPTI_ENV
 from pytest_attnperf.options import Settings
 from pytest_attnperf.parallel.fleet import case_key, group_of
 from pytest_attnperf.plugins import turns

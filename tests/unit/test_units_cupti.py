@@ -13,6 +13,7 @@ import torch.profiler
 from kit import CPU, H200
 
 from pytest_attnperf import markers
+from pytest_attnperf.measure import profiled
 
 
 class FakeProfile:
@@ -28,7 +29,7 @@ class FakeProfile:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        FakeProfile.seen.append((self.activities, os.environ.get(markers.CUPTI_ENV)))
+        FakeProfile.seen.append((self.activities, os.environ.get(profiled.CUPTI_ENV)))
 
     def events(self) -> list[Any]:
         return []
@@ -37,30 +38,30 @@ class FakeProfile:
 @pytest.fixture
 def fake_profiler(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Any], str | None]]:
     monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
-    monkeypatch.setattr(markers, "_cupti_at_stop", None)
-    monkeypatch.setenv(markers.CUPTI_ENV, "x")  # so that monkeypatch restores what was there,
-    monkeypatch.delenv(markers.CUPTI_ENV)  # including the "1" profile_names sets
+    monkeypatch.setattr(profiled, "AT_STOP", {})
+    monkeypatch.setenv(profiled.CUPTI_ENV, "x")  # so that monkeypatch restores what was there,
+    monkeypatch.delenv(profiled.CUPTI_ENV)  # including the "1" profile_names sets
     monkeypatch.setattr("torch.cuda.synchronize", lambda: None)
     FakeProfile.seen = []
     return FakeProfile.seen
 
 
 def test_a_gpu_profile_detaches_cupti_when_it_stops(fake_profiler: list[Any]) -> None:
-    assert markers.cupti_attached_note() is None  # nothing profiled yet
+    assert profiled.cupti_attached_note() is None  # nothing profiled yet
     markers.profile_names(lambda: None, H200)
     (activities, env_at_stop), = fake_profiler
     assert torch.profiler.ProfilerActivity.CUDA in activities
     assert env_at_stop == "1"
-    assert markers.cupti_attached_note() is None
+    assert profiled.cupti_attached_note() is None
 
 
 def test_the_users_choice_is_kept_and_every_later_case_says_so(
         fake_profiler: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(markers.CUPTI_ENV, "0")  # e.g. torch.compile's CUDA graphs need it attached
-    assert markers.cupti_attached_note() is None  # no profile yet: nothing attached
+    monkeypatch.setenv(profiled.CUPTI_ENV, "0")  # e.g. torch.compile's CUDA graphs need it attached
+    assert profiled.cupti_attached_note() is None  # no profile yet: nothing attached
     markers.profile_names(lambda: None, H200)
     assert fake_profiler[0][1] == "0"
-    note = markers.cupti_attached_note()
+    note = profiled.cupti_attached_note()
     assert note is not None
     assert "TEARDOWN_CUPTI was '0'" in note
     assert "stayed attached" in note
@@ -68,22 +69,22 @@ def test_the_users_choice_is_kept_and_every_later_case_says_so(
 
 def test_an_empty_setting_is_kept_and_noted(fake_profiler: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Kineto tears down only on exactly "1"; an empty value is the user's, and leaves CUPTI attached."""
-    monkeypatch.setenv(markers.CUPTI_ENV, "")
+    monkeypatch.setenv(profiled.CUPTI_ENV, "")
     markers.profile_names(lambda: None, H200)
     assert fake_profiler[0][1] == ""
-    assert "TEARDOWN_CUPTI was ''" in (markers.cupti_attached_note() or "")
+    assert "TEARDOWN_CUPTI was ''" in (profiled.cupti_attached_note() or "")
 
 
 def test_a_setting_changed_while_profiling_is_what_counts(fake_profiler: list[Any]) -> None:
     """torch.compile with CUDA graphs sets TEARDOWN_CUPTI=0 itself, possibly inside the profiled
     call: the note follows the value Kineto read when the profile stopped, and a later profile
     under "1" clears it."""
-    markers.profile_names(lambda: os.environ.__setitem__(markers.CUPTI_ENV, "0"), H200)
+    markers.profile_names(lambda: os.environ.__setitem__(profiled.CUPTI_ENV, "0"), H200)
     assert fake_profiler[0][1] == "0"
-    assert markers.cupti_attached_note() is not None
-    os.environ[markers.CUPTI_ENV] = "1"
+    assert profiled.cupti_attached_note() is not None
+    os.environ[profiled.CUPTI_ENV] = "1"
     markers.profile_names(lambda: None, H200)
-    assert markers.cupti_attached_note() is None
+    assert profiled.cupti_attached_note() is None
 
 
 def test_a_cpu_profile_leaves_the_environment_alone(fake_profiler: list[Any]) -> None:
@@ -91,5 +92,5 @@ def test_a_cpu_profile_leaves_the_environment_alone(fake_profiler: list[Any]) ->
     (activities, env_at_stop), = fake_profiler
     assert activities == [torch.profiler.ProfilerActivity.CPU]
     assert env_at_stop is None
-    assert markers.CUPTI_ENV not in os.environ
-    assert markers.cupti_attached_note() is None
+    assert profiled.CUPTI_ENV not in os.environ
+    assert profiled.cupti_attached_note() is None
