@@ -758,7 +758,7 @@ def test_the_gates_yardstick_errs_at_least_as_much_as_autograds_everywhere(monke
     case = LinearCase("units-b1-h2-t100-d16-fp16", 1, 2, 100, 16, 16, "fp16", gpu=False)
     for family in ("gla", "simple_gla"):
         with monkeypatch.context() as patched:  # autograd's gate gradient alone
-            patched.setattr(linear.Prepared, "_gate_yardstick", lambda self, leaves, grads: grads[3].detach())
+            patched.setattr(linear.PreparedLinear, "_gate_yardstick", lambda self, leaves, grads: grads[3].detach())
             linear._cache.clear()
             autograd = linear.prepare(family, case, "fwdbwd", torch.device("cpu")).reference("chunk")[1][4]
         linear._cache.clear()

@@ -164,7 +164,7 @@ def register(registry: KernelRegistry) -> None:
 
 
 @dataclass(frozen=True)
-class Prepared:
+class PreparedDecode:
     """A case's inputs (the family's, then the initial state), the fp64 reference and the fp32
     recurrence's answer (out, new state)."""
 
@@ -174,10 +174,10 @@ class Prepared:
     yardstick: tuple[Any, Any]
 
 
-_cache: dict[tuple[str, LinearDecodeCase, str, int], Prepared] = {}
+_cache: dict[tuple[str, LinearDecodeCase, str, int], PreparedDecode] = {}
 
 
-def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> Prepared:
+def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> PreparedDecode:
     """The case's inputs (seeded by family, case and ``seed``) and both yardsticks, cached for the
     case's kernels."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
@@ -202,7 +202,7 @@ def prepare(family: str, case: LinearDecodeCase, device: Any, seed: int = 0) -> 
         return out, state
 
     with exact_fp32():  # the fp32 recurrence at full precision, whatever TF32 setting the project made
-        prepared = Prepared(inputs, names, run(torch.float64), run(torch.float32))
+        prepared = PreparedDecode(inputs, names, run(torch.float64), run(torch.float32))
     _cache[key] = prepared
     return prepared
 

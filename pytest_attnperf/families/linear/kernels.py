@@ -26,7 +26,7 @@ the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrenc
   ``OUT_FACTOR`` (16, 12 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
   RMS error, the yardstick being the same computation at the kernel's precision: the chunked
   form for a chunk kernel, the token recurrence for a recurrent one (see
-  ``Prepared.reference``). What correct kernels needed, on the CPU and on a GPU, and what a
+  ``PreparedLinear.reference``). What correct kernels needed, on the CPU and on a GPU, and what a
   sparse error costs to detect: docs/checks.md, "Factors".
 
 NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
@@ -224,7 +224,7 @@ def register(registry: KernelRegistry) -> None:
 
 
 @dataclass
-class Prepared:
+class PreparedLinear:
     """A case's inputs, and its fp64 reference and same-dtype yardstick once a kernel has
     returned something to check."""
 
@@ -469,7 +469,7 @@ def _recurrence_fn(family: str) -> Callable[..., Any]:
     return _references(family)[1]
 
 
-_cache: dict[tuple[str, LinearCase, str, str, int], Prepared] = {}
+_cache: dict[tuple[str, LinearCase, str, str, int], PreparedLinear] = {}
 
 
 def forget() -> None:
@@ -477,9 +477,9 @@ def forget() -> None:
     _cache.clear()
 
 
-def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Prepared:
+def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: int = 0) -> PreparedLinear:
     """The case's inputs (cached for the case, which every kernel shares, with its reference
-    once computed: see ``Prepared.reference``)."""
+    once computed: see ``PreparedLinear.reference``)."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     key = (family, case, direction, str(device), seed)
@@ -494,7 +494,7 @@ def prepare(family: str, case: LinearCase, direction: str, device: Any, seed: in
     grad_out = (torch.randn(inputs[2].shape, generator=gen, device=device) * gain).to(inputs[0].dtype)
     grad_state = torch.randn(call_axes.state_shape(case), generator=gen, device=device) if case.state else None
     names = ("q", "k", "v", "g", "beta")[: len(inputs) - case.state] + (("h0",) if case.state else ())
-    prepared = Prepared(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd", case,
+    prepared = PreparedLinear(inputs, grad_out, names, family, case.scale, case.dtype, direction == "fwdbwd", case,
                         grad_state)
     _cache[key] = prepared
     return prepared

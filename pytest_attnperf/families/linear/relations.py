@@ -72,7 +72,7 @@ def _compare(label: str, name: str, got: Any, expected: Any, slices: list[tuple[
 
 def check(family: str, kernel: Kernel, case: LinearCase, prepared: Any, device: Any) -> Checked:
     """Check ``kernel`` on ``case``'s relation, from the case's inputs (``prepared``, a
-    ``kernels.Prepared`` of the forward direction); a ``checks.Checked`` with the whole call (timed
+    ``kernels.PreparedLinear`` of the forward direction); a ``checks.Checked`` with the whole call (timed
     unchecked) and the worst slice's ratio of the output and the final state."""
     inputs = own_copies(prepared.inputs)
     names = ", ".join(prepared.names)

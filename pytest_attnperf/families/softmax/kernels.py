@@ -245,7 +245,7 @@ def register(registry: KernelRegistry) -> None:
 
 
 @dataclass(frozen=True)
-class Prepared:
+class PreparedSoftmax:
     """Inputs of a case with the fp64 reference and PyTorch's own same-dtype answer."""
 
     q: Any
@@ -295,7 +295,7 @@ def _seed(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-_cache: dict[tuple[SoftmaxCase, str, str, int], Prepared] = {}
+_cache: dict[tuple[SoftmaxCase, str, str, int], PreparedSoftmax] = {}
 
 
 def forget() -> None:
@@ -303,7 +303,7 @@ def forget() -> None:
     _cache.clear()
 
 
-def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Prepared:
+def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> PreparedSoftmax:
     """Fresh random inputs for the case (seeded by its id, and by ``seed`` when not 0) and both
     yardsticks; the last two (the case's two directions) are cached, since every kernel runs on
     the same case in turn. The ``naive`` kernel is itself the same-dtype yardstick: for it only
@@ -349,7 +349,7 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
             with torch.no_grad():
                 lse = reference(*(x.detach() for x in leaves64), **masked, return_lse=True)[1]
             empty = torch.isneginf(lse)
-        prepared = Prepared(q, k, v, grad_out, exact, plain, opts, mask, lse, empty)
+        prepared = PreparedSoftmax(q, k, v, grad_out, exact, plain, opts, mask, lse, empty)
     _cache[key] = prepared
     return prepared
 
@@ -372,7 +372,7 @@ def check_tensor(label: str, name: str, value: Any, reference: Any, yardstick: A
     """The family's rule for one output or gradient (``name`` in ``TENSORS``): a gradient reaches
     its input, the largest error (``checks.assert_close``) and every element
     (``check_elements``) against the fp64 reference, PyTorch's own answer in the case's dtype as
-    the yardstick (``tf32``: with TF32 products, ``Prepared.yardstick``). Returns the worst error
+    the yardstick (``tf32``: with TF32 products, ``PreparedSoftmax.yardstick``). Returns the worst error
     over its bound (at most 1: it raises ``CheckFailed`` above)."""
     output = name == "out"
     if not output:
@@ -482,7 +482,7 @@ TF32_HINT = ("held to PyTorch's fp32 with TF32 products, every tensor passes: a 
 TF32_SHARE = 0.5
 
 
-def _passes_tf32(a: Any, p: Prepared) -> bool:
+def _passes_tf32(a: Any, p: PreparedSoftmax) -> bool:
     """Whether an fp32 answer fails as TF32 products make it fail: most of its output's elements
     outside their plain fp32 bound (``TF32_SHARE``), and every tensor within the TF32 yardstick's."""
     out, ref, plain = a.got[0], a.reference[0], p.torch_value[0]

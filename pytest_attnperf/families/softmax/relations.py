@@ -151,7 +151,7 @@ def _agree(label: str, case: Any, p: Any, sides: tuple[tuple[Any, Any], tuple[An
 
 def check(kernel: Kernel, case: Any, p: Any, device: Any) -> Checked:
     """Check ``kernel`` on ``case``'s relation from the case's forward inputs (``p``, a
-    ``kernels.Prepared``); a ``checks.Checked`` with the whole call (timed unchecked) and the worst
+    ``kernels.PreparedSoftmax``); a ``checks.Checked`` with the whole call (timed unchecked) and the worst
     ratio of each compared tensor."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
