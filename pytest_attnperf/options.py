@@ -37,7 +37,7 @@ TRITON_CACHE_DEFAULT = "$XDG_CACHE_HOME/pytest-attnperf/triton"  # ~/.cache/... 
 class Option:
     dest: str
     flag: str
-    env: str
+    env: str  # "": none (a tuning option: PYTEST_ADDOPTS carries it in the environment)
     ini: str
     default: str
     help: str
@@ -78,18 +78,18 @@ OPTIONS = (
     # the gate; the evidence behind each default is in docs/gate.md
     Option("tolerance", "--attnperf-tolerance", "ATTNPERF_TOLERANCE", "attnperf_tolerance", "5%",
            "slowdown tolerated before a case fails (default 5%)"),
-    Option("run_noise", "--attnperf-run-noise", "ATTNPERF_RUN_NOISE", "attnperf_run_noise", "0.5%",
+    Option("run_noise", "--attnperf-run-noise", "", "attnperf_run_noise", "0.5%",
            "least run-to-run spread of a case's median the gate assumes (default 0.5%)"),
-    Option("run_noise_time", "--attnperf-run-noise-time", "ATTNPERF_RUN_NOISE_TIME", "attnperf_run_noise_time",
+    Option("run_noise_time", "--attnperf-run-noise-time", "", "attnperf_run_noise_time",
            "0.1us", "least run-to-run spread of a median as a time, for short kernels (default 0.1 us)"),
-    Option("machine_noise", "--attnperf-machine-noise", "ATTNPERF_MACHINE_NOISE", "attnperf_machine_noise", "0.7%",
+    Option("machine_noise", "--attnperf-machine-noise", "", "attnperf_machine_noise", "0.7%",
            "spread of a case's move between machines, allowed against another's recordings (default 0.7%)"),
-    Option("machine_offset", "--attnperf-machine-offset", "ATTNPERF_MACHINE_OFFSET", "attnperf_machine_offset",
+    Option("machine_offset", "--attnperf-machine-offset", "", "attnperf_machine_offset",
            "2us", "time per sample a machine may add or take, allowed against another's recordings (default 2 us)"),
-    Option("machine_residual", "--attnperf-machine-residual", "ATTNPERF_MACHINE_RESIDUAL",
+    Option("machine_residual", "--attnperf-machine-residual", "",
            "attnperf_machine_residual", "0.5us",
            "--attnperf-machine-offset once the sample overheads' difference is known (default 0.5 us)"),
-    Option("machine", "--attnperf-machine", "ATTNPERF_MACHINE", "attnperf_machine", "",
+    Option("machine", "--attnperf-machine", "", "attnperf_machine", "",
            "this machine's name in the baselines' recording history (default: GPU UUID and boot id)"),
     Option("memory_tolerance", "--attnperf-memory-tolerance", "ATTNPERF_MEMORY_TOLERANCE",
            "attnperf_memory_tolerance", "4MiB+1%",
@@ -105,28 +105,28 @@ OPTIONS = (
     # sampling; the evidence behind each default is in docs/measurement.md
     Option("mode", "--attnperf-mode", "ATTNPERF_MODE", "attnperf_mode", "cold",
            "cold: L2 flushed before every sample; hot: back-to-back calls (default cold)"),
-    Option("budget", "--attnperf-budget", "ATTNPERF_BUDGET", "attnperf_budget", "0.5s",
+    Option("budget", "--attnperf-budget", "", "attnperf_budget", "0.5s",
            "sampling time per case once --attnperf-min-samples are taken (default 0.5 s)"),
-    Option("stdrel", "--attnperf-stdrel", "ATTNPERF_STDREL", "attnperf_stdrel", "0.5%",
+    Option("stdrel", "--attnperf-stdrel", "", "attnperf_stdrel", "0.5%",
            "stop sampling a case once its relative standard deviation is below this (default 0.5%)"),
-    Option("min_samples", "--attnperf-min-samples", "ATTNPERF_MIN_SAMPLES",
+    Option("min_samples", "--attnperf-min-samples", "",
            "attnperf_min_samples", "10", "least samples per case (default 10 samples)"),
-    Option("cold_graphs", "--attnperf-cold-graphs", "ATTNPERF_COLD_GRAPHS", "attnperf_cold_graphs", "8",
+    Option("cold_graphs", "--attnperf-cold-graphs", "", "attnperf_cold_graphs", "8",
            "cold mode: captures of each case's graph, sampled in turn (default 8 graphs)"),
-    Option("hot_sample", "--attnperf-hot-sample", "ATTNPERF_HOT_SAMPLE", "attnperf_hot_sample", "20ms",
+    Option("hot_sample", "--attnperf-hot-sample", "", "attnperf_hot_sample", "20ms",
            "hot mode: length of one sample, a graph of back-to-back calls, at most 100 ms (default 20 ms)"),
-    Option("processes", "--attnperf-processes", "ATTNPERF_PROCESSES", "attnperf_processes", "3",
+    Option("processes", "--attnperf-processes", "", "attnperf_processes", "3",
            "processes whose samples of a short GPU case are pooled; 1: this one only (default 3 processes)"),
-    Option("processes_below", "--attnperf-processes-below", "ATTNPERF_PROCESSES_BELOW",
+    Option("processes_below", "--attnperf-processes-below", "",
            "attnperf_processes_below", "50us",
            "a case is short for --attnperf-processes when its baseline is under this (default 50 us)"),
     Option("triton_cache", "--attnperf-triton-cache", "ATTNPERF_TRITON_CACHE", "attnperf_triton_cache",
            TRITON_CACHE_DEFAULT,
            "Triton cache given the recorded autotune picks; off: as is "
            "(default $XDG_CACHE_HOME/pytest-attnperf/triton)"),
-    Option("ceilings", "--attnperf-ceilings", "ATTNPERF_CEILINGS", "attnperf_ceilings", "cache",
+    Option("ceilings", "--attnperf-ceilings", "", "attnperf_ceilings", "cache",
            "measured matmul/copy ceilings: cache (once per machine and stack), refresh or off (default cache)"),
-    Option("peaks", "--attnperf-peaks", "ATTNPERF_PEAKS", "attnperf_peaks", "",
+    Option("peaks", "--attnperf-peaks", "", "attnperf_peaks", "",
            "your own peaks, e.g. bf16=990,fp16=990,fp32=67 (TFLOP/s),bw=4800 (GB/s) (default: none)"),
     Option("report", "--attnperf-report", "ATTNPERF_REPORT", "attnperf_report", "",
            "folder for report.json, report.md and plots, relative as --attnperf-baselines (default: none)"),
@@ -197,7 +197,8 @@ class Settings:
 GROUP = ("attnperf: attention kernels' correctness and speed "
          "(each option also env ATTNPERF_<NAME>, ini attnperf_<name>)")
 TUNING_GROUP = ("attnperf tuning: the gate's noise model, sampling, ceilings and caches "
-                "(defaults measured: docs/gate.md, docs/measurement.md)")
+                "(ini attnperf_<name>; no environment variable but the cache's: PYTEST_ADDOPTS carries them; "
+                "defaults measured: docs/gate.md, docs/measurement.md)")
 # the options a user seldom sets: shown apart in --help and in docs/options.md
 TUNING = frozenset({
     "run_noise", "run_noise_time", "machine_noise", "machine_offset", "machine_residual", "machine",
@@ -238,7 +239,7 @@ def _raw(config: pytest.Config, opt: Option) -> tuple[str, str]:
     cli = config.getoption(f"attnperf_{opt.dest}")
     if cli is not None:
         return ",".join(cli) if isinstance(cli, list) else str(cli), opt.flag
-    env = os.environ.get(opt.env)
+    env = os.environ.get(opt.env) if opt.env else None
     if env is not None and env != "":
         return env, f"environment variable {opt.env}"
     ini = config.getini(opt.ini)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_attnperf.options import OPTIONS, Settings, read_settings
+from pytest_attnperf.options import OPTIONS, TUNING, Settings, read_settings
 
 pytest_plugins = ["pytester"]
 
@@ -80,6 +80,23 @@ def test_ini_is_used_and_environment_beats_it(pytester: pytest.Pytester, monkeyp
     assert s.mode == "hot"
     monkeypatch.setenv("ATTNPERF_TOLERANCE", "0.08")
     assert settings(pytester).tolerance == pytest.approx(0.08)
+
+
+def test_tuning_options_take_no_environment_variable(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The everyday options each have a variable; the tuning ones (but the Triton cache's folder)
+    are flags and ini keys only: a stray variable of their name changes nothing, and
+    PYTEST_ADDOPTS carries them in the environment."""
+    tuning = [opt for opt in OPTIONS if opt.dest in TUNING]
+    assert [opt.dest for opt in tuning if opt.env] == ["triton_cache"]
+    assert all(opt.env == f"ATTNPERF_{opt.dest.upper()}" for opt in OPTIONS if opt.dest not in TUNING)
+    monkeypatch.setenv("ATTNPERF_BUDGET", "9s")
+    monkeypatch.setenv("ATTNPERF_MIN_SAMPLES", "77")
+    plain = settings(pytester)
+    assert (plain.budget_s, plain.min_samples) == (0.5, 10)
+    assert settings(pytester, "--attnperf-budget=2s").budget_s == 2.0
+    pytester.makeini("[pytest]\nattnperf_min_samples = 33\n")
+    assert settings(pytester).min_samples == 33
 
 
 @pytest.mark.parametrize(("given", "expected_ms"),
