@@ -1,8 +1,8 @@
 """A hostile kernel costs only its own case: what it does to torch or the process is named and
 undone, and the correct kernel after it on the same case passes.
 
-Each test runs the real softmax suite on one CPU case with a hostile kernel registered through
-``pytest_attnperf_register_kernels``, then ``good``: naive attention through ``torch.matmul`` and
+The first test runs the real softmax suite on one CPU case with the hostile kernels registered
+through ``pytest_attnperf_register_kernels``, then ``good``: naive attention through ``torch.matmul`` and
 ``torch.softmax``, forward and backward, which a patched function, inference mode left on or a
 stolen ``SIGALRM`` would break. A hostile kernel misbehaves once only (on its first call), so
 its case's later calls and the cases after it would run clean but for what it left.
@@ -213,10 +213,11 @@ def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
     return pytester
 
 
-def run(suite: pytest.Pytester, hostile: str) -> pytest.RunResult:
-    """The case with ``hostile``, then ``good`` (forward, then forward and backward)."""
+def run(suite: pytest.Pytester, selection: str) -> pytest.RunResult:
+    """The cases of ``CASE`` that ``selection`` picks (-k), in registration order: the hostile
+    kernels, then ``good`` (forward, then forward and backward)."""
     return suite.runpytest_subprocess(
-        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{CASE} and ({hostile} or good)",
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{CASE} and ({selection})",
         "--attnperf-budget=0.01", "--benchmark-disable", "--attnperf-case-timeout=300", "-v", "-rA",
         "--junitxml=junit.xml", timeout=300,
     )
@@ -247,22 +248,73 @@ ONEDNN_PRODUCTS = "none" if hasattr(torch.backends.mkldnn, "matmul") else "-"
 # what ``good`` saw, first called
 TORCHS_OWN = f"flush denormal: False; oneDNN: True; oneDNN fp32 products: {ONEDNN_PRODUCTS}; |-1.0| = 1.0"
 CHECKS_BLIND = "replaced torch functions, put back now; its checks would otherwise have run with them:"
+# every kernel of HOSTILE_KERNELS that leaves the run going, in their registration order (the cases' order)
+HOSTILE = ("patches-torch", "keeps-inference-mode", "calls-os-exit", "leaves-children", "takes-sigalrm",
+           "cancels-alarm", "ignores-sigterm", "patches-tensorbase-abs", "shadows-abs", "five-percent-off",
+           "blinds-checks-briefly", "blinds-timed-checks", "flushes-denormals")
 
 
-def test_kernels_that_replace_torch_functions_or_tensor_methods_fail_naming_them_and_they_are_put_back(
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2][:3]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="child processes are read from /proc")
+def test_each_hostile_kernel_costs_only_its_own_case_and_a_run_dead_past_python_is_named_by_the_next(
     suite: pytest.Pytester,
 ) -> None:
-    """In one run, each costing only its own case: torch functions replaced; ``abs`` written into
-    ``torch._C.TensorBase``'s dict, or set on ``torch.Tensor`` over it, reading the checks' every
-    float64 error as 0 (the kernels are 5% off): named, put back before the checks, and an honest
-    kernel 5% off after them fails, so they ran with torch's own; and a patch that undoes itself
-    after fooling the checks of its checked call, or those of its timed calls (it sees the NaN the
-    harness writes over a result it is about to check), putting torch's own ``abs`` back on its
-    next call, so nothing is left replaced at the case's end."""
-    hostile = ("patches-torch", "patches-tensorbase-abs", "shadows-abs", "five-percent-off", "blinds-checks-briefly",
-               "blinds-timed-checks")
-    result = run(suite, " or ".join(hostile))
-    cost_only_their_own_case(result, *hostile)
+    """Three runs of the suite on one case.
+
+    The first: a kernel exits past Python (``ctypes``' C ``_exit(0)``), which cannot be refused:
+    the run ends with exit status 0, no summary and no JUnit file, and leaves its marker.
+
+    The second: every other hostile kernel, then ``good``; each hostile one fails its own case,
+    named, and ``good`` after them passes, forward and backward, seeing torch's own (denormals,
+    oneDNN, ``abs``); the run ends with its summary, its JUnit file and exit status 1; and it
+    names the dead first run with the case it died in:
+
+    - torch functions replaced (``torch.matmul``, ``torch.softmax``, ``torch.Tensor.__matmul__``):
+      each named, put back before the checks;
+    - ``abs`` written into ``torch._C.TensorBase``'s dict, or set on ``torch.Tensor`` over it,
+      reading the checks' every float64 error as 0 (the kernels are 5% off): named, put back
+      before the checks; an honest kernel 5% off after them fails its check, so they ran with
+      torch's own;
+    - a patch that undoes itself after fooling the checks of its checked call, or those of its
+      timed calls (it sees the NaN the harness writes over a result it is about to check), putting
+      torch's own ``abs`` back on its next call, so nothing is left replaced at the case's end;
+    - inference mode left on (the backward case after it passes), denormals flushed and oneDNN
+      changed: named as torch's global state changed, and set back;
+    - ``os._exit(0)``: refused, named with where it was called, the run goes on to its summary;
+    - child processes left running (one started, one forked): named and killed;
+    - ``SIGALRM`` taken, the alarm cancelled, ``SIGTERM`` ignored: named and set back.
+
+    The third: the dead run is not named again."""
+    died = run(suite, "exits-in-c")
+    assert died.ret == 0
+    assert not (suite.path / "junit.xml").exists()
+
+    try:
+        result = run(suite, " or ".join((*HOSTILE, "good")))
+    finally:
+        pids = [int(pid) for pid in (suite.path / "children.txt").read_text().split()]
+        alive = [pid for pid in pids if _alive(pid)]
+        for pid in alive:  # without the check, they would outlive the test
+            os.kill(pid, signal.SIGKILL)
+    cost_only_their_own_case(result, *HOSTILE)
+    assert (suite.path / "junit.xml").exists()
+    assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "attnperf: an earlier run on this host ended without its summary or reports (pid *, started * in *: "
+        "pytest * -p pytest_attnperf.plugin suites/test_softmax.py *), during "
+        f"suites/test_softmax.py::test_softmax?{CASE}-exits-in-c-fwd?: ended where Python cannot stop it (a C-level "
+        "exit, a kill), so its exit status, 0 included, is no pass",
+    ])
+
+    # torch functions and tensor methods replaced
     local = "conftest.pytest_attnperf_register_kernels.<locals>.patches_torch.<locals>"
     result.stdout.fnmatch_lines([
         "kernel 'patches-torch' replaced torch functions, put back now; its checks would otherwise have run with "
@@ -282,14 +334,8 @@ def test_kernels_that_replace_torch_functions_or_tensor_methods_fail_naming_them
         "*blinds-timed-checks-fwd*: the kernel's timed calls replaced torch functions, put back now; the check of "
         "their results would otherwise have run with them:",
         f"  torch.Tensor.abs: replaced by {BLIND_ABS}"], consecutive=True)
-    assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
 
-
-def test_kernels_that_change_torchs_global_state_fail_naming_it_and_it_is_set_back(suite: pytest.Pytester) -> None:
-    """Inference mode left on (the backward cases after it pass), denormals flushed and oneDNN
-    changed: in one run, each costing only its own case; ``good`` after them sees torch's own."""
-    result = run(suite, "keeps-inference-mode or flushes-denormals")
-    cost_only_their_own_case(result, "keeps-inference-mode", "flushes-denormals")
+    # torch's global state
     result.stdout.fnmatch_lines([
         "*keeps-inference-mode-fwd]: the case changed torch's global state, which would carry into every later "
         "case; set back now:",
@@ -304,71 +350,22 @@ def test_kernels_that_change_torchs_global_state_fail_naming_it_and_it_is_set_ba
         "*oneDNN (torch.backends.mkldnn.enabled): True -> False",
         "*flush denormal (torch.set_flush_denormal): False -> True",
     ])
-    assert (suite.path / "good-saw.txt").read_text() == TORCHS_OWN
 
-
-def test_a_kernel_that_calls_os_exit_fails_its_case_and_the_run_goes_on_to_its_summary(
-    suite: pytest.Pytester,
-) -> None:
-    result = run(suite, "calls-os-exit")
-    cost_only_their_own_case(result, "calls-os-exit")
+    # the process: os._exit, child processes
     result.stdout.fnmatch_lines([
         "*calls-os-exit-fwd]: the case called os._exit(0) at conftest.py:* in calls_os_exit, which would end the "
         "run at once with no summary, JUnit file or baselines, and an exit status CI can read as a pass; refused*",
     ])
-    assert (suite.path / "junit.xml").exists()
-
-
-def test_a_run_that_dies_past_python_with_status_0_is_named_by_the_next_run(suite: pytest.Pytester) -> None:
-    """A C-level exit cannot be refused: the run ends with exit status 0 and no summary, and
-    leaves its marker, which the next run on the host names with the case it died in."""
-    died = run(suite, "exits-in-c")
-    assert died.ret == 0
-    assert not (suite.path / "junit.xml").exists()
-    after = run(suite, "good")
-    assert after.ret == pytest.ExitCode.OK
-    after.stdout.fnmatch_lines([
-        "attnperf: an earlier run on this host ended without its summary or reports (pid *, started * in *: "
-        "pytest * -p pytest_attnperf.plugin suites/test_softmax.py *), during "
-        f"suites/test_softmax.py::test_softmax?{CASE}-exits-in-c-fwd?: ended where Python cannot stop it (a C-level "
-        "exit, a kill), so its exit status, 0 included, is no pass",
-    ])
-    again = run(suite, "good")
-    assert "an earlier run on this host" not in again.stdout.str()  # named once
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2][:3]
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="child processes are read from /proc")
-def test_a_kernel_that_leaves_child_processes_fails_naming_them_and_they_are_killed(suite: pytest.Pytester) -> None:
-    try:
-        result = run(suite, "leaves-children")
-    finally:
-        pids = [int(pid) for pid in (suite.path / "children.txt").read_text().split()]
-        alive = [pid for pid in pids if _alive(pid)]
-        for pid in alive:  # without the check, they would outlive the test
-            os.kill(pid, signal.SIGKILL)
     assert alive == []
-    cost_only_their_own_case(result, "leaves-children")
     result.stdout.fnmatch_lines([
         "*leaves-children-fwd]: the case left child processes running, which could hang the run or hold its "
         "memory and devices; killed (SIGKILL) now:",
     ])
-    out = result.stdout.str()
     popened, forked = pids
     assert "import time; time.sleep(600)  # hostile-sleeper (killed)" in out
     assert f"  pid {forked}: " in out
 
-
-def test_a_kernel_that_takes_or_cancels_the_time_limits_signal_fails_naming_it(suite: pytest.Pytester) -> None:
-    result = run(suite, "takes-sigalrm or cancels-alarm or ignores-sigterm")
-    cost_only_their_own_case(result, "takes-sigalrm", "cancels-alarm", "ignores-sigterm")
+    # signal handling
     head = ("the case changed signal handling, which would switch off the case time limit (SIGALRM) or keep an "
             "interrupt (SIGINT, SIGTERM) from ending the run with its summary; set back now:")
     result.stdout.fnmatch_lines([
@@ -384,6 +381,10 @@ def test_a_kernel_that_takes_or_cancels_the_time_limits_signal_fails_naming_it(s
         f"*ignores-sigterm-fwd]: {head}",
         "*SIGTERM handler (signal.signal): SIG_DFL (the default action) -> SIG_IGN (ignored)",
     ])
+
+    again = run(suite, "good-fwd]")
+    assert again.ret == pytest.ExitCode.OK
+    assert "an earlier run on this host" not in again.stdout.str()  # named once
 
 
 # -- torch's tensor methods, in this process -------------------------------------------------
