@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from kit import CONFTEST, PLUGIN, TESTS, set_speed
+from kit import CONFTEST, PLUGIN, TESTS, entries, outcomes, set_speed
 
 from pytest_attnperf.measure.pooling import Taken, pool, read_taken, short_cases, write_taken
 from pytest_attnperf.measure.timing import Measurement
@@ -262,129 +262,20 @@ def _pool_run_lines(result: pytest.RunResult) -> list[str]:
             or line.startswith("pool run ") or "processes pooled" in line]
 
 
+def _cupti_seen(project: pytest.Pytester) -> list[str]:
+    """TEARDOWN_CUPTI as each pool-run measurement saw it (POOL_RUN_SPEED's timer writes it), read once."""
+    seen = project.path / "pool_run_cupti.txt"
+    found = seen.read_text().split() if seen.exists() else []
+    seen.unlink(missing_ok=True)
+    return found
+
+
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(CONFTEST + POOL_RUN_SPEED)
     pytester.makepyfile(test_cases=TESTS)
     pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
     return pytester
-
-
-def test_the_pool_runs_samples_reach_the_gate(project: pytest.Pytester) -> None:
-    """Case a reads +10% in this process and as recorded in the two pool runs: alone it
-    regresses; pooled over three processes its median is the pool runs' and it passes."""
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    set_speed(project, a=1.10)
-    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.0}))
-    alone = project.runpytest(*PLUGIN, "--hw=h200")
-    alone.assert_outcomes(passed=1, failed=1)
-    pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms", "-rA",
-                               "--benchmark-json=b.json")
-    pooled.assert_outcomes(passed=2)
-    out = pooled.stdout.str()
-    assert "2 cases under 5000 us timed in 3 processes (2 pool runs before the tests" in out
-    assert "3 processes pooled, 20 samples each (medians 1100.00, 1000.00, 1000.00 us, this one first)" in out
-    assert "every pool run's median is -9.1% from this process's" in out  # both 10% under this one
-    assert "pool run 1:" not in out
-    assert "pool run 2:" not in out
-    extra = {b["name"]: b["extra_info"] for b in json.loads((project.path / "b.json").read_text())["benchmarks"]}
-    assert extra["test_case[a]"]["attnperf_processes"] == 3
-    assert extra["test_case[a]"]["attnperf_process_medians_ms"] == pytest.approx([1.1, 1.0, 1.0])
-
-
-def test_pool_runs_start_with_cupti_detached_unless_the_run_says_otherwise(
-    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A pool run starts with TEARDOWN_CUPTI=1 when its parent has no such variable (started
-    without it, a pool run timed short cases slower than its parent), and with its parent's value
-    when there is one (a user's 0 for torch.compile's CUDA graphs reaches the pool runs too)."""
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    seen = project.path / "pool_run_cupti.txt"
-    for parent, expected in ((None, "1"), ("0", "0"), ("1", "1")):
-        if parent is None:
-            monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
-        else:
-            monkeypatch.setenv("TEARDOWN_CUPTI", parent)
-        seen.unlink(missing_ok=True)
-        result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
-        result.assert_outcomes(passed=2)
-        assert seen.read_text().split() == [expected, expected]  # the one pool run's two cases
-
-
-def test_a_regression_seen_by_every_process_still_fails(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    set_speed(project, b=1.10)
-    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[b]": 1.10}))
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*test_case?b?: REGRESSED +10.0% against the baseline*"])
-    assert "2 processes pooled" in result.stdout.str()
-
-
-def test_cases_over_the_threshold_or_without_an_entry_are_timed_here_only(project: pytest.Pytester) -> None:
-    """By default (3 processes), and asked for explicitly: no pool runs for them."""
-    for asked in ((), ("--attnperf-processes=3",)):
-        result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # no baseline file yet
-        result.assert_outcomes(passed=2)
-        assert not _pool_run_lines(result)
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "pool_run_speed.json").write_text("{not json")  # a pool run would fail and be named
-    for asked in ((), ("--attnperf-processes=3",)):
-        result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # 1 ms cases: over 50 us
-        result.assert_outcomes(passed=2)
-        assert not _pool_run_lines(result)
-
-
-def test_the_default_is_three_processes_and_one_turns_it_off(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    default = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms")
-    assert "2 cases under 5000 us timed in 3 processes" in default.stdout.str()
-    off = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms", "--attnperf-processes=1")
-    assert "us timed in" not in off.stdout.str().split("= attnperf =")[-1]  # no pool runs: no line of them
-    assert "processes pooled" not in off.stdout.str().split("= attnperf =")[-1]
-
-
-def test_no_pool_runs_on_a_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_DEVICE", "cpu")
-    project.runpytest(*PLUGIN, "--hw=cpu", "--update-baselines").assert_outcomes(passed=2)
-    result = project.runpytest(*PLUGIN, "--hw=cpu", "--attnperf-processes-below=5ms")
-    result.assert_outcomes(passed=2)
-    assert not _pool_run_lines(result)
-
-
-def test_a_failing_pool_run_is_named_and_the_run_goes_on(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "pool_run_speed.json").write_text("{not json")  # every pool run's measurement raises
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["pool run 1: measured 0 of 2 cases (the rest were skipped or failed there, and are "
-                                 "pooled over fewer processes; log: *pool1.log)"])
-    log = Path(result.stdout.str().split("log: ")[-1].split(")")[0])
-    assert log.exists()  # kept, to be read
-    assert "processes pooled" not in result.stdout.str()
-    shutil.rmtree(log.parent)  # read: this test's leftovers go
-
-
-def test_a_case_a_pool_run_skipped_is_counted_not_called_a_failure(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "pool_run_skip.json").write_text(json.dumps(["test_case[b]"]))
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["pool run 1: measured 1 of 2 cases (the rest were skipped or failed there, *"])
-    assert "2 processes pooled" in result.stdout.str()
-    assert "log:" not in result.stdout.str()
-
-
-def test_addopts_that_write_or_select_reach_the_pool_runs_harmlessly(project: pytest.Pytester) -> None:
-    """--lf (the cache on) and --benchmark-autosave from the ini: the pool runs still measure every
-    case, and only this run's results are saved in the project."""
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    project.makeini("[pytest]\naddopts = --strict-markers --lf --benchmark-autosave\n")
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms")
-    result.assert_outcomes(passed=2)
-    assert "2 cases under 5000 us timed in 3 processes" in result.stdout.str()
-    assert not [line for line in result.outlines if line.startswith("pool run ")]  # none short of cases
-    assert len(list((project.path / ".benchmarks").rglob("*.json"))) == 1
 
 
 RUN_LOG = '''
@@ -399,99 +290,6 @@ def pytest_sessionfinish(session):
         with open(session.config.getoption("--run-log"), "a") as log:
             log.write(f"{session.config.getoption('--label')}\\n")
 '''
-
-
-def test_the_runs_other_options_stay_out_of_the_pool_runs(project: pytest.Pytester) -> None:
-    """A project option that writes where the run writes (a command line filtered by a list of
-    pytest's own options let it through: each pool run wrote the run's file too), and one whose
-    value is also a path (such a filter dropped the value as a path, and the option took the
-    word after it): the pool runs get neither, and measure every case."""
-    project.makeconftest(CONFTEST + POOL_RUN_SPEED + RUN_LOG)
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms",
-                               "--run-log=log.txt", "--label", "test_cases.py", "test_cases.py")
-    result.assert_outcomes(passed=2)
-    assert "2 cases under 5000 us timed in 3 processes" in result.stdout.str()
-    assert not [line for line in result.outlines if line.startswith("pool run ")]  # each measured both cases
-    assert (project.path / "log.txt").read_text().splitlines() == ["test_cases.py"]  # this run's line alone
-
-
-def test_run_from_a_subfolder_the_pool_runs_find_the_cases(
-        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    sub = project.mkdir("sub")
-    (project.path / "test_cases.py").rename(sub / "test_cases.py")
-    monkeypatch.chdir(sub)
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "test_cases.py").assert_outcomes(passed=2)
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms", "test_cases.py")
-    result.assert_outcomes(passed=2)
-    assert "3 processes pooled" in result.stdout.str()
-    assert not [line for line in result.outlines if line.startswith("pool run ")]
-
-
-def test_recording_with_pool_runs_keeps_the_pooled_figure(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.2, "test_case[b]": 1.2}))
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "--attnperf-processes=3",
-                      "--attnperf-processes-below=5ms").assert_outcomes(passed=2)
-    import yaml
-
-    entries = yaml.safe_load((project.path / "baselines" / "h200.yaml").read_text())["entries"]
-    entry = entries["test_cases.py::test_case[a]"]
-    assert entry["n_samples"] == 60
-    assert entry["median_ms"] == pytest.approx(1.2, rel=0.01)
-    assert any("3 processes pooled" in n for n in entry["notes"])
-
-
-@pytest.mark.parametrize("pool_run", [False, True])
-def test_a_pool_run_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
-        monkeypatch: pytest.MonkeyPatch, pool_run: bool) -> None:
-    from pytest_attnperf.hw.table import DetectedDevice
-    from pytest_attnperf.noise import inject
-
-    class Config:
-        def getoption(self, name: str, default: object = None) -> object:
-            return "/tmp/w.jsonl" if pool_run and name == "attnperf_pool_out" else default
-
-    def made(inject_env: str | None) -> object:
-        if inject_env is not None:
-            monkeypatch.setenv("ATTNPERF_INJECT", inject_env)
-        config = cast(pytest.Config, Config())  # the fake has the one method the hook calls
-        gen = inject.pytest_attnperf_make_timer(config=config, device=DetectedDevice("cpu", "x86_64"))
-        next(gen)
-        try:
-            gen.send(inner)
-        except StopIteration as done:
-            return done.value
-        raise AssertionError("the hook wrapper did not return")
-
-    inner = object()
-    monkeypatch.setenv("ATTNPERF_COMPARE_FILE", "/tmp/compare.jsonl")
-    monkeypatch.setenv("ATTNPERF_INJECT_LOG", "/tmp/inject.jsonl")
-    compared = made(None)
-    if pool_run:
-        assert compared is inner
-    else:
-        assert isinstance(compared, inject.InjectingTimer)
-        assert compared.compare == "/tmp/compare.jsonl"
-    injecting = made("0.05")
-    assert isinstance(injecting, inject.InjectingTimer)
-    assert injecting.fraction == pytest.approx(0.05)
-    assert injecting.compare == (None if pool_run else "/tmp/compare.jsonl")
-    assert injecting.log == (None if pool_run else "/tmp/inject.jsonl")  # the run logs what its own process gave
-
-
-def test_a_device_that_cannot_be_detected_fails_the_tests_not_the_session(project: pytest.Pytester) -> None:
-    project.makeconftest(CONFTEST + POOL_RUN_SPEED + """
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_attnperf_detect_device(config):
-    raise RuntimeError("CUDA driver initialisation failed (scripted)")
-""")
-    result = project.runpytest(*PLUGIN)  # detected when a test first needs it (an explicit --hw checks at start-up)
-    result.assert_outcomes(failed=2)
-    assert "INTERNALERROR" not in result.stdout.str()
-    result.stdout.fnmatch_lines(["*CUDA driver initialisation failed (scripted)*"])
-
 
 # -- pool runs started together, timed one at a time -------------------------------------------
 
@@ -557,19 +355,56 @@ def pytest_attnperf_make_timer(config, device):
 '''
 
 
-def test_pool_runs_start_together_and_take_the_gpu_one_at_a_time(project: pytest.Pytester) -> None:
-    """The second pool run starts up while the first runs its tests (whose first test waits to
-    see it start: run one after the other, it would give up); its tests begin only once the
-    first has exited; the run's own tests begin while the last pool run is still exiting (which
-    waits to see them begin), and the run times nothing until it has exited."""
+def test_the_default_pool_runs_reach_the_gate_take_turns_and_get_only_what_loads_the_code(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run with the default pool runs (no --attnperf-processes), several claims:
+
+    - their samples reach the gate: case a reads +10% in this process and as recorded in the two
+      pool runs; alone it regresses, pooled over three processes its median is the pool runs' and
+      it passes (the summary, the pooled note, the benchmark JSON's extra info);
+    - the default is three processes, and --attnperf-processes=1 turns the pool runs off;
+    - a pool run starts with TEARDOWN_CUPTI=1 when its parent has no such variable (started
+      without it, a pool run timed short cases slower than its parent);
+    - they start together and take the GPU one at a time: the second starts up while the first
+      runs its tests (whose first test waits to see it start: run one after the other, it would
+      give up); its tests begin only once the first has exited; the run's own tests begin while
+      the last pool run is still exiting (which waits to see them begin), and the run times
+      nothing until it has exited;
+    - addopts that write or select (--lf with the cache on, --benchmark-autosave, from the ini)
+      reach them harmlessly: they still measure every case, and only this run's results are
+      saved in the project;
+    - the run's other options stay out of them: a project option that writes where the run
+      writes (a command line filtered by a list of pytest's own options let it through: each pool
+      run wrote the run's file too), and one whose value is also a path (such a filter dropped the
+      value as a path, and the option took the word after it); they get neither, and measure
+      every case.
+    """
+    project.makeconftest(CONFTEST + POOL_RUN_SPEED + TURNS + RUN_LOG)
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    project.makeconftest(CONFTEST + POOL_RUN_SPEED + TURNS)
+    set_speed(project, a=1.10)
+    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.0}))
+    alone = project.runpytest(*PLUGIN, "--hw=h200")
+    alone.assert_outcomes(passed=1, failed=1)
+
+    project.makeini("[pytest]\naddopts = --strict-markers --lf --benchmark-autosave\n")  # the cache on
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     events = project.path / "turns.log"
     events.unlink(missing_ok=True)
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=3", "--attnperf-processes-below=5ms")
-    result.assert_outcomes(passed=2)
-    assert not [line for line in _pool_run_lines(result) if line.startswith("pool run ")]  # each measured both
-    assert "3 processes pooled" in result.stdout.str()
+    pooled = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms", "-rA", "--benchmark-json=b.json",
+                               "--run-log=log.txt", "--label", "test_cases.py", "test_cases.py")
+    pooled.assert_outcomes(passed=2)
+    out = pooled.stdout.str()
+    assert "2 cases under 5000 us timed in 3 processes (2 pool runs before the tests" in out
+    assert "3 processes pooled, 20 samples each (medians 1100.00, 1000.00, 1000.00 us, this one first)" in out
+    assert "every pool run's median is -9.1% from this process's" in out  # both 10% under this one
+    assert not [line for line in pooled.outlines if line.startswith("pool run ")]  # each measured both cases
+    extra = {b["name"]: b["extra_info"] for b in json.loads((project.path / "b.json").read_text())["benchmarks"]}
+    assert extra["test_case[a]"]["attnperf_processes"] == 3
+    assert extra["test_case[a]"]["attnperf_process_medians_ms"] == pytest.approx([1.1, 1.0, 1.0])
+    assert _cupti_seen(project) == ["1"] * 4  # two pool runs, two cases each
+    assert len(list((project.path / ".benchmarks").rglob("*.json"))) == 1  # this run's autosave alone
+    assert (project.path / "log.txt").read_text().splitlines() == ["test_cases.py"]  # this run's line alone
+
     log = events.read_text().splitlines()
     at = {line: log.index(line) for line in log if line.split()[0] != "measure"}
     measured = [i for i, line in enumerate(log) if line == "measure main"]
@@ -577,6 +412,154 @@ def test_pool_runs_start_together_and_take_the_gpu_one_at_a_time(project: pytest
     assert at["exit pool1"] < at["tests pool2"]
     assert log.index("measure pool1") < at["exit pool1"] < log.index("measure pool2")
     assert at["tests main"] < at["exit pool2"] < measured[0]
+
+    off = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes-below=5ms", "--attnperf-processes=1")
+    off.assert_outcomes(passed=1, failed=1)  # a regresses again, timed here alone
+    assert "us timed in" not in off.stdout.str().split("= attnperf =")[-1]  # no pool runs: no line of them
+    assert "processes pooled" not in off.stdout.str().split("= attnperf =")[-1]
+
+
+def test_a_regression_every_process_sees_fails_and_a_case_skipped_in_a_pool_run_does_not(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run with one pool run (--attnperf-processes=2), several claims:
+
+    - case a reads +10% in this process and in the pool run: pooled over both, it still fails
+      as regressed;
+    - case b, skipped in the pool run, is counted ("measured 1 of 2 cases"), not called a
+      failure: it passes, timed here alone, and no pool run's log is kept to be read;
+    - a parent's TEARDOWN_CUPTI (a user's 0 for torch.compile's CUDA graphs) reaches the pool
+      run as it is.
+    """
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    set_speed(project, a=1.10)
+    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.10}))
+    (project.path / "pool_run_skip.json").write_text(json.dumps(["test_case[b]"]))
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms", "-rA")
+    assert outcomes(result) == {"test_cases.py::test_case[a]": "FAILED", "test_cases.py::test_case[b]": "PASSED"}
+    result.stdout.fnmatch_lines(["*test_case?a?: REGRESSED +10.0% against the baseline*"])
+    result.stdout.fnmatch_lines(["pool run 1: measured 1 of 2 cases (the rest were skipped or failed there, *"])
+    out = result.stdout.str()
+    assert "2 processes pooled, 20 samples each (medians 1100.00, 1100.00 us, this one first)" in out  # a's
+    assert "log:" not in out
+    assert _cupti_seen(project) == ["0", "0"]  # the pool run's two cases (b's before it was skipped)
+
+
+def test_a_failing_pool_run_is_named_and_the_run_goes_on(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every measurement of the pool run raises: it is named, with its log kept, and the run's
+    cases pass, timed here alone. Its parent's TEARDOWN_CUPTI=1 reached it as it is."""
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    (project.path / "pool_run_speed.json").write_text("{not json")  # every pool run's measurement raises
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-processes=2", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["pool run 1: measured 0 of 2 cases (the rest were skipped or failed there, and are "
+                                 "pooled over fewer processes; log: *pool1.log)"])
+    log = Path(result.stdout.str().split("log: ")[-1].split(")")[0])
+    assert log.exists()  # kept, to be read
+    assert "processes pooled" not in result.stdout.str()
+    assert _cupti_seen(project) == ["1", "1"]
+    shutil.rmtree(log.parent)  # read: this test's leftovers go
+
+
+def test_cases_over_the_threshold_or_without_an_entry_are_timed_here_only(project: pytest.Pytester) -> None:
+    """By default (3 processes), and asked for explicitly: no pool runs for them."""
+    for asked in ((), ("--attnperf-processes=3",)):
+        result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # no baseline file yet
+        result.assert_outcomes(passed=2)
+        assert not _pool_run_lines(result)
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+    (project.path / "pool_run_speed.json").write_text("{not json")  # a pool run would fail and be named
+    for asked in ((), ("--attnperf-processes=3",)):
+        result = project.runpytest(*PLUGIN, "--hw=h200", *asked)  # 1 ms cases: over 50 us
+        result.assert_outcomes(passed=2)
+        assert not _pool_run_lines(result)
+
+
+def test_no_pool_runs_on_a_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_DEVICE", "cpu")
+    project.runpytest(*PLUGIN, "--hw=cpu", "--update-baselines").assert_outcomes(passed=2)
+    result = project.runpytest(*PLUGIN, "--hw=cpu", "--attnperf-processes-below=5ms")
+    result.assert_outcomes(passed=2)
+    assert not _pool_run_lines(result)
+
+
+def test_recording_from_a_subfolder_with_a_pool_run_keeps_the_pooled_figure(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--update-baselines with one pool run (--attnperf-processes=2), run from a subfolder that
+    holds the cases (the ini, the conftest and the baseline folder are above it):
+
+    - the pool run finds the cases and measures both (no line names it);
+    - each recorded entry is the pooled figure: 20 samples from each process, a median between
+      this process's 1 ms and the pool run's 1.2 ms (neither one's), and the note that says so.
+    """
+    sub = project.mkdir("sub")
+    (project.path / "test_cases.py").rename(sub / "test_cases.py")
+    monkeypatch.chdir(sub)
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "test_cases.py").assert_outcomes(passed=2)
+    (project.path / "pool_run_speed.json").write_text(json.dumps({"test_case[a]": 1.2, "test_case[b]": 1.2}))
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "--attnperf-processes=2",
+                               "--attnperf-processes-below=5ms", "test_cases.py")
+    result.assert_outcomes(passed=2)
+    assert not [line for line in result.outlines if line.startswith("pool run ")]
+    recorded = entries(project)
+    assert sorted(recorded) == ["sub/test_cases.py::test_case[a]", "sub/test_cases.py::test_case[b]"]
+    for entry in recorded.values():
+        assert entry["n_samples"] == 40
+        assert entry["median_ms"] == pytest.approx(1.1, rel=0.01)
+        assert any("2 processes pooled" in n for n in entry["notes"])
+
+
+@pytest.mark.parametrize("pool_run", [False, True])
+def test_a_pool_run_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
+        monkeypatch: pytest.MonkeyPatch, pool_run: bool) -> None:
+    from pytest_attnperf.hw.table import DetectedDevice
+    from pytest_attnperf.noise import inject
+
+    class Config:
+        def getoption(self, name: str, default: object = None) -> object:
+            return "/tmp/w.jsonl" if pool_run and name == "attnperf_pool_out" else default
+
+    def made(inject_env: str | None) -> object:
+        if inject_env is not None:
+            monkeypatch.setenv("ATTNPERF_INJECT", inject_env)
+        config = cast(pytest.Config, Config())  # the fake has the one method the hook calls
+        gen = inject.pytest_attnperf_make_timer(config=config, device=DetectedDevice("cpu", "x86_64"))
+        next(gen)
+        try:
+            gen.send(inner)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("the hook wrapper did not return")
+
+    inner = object()
+    monkeypatch.setenv("ATTNPERF_COMPARE_FILE", "/tmp/compare.jsonl")
+    monkeypatch.setenv("ATTNPERF_INJECT_LOG", "/tmp/inject.jsonl")
+    compared = made(None)
+    if pool_run:
+        assert compared is inner
+    else:
+        assert isinstance(compared, inject.InjectingTimer)
+        assert compared.compare == "/tmp/compare.jsonl"
+    injecting = made("0.05")
+    assert isinstance(injecting, inject.InjectingTimer)
+    assert injecting.fraction == pytest.approx(0.05)
+    assert injecting.compare == (None if pool_run else "/tmp/compare.jsonl")
+    assert injecting.log == (None if pool_run else "/tmp/inject.jsonl")  # the run logs what its own process gave
+
+
+def test_a_device_that_cannot_be_detected_fails_the_tests_not_the_session(project: pytest.Pytester) -> None:
+    project.makeconftest(CONFTEST + POOL_RUN_SPEED + """
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_attnperf_detect_device(config):
+    raise RuntimeError("CUDA driver initialisation failed (scripted)")
+""")
+    result = project.runpytest(*PLUGIN)  # detected when a test first needs it (an explicit --hw checks at start-up)
+    result.assert_outcomes(failed=2)
+    assert "INTERNALERROR" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*CUDA driver initialisation failed (scripted)*"])
 
 
 def test_a_turn_comes_through_its_pipe_and_a_closed_one_means_none() -> None:
