@@ -1,17 +1,11 @@
 """pytest-attnperf: correctness and performance checks for attention kernels.
 
-Importing this package imports nothing heavy. The public pieces:
-
-* ``Kernel`` / ``KernelRegistry``: register your own kernel from ``conftest.py`` with the
-  ``pytest_attnperf_register_kernels(registry, config)`` hook.
-* ``SoftmaxCase`` / ``LinearCase``: one shape of a family. A test module that declares
-  ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES`` is parametrized over the family's kernels, its
-  cases and both directions; import a built-in suite's test function
-  (``from pytest_attnperf.families.softmax.suite import test_softmax``) to run it on your shapes.
-* ``--attnperf-suites=softmax,linear``: the built-in suites join any run.
-* ``costs``: analytic FLOP/byte models; ``gate.verdict`` and ``gate.policy``: the regression
-  verdict and its rules; ``families.parametrize.parametrize``: the same parametrization, called
-  from a conftest.py of your own. The layout: docs/architecture.md.
+Importing this package imports nothing heavy. The public pieces: ``Kernel`` / ``KernelRegistry``
+(register a kernel with the ``pytest_attnperf_register_kernels(registry, config)`` hook);
+``SoftmaxCase`` / ``LinearCase`` (one shape of a family: a module declaring ``ATTNPERF_FAMILY`` and
+``ATTNPERF_CASES`` is parametrized over its kernels, cases and directions); ``costs``;
+``gate.verdict`` and ``gate.policy``; ``families.parametrize.parametrize``. Using them:
+docs/own-project.md; the layout: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Analytic FLOP and byte models. Plain numbers in, plain numbers out; no torch.
+"""Analytic FLOP and byte models of softmax attention. Plain numbers in, plain numbers out; no torch.
 
-Conventions (the ones FlashAttention's papers and ``torch.utils.flop_counter`` use):
-
-* A multiply-add is 2 FLOPs; softmax's exponentials and the scaling are not counted.
-* Softmax attention forward is two matmuls over the *visible* query/key pairs:
-  ``4 * d * pairs`` per (batch, head). Causal counts ``T(T+1)/2`` pairs, a causal window of
-  ``w`` counts ``min(i+1, w)`` keys for query ``i``.
-* Its backward recomputes the scores and does four more matmuls: ``10 * d * pairs``
-  (2.5x the forward), as ``flop_counter`` counts the fused SDPA backward.
-* Bytes are the floor a kernel must move through device memory: every input read once,
-  every output written once. Grouped-query attention reads ``kv_heads`` K/V heads.
-* Decode and chunked prefill: ``Tq`` queries over ``Tk >= Tq`` keys (the KV cache), causal
-  aligned lower-right (query ``i`` sees keys ``0 .. Tk - Tq + i``). The forward's bytes are
-  then dominated by the cache read, ``2 * B * kv_heads * Tk * d`` elements (K and V), plus
-  ``Q`` and ``O``; with a causal window of ``w`` only the keys some query sees are counted,
-  ``min(Tk, Tq + w - 1)`` of them (all ``Tk`` when the lengths are equal).
+The conventions of FlashAttention's papers and ``torch.utils.flop_counter``: a multiply-add is 2
+FLOPs, only the matmuls count (``4 * d`` per visible query/key pair forward, ``10 * d`` backward);
+bytes are every input read once and every output written once; decode reads the KV cache
+(docs/families.md, "Softmax", **Cost**; docs/decode.md, "Softmax attention over a KV cache").
 """
 
 from __future__ import annotations

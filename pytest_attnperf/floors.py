@@ -1,15 +1,10 @@
 """Floors on a case's roofline, MFU or bandwidth fraction, and where a test gets them.
 
-A test's floor comes from the first of these that has one for the run's card (a floor for
-another card is not applied; a floor without a card applies on every card):
-
-1. the ``attnperf_floor`` marker on the test (``@pytest.mark.attnperf_floor(roofline=0.5)``);
-2. ``BUILTIN``, keyed by the suite's (family, kernel, case id, direction);
-3. the kernel's registration (``registry.kernel(..., floors={"h200": {"roofline": 0.5}})``).
-
-It is judged on the median after timing (``roofline.judge_floor``), with ``--update-baselines``
-too (a recording below its floor fails and is not written), and fails the test, not the session.
-So is a speed above the ceilings (``physics.judge``): on a GPU, against the roofline's ceilings.
+A test's floor comes from the first of: the ``attnperf_floor`` marker, ``BUILTIN`` (keyed by the
+suite's family, kernel, case id and direction), the kernel's registration; a floor for another
+card is not applied. It is judged on the median after timing (``roofline.judge_floor``), with
+``--update-baselines`` too, and fails the test, not the session; so does a speed above the
+ceilings (``physics.judge``). docs/roofline.md, "Floors" and "Impossible speeds".
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Shifts in a case's history of medians: change points found by ``ruptures`` (PELT, least
-squares), each kept only when it is large, significant and persistent (pure; docs/history.md).
+squares), each kept only when it is large, significant and persistent (pure).
 
-A series is one case's run medians, oldest first. The steps:
-
-1. the noise: the robust spread of run-to-run differences (median absolute deviation of the
-   first differences over sqrt(2), scaled to a normal's sigma), never under ``noise_floor`` of
-   the series' median, so a step or a spike does not widen it and a flat fake clock does not
-   make every wobble a change;
-2. the candidates: PELT's change points on the series relative to its median, at least
-   ``persist`` runs a segment, with the penalty ``PENALTY_SIGMAS x sigma^2 x ln(n)``;
-3. the rule: a candidate counts when the segments either side differ by ``min_shift`` or more
-   (their medians), Student's t-test between them gives p at most ``max_p``, and the first
-   ``persist`` runs after it all lie beyond ``BAND_SIGMAS`` noise sigmas, and beyond half the
-   shift, from the level before, on the side of the shift. The weakest candidate that fails is dropped, its two segments
-   merged, and the rest judged again, until every one left counts;
-4. the start: a shift's first run moves back over the runs before it that already lie beyond
-   ``BAND_SIGMAS`` sigmas and half of ``min_shift``, on its side, from the level of the runs
-   before them (a creep's first runs,
-   which PELT leaves in the old segment), so the range to bisect begins where the runs stopped
-   coming back.
-
-``ruptures`` and ``scipy`` are imported on first use (the optional extra ``history``).
+The steps (the noise, the candidates, the rule, the start) and what the rule finds on synthetic
+series: docs/history.md, "Finding shifts". ``ruptures`` and ``scipy`` are imported on first use
+(the optional extra ``history``).
 """
 
 from __future__ import annotations

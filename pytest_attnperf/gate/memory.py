@@ -1,16 +1,10 @@
 """The memory gate. Pure: numbers in, checks out.
 
-A case's peak memory above its inputs (``Measurement.peak_mib``: the most one eager call held
-beyond what was allocated before it, so outputs and the kernel's workspace; docs/memory.md) is
-judged twice, apart from its time:
-
-- against its baseline entry's ``peak_mib``: it fails as ``memory regressed`` beyond
-  ``baseline x (1 + share) + floor`` (``--attnperf-memory-tolerance``, ``Tolerance``). The
-  caching allocator hands out blocks rounded to 512 bytes in a sequence the kernel fixes, so the
-  same kernel on the same shape peaks at the same byte count run after run; the tolerance is there
-  for a library choosing another algorithm (a workspace) on another machine, not for noise;
-- against its family's analytic bound for a tiled kernel (``Bound``, made by
-  ``families.memory``): it fails as ``over the memory bound`` above it.
+A case's peak memory above its inputs (``Measurement.peak_mib``) is judged twice, apart from its
+time: against its baseline entry's ``peak_mib`` (``memory regressed`` beyond ``baseline x (1 +
+share) + floor``, ``--attnperf-memory-tolerance``, ``Tolerance``), and, for a tiled kernel, against
+its family's analytic bound (``Bound``, made by ``families.memory``: ``over the memory bound``).
+docs/memory.md, "Against the baseline" and "The analytic bound".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Impossible speeds: a case faster than the machine's ceilings allow. Pure.
 
-No kernel does ``flops`` FLOP faster than the matmul ceiling of its dtype allows, nor moves
-``bytes`` faster than the copy bandwidth allows, so a call takes at least the roofline time
-``max(flops / peak, bytes / bandwidth)``. A median below it, by more than ``TOLERANCE``, is not
-a fast kernel: the cost model counts work the kernel does not do, or the timer misses work it
-does (a kernel that returns a cached answer, work still running after the timed call). The
-figure is refused (the test fails, and ``--update-baselines`` writes no entry for it).
-
-The rule is the roofline fraction's (``roofline.roofline_fraction``): the case fails when
-``roofline_seconds / median > 1 + TOLERANCE``. A ceiling that is unknown is left out of the
-roofline time; with neither known the check does not run (``not_run``), and says why.
+A call takes at least the roofline time ``max(flops / peak, bytes / bandwidth)``; a median below
+it by more than ``TOLERANCE`` is a wrong cost model or timer, not a fast kernel, and is refused
+(the test fails, ``--update-baselines`` writes no entry). An unknown ceiling is left out of the
+roofline time; with neither known the check does not run (``not_run``) and says why.
+docs/roofline.md, "Impossible speeds".
 """
 
 from __future__ import annotations

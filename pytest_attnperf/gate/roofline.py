@@ -1,16 +1,10 @@
 """The roofline: where a case sits against the machine's ceilings, and floors on it. Pure.
 
-* arithmetic intensity ``I = flops / bytes`` (FLOP/byte, from the cost model);
-* the ridge point ``P / B``: the intensity at which peak FLOP/s ``P`` meets bandwidth ``B``;
-* attainable FLOP/s ``min(P, I * B)``; a case is ``compute`` bound when ``I >= P / B``,
-  else ``memory`` bound;
-* roofline fraction: achieved FLOP/s over attainable, which equals
-  ``max(achieved / P, achieved bytes/s / B)`` (so a cost model with no FLOPs still has one).
-
-A floor is the least fraction a case must reach: of the roofline (``roofline``), of the peak
-FLOP/s (``mfu``) or of the bandwidth (``bandwidth``). The same shape serves the
-``attnperf_floor`` marker and a kernel's registration (``Floors.parse``). A case is failed only
-when it is below its floor by more than its measurement can be off (``judge_floor``).
+Arithmetic intensity ``flops / bytes``, the ridge point ``P / B``, the bound (compute or memory)
+and the roofline fraction ``max(achieved / P, achieved bytes/s / B)``. A floor (``roofline``,
+``mfu`` or ``bandwidth``, ``Floors.parse``) fails a case only when it is below it by more than
+its measurement can be off (``judge_floor``). docs/roofline.md, "The roofline position of a
+case" and "Floors".
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """The regression verdict on a sample summary (``measure.summary``). Pure: numbers in, verdicts out.
 
-A case regresses only when all hold:
-
-1. its median is slower than the baseline's by more than the tolerance;
-2. the slowdown is statistically real within the run: the 95% confidence intervals of the two
-   medians do not overlap (distribution-free order-statistic intervals, so a skewed timing
-   distribution with a long tail of interrupted samples does not need a normal model);
-3. the slowdown is larger than the noise between runs: more than three standard deviations of
-   the difference between this run's median and the baseline's centre,
-   ``3 * sqrt(sigma**2 * (1 + 1/m) + machine**2)``. A run's median moves between processes by
-   more than its own interval says, so (2) alone flags unchanged cases at a low tolerance; and it
-   moves between machines (another GPU, a reboot) by a share and, on some hosts, by a fixed time
-   per sample (docs/evidence.md, "Run-to-run noise" and "Between machines"): when the recordings
-   cannot show that move (decided by the plugin from ``run_machines``), ``machine`` is
-   ``--attnperf-machine-noise`` and ``--attnperf-machine-offset`` over the centre, in quadrature;
-   else 0.
-   ``sigma`` is the case's own spread (see ``run_noise``) over the ``m`` recordings in the
-   baseline (``run_medians_ms``, grown by ``--update-baselines`` until a recording is itself
-   judged a real change), once there are ``HISTORY_MIN`` of them, and never below the ``run_noise``
-   floor (``--attnperf-run-noise``, a share) nor below ``--attnperf-run-noise-time`` (a time,
-   for short kernels) over the centre; with fewer recordings it is the floor, ``m = 1``. With a
-   history, the baseline's centre is the median of its recordings, and the interval of (2) is
-   the latest recording's, moved to that centre.
-
-An improvement is judged symmetrically and never fails. With fewer than ``MIN_SAMPLES``
-samples on either side no interval can be trusted; the verdict then rests on the tolerance
-alone and says so.
+A case regresses only when all three hold: its median is slower than the baseline's centre by
+more than the tolerance; the 95% order-statistic intervals of the two medians do not overlap;
+the slowdown is beyond ``3 * sqrt(sigma**2 * (1 + 1/m) + machine**2)``, ``sigma`` the run-to-run
+noise over the baseline's ``m`` recordings (``run_noise``, never below its floors) and ``machine``
+the between-machines term. An improvement is judged symmetrically and never fails; with fewer
+than ``MIN_SAMPLES`` samples the verdict rests on the tolerance alone. docs/gate.md, "A
+regression", "Run-to-run noise" and "Between machines"; the figures: docs/evidence.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The machine's ceilings: measured matmul throughput per dtype and copy bandwidth, cached.
 
-Measured once per run on first need (inside the first measured case, after its own timing),
-with the run's own timer and sampling plan, so the device clock is used as for the cases:
-
-* a dense matmul ``C = A @ B`` of ``n x n`` random matrices for bf16, fp16 and fp32 (fp32 with
-  TF32 off, as the suites run it), ``2 n^3`` FLOPs a call: ``n = 8192`` on a GPU; on the CPU the
-  largest of 256, 512, 1024 whose call takes at most about 0.2 s (a CPU without a fast bf16 or
-  fp16 path gets a small one);
-* a copy of 1 GiB on a GPU (256 MiB on the CPU), counted as the bytes read plus the bytes
-  written.
-
-The figures are kept in ``$XDG_CACHE_HOME/pytest-attnperf/ceilings`` (``~/.cache`` without it),
-one JSON file per machine (``--attnperf-machine`` or the detected one) and software stack
-(torch, CUDA, driver), and reused while those match. Figures that are not plausible are used for
-this run only, never cached (``Measured.doubts``): a CPU's taken on a contended host (the host
-timer's contention signals, ``measure.contention``: a busy host measures its ceilings low, and
-every case's MFU then reads above 100%), or any whose samples spread over more than
-``PLAUSIBLE_SPREAD`` times; the next run measures them again. ``Ceilings`` puts them beside the spec
-table and the user's ``--attnperf-peaks``. ``attnperf-ceilings`` measures and
-prints them (see docs/roofline.md).
+Measured once per run on first need, with the run's own timer and sampling plan; kept in
+``$XDG_CACHE_HOME/pytest-attnperf/ceilings`` per machine and software stack and reused while they
+match. Figures that are not plausible (``Measured.doubts``) serve this run only and are never
+cached. ``Ceilings`` puts them beside the spec table and ``--attnperf-peaks``; ``attnperf-ceilings``
+measures and prints them. docs/roofline.md, "Ceilings".
 """
 
 from __future__ import annotations

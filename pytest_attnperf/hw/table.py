@@ -1,17 +1,9 @@
 """The hardware table and the matching of a present device against it.
 
-Every figure in ``TABLE`` is a vendor figure with its source; none is measured here. Peak
-matrix rates are *dense* (no 2:4 sparsity) with the accumulate precision frameworks use
-(fp32 accumulate for fp16/bf16). ``fp32`` is the plain (non-tensor-core) fp32 rate, which is
-what PyTorch uses for fp32 matmul unless TF32 is enabled. A rate of ``None`` means the part
-has no such path (Turing has no bf16) or the vendor publishes none; MFU against it is then
-not reported rather than invented.
-
-Matching never uses the exact device string ("NVIDIA H100 80GB HBM3" is an H100): the name
-is normalised (see ``normalise``) and must *start* with one of the spec's tokens, *and* the
-compute capability must agree. Variants with other clocks or memory (PCIe and NVL boards,
-laptop parts: "NVIDIA H100 PCIe", "RTX 4090 Laptop GPU") and look-alikes ("GH200" is not an
-H200) are not matched; they run as unlisted GPUs with measured ceilings only.
+Every figure in ``TABLE`` is a vendor figure with its source; none is measured here. A device
+matches a spec when its normalised name starts with one of the spec's tokens and its compute
+capability agrees; variants and look-alikes run as unlisted GPUs with measured ceilings only.
+docs/roofline.md, "The spec table".
 """
 
 from __future__ import annotations

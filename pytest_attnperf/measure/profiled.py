@@ -1,15 +1,10 @@
 """What one profiled call ran: the names of its operators and of its device activity (kernels,
-copies, fills), read from ``torch.profiler``'s raw results.
-
-The raw results (``profile.profiler.kineto_results``) are read as ``events()`` would give them
-(the same events left out, names demangled the same way, in the same order) without building
-its tree of ``FunctionEvent``, which took seconds over an eager call of thousands of launches.
-An operator nested in one of its own name as its only child is named twice here.
+copies, fills), read from ``torch.profiler``'s raw results (``kineto_results``) as ``events()``
+would give them, without building its ``FunctionEvent`` tree (docs/measurement.md, "The kernel
+inventory"). An operator nested in one of its own name as its only child is named twice here.
 
 ``profile`` runs a call under the profiler for the backend proof and the kernel inventory alike,
-and owns ``TEARDOWN_CUPTI``: on a GPU Kineto leaves CUPTI attached when a profile ends unless
-the variable is "1" (read when the profile stops; pytorch issue #144455), and every later launch
-in the process pays for it (docs/evidence.md, "CUPTI detached after the backend proof").
+and owns ``TEARDOWN_CUPTI`` and the note when CUPTI stayed attached (docs/measurement.md, "CUPTI").
 """
 
 from __future__ import annotations

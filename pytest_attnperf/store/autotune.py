@@ -1,17 +1,10 @@
 """Triton autotune choices recorded with a baseline and installed on a fresh machine.
 
-fla's Triton kernels autotune on every new key and, with ``cache_results``, Triton keeps each
-result on disk as ``<TRITON_CACHE_DIR>/<hash>/<kernel>.autotune.json``; the hash covers Triton's
-own source, the target, the kernel's source, the tuning key and the configs tried, so a file
-applies only where all of them match. ``--update-baselines`` on a CUDA device copies the files
-this run's kernels produced into ``baselines/<hw>.autotune/`` (``<hash>.json`` each, plus
-``manifest.yaml``); a gating run on a CUDA device installs them into the Triton cache folder it
-points ``TRITON_CACHE_DIR`` at (``--attnperf-triton-cache``), so the kernels run the
-configurations their baselines were timed with, and reports every kernel that autotuned anyway
-(no recorded choice applied: environment drift). See docs/autotune.md.
-
-Triton reads ``TRITON_CACHE_DIR`` at each use (``triton.knobs``), so setting it before the first
-test runs is enough even where importing torch already imported triton.
+``--update-baselines`` on a CUDA device copies the ``*.autotune.json`` results this run's kernels
+produced into ``baselines/<hw>.autotune/`` (``<hash>.json`` each, plus ``manifest.yaml``); a run on
+a CUDA device installs them into the Triton cache folder it points ``TRITON_CACHE_DIR`` at, so
+the kernels run the configurations their baselines were timed with, and reports every kernel
+that autotuned anyway. docs/autotune.md.
 """
 
 from __future__ import annotations

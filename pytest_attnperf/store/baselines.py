@@ -1,26 +1,10 @@
-"""Per-hardware baseline files: ``<folder>/<hw>.yaml``.
+"""Per-hardware baseline files: ``<folder>/<hw>.yaml`` (a header, then the entries by node id).
 
-Layout (the header first, then the entries; sorted keys, rounded floats, so a diff reads well)::
-
-    format: 1
-    meta: {hardware: h200, device: NVIDIA H200, torch: ..., triton: ..., fla: ..., cuda: ...,
-           driver: ..., date: ...}
-    entries:
-      suites/test_softmax.py::test_softmax[...]: {median_ms: ..., ci_low_ms: ..., ...}
-
-A file that cannot be read is never overwritten: ``load`` raises ``BaselineError`` naming the
-file and the cause, and an update then writes nothing. It is read strictly (``yamlstrict``): a
-key twice in one mapping, or an alias, refuses the file, naming the line. An entry that fails validation
-(``Summary.from_mapping``) is, with ``keep_unusable``, set aside in ``unusable`` with its cause:
-its case fails, the others are gated, and the entry is written back as it was until a
-measurement replaces it.
-
-``save`` writes a temporary file in the same folder, flushes it to disk and renames it over the
-old one, so a reader sees the old file or the new one, never half of one. ``update`` reloads,
-merges and saves under an exclusive lock (``locked``), so two runs finishing together each keep
-the other's entries; ``merge`` replaces only the entries that were measured. The plugin also
-writes a ``.gitignore`` into a folder that has none (``ignore_transients``): the lock stays beside
-the file, and the folder users commit should hold baselines only.
+A file that cannot be read is never overwritten (``load`` raises ``BaselineError``); it is read
+strictly (``yamlstrict``); an entry that fails validation is, with ``keep_unusable``, set aside in
+``unusable``: its case fails and the entry is written back as it was. ``save`` writes a temporary
+file and renames it over the old one; ``update`` reloads, merges and saves under an exclusive
+lock (``locked``). docs/gate.md, "The baseline store".
 """
 
 from __future__ import annotations

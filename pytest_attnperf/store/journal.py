@@ -1,17 +1,12 @@
-"""A recording's journal: each entry a recording commits is appended, as one JSON line, to
-``<baselines>/.<hw>.recording-<host>-<pid>-<token>.jsonl`` and synced to disk, so a run that dies
-before its end (SIGKILL, a crash, a machine taken back) leaves what it measured. The run removes
-its journal once its entries are written (or saved aside). The next ``--update-baselines`` for
-that hardware on that host merges the journals of runs no longer alive (its own entries win),
-then removes them; a gating run only names them. The token, drawn once a process, keeps a dead
-run's journal apart from a later run that was given the same pid: a journal with this process's
-pid and another token is a dead run's.
+"""What a dead run leaves: a recording's journal and the run's marker.
 
-A run's marker (``RunMarker``), kept by every run with attention cases in
-``$XDG_CACHE_HOME/pytest-attnperf/runs/<host>-<pid>-<token>.json`` from collection to its clean end,
-says which case it was in: a process that ends where Python cannot stop it (a C-level exit, a
-kill) leaves it, possibly with exit status 0 and no summary, and the next run on that host
-names it."""
+Each entry a recording commits is appended, as one JSON line synced to disk, to
+``<baselines>/.<hw>.recording-<host>-<pid>-<token>.jsonl``; the next ``--update-baselines`` for
+that hardware on that host merges the journals of runs no longer alive (docs/gate.md, "The
+baseline store"). A run's marker (``RunMarker``), kept from collection to a clean end, names the
+case a run was in when it ended where Python cannot stop it (docs/isolation.md, "A process
+that ends").
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ measured entry journaled as its case ends, all of them merged into the file at t
 aside, never lost), and the summary's lines about what was gated and written.
 
 Plain files and plain values in and out: the plugin gives it the settings, the hardware's name
-and the environment header when asked, and writes its lines (docs/baselines.md).
+and the environment header when asked, and writes its lines (docs/gate.md, "What the summary
+says of the file" and "The baseline store").
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The run's exit status, decided where the kernel under test cannot reach it.
 
-A kernel runs in the pytest process, and whatever it can reach it can change: an exit handler
-it registers runs after pytest has decided the exit status and can end the process with the real
-``os._exit(0)`` (a reference taken at import, or libc's ``_exit`` through ctypes, passes every
-guard put on ``os``), so a run with failures ends with exit status 0. The case guard refuses
-what it can see during a case (``measure.process``), but no guard inside the process is
-complete. The status is therefore decided in a process the kernel never runs in:
-
-- the plugin writes the exit status pytest decided, the count of cases left unjudged and the count
-  of cases never run (a pytest-xdist worker died and the run ended), to the file named by
-  ``STATUS_ENV`` when the run ends (``pytest_unconfigure``, after every summary), and takes the
-  name out of the environment at start-up, so pool runs and pytest-xdist workers, which it
-  starts, do not write it;
-- ``attnperf-run [pytest arguments]`` (``main``) runs pytest in a child process with a fresh
-  status file and exits with the status pytest decided: a child that ended 0 without writing the
-  file, or whose exit status differs from the file's, is not a pass (``decide``).
-
-CI runs the suites through ``attnperf-run`` (docs/ci.md). Nothing here imports pytest or torch.
+An exit handler a kernel registers can end the process with the real ``os._exit(0)`` after
+pytest decided the status, and no guard inside the process is complete. So the plugin writes
+the status pytest decided (and the counts of cases left unjudged and never run) to the file
+named by ``STATUS_ENV`` at the run's end, and ``attnperf-run`` (``main``) runs pytest in a child
+process and exits with that status; a child that ended 0 without writing it, or with another
+status, is not a pass (``decide``). Nothing here imports pytest or torch. docs/isolation.md,
+"Exit handlers, and the exit status decided outside the run".
 """
 
 from __future__ import annotations

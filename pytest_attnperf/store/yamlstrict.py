@@ -1,14 +1,9 @@
 """A strict YAML loader for baseline files: safe tags only, no duplicate keys, no aliases.
 
-PyYAML keeps the last of two equal keys without a word, so a hand-merge that leaves two entries
-of one case, or two ``median_ms`` in one entry, silently drops one of them. An alias (``*a`` to an
-``&a`` anchor) makes two places in the file one object: an entry changed through one changes the
-other, and a few lines of nested aliases expand to billions of nodes ("billion laughs"). Neither
-is ever written by the store, so ``StrictLoader`` refuses both, naming the line
-(``start_mark.line + 1``) and the key. It is libyaml's loader where PyYAML has it (about twice as
-fast on a large file); the checks run in the constructor, which is Python for both loaders. An
-anchor that nothing refers to is harmless and passes. ``UnaliasedDumper`` writes an object met
-twice (one list in two entries) out twice, so the store never writes an alias it would refuse.
+PyYAML keeps the last of two equal keys silently, and an alias makes two places one object (or
+expands to billions of nodes); ``StrictLoader`` refuses both, naming the line and the key.
+``UnaliasedDumper`` writes an object met twice out twice, so the store never writes an alias it
+would refuse. docs/gate.md, "The baseline store".
 """
 
 from __future__ import annotations
