@@ -1,28 +1,12 @@
 """Numerical checks against an fp64 reference, with tolerances derived per case.
 
-The rule (FlashAttention's tests use the same idea): a kernel's largest error against the
-fp64 reference may be at most ``factor`` times the largest error that plain PyTorch makes on
-the same inputs at the same precision (the unfused, materialised computation in that dtype),
-plus one ulp of the output's dtype at the output's scale, so an exact baseline does not demand
-an exact kernel. Where PyTorch's own error is the yardstick the tolerance adapts to dtype,
-shape and input scale without magic numbers. NaN and Inf always fail, whatever the tolerance.
-
-On top of that largest-error rule, every element is held to its own bound
-(``assert_elementwise``): an error confined to a few elements, which moves neither the largest
-error much nor any norm, still fails there. No element's bound is below one ulp of the output
-dtype at that element, and the yardstick's term is smoothed over the element's neighbours, so
-a correct kernel that rounds differently from PyTorch does not fail where PyTorch happened to
-be exact. docs/checks.md has the evidence for the factors and the rule's power.
-
-``factor`` is 2 for outputs and 3 for gradients, 8 for fp32 gradients (``GRAD_FACTOR``).
-Gradients sum over the whole sequence in a kernel-specific tile order, so they drift further from
-the unfused order than outputs do, and a correct kernel's gradient can be off by more than twice
-PyTorch's own error; PyTorch's own flash backward, more than three times in fp32, where a wrong
-kernel's 1% is thousands of times PyTorch's error (docs/checks.md, "The largest error").
-
-A wrong answer raises ``CheckFailed`` (an ``AssertionError``), whose message names the tensor,
-the worst element by axis, its value and the reference's, the bound there and how many elements
-are outside.
+A kernel's largest error against the fp64 reference may be at most ``factor`` times the largest
+error plain PyTorch makes on the same inputs at the same precision, plus one ulp of the output's
+dtype at the output's scale (``factor`` 2 for outputs, 3 for gradients, 8 for fp32 gradients:
+``GRAD_FACTOR``); every element is also held to its own bound (``assert_elementwise``), never
+below one ulp there; NaN and Inf always fail. A wrong answer raises ``CheckFailed`` (an
+``AssertionError``) naming the tensor, the worst element, the bound there and how many elements
+are outside. The rule, its factors and their evidence: docs/checks.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Order independence: a kernel's result on a catalogue row must not depend on what ran before it.
 
-A kernel that keeps state between calls (an autotune cache keyed on too little of the shape, a
-buffer sized at the first call, a global flag a call leaves set) passes or fails a row according to
-the rows that ran before: a catch that holds only in one order is lost under ``-k``, pytest-xdist or
-another card. So each check's *result* is recorded (``Result``): its status (passed, failed,
-refused, crashed), and a digest (SHA-256) of every tensor the kernel returned in the check's calls,
-in call order, with the check's worst ratios. Then:
-
-* a seeded shuffled sample of the checks runs again in this process (``shuffled``), each compared
-  with its first result;
-* the sample runs again in one fresh Python process, in its shuffled order (``fresh``): state a
-  kernel keeps from its first call of a kind (a launch tuned once per key) starts empty there and is
-  set by another check.
-
-A deterministic kernel gives bitwise equal results wherever a check runs; any difference fails,
-naming the check and the check that ran just before it in each run (the state most likely came from
-there). On a GPU a kernel not registered ``deterministic`` is compared by status and ratios only (its
-atomics may reorder sums between runs).
-
-The fresh process rebuilds the kernel from a module whose ``register(registry)`` adds it
-(``Source``), and the row from the family's catalogue by its id, with this process's torch threads
-(a CPU matrix product's bits depend on how many share it).
+Each check's result (``Result``: its status, a SHA-256 of every tensor the kernel returned and
+its worst ratios) is recorded; a seeded shuffled sample of the checks runs again in this process
+(``shuffled``) and in one fresh Python process (``fresh``, the kernel rebuilt from its ``Source``).
+A deterministic kernel must give bitwise equal results; on a GPU a kernel not registered
+``deterministic`` is compared by status and ratios only. A difference fails, naming the check and
+the one that ran just before it. docs/catalogue.md, "Order independence".
 """
 
 from __future__ import annotations

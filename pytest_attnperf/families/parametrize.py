@@ -1,14 +1,10 @@
 """Parametrizing a family's suite: kernels, cases and directions as separate axes.
 
 A test module that declares ``ATTNPERF_FAMILY`` and ``ATTNPERF_CASES`` (and optionally
-``ATTNPERF_DIRECTIONS``) is parametrized by the plugin (``generate``), no conftest.py needed;
-a conftest.py can also call ``parametrize(metafunc, family, cases)`` itself. Cases carry
-``gpu`` (GPU shape table) and are skipped, with the reason, on a machine without one;
-combinations a kernel cannot handle (``Kernel.supports``) or a forward-only kernel in the
-backward direction are removed at collection, and the attnperf summary lists why.
-
-``--attnperf-suites`` adds the built-in suite modules (``pytest_attnperf.families.<name>.suite``) to a run's
-collection (``suite_modules``), wherever the package is installed.
+``ATTNPERF_DIRECTIONS``) is parametrized by the plugin (``generate``); a conftest.py can call
+``parametrize(metafunc, family, cases)`` itself. Combinations a kernel cannot take are removed at
+collection with the reason; ``--attnperf-suites`` adds the built-in suite modules
+(``suite_modules``). docs/families.md and docs/own-project.md, "Your shapes".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The kernel registry: which implementations each attention family's suite runs.
 
 A kernel is a plain callable plus a few facts about it. Built-in kernels live in
-``pytest_attnperf.families.builtin``; users add theirs from a ``conftest.py``::
-
-    def pytest_attnperf_register_kernels(registry):
-        @registry.kernel(family="softmax", name="my-flash")
-        def my_flash(q, k, v, *, causal, scale, window=None):
-            return my_extension.attention(q, k, v, causal, scale)
-
-The family fixes the call signature (see each family's ``SIGNATURE`` in
-``pytest_attnperf.families.builtin``); the suite checks the output and gradients against an fp64
-reference, times it and gates it against the baselines like any built-in kernel.
+``pytest_attnperf.families.builtin``; users add theirs from a ``conftest.py`` with the
+``pytest_attnperf_register_kernels(registry)`` hook (``@registry.kernel(family=..., name=...)``).
+The family fixes the call signature (each family's ``SIGNATURE``); the suite checks, times and
+gates a registered kernel like any built-in one. docs/own-project.md, "Your kernels".
 """
 
 from __future__ import annotations

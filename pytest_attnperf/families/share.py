@@ -1,17 +1,10 @@
 """One GPU shared by several check-only processes (pytest-xdist workers on the catalogue): the
 cases that need much of its memory take it alone, the rest share it.
 
-A check-only case holds its inputs, the kernel's answer and the fp64 reference at once, and a
-reference of a large row (thousands of batch x heads, 70k tokens) needs tens of GiB. Beside five
-other workers that each keep what their caching allocator reserved, such a case fails with an
-out-of-memory error that says nothing of the kernel. So every case on a GPU takes a lock on that
-GPU (a file in the temporary folder, one per device): a case whose estimated footprint
-(``footprint``) is over a share of the device's memory takes it exclusively, the others take it
-shared; an exclusive request waits for the shared ones to end and holds new ones back meanwhile
-(a second lock, the queue, taken first by both). After each case the worker gives its cached
-blocks back (``torch.cuda.empty_cache``), so the memory a case left reserved is free for the next.
-A shared case that still runs out of memory is run again alone: what it needs was taken by the
-others, not by the kernel, and a kernel that truly needs more than the card fails the second time.
+Every case on a GPU takes a lock on it: exclusive when its estimated footprint (``footprint``)
+is over a share of the device's memory, shared otherwise. After each case the worker gives its
+cached blocks back; a shared case that still runs out of memory is run again alone.
+docs/catalogue.md, "On a GPU".
 """
 
 from __future__ import annotations

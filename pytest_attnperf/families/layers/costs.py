@@ -1,28 +1,12 @@
 """FLOP and byte models of whole layers: an attention layer and a Gated DeltaNet layer. No torch.
 
-``B`` sequences of ``T`` tokens, hidden size ``D``, ``H`` heads of key width ``d_k`` (``H * d_k``
-need not equal ``D``) and value width ``d_v``.
-
-* Attention layer: projections ``q, k, v: D -> H d_k`` and ``o: H d_k -> D``, then causal SDPA
-  (``costs.softmax_attention``). Per token: ``8 D H d_k`` projection FLOPs plus the core.
-* GDN layer, as ``fla.layers.GatedDeltaNet`` builds it (``use_gate=True``, short convolutions):
-  projections ``q, k: D -> H d_k``, ``v, g: D -> H d_v``, ``a, b: D -> H`` (gate and beta
-  logits), ``o: H d_v -> D``; a 4-tap depthwise causal convolution with SiLU on ``q, k, v``; the
-  gated delta rule (``costs_linear.gated_delta_rule``, chunk form by default); a gated RMS norm
-  of the output by ``g``.
-
-Conventions are those of the kernel models: a multiply-add is 2 FLOPs and only contractions
-count (the depthwise convolution, a 4-tap filter per channel, the norm and the gates are
-element-wise: bytes only). A projection ``X W`` costs ``2 * tokens * in * out`` FLOPs forward and
-twice that backward (``dX = dY W^T``, ``dW = X^T dY``). Bytes count each operation as the
-separate kernel that runs it: its inputs read once, its outputs written once (the layer's
-intermediates, ``q, k, v`` and the core's output, go through memory between kernels).
-
-The layer-level crossover ``T* = 4D + 3 d_v`` (``layer_crossover_formula``) follows from these
-counts with ``H d_k = D`` and ``d_v = 2 d_k`` (fla's default ``expand_v=2``), the recurrent count
-of the delta rule (``6 d_k d_v`` per token and head) and a causal forward's ``2 T D`` per token
-for attention, leaving out the small ``a, b`` projections: the GDN layer's projections cost
-``16 D^2`` per token against attention's ``8 D^2``, and ``2 T D = 8 D^2 + 6 D d_v``.
+``B`` sequences of ``T`` tokens, hidden size ``D``, ``H`` heads of key width ``d_k`` and value width
+``d_v``. The attention layer is its ``q, k, v, o`` projections around causal SDPA; the GDN layer is
+``fla.layers.GatedDeltaNet``'s (projections, short convolutions, the gated delta rule, a gated RMS
+norm). The kernel models' conventions: only contractions count, a projection costs
+``2 * tokens * in * out`` FLOPs forward and twice that backward, and bytes count each operation
+as the separate kernel that runs it. The layer-level crossover ``T* = 4D + 3 d_v``
+(``layer_crossover_formula``): docs/reports.md, "The suites" and "The studies".
 """
 
 from __future__ import annotations

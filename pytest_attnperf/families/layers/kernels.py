@@ -1,22 +1,12 @@
 """Whole layers for the model ladder: an attention layer and fla's Gated DeltaNet layer, each
 checked against an fp64 evaluation of the same layer (same weights, same inputs).
 
-* Attention layer: bias-free ``q, k, v, o`` projections around causal SDPA. Its fp64 copy is
-  the module in float64 with SDPA's math backend (the fused backends take no fp64).
-* GDN layer: ``fla.layers.GatedDeltaNet(hidden, head_dim=d, num_heads=H)`` (fla's defaults:
-  ``expand_v=2``, output gate, short convolutions). Its kernels are Triton and run in no fp64,
-  so its fp64 evaluation is written out here from the layer's weights, following fla 0.6's
-  forward: projections, 4-tap causal depthwise convolution with SiLU on q, k, v, gate
-  ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``, the gated delta rule with
-  L2-normalised q, k (``reference_linear.gated_delta_rule``), RMS norm of each head's output
-  times ``weight * silu(g_proj x)``, output projection.
-
-Only the output is checked, normwise: ``|out - ref| / |ref| <= LAYER_UNITS * u(dtype)``. A layer
-in dtype ``d`` rounds to ``d`` after each of its stages (three input projections, convolution,
-core, norm and gate, output projection), each costing about one unit roundoff ``u`` normwise and
-the core two: about 8u in all, so ``LAYER_UNITS = 8`` (3.1% for bf16); a dropped gate, norm or
-convolution moves the output by tens of percent. Gradients are timed, not checked (the kernels'
-gradients are checked by the linear and softmax suites).
+The attention layer's fp64 copy is the module in float64 with SDPA's math backend; the GDN
+layer's kernels run in no fp64, so its fp64 evaluation is written out here from the layer's
+weights, following fla 0.6's forward. Only the output is checked, normwise:
+``|out - ref| / |ref| <= LAYER_UNITS * u(dtype)``, about one unit roundoff per rounding stage
+(``LAYER_UNITS = 8``, 3.1% for bf16); gradients are timed, not checked. docs/reports.md, "The
+suites".
 """
 
 from __future__ import annotations

@@ -2,17 +2,11 @@
 a kernel must return, and the fp64 reference over packed sequences (nothing here imports torch at
 import time).
 
-A kernel declares the axes it takes (``Kernel.axes``); a case carrying another is refused
-(``family.common_refusal``). In fla 0.6.0's conventions, as keyword arguments after ``scale``:
-
-* ``state``: ``initial_state`` ``[N, H, K, V]`` in float32 (``N`` the sequences, ``H`` the value
-  heads; fla's key-first orientation, ``state_v_first=False``) and ``output_final_state=True``;
-  the kernel returns ``(o, final_state)``, the final state float32 of the initial state's shape.
-* ``varlen``: ``cu_seqlens``, an int64 tensor of the ``N + 1`` offsets of sequences packed along
-  T of one batch entry (``B = 1``); the state starts afresh at each offset (from its own initial
-  state with ``state``).
-
-A case without an axis is called as before: no keyword the kernel did not declare is passed.
+``state`` (``initial_state`` in, ``(o, final_state)`` out, float32, key-first) and ``varlen``
+(``cu_seqlens``, sequences packed along T of one batch entry), as keywords after ``scale`` in fla
+0.6.0's conventions. A kernel declares the axes it takes (``Kernel.axes``); a case carrying
+another is refused (``family.common_refusal``), and no keyword the kernel did not declare is
+passed. docs/families.md, "Linear attention (LA, GLA, simple GLA, Gated DeltaNet)".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The linear families' case type: one shape, its heads and widths; the grouped heads' mapping
 (nothing here imports torch).
 
-``heads`` counts the value heads, one ``[K, V]`` state and one output head each. Gated DeltaNet
-may have fewer query/key heads (``key_heads``: grouped value attention, GVA, as in Qwen3-Next's
-16 key heads over 32 value heads): value head ``j`` then reads query/key head
-``j // (heads // key_heads)``, a group of consecutive value heads sharing one key head, as
-fla 0.6.0's GDN kernels index their keys (``i_h // (HV // H)``). The other families have one head
-count and refuse such a case (``refusal``).
-
-Two optional call axes, each taken only by a kernel that declares it (``Kernel.axes``), in fla's
-conventions: ``state`` (an fp32 initial state ``[N, H, K, V]`` in, ``initial_state``, and the final
-state out, ``output_final_state=True``) and ``varlen`` (``lengths``: sequences packed along T of one
-batch entry, passed as ``cu_seqlens``, their int64 offsets; the state starts afresh at each, or from
-its own initial state). A ``relation`` row checks a metamorphic relation between the kernel's own
-calls instead of the fp64 reference (``families.linear.relations``).
+``heads`` counts the value heads. Gated DeltaNet may have fewer query/key heads (``key_heads``,
+grouped value attention): value head ``j`` reads query/key head ``j // (heads // key_heads)``, as
+fla 0.6.0's GDN kernels index their keys; the other families refuse such a case (``refusal``).
+The optional call axes ``state`` and ``varlen`` and a ``relation`` row are described in
+docs/families.md, "Linear attention (LA, GLA, simple GLA, Gated DeltaNet)".
 """
 
 from __future__ import annotations

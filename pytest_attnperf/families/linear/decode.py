@@ -1,25 +1,13 @@
-"""Linear-attention decode: a few recurrent steps from a given state, forward only.
-
-A serving engine keeps each request's ``[K, V]`` state per head and advances it by the new
-tokens. Each linear family has a decode family of its own (``gla_decode`` for ``gla``...), whose
-kernels take the state and return the new one (fla's layout, ``[B, T, H, D]``, ``T`` the new
-tokens; the state ``[B, H, K, V]`` in fp32, key-first as fla keeps it)::
+"""Linear-attention decode: a few recurrent steps from a given state, forward only (docs/decode.md,
+"Linear attention: recurrent steps from a state"). Each linear family has a decode family whose
+kernels take the state ``[B, H, K, V]`` (fp32, key-first, fla's layout) and return the new one::
 
     linear_attn_decode: fn(q, k, v, *, scale, initial_state) -> (o, final_state)
     gla_decode:         fn(q, k, v, g, *, scale, initial_state) -> (o, final_state)
     simple_gla_decode:  fn(q, k, v, g, *, scale, initial_state) -> (o, final_state)
     gdn_decode:         fn(q, k, v, g, beta, *, scale, initial_state) -> (o, final_state)
 
-The inputs and gates are the whole-sequence family's (``linear.kernels``; ``gdn_decode``'s queries
-and keys may have fewer heads than its values and states, ``key_heads``); the initial state is
-drawn at random. Both the output and the new state are checked against the fp64 recurrence
-(``linear.reference``, from the same state), the output as a recurrent kernel's (``linear.kernels``:
-its dtype's units, the fp32 token recurrence as the yardstick) and the state as an fp32 tensor.
-Built-ins: fla's ``fused_recurrent_*`` kernels with ``initial_state`` and ``output_final_state``
-(CUDA only) and ``torch-recurrent``, the fp32 recurrence as a PyTorch kernel (any device).
-
-Cost: the recurrent form's FLOPs (``4KV`` or ``6KV`` per token and head) and bytes dominated by
-the state read and written, ``2 x B x H x K x V x 4`` (``linear.costs`` with both states).
+Both the output and the new state are checked against the fp64 recurrence from the same state.
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
-"""Linear attention families from flash-linear-attention: LA, GLA and Gated DeltaNet.
+"""Linear attention families from flash-linear-attention: LA, GLA, simple GLA and Gated DeltaNet.
 
-Inputs in fla's layout ``[B, T, H, D]``. Signatures of the families' kernels::
+Inputs in fla's layout ``[B, T, H, D]``; every family reads out ``o = scale * S_t^T q_t``::
 
     linear_attn: fn(q, k, v, *, scale) -> o                 # S_t = S_{t-1} + k_t v_t^T
     gla:         fn(q, k, v, g, *, scale) -> o              # g: [B, T, H, K] log decay, fp32
     simple_gla:  fn(q, k, v, g, *, scale) -> o              # g: [B, T, H] log decay, fp32
     gdn:         fn(q, k, v, g, beta, *, scale) -> o        # g, beta: [B, T, H]; q, k L2-normed
 
-``o = scale * S_t^T q_t`` in every family (``pytest_attnperf.families.linear.reference`` has the fp64
-recurrences). Built-in kernels: fla's Triton kernels (CUDA only) and fla's pure-PyTorch
-``naive`` references (CPU and CUDA), each checked against our fp64 recurrences.
-
-Correctness, for outputs and the gradients of every input, on every batch and head, against
-the fp64 chunked form (``reference_linear.chunk_*``, algebraically the recurrence):
-
-* normwise: ``|out - ref| / |ref|`` (Frobenius norms). A chunked kernel in dtype ``d`` rounds its
-  inputs to the tensor-core format at every chunk product, and its intermediates and output to
-  ``d``; each rounding costs at most one unit roundoff ``u`` normwise, so outputs may be off by
-  ``2u`` and gradients, which go through twice as many products, by ``4u``. fp32 kernels are
-  held to TF32's ``u`` with truncation (2^-10), since Triton's fp32 dots default to TF32 and
-  read the operands' top 10 mantissa bits (docs/checks.md, "TF32 products"). For bf16 that is
-  7.8e-3 (outputs) and 1.6e-2 (gradients), the range fla's own tests accept (relative RMS errors
-  5e-3 to 1e-2); a dropped gate or a wrong scale is off by tens of percent.
-* elementwise (``checks.assert_elementwise``): every element within one ulp (or ``u |ref_i|``) plus
-  ``OUT_FACTOR`` (16, 12 for GDN; ``GRAD_FACTOR`` 32 for gradients) times the yardstick's error there and its
-  RMS error, the yardstick being the same computation at the kernel's precision: the chunked
-  form for a chunk kernel, the token recurrence for a recurrent one (see
-  ``PreparedLinear.reference``). What correct kernels needed, on the CPU and on a GPU, and what a
-  sparse error costs to detect: docs/checks.md, "Factors".
-
-NaN and Inf always fail; so does a return value that is not a tensor of ``v``'s shape, the
-query's dtype and the inputs' device (fla's kernels return ``(o, state)``: the built-in wrappers
-take ``o``).
+Held to ``OUT_UNITS`` / ``GRAD_UNITS`` unit roundoffs normwise, and elementwise to the yardstick
+(docs/checks.md, "The normwise bound of the linear families"); the built-ins: docs/families.md.
 """
 
 from __future__ import annotations

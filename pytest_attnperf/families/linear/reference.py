@@ -1,28 +1,12 @@
 """fp64 references for linear attention, written from the recurrences, for clarity rather than speed.
 
-Layout is flash-linear-attention's (fla's): time before heads, ``q, k: [B, T, H, K]``,
-``v: [B, T, H, V]``, per-channel gates ``[B, T, H, K]``, per-head gates and betas ``[B, T, H]``.
-Every function casts its inputs to float64 (or to ``compute`` where given), loops over time
-(vectorised over batch and heads) and returns an output ``[B, T, H, V]`` in that dtype; with
-``final_state=True`` it returns ``(output, state)``, the state ``[B, H, K, V]`` in fla's default
-key-first orientation (``state_v_first=False``).
-
-Notation, per (batch, head): ``S_t`` is the ``[K, V]`` state after token ``t``, ``S_0`` the initial
-state (zeros unless given), ``q_t, k_t`` are ``K``-vectors, ``v_t`` a ``V``-vector, and every
-output is a read-out ``o_t = scale * S_t^T q_t``: the state *includes* token ``t``.
-
-Conventions matched to fla 0.6.0 (the default arguments of its kernels):
-
-* ``scale`` is explicit here; fla's kernels and naive references default it to ``K ** -0.5``.
-* Gates are natural-log decays (``g <= 0`` in practice), applied as ``exp(g)``; fla's kernels
-  take their chunk-local cumulative sum in fp32 (and in base 2, an implementation detail).
-* The decay of token ``t`` acts on the state *before* token ``t``'s key and value are written.
-* fla's ``chunk_linear_attn`` and ``fused_chunk_linear_attn`` *normalise by default*
-  (``normalize=True``), while ``fused_recurrent_linear_attn`` and the naive references do not:
-  compare a kernel with ``linear_attention(..., normalize=<the kernel's flag>)``.
-* The delta rule does not L2-normalise ``q``/``k`` unless asked (fla's
-  ``use_qk_l2norm_in_kernel=False`` default); ``beta`` and ``g`` are taken as already activated
-  (fla's ``use_beta_sigmoid_in_kernel=False``, ``use_gate_in_kernel=False`` defaults).
+Layout is fla's: ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, per-channel gates ``[B, T, H, K]``,
+per-head gates and betas ``[B, T, H]``. Every function casts its inputs to float64 (or to
+``compute``), loops over time and returns ``[B, T, H, V]``; with ``final_state=True`` also the state
+``[B, H, K, V]``, key-first. Every output is a read-out ``o_t = scale * S_t^T q_t`` of the state
+*including* token ``t``. The conventions matched to fla 0.6.0 (scale, gates, normalisation,
+the delta rule's defaults): docs/families.md, "Linear attention (LA, GLA, simple GLA, Gated
+DeltaNet)", **Reference and tolerance**.
 """
 
 from __future__ import annotations

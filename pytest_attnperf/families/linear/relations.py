@@ -1,23 +1,12 @@
 """Metamorphic relations of the linear families: checks between a kernel's own calls that need no
-reference, each a named check a kernel passes or fails (a catalogue row's ``relation``, its class
-of the same name; forward calls only):
+reference, each a named check (a catalogue row's ``relation``; forward calls only):
+``split-state`` (needs ``state``), ``packed-loop`` (needs ``varlen``) and ``batch-split`` (every
+kernel).
 
-* ``split-state``: the sequence run as two calls, the first from the case's initial state and the
-  second from the final state the first returned, equals one call on the whole (outputs
-  concatenated; the second call's final state the whole call's). The split falls one token before
-  the middle, inside a chunk of a chunked kernel. Needs the ``state`` axis.
-* ``packed-loop``: sequences packed with ``cu_seqlens`` equal one call per sequence (each of batch
-  one, from its own initial state with ``state``). Needs ``varlen``.
-* ``batch-split``: a batch of N equals N calls of one batch entry each (with ``state``, each from
-  its own initial state). Needs no axis: every kernel is checked on it.
-
-The rule: every call is a correct kernel's answer within the family's normwise rule of the exact
-one, ``OUT_UNITS`` unit roundoffs of the case's dtype (``families.linear.rule``), so the two sides
-of a relation differ by at most twice that. It is applied to each sequence (or batch entry) and
-head on its own, outputs and final states alike, so an error confined to one sequence is not
-averaged away over the others, with one ulp per element of the slice's largest magnitude below it
-(a slice that is nearly zero). The kernel's outputs are compared with each other only: no fp64
-reference is computed.
+The rule: each side is within ``OUT_UNITS`` unit roundoffs of the exact answer normwise
+(``families.linear.rule``), so the two differ by at most twice that, judged on each sequence (or
+batch entry) and head on its own, with one ulp per element of the slice's largest magnitude
+below it. docs/families.md, "Linear attention (LA, GLA, simple GLA, Gated DeltaNet)".
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The linear families' correctness rule: a normwise bound in unit roundoffs against the fp64
 reference, then an elementwise bound against the yardstick (``checks.assert_elementwise``); the
-rule, its factors and their evidence are described in ``families.linear.kernels``' docstring and
-docs/checks.md."""
+rule, its factors and their evidence: docs/checks.md, "The normwise bound of the linear families"
+and "Factors".
+"""
 
 from __future__ import annotations
 

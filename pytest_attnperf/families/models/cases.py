@@ -1,16 +1,11 @@
 """A model's layer specs as the families' cases: prefill (B=1), training (B x T) and decode (one
-new token of each of B requests over a cache) shapes, one case per model, layer kind,
-tensor-parallel degree and shape, with ids such as ``llama3-8b.full.tp8.prefill-t4096`` or
-``llama3-8b.full.tp8.decode-b32-cache8k`` (pure but for the case types).
+new token of each of B requests) shapes, one case per model, layer kind, tensor-parallel degree
+and shape, with ids such as ``llama3-8b.full.tp8.prefill-t4096`` (pure but for the case types).
 
-Defaults: prefill at T=4096 and 16384, training at B=8 T=4096 (32K tokens), decode at B=1 over
-32K cached tokens and B=32 over 8K, bf16, on a GPU; on the CPU, prefill at T=128, training at
-B=2 T=64 and decode at B=2 over 64 in fp32, so a CPU run finishes in seconds. A sliding window at
-least as long as the sequence (or the cache) hides no key: such a case is causal attention
-without a window, as a kernel computes it (its id keeps the layer's kind). A softmax layer's
-decode case is a ``SoftmaxCase`` with ``kv_seq`` (``softmax.decode``); a linear layer's is its
-family's recurrent step from a state (``LinearDecodeCase``), which has no cache length, so its
-decode cases are one per batch size (``qwen3-next-80b-a3b.gdn.tp8.decode-b32``).
+A softmax layer's decode case is a ``SoftmaxCase`` with ``kv_seq``; a linear layer's is its
+family's recurrent step from a state (``LinearDecodeCase``), one per batch size. A sliding
+window at least as long as the sequence is causal attention without a window. The default
+shapes: docs/models.md, "Shapes".
 """
 
 from __future__ import annotations

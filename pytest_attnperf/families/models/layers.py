@@ -1,18 +1,11 @@
 """A model's attention layers as shapes, one spec per layer kind, split for a tensor-parallel rank (pure).
 
-``layer_specs(config, tp)`` reads any object with a transformers config's attributes
-(``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``sliding_window``,
-``layer_types``, and a hybrid's ``linear_num_key_heads``, ``linear_num_value_heads``,
-``linear_key_head_dim``, ``linear_value_head_dim``) and returns what one rank of ``tp`` computes
-in each kind of layer. Nothing here imports torch, nor transformers but for its list of masked
-language model types (``masked_lm_types``: without transformers, no encoder is known as one).
-
-Tensor parallelism follows vLLM's rule for attention (``QKVParallelLinear``): query heads are
-split evenly over the ranks; key/value heads are split evenly while there are at least as many as
-ranks, and otherwise each rank holds one, replicated on ``tp / kv_heads`` ranks. Megatron-Core
-refuses the second case; this module takes it, as a serving engine does. A gated DeltaNet layer's
-key heads and value heads are both split evenly (vLLM's Qwen3-Next layer), never replicated.
-Splits that do not divide are refused with ``ValueError``.
+``layer_specs(config, tp)`` reads any object with a transformers config's attributes and returns
+what one rank of ``tp`` computes in each kind of layer. Nothing here imports torch, nor
+transformers but for its list of masked language model types (``masked_lm_types``: without
+transformers, no encoder is known as one). The split is vLLM's (key/value heads replicated
+where fewer than the ranks); splits that do not divide are refused with ``ValueError``.
+docs/models.md, "What is read from the config" and "Tensor parallelism".
 """
 
 from __future__ import annotations

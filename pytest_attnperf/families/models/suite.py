@@ -1,17 +1,11 @@
 """The models' suite: each configured model's attention layers as ordinary cases of their
 families (checked, timed, gated, recorded), collected when ``--attnperf-model`` is given.
 
-``test_models_softmax`` runs every softmax kernel on the softmax layers (full and sliding) and
-``test_models_linear`` every kernel of a linear layer's family (gated DeltaNet: ``gdn``) on the
-linear layers, at the shapes of ``cases.shapes``, one case per model, layer kind and
-tensor-parallel degree (``llama3-8b.full.tp8.prefill-t4096``). The decode phase, forward only:
-``test_models_decode_softmax`` runs every softmax kernel on one new token over a KV cache (the
-decode suite's test), ``test_models_decode_linear`` every kernel of the layer's decode family
-(``gdn_decode``) on one recurrent step from a state. A case whose fp64 reference fits
-is checked as the family's suite checks it; a longer one on two key/value groups
-(``grouped``). Kernels that hold T x T scores in memory are removed where those would not fit,
-and an SDPA backend that refuses a shape (a head dim it lacks) is skipped quoting torch's reason
-(docs/models.md).
+``test_models_softmax`` and ``test_models_linear`` (prefill and training),
+``test_models_decode_softmax`` and ``test_models_decode_linear`` (decode, forward only). A case
+whose fp64 reference does not fit is checked on two key/value groups (``grouped``); kernels whose
+T x T scores would not fit are removed, and a refusing SDPA backend is skipped with torch's
+reason. docs/models.md, "Kernels and checks".
 """
 
 from __future__ import annotations

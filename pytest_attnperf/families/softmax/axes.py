@@ -2,25 +2,10 @@
 kernel must return, the explicit masks the catalogue draws, and the rule for the log-sum-exp
 (nothing here imports torch at import time).
 
-A kernel declares the axes it takes (``Kernel.axes``); a case carrying another is refused
-(``family.common_refusal``), never passed:
-
-* ``lse``: the kernel is called with ``return_lse=True`` and returns ``(out, lse)``, ``lse``
-  float32 ``[B, H, Tq]``, the natural log of each row's sum of ``exp(scaled scores)`` (the masks
-  applied), held to ``lse_bound`` against fp64;
-* ``q-gt-k``: more queries than keys (``kv_seq < seq``); causal is aligned lower-right as
-  FlashAttention >= 2.1 and torch's ``causal_lower_right`` align it, so the first ``seq - kv_seq``
-  queries see no key;
-* ``v-dim``: values of their own head dim (``head_dim_v``: MLA's qk 192 / v 128), the output
-  ``[B, H, Tq, head_dim_v]``;
-* ``mask``: an explicit ``attn_mask``, boolean (True: visible) or additive (float, in the inputs'
-  dtype, added to the scaled scores), broadcastable to ``[B, H, Tq, Tk]`` (``MASKS``).
-
-A row with no visible key (a fully masked row, a top row of ``q-gt-k`` causal) has output 0 and
-log-sum-exp ``-inf``, exactly (``check_empty_rows``): its sum of exponentials is 0, and a finite
-LSE there wrongly weighs a zero output when partial results are merged by their LSE (split-KV,
-ring attention). A case without an axis is called as before: no keyword the kernel did not
-declare is passed.
+``lse``, ``q-gt-k``, ``v-dim`` and ``mask``: a kernel declares the axes it takes (``Kernel.axes``);
+a case carrying another is refused (``family.common_refusal``), never passed. A row with no
+visible key has output 0 and log-sum-exp ``-inf``, exactly (``check_empty_rows``). The axes, the
+masks (``MASKS``) and ``lse_bound``: docs/families.md, "Softmax".
 """
 
 from __future__ import annotations

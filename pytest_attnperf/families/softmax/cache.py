@@ -2,25 +2,11 @@
 the call: ``families.softmax.paging``): the output against the fp64 reference over each request's
 visible keys, and the cache after the call.
 
-The draw (seeded by the case's id): ``q`` ``[B, H, Tq, D]`` and the new tokens' ``k``, ``v``
-``[B, Hkv, Tq, D]`` standard normal; each request's cached prefix (its first ``cache_lengths[b]``
-positions) standard normal too; every other slot holds stale data, keys twice as large and values
-shifted by 4, as a freed request leaves them: a kernel that attends a slot it should not moves its
-output by about 4 times that slot's weight. A paged case gives each request ``Tmax / page_size``
-pages of a pool drawn in a seeded shuffled order, and two spare pages no request owns.
-
-The rule:
-
-* the output: the family's rule (``kernels.check_tensor``: at most twice PyTorch's own error in the
-  case's dtype, largest and per element) against the fp64 softmax over request ``b``'s prefix and its
-  new tokens, causal lower-right; the yardstick is ``naive``'s answer on the same gathered keys in
-  the case's dtype (with the flash-style emulation's, ``recompute.further``), request by request;
-* the cache: bit for bit. Writing a token is a copy in the cache's own dtype, so no rounding is
-  allowed: the new tokens at each request's positions ``cache_lengths[b] ..``, every other slot (a
-  request's prefix, its empty tail, the spare pages, another request's pages) as it was drawn.
-
-The kernel gets its own copies of everything; it may write into the caches only (``q``, ``k``,
-``v``, ``cache_seqlens`` and ``block_table`` unchanged: ``checks.call_checked``).
+The draw is seeded by the case's id; every slot a request should not attend holds stale data
+(keys twice as large, values shifted by 4). The output is held to the family's rule
+(``kernels.check_tensor``), the cache bit for bit; the kernel may write into the caches only
+(``checks.call_checked``). docs/decode.md, "Decode into a KV cache (the `kv-cache` and `paged`
+axes)".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Softmax decode and chunked prefill: ``Tq`` new query tokens (1 to 16) over a KV cache of ``Tk``
 keys, causal aligned to the end of the cache (lower-right), forward only.
 
-The cases are ordinary ``SoftmaxCase`` rows with ``kv_seq`` set, so every kernel of the
-``softmax`` family runs on them with the family's call; a kernel tells the lengths apart by
-``q.shape[2]`` (``Tq``) and ``k.shape[2]`` (``Tk``). The GPU table is Llama-3-8B's attention (32
-query heads over 8 K/V heads of 128, bf16): one token over caches of 1K, 32K and 128K at B=1 and
-1K, 8K and 32K at B=32, chunks of 16 tokens, and Mistral's 4096-token window. Decode reads the whole cache
-for a few FLOPs per byte, so it is bandwidth bound: its cost model's bytes are the cache read
-(``costs.softmax_attention`` with ``kv_seq``), and the report's decode table gives its bandwidth
-against the measured copy ceiling (docs/decode.md). The test is the softmax suite's own
-(``test_softmax``, under the name ``test_softmax_decode``): a decode row is checked, costed and
-timed as any other, forward only here.
+The cases are ordinary ``SoftmaxCase`` rows with ``kv_seq`` set, so every softmax kernel runs on
+them with the family's call; the GPU table is Llama-3-8B's attention. The test is the softmax
+suite's own (``test_softmax``, under the name ``test_softmax_decode``). docs/decode.md, "Softmax
+attention over a KV cache".
 """
 
 from __future__ import annotations

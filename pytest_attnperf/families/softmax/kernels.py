@@ -4,16 +4,10 @@ Signature of every kernel in the family (torch SDPA layout, K/V may have fewer h
 
     fn(q, k, v, *, causal: bool, scale: float, window: int | None) -> out  # [B, H, Tq, dv]
 
-A kernel that declares an optional call axis (``Kernel.axes``: ``lse``, ``q-gt-k``, ``v-dim``,
-``mask``) also takes ``return_lse=True`` (returning ``(out, lse)``) and ``attn_mask=``, and
-cases of more queries than keys or of another value head dim (``families.softmax.axes``).
-
-Query and key lengths may differ: ``q.shape[2]`` (``Tq``) new tokens over ``k.shape[2]``
-(``Tk >= Tq``) keys, as in decode (``Tq = 1``) and chunked prefill. ``causal`` is then aligned
-to the end of the keys (lower-right, as flash-attention and ``causal_lower_right`` align it;
-torch SDPA's ``is_causal`` aligns upper-left): query ``i`` sees keys ``0 .. Tk - Tq + i``, and
-a window of ``w`` the last ``w`` of those. A case with ``kv_seq`` set (``SoftmaxCase``) is a
-decode case; the decode suite runs it forward only.
+A kernel that declares an optional call axis (``Kernel.axes``) also takes ``return_lse=True``
+and ``attn_mask=`` (``families.softmax.axes``). Query and key lengths may differ (``Tk >= Tq``,
+decode and chunked prefill): ``causal`` is then aligned lower-right, query ``i`` seeing keys
+``0 .. Tk - Tq + i``. docs/families.md, "Softmax"; docs/decode.md.
 """
 
 from __future__ import annotations

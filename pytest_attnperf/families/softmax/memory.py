@@ -1,21 +1,10 @@
 """The memory a tiled softmax-attention kernel may hold above its inputs (pure arithmetic).
 
-A tiled kernel (flash, memory-efficient, cuDNN, flex) streams K/V tiles past each query tile and
-keeps, per query row, a running maximum and sum: it writes the output and, for the backward, one
-log-sum-exp per row, never the ``B x H x T x T`` scores. What it must hold, in bytes, with ``e``
-the element size of the case's dtype and ``Tp`` the sequence rounded up to 128 (kernels pad rows
-to their tile):
-
-- forward: the output ``B*H*T*d*e``; row statistics ``2*B*H*Tp*4`` (log-sum-exp and one more
-  per-row figure, fp32); for grouped K/V, K and V expanded to the query heads ``2*B*H*T*d*e``
-  (what a kernel without native GQA does), over the cache's ``Tk`` keys in a decode case;
-- forward and backward, also: the gradients ``(B*H + 2*B*Hkv)*T*d*e``; an fp32 dq accumulator
-  ``B*H*Tp*d*4``; one more row statistic (``rowsum(dO * O)``) ``B*H*Tp*4``; for grouped K/V,
-  per-query-head dk and dv before the group sum, fp32, ``2*B*H*Tp*d*4``.
-
-The bound is ``SLACK`` times their sum plus ``FIXED_MIB`` (docs/memory.md, "The analytic bound").
-The scores alone are ``T / d`` times the output (16 times at T=1024, d=64), so a kernel that
-materialises them is over the bound once they outweigh the slack and the fixed part.
+A tiled kernel (flash, memory-efficient, cuDNN, flex) keeps, per query row, a running maximum and
+sum, never the ``B x H x T x T`` scores: its output, row statistics, K/V expanded for grouped
+heads and, backward, the gradients and fp32 accumulators. The bound is ``SLACK`` times their sum
+plus ``FIXED_MIB``; the terms and what the bound catches: docs/memory.md, "The analytic bound"
+and "Softmax".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The KV cache of a decode call, as the ``kv-cache`` and ``paged`` axes lay it out: where a new
 token is written and which keys a request sees (nothing here imports torch at import time).
 
-The convention is FlashAttention's ``flash_attn_with_kvcache`` (its ``k_cache``, ``v_cache``, ``k``,
-``v``, ``cache_seqlens`` and ``block_table``), in this family's head-major layout:
-
-* ``kv-cache``: ``k_cache``, ``v_cache`` are ``[B, Hkv, Tmax, D]``, one row of ``Tmax`` slots a
-  request; ``cache_seqlens`` (int32 ``[B]``) counts the tokens each request holds before the call;
-* ``paged`` (with ``kv-cache``): ``k_cache``, ``v_cache`` are a pool of pages ``[num_blocks,
-  page_size, Hkv, D]`` and ``block_table`` (int32 ``[B, max_blocks]``) names request ``b``'s pages
-  in order: its position ``t`` lives in page ``block_table[b, t // page_size]`` at slot
-  ``t % page_size``.
-
-The call's ``k``, ``v`` (``[B, Hkv, Tq, D]``) are the new tokens' keys and values: the kernel writes
-them in place at positions ``cache_seqlens[b] .. cache_seqlens[b] + Tq - 1`` and touches nothing
-else; query ``i`` of request ``b`` then attends the first ``cache_seqlens[b] + Tq`` positions of its
-own cache, causal aligned lower-right (it sees positions up to ``cache_seqlens[b] + i``).
+FlashAttention's ``flash_attn_with_kvcache`` convention in this family's head-major layout:
+``k_cache``, ``v_cache`` ``[B, Hkv, Tmax, D]`` (``kv-cache``) or a pool of pages ``[num_blocks,
+page_size, Hkv, D]`` named by ``block_table`` (``paged``); ``cache_seqlens`` counts each request's
+tokens before the call. The kernel writes the new ``k``, ``v`` at positions ``cache_seqlens[b] ..``
+in place, and query ``i`` attends positions up to ``cache_seqlens[b] + i`` of its own cache.
+docs/decode.md, "Decode into a KV cache (the `kv-cache` and `paged` axes)".
 """
 
 from __future__ import annotations

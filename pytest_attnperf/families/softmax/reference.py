@@ -1,17 +1,11 @@
 """fp64 references. Written from the definitions, for clarity rather than speed.
 
-Layout is torch SDPA's: ``[batch, heads, seq, head_dim]``; K/V may have fewer heads (GQA),
-each serving ``heads // kv_heads`` consecutive query heads, and more positions than the queries
-(decode and chunked prefill: ``Tq = q.shape[2]`` new tokens over a cache of ``Tk = k.shape[2]``
-keys, the queries being the cache's last ``Tq`` positions). Causal is then aligned to the end of
-the cache (lower-right): query ``i`` sees keys ``0 .. Tk - Tq + i``, and a window of ``w`` keeps
-the last ``w`` of those. With ``Tq == Tk`` this is the usual causal mask; with more queries than
-keys (``Tq > Tk``, the ``q-gt-k`` axis) the first ``Tq - Tk`` queries see no key at all.
-
-An explicit mask (the ``mask`` axis, ``attn_mask``) is boolean (True: visible) or additive (float,
-added to the scaled scores; ``-inf`` hides a key), broadcastable to ``[B, H, Tq, Tk]``, applied
-with the causal one. A row with no visible key (every key hidden) has output 0 and log-sum-exp
-``-inf``: the sum of its exponentials is 0 (``families.softmax.axes``).
+Layout is torch SDPA's: ``[batch, heads, seq, head_dim]``; K/V may have fewer heads (GQA, each
+serving ``heads // kv_heads`` consecutive query heads) and more positions than the queries
+(``Tq`` new tokens over ``Tk`` keys): causal is aligned lower-right, query ``i`` seeing keys
+``0 .. Tk - Tq + i``. An explicit mask is boolean or additive, applied with the causal one; a row
+with no visible key has output 0 and log-sum-exp ``-inf``. docs/families.md, "Softmax";
+docs/decode.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
-"""Checks of the softmax family between a kernel's own calls, which need no reference: each a named
-check a kernel passes or fails (a catalogue row's ``relation``, its class of the same name;
-forward calls only), and the inference call every catalogue forward makes.
+"""Checks of the softmax family between a kernel's own calls, which need no reference: ``prefix``
+(causal), ``batch-split`` and ``inference``, each a named check (a catalogue row's ``relation``;
+forward calls only), and the inference call every catalogue forward makes (``inference_agrees``).
 
-* ``prefix`` (causal): appending tokens does not change earlier outputs. The kernel runs on the
-  whole case and on its first ``prefix_length`` queries (with the keys they see, the lower-right
-  offset kept); the prefix's outputs (and LSE) equal the whole call's first rows.
-* ``batch-split``: a batch of ``N`` equals ``N`` calls of one batch entry each (a kernel that mixes
-  batch entries, or takes another path past one, differs); an explicit mask is not sliced: refused.
-* ``inference``: the forward called under ``torch.no_grad()`` and under ``torch.inference_mode()``
-  equals the grad-mode call on inputs that require grad (serving code takes other branches there);
-  every call must leave its inputs as they were (``checks.call_checked``).
-* Every forward of an ``inference`` case (the catalogue's rows): one more call under
-  ``torch.inference_mode()``, equal to the checked grad-mode call (``inference_agrees``).
-
-The rule (``relation_bound``): each side is a correct kernel's answer, whose output element is a
-convex combination of the values' channel rounded along the way. With ``u_d`` the unit roundoff of
-the inputs' dtype, ``V_c`` the largest ``|v|`` of the channel over the keys and ``a`` the row's
-largest ``scale sum_c |q_c k_jc|`` (``>= |s_j|``): probabilities rounded to the dtype for their
-product with V err by ``u_d V_c``, the output's own rounding by one ulp, and scores rounded to the
-dtype shift each probability by ``2 u_d a`` of itself, moving the output by ``2 u_d a V_c``. Two
-correct answers may differ by twice the sum: ``2 (u_d (1 + 2 a) V_c + ulp)``, times
-``RELATION_FACTOR`` (the output rule's 2). A prefix that sees one later key of weight ``1/T`` moves
-by ``V_c / T``, far beyond it at fp32 and fp16.
+The rule (``relation_bound``): two correct answers may differ per element by
+``2 (u_d (1 + 2 a) V_c + ulp)``, times ``RELATION_FACTOR`` (the output rule's 2), with ``u_d`` the
+inputs' unit roundoff, ``V_c`` the channel's largest ``|v|`` and ``a`` the row's largest
+``scale sum_c |q_c k_jc|``. The derivation: docs/families.md, "Softmax", **Checks between calls**.
 """
 
 from __future__ import annotations

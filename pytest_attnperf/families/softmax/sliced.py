@@ -1,14 +1,9 @@
 """Softmax attention checked on two slices: for shapes whose whole fp64 reference does not fit.
 
-At B=4 H=16 T=16384 the fp64 scores alone are 137 GB. Each (batch, key/value head) group of
-attention is computed on its own, so the kernel runs on the whole case (the call that is timed)
-and two slices of its answer are compared against fp64: the first key/value head of the first
-batch entry and the last key/value head of the last one, each with every query head of its group
-(one query head where K/V heads are not grouped), since a key/value head's gradients sum over its
-group. The references are computed one query head at a time (one T x T score matrix in fp64 at
-once), the key/value gradients summed over the group, and PyTorch's same-dtype answer likewise;
-the tolerance is ``checks.assert_close``'s, the rule of the softmax suite. The timed draws
-(``families.draws``) change signs only, so the two slices' references still serve.
+The kernel runs on the whole case (the call that is timed), and two slices of its answer are
+compared against fp64: the first key/value head of the first batch entry and the last of the
+last, each with every query head of its group, under the softmax suite's rule
+(``checks.assert_close``). docs/reports.md, "The suites".
 """
 
 from __future__ import annotations
