@@ -2,51 +2,12 @@
 
     attnperf-noise --runs 5 --inject 0.02,0.05,0.10 -- suites/ --hw=h200 -k softmax
 
-It runs four stages, in this order (``--stages`` names some, default the first three;
-``--compare`` adds the fourth):
-
-1. ``record``: records fresh baselines for the selected cases into the work folder, ``--records``
-   times (each recording adds to a case's ``run_medians_ms``, the gate's run-to-run noise);
-2. ``steady``: runs the same cases ``--runs`` times with unchanged code, gating against them
-   (``run<i>.json``, ``run<i>.xml``): each case's run-to-run spread of the reported median, the
-   runs it appeared in, and every (false) regression; cases timed with events around eager
-   launches (not graph-capturable: host overhead included) are marked and counted apart;
-3. ``inject``: for each injected fraction, reruns with that much extra device work added to the
-   cases picked by ``--every`` (``pytest_attnperf.noise.inject``): how many the gate caught, by kernel
-   size (the steady runs' medians, or the baseline file's without them), and how many untouched
-   cases it flagged;
-4. ``compare``: on a GPU, the harness's median against
-   ``triton.testing.do_bench_cudagraph`` on the same callables (one extra run, in hot mode:
-   do_bench_cudagraph replays back to back without flushing the L2), at its default 20 ms of
-   calls per graph and at about the harness's calls per graph (do_bench sizes its graph by the
-   eager time of one call, the harness by its device time); the harness's median there is that
-   of the process that runs do_bench (a case timed in several processes is compared without the
-   workers' samples).
-
-A GPU run of the suite takes about a minute or two, so the stages can be split over calls that
-share the work folder; ``--keep-runs`` adds a call's unchanged runs to those already there
-instead of starting over, so five runs can be taken three and two::
-
-    attnperf-noise --workdir noise-work --stages record,steady --runs 3 -- suites/ --hw=h200
-    attnperf-noise --workdir noise-work --stages steady --keep-runs --runs 2 -- suites/ --hw=h200
-    attnperf-noise --workdir noise-work --stages inject,compare -- suites/ --hw=h200
-
-``--time-limit SECONDS`` keeps a call inside a time slot: before each pytest run it stops
-if the time used plus that run's likely length would pass the limit (``Deadline``: the longest
-run of its stage so far in the call, or twice the longest of any for a stage not yet run; the
-first run always starts), and the report says where it stopped. An outside ``timeout -s INT``
-(or Ctrl-C) cuts the running pytest: it gets one SIGINT and up to ``child_run.INTERRUPT_GRACE_S`` to write
-its reports (SIGTERM and SIGHUP are taken as the same); a cut steady run's files are set aside as
-``run<i>.cut<k>.json``/``.xml``, a cut injected run's finished cases are counted, and a cut
-recording's finished cases are in the baseline file with one recording more than the rest.
-
-Each call prints, and writes to ``<workdir>/report-<stages>.txt`` (``report-record-steady.txt``),
-what the work folder gives: the steady table whenever ``run*.json`` files are there, the
-injection and comparison lines of the stages it ran. Everything after ``--`` goes to pytest
-unchanged (tolerance, mode, budget included). A script, not a test: it takes minutes of device
-time and asserts nothing; it reports. Its exit status is 0, 2 when ``inject`` has no baseline
-file to gate against, 3 when ``--time-limit`` stopped it before all its runs, or 130 when it
-was interrupted.
+Its stages, in this order (--stages names some; default the first three, --compare adds the
+fourth): record (fresh baselines in the work folder, --records times), steady (--runs unchanged
+runs gated against them), inject (extra device work in the cases --every picks), compare (the
+harness against triton's do_bench_cudagraph, GPU). Everything after -- goes to pytest. A call
+writes its report to <workdir>/report-<stages>.txt; it exits 2 when inject has no baseline file,
+3 when --time-limit stopped it, 130 when interrupted. More: docs/noise-benchmark.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """A benchmark-only plugin: known extra work injected into chosen cases, and a do_bench cross-check.
 
-Loaded by the noise benchmark (``attnperf-noise``) with
-``-p pytest_attnperf.noise.inject``; it does nothing unless its environment variables are set:
-
-* ``ATTNPERF_INJECT=0.05``: every case picked by ``ATTNPERF_INJECT_EVERY`` (default 2: the
-  cases whose crc32(node id) is even) runs 5% extra device work after each call: a spin kernel
-  (``torch.cuda._sleep``) captured into the same graph, or a busy wait on the CPU. The case is
-  timed first as it is, and the spin is shortened by the extra work's least cost (one cycle's
-  spin after a one-element add, timed once per mode: a spin kernel has a cost of its own however
-  short; docs/noise-benchmark.md, "Injected work"), so the case slows by the fraction asked.
-  Where the least is already more than asked (a 2% of a case under about 60 us), the case gets
-  the least, and says so; a case timed on another clock than the least (events around eager
-  launches, whose spin is launched from the host) gets nothing taken off, and says so.
-  ``ATTNPERF_INJECT_LOG=path`` appends each picked case's ``{"nodeid", "fraction", "base_ms",
-  "least_ms", "extra_ms", "median_ms"}`` as a JSON line (``median_ms``: this process's median
-  with the work added), from which the noise benchmark reports what each case really got.
-* ``ATTNPERF_COMPARE_FILE=path``: after each GPU measurement of a case, times the same callable with
-  ``triton.testing.do_bench_cudagraph`` at its default rep (20 ms) and at the harness's graph
-  length (``do_bench_same_ms``, rep = the harness's calls per sample times its eager time of one
-  call, so do_bench's graph holds about as many calls), and appends ``{"nodeid", "ours_ms",
-  "do_bench_ms", ...}`` as a JSON line.
-
-Neither touches the run's sample overhead (``SamplingPlan.floor``): it is measured once, within the
-first case, and an injected floor would move every cold case's floor shift.
+Loaded by the noise benchmark with ``-p pytest_attnperf.noise.inject``; it does nothing unless
+its environment variables are set. ``ATTNPERF_INJECT`` adds that fraction of extra device work
+(a spin kernel captured into the same graph, or a busy wait on the CPU, less its least cost) after
+each call of the cases ``ATTNPERF_INJECT_EVERY`` picks, logged to ``ATTNPERF_INJECT_LOG``;
+``ATTNPERF_COMPARE_FILE`` times each GPU case again with ``triton.testing.do_bench_cudagraph``.
+Neither touches the run's sample overhead. docs/noise-benchmark.md, "Injected work".
 """
 
 from __future__ import annotations

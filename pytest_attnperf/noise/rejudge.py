@@ -4,30 +4,10 @@
                      [--machine-noise 0] [--machine-offset 0] [--overheads] [--machine-residual 0.5us]
                      [--baseline-overhead 3.26us]
 
-For changing the gate without a GPU: the steady runs' medians (``run<i>.json``) are judged
-against the work folder's baseline (``<hw>.yaml``) as ``pytest_attnperf.gate.verdict.judge`` would
-judge them now; the injected runs' flags (``inject<pct>.xml``, each failure quoting its
-current median) are judged again to see which still stand. Only medians are saved, so each
-current sample set is taken as a point (its interval test passes whenever the baseline's
-interval does not hold it): the false flags are an upper bound, the catches too. The same
-``--machine-noise`` and ``--machine-offset`` apply to every case (the plugin applies them only
-where the recordings cannot show the move between machines; pass 0 for runs on the recording
-machine); with either set, a steady run's cases timed with events around eager launches are
-not compared, as the plugin does against another machine's recordings. The offset is applied
-as to one call a sample (cold mode), and so is ``--least-noise-time``; the plugin divides both by the
-calls per sample of hot mode's graphs, which the run files do not hold, so re-judged hot runs
-are gated too loosely.
-
-``--overheads`` judges as the plugin does where both sample overheads are known: each steady run's
-overhead (``attnperf_overhead_ms`` in its JSON) less the overhead of the recordings behind a case's
-centre (``run_overheads_ms``, or ``--baseline-overhead`` for a file recorded before they were kept)
-moves the centre of each cold ``cuda-graph-nodes`` case, and ``--machine-residual`` replaces the
-offset, as the plugin does: a case without both overheads, timed otherwise (in the baseline or the
-run), or with an implausible difference (``gate.overhead_shift_ms``) keeps the offset. The run's
-overhead is the one the gate used (``attnperf_gate_overhead_ms``; for runs from before it was
-written, ``attnperf_overhead_ms``); runs and files saved before the names were settled hold them as
-``attnperf_floor_ms``, ``attnperf_gate_floor_ms`` and ``run_floors_ms``, read the same. Inject
-reports hold no overhead, so they are judged without it.
+For changing the gate without a GPU: the steady runs' medians (``run<i>.json``) are judged against
+the work folder's baseline as ``pytest_attnperf.gate.verdict.judge`` would judge them now, and the
+injected runs' flags (``inject<pct>.xml``) again; only medians are saved, so the counts are upper
+bounds. docs/noise-benchmark.md, "Re-judging saved runs".
 """
 
 from __future__ import annotations

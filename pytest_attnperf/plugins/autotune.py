@@ -4,11 +4,7 @@ anyway noted on each case, and a recording run's choices written at its end (doc
 ``AutotunePlugin`` is registered by ``pytest_configure`` unless ``--attnperf-triton-cache=off``,
 in a pool run of ``--attnperf-processes`` (its parent installed) or when only collecting; it holds
 the run's state. Under pytest-xdist each worker manages a cache folder of its own and hands the
-controller what it produced (the result files of each case on its teardown report, the rest in
-its worker output); the controller records once for all.
-
-Triton reads ``TRITON_CACHE_DIR`` at each use (``triton.knobs``), so setting it before the first
-test runs is enough even where importing torch already imported triton.
+controller what it produced; the controller records once for all (docs/parallel.md).
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Short cases timed in more than one process (``--attnperf-processes``).
 
 A short kernel's cold median moves from one process to the next by more than anything within a
-process can average away: new captures, inputs and flush buffers do not remove it, nor do cold
-mode's eight captures sampled in turn (docs/evidence.md, "--attnperf-cold-graphs 8"). Each
-process is one draw of that offset; the only way to average it is to time the case in more
-processes.
-
-With ``--attnperf-processes=N`` (default 3; 1 turns it off) on a CUDA device, before this run's
-tests start, N - 1 pool runs measure the cases whose baseline centre is under
-``--attnperf-processes-below`` (50 us), one after the other, on the same device. A pool run
-gets its cases and this run's attnperf settings in a JSON input file (``write_input``), gates
-nothing and writes nothing but each measurement's samples, a line per case, to a file. When
-this run measures such a case, its figure pools the samples of all N processes, about the same
-number from each (whole rounds of the cold graphs, spread evenly through each process's
-sequence), so the reported median is taken over N processes' offsets and not one. A suspected
-regression's re-measurement re-times the main process only and pools it with the same pool-run
-samples: it re-checks this process's part. Cases with no baseline entry, or at or over the
-threshold, are timed here only, as without the option. What the pooling removes, and what the
-pool runs cost: docs/evidence.md, "--attnperf-processes 3".
-
-Two plugin objects, each registered by ``pytest_configure`` only where it is needed:
-``PoolRuns`` in a run with ``--attnperf-processes`` above 1 (it starts the pool runs and holds
-what they measured), ``PoolRun`` in a pool run (it reads the input and collects exactly its
-cases). The samples' file and their pooling: ``measure/pooling.py``.
+process can average away, so with ``--attnperf-processes=N`` on a CUDA device, N - 1 pool runs
+measure the cases whose baseline centre is under ``--attnperf-processes-below`` before this run's
+tests, and this run pools their samples with its own. Two plugin objects: ``PoolRuns`` in the
+parent run (it starts the pool runs, input written by ``write_input``, and holds what they
+measured), ``PoolRun`` in a pool run (it reads the input and collects exactly its cases). The
+samples' file and their pooling: ``measure/pooling.py``. docs/measurement.md, "Short cases in
+several processes"; the evidence: docs/evidence.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Pool runs started together and timed one at a time: the turn each one waits for.
 
-A pool run's start-up (Python, torch, the plugin, conftests, collection) uses the host only; its
-tests use the GPU. So ``PoolResults.run`` starts every pool run at once, and they take the GPU in
-turn: each gets two pipes (``--attnperf-pool-turn=GO,DONE``, file descriptors it inherits), waits
-before its first test until its parent writes to GO (``Turn.wait``), and writes to DONE when its
-last test is over (``Turn.done``). The parent gives a pool run its turn only once the one before
-it has exited (``Turns``), so two processes never run cases on the GPU together; after the last
-pool run's DONE this run's tests go on while it exits, and this run times nothing until it has
-(``PoolResults.settle``).
-
-A pool run whose GO is closed without a turn (its parent stopped) ends before its first test.
-Where pipes cannot be passed (not POSIX) each pool run is started at its turn, as before.
+A pool run's start-up uses the host only, its tests the GPU. So ``PoolResults.run`` starts every
+pool run at once, and each waits before its first test until its parent writes to its GO pipe
+(``Turn.wait``) and writes to DONE after its last (``Turn.done``); the parent gives the next one
+its turn once the one before has exited (``Turns``), so two processes never run cases on the GPU
+together. docs/measurement.md, "Short cases in several processes".
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Runs spread over pytest-xdist workers: one worker per GPU, one set of results.
 
-The controller (the process ``pytest -n N`` starts) counts the GPUs this host shows
-(``pytest_attnperf_visible_gpus``), gives worker ``gwK`` the K-th in its worker input, and runs
-``--dist load`` as ``loadgroup``, with the cases of one shape in one group, so a shape's
-compilation and autotuning happen on one worker. ``-n auto`` starts one worker per GPU.
-
-A worker sets ``CUDA_VISIBLE_DEVICES`` to its GPU in ``pytest_configure``, before anything
-initialises CUDA, so ``cuda:0`` is its own card; its ``--attnperf-processes`` runs inherit the
-pin and take turns with it on that card. Each measured case's summary row and baseline entry
-travel to the controller on the case's teardown report as it finishes (a worker that dies later
-keeps what it sent); the worker's hardware, environment and floors follow in its worker output
-at its end (its autotune results travel on their own: ``plugins.autotune``). The
-controller alone writes the baseline file (once, under its lock), the autotune choices, the
-summary and the report.
-
-A worker that dies is not replaced unless ``--max-worker-restart`` asks: pytest-xdist reports the
-case it died in as failed and ends the run. The controller compares the node ids the workers
-collected with the reports that arrived, and reports each case no worker ran as an error naming
-the worker that died and the case it died in (``report_not_run``), so pytest's last line counts
-every collected case and the summary says how many were not run.
-
-More timing workers than GPUs would time two cases at once on one card: with an explicit
-attnperf run (``--hw``, ``--update-baselines``, ``--attnperf-suites``) that is refused at start-up,
-otherwise every timed case on a worker that shares its GPU fails with the reason. A check-only run
-times nothing, so its workers may share a card (``--attnperf-check-only -n 4`` on one GPU). Without a GPU,
-timing is serialised across the workers on a lock (the other workers' checks still share the
-CPU, which the summary says).
+The controller gives worker ``gwK`` the K-th GPU (``pytest_attnperf_visible_gpus``) and runs
+``--dist load`` as ``loadgroup``, a shape's cases in one group. Each measured case's summary row
+and baseline entry travel to the controller on its teardown report; the controller alone writes
+the baseline file, the autotune choices, the summary and the report, and reports each case no
+worker ran as an error naming the dead worker (``report_not_run``). More timing workers than
+GPUs are refused or fail their timed cases; a check-only run's workers may share a card.
+docs/parallel.md.
 """
 from __future__ import annotations
 

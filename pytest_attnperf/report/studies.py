@@ -1,17 +1,9 @@
 """The studies' report of one run: ``report.json``, ``report.md`` and PNG plots.
 
-``--attnperf-report=DIR`` writes them at the end of a run; offline,
-``attnperf-report report.json OUTDIR`` regenerates ``report.md`` and the
-plots from a saved ``report.json``. The JSON keeps every number as data (schema in
-docs/reports.md)::
-
-    {"schema": 1, "environment": {...}, "hardware": {...}, "summary": {...}, "ceilings": [...],
-     "cases": [...], "scaling": [...], "crossover": [...], "ladder": [...], "decode": [...],
-     "models": [...]}
-
-A case joins a sweep through the ``attnperf_sweep(name, axis="seq")`` marker; its ``params``
-(the test's case, kernel and direction, flattened) give the axis value. Plots need matplotlib,
-which is not a dependency: without it the report says so and has no PNGs.
+``--attnperf-report=DIR`` writes them at the end of a run; offline, ``attnperf-report report.json
+OUTDIR`` regenerates ``report.md`` and the plots from a saved ``report.json``. A case joins a sweep
+through the ``attnperf_sweep(name, axis="seq")`` marker. Plots need matplotlib, which is not a
+dependency: without it the report says so. The schema and the studies: docs/reports.md.
 """
 
 from __future__ import annotations
