@@ -15,6 +15,7 @@ from pytest_attnperf import costs
 from pytest_attnperf.families import catalogue
 from pytest_attnperf.families.checks import Checked
 from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear.variants import VARIANTS
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import cache
 from pytest_attnperf.families.softmax import kernels as softmax
@@ -110,7 +111,7 @@ class LinearFamily:
 
     def refusal(self, kernel: Kernel, case: Any, direction: str) -> str | None:
         """See ``Family.refusal``."""
-        if direction == "fwdbwd" and case.seq == 1 and self.name != "linear_attn":
+        if direction == "fwdbwd" and case.seq == 1 and VARIANTS[self.name].gate is not None:
             return ("one token: its gate decays only the empty initial state, so dg is zero whatever the inputs "
                     "and a bound relative to it checks rounding noise")
         return common_refusal(kernel, case, direction)

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from pytest_attnperf.families.linear.variants import VARIANTS
+
 __all__ = [
     "LAYOUTS", "LINEAR_VALUES", "SOFTMAX_VALUES", "laid_out", "layout_refusal", "linear_gates", "linear_scales",
     "softmax_inputs", "values_refusal",
@@ -30,11 +32,12 @@ def values_refusal(family: str, values: str) -> str | None:
     known: tuple[str, ...] = SOFTMAX_VALUES
     if family != "softmax":
         known = LINEAR_VALUES
-        if values == "beta-bounds" and family != "gdn":
+        variant = VARIANTS.get(family)
+        if values == "beta-bounds" and not (variant and variant.beta):
             return "beta-bounds is a GDN regime (the other linear families have no beta)"
-        if values in ("gate-near-zero", "gate-strong", "decay-underflow") and family == "linear_attn":
+        if values in ("gate-near-zero", "gate-strong", "decay-underflow") and variant and variant.gate is None:
             return f"{values} is a gated regime; linear attention has no gate"
-        if values == "large-state" and family == "gdn":
+        if values == "large-state" and variant and variant.normalised_keys:
             return "large-state needs unnormalised keys; GDN's are L2-normalised (its state stays bounded)"
     return None if values in known else f"no value regime {values!r} for {family} (known: {', '.join(known)})"
 

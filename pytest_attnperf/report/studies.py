@@ -140,8 +140,7 @@ def _softmax_flops(p: Mapping[str, Any], backward: bool) -> Any:
 
 
 def _linear_flops(p: Mapping[str, Any], backward: bool) -> Any:
-    model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
-             "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}.get(p.get("family", ""))
+    model = costs_linear.MODELS.get(p.get("family", ""))
     if model is None or not all(k in p for k in ("batch", "heads", "key_dim", "value_dim", "dtype")):
         return None
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_attnperf.families.linear.variants import VARIANTS
 from pytest_attnperf.families.values import layout_refusal, values_refusal
 
 __all__ = ["BETA_FAMILIES", "GROUPED_FAMILIES", "RELATIONS", "LinearCase", "key_head_of", "key_heads_refusal",
            "value_grouped"]
 
-GROUPED_FAMILIES = frozenset({"gdn"})
+GROUPED_FAMILIES = frozenset(name for name, variant in VARIANTS.items() if variant.grouped_values)
 """The linear families whose queries and keys may have fewer heads than their values."""
-BETA_FAMILIES = frozenset({"gdn"})
+BETA_FAMILIES = frozenset(name for name, variant in VARIANTS.items() if variant.beta)
 """The linear families with a beta input (the delta rule's write strength)."""
 RELATIONS = {
     "split-state": "the sequence run as two calls, the first's final state the second's initial state, equals "

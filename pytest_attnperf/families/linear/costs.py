@@ -13,6 +13,7 @@ from __future__ import annotations
 from pytest_attnperf.costs import DTYPE_BYTES, Cost
 
 __all__ = [
+    "MODELS",
     "BACKWARD_FLOP_FACTOR",
     "FORMS",
     "STATE_DTYPE",
@@ -257,3 +258,7 @@ def gated_delta_rule(
         extra_input_bytes=float(batch * seq * heads * per_token),
         initial_state=initial_state, final_state=final_state, backward=backward, key_heads=key_heads,
     )
+
+
+MODELS = {"linear_attn": linear_attention, "gla": gla, "simple_gla": simple_gla, "gdn": gated_delta_rule}
+"""Each linear family's cost model, by the family's name."""

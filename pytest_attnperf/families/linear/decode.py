@@ -36,6 +36,7 @@ from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.linear import rule
 from pytest_attnperf.families.linear.case import key_heads_refusal
 from pytest_attnperf.families.linear.suite import INSTALL_HINT, fla_missing
+from pytest_attnperf.families.linear.variants import VARIANTS
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.measure.switches import exact_fp32
 
@@ -246,9 +247,8 @@ def check_case(family: str, kernel: Kernel, case: LinearDecodeCase, direction: s
 
 def cost(family: str, case: LinearDecodeCase) -> Any:
     """The recurrent form's cost over the new tokens, reading the initial state and writing the new one."""
-    model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
-             "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[BASE[family]]
-    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if BASE[family] == "gdn" else {}
+    model = costs_linear.MODELS[BASE[family]]
+    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if VARIANTS[BASE[family]].grouped_values else {}
     return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim, value_dim=case.value_dim,
                  dtype=case.dtype, form="recurrent", initial_state=True, final_state=True, **grouped)
 

@@ -34,6 +34,7 @@ from pytest_attnperf.families.linear.rule import (
     check_elements,
     check_tensor,
 )
+from pytest_attnperf.families.linear.variants import VARIANTS
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.measure.switches import exact_fp32
 
@@ -42,7 +43,7 @@ __all__ = [
     "forget", "prepare", "register", "run_case",
 ]
 
-FAMILIES = ("linear_attn", "gla", "simple_gla", "gdn")
+FAMILIES = tuple(VARIANTS)
 HEAD_AXIS = 2  # [B, T, H, ...]
 
 # fla 0.6.0 refuses gated chunk backwards on Hopper with triton in [3.4.0, 3.7.1) (fla #640)
@@ -291,14 +292,15 @@ class PreparedLinear:
             outs = self._forward(_recurrence_fn(self.family), self.inputs, scale=self.scale, compute=torch.float32)
             if not self.backward:
                 return outs
-        if self.family == "gdn" or self.axes:  # with a state or packed sequences: the chunked form's, by autograd
+        # the delta rule's, and with a state or packed sequences: the chunked form's, by autograd
+        if VARIANTS[self.family].delta_rule or self.axes:
             if "fp32" not in self._computed:
                 self._computed["fp32"] = self._run(torch.float32, None)
             return outs + self._computed["fp32"][len(outs):]
         out = outs[0]
         with torch.no_grad():
             q, k, v = self.inputs[:3]
-            gate = self.inputs[3] if self.family in ("gla", "simple_gla") else None
+            gate = self.inputs[3] if VARIANTS[self.family].factored_gate else None
             grads = ref.recurrent_gradients(q, k, v, gate, self.grad_out, scale=self.scale, compute=torch.float32)
         return (out,) + tuple(grads)
 
@@ -334,7 +336,7 @@ class PreparedLinear:
             for i in (0, 1):
                 b, t, hv, d = grads[i].shape
                 grads[i] = grads[i].to(kept).to(compute).view(b, t, heads, hv // heads, d).sum(3)
-        if self.family in ("gla", "simple_gla") and compute != torch.float64 and not self.axes:
+        if VARIANTS[self.family].factored_gate and compute != torch.float64 and not self.axes:
             grads[3] = self._gate_yardstick(leaves, grads)  # (its sum over a chunk starts from a zero state)
         return tuple(o.detach() for o in outs) + tuple(g.detach() for g in grads)
 
@@ -346,10 +348,10 @@ class PreparedLinear:
         import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
 
-        if self.family not in ("gla", "simple_gla"):
+        if not VARIANTS[self.family].factored_gate:
             return {}
         gate = self.inputs[3].detach().double()
-        default = CHUNK if compute == torch.float64 or self.family == "simple_gla" else GLA_CHUNK
+        default = CHUNK if compute == torch.float64 or VARIANTS[self.family].gate == "head" else GLA_CHUNK
         limit, chunk = MAX_LOG_DECAY.get(str(compute), 80.0), default
         while chunk > 1 and _deepest_chunk(gate, chunk) > limit:
             chunk //= 2
@@ -368,8 +370,9 @@ class PreparedLinear:
 
         q, k = (x.detach() for x in leaves[:2])
         autograd = grads[3].detach()
-        summed = gate_gradient(q, k, grads[0].detach(), grads[1].detach(), per_head=self.family == "simple_gla",
-                               chunk=CHUNK, later=autograd)
+        per_head = VARIANTS[self.family].gate == "head"
+        summed = gate_gradient(q, k, grads[0].detach(), grads[1].detach(), per_head=per_head, chunk=CHUNK,
+                               later=autograd)
         ref = self._computed["fp64"][4].double()
         return torch.where((summed.double() - ref).abs() > (autograd.double() - ref).abs(), summed, autograd)
 
@@ -409,17 +412,17 @@ def _inputs(family: str, case: LinearCase, device: Any, backward: bool, seed: in
 
     hk = case.n_key_heads  # GDN's queries and keys may have fewer heads than its values (case.py)
     q, k, v = draw(b, t, hk, kd), draw(b, t, hk, kd), draw(b, t, h, vd)
-    if family == "gdn":  # GDN's keys and queries are L2-normalised, as in the layer
+    variant = VARIANTS[family]
+    if variant.normalised_keys:  # GDN's keys and queries are L2-normalised, as in the layer
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
     q_gain, kv_gain = values.linear_scales(case.values)
     tensors = [(q * q_gain).to(dtype), (k * kv_gain).to(dtype), (v * kv_gain).to(dtype)]
     regime = "gate-near-zero" if case.values == "large-state" else case.values
-    if family == "gla":
+    if variant.gate == "channel":
         tensors.append(values.linear_gates(regime, draw, b, t, h, kd))  # fp32 log decay, as fla recommends
-    if family == "simple_gla":
+    elif variant.gate == "head":
         tensors.append(values.linear_gates(regime, draw, b, t, h))
-    if family == "gdn":
-        tensors.append(values.linear_gates(regime, draw, b, t, h))
+    if variant.beta:
         beta = torch.sigmoid(draw(b, t, h)) * case.beta_max
         if case.values == "beta-bounds":
             beta = values.beta_bounds(beta, case.beta_max)
@@ -559,9 +562,8 @@ def run_case(
 
 def cost(family: str, kernel: Kernel, case: LinearCase, direction: str) -> Any:
     """The analytic cost of the kernel's form (chunk or recurrent) on the case."""
-    model = {"linear_attn": costs_linear.linear_attention, "gla": costs_linear.gla,
-             "simple_gla": costs_linear.simple_gla, "gdn": costs_linear.gated_delta_rule}[family]
-    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if family == "gdn" else {}
+    model = costs_linear.MODELS[family]
+    grouped: dict[str, Any] = {"key_heads": case.n_key_heads} if VARIANTS[family].grouped_values else {}
     return model(batch=case.batch, heads=case.heads, seq=case.seq, key_dim=case.key_dim,
                  value_dim=case.value_dim, dtype=case.dtype, form=kernel.form or "chunk",
                  backward=direction == "fwdbwd", **grouped)
