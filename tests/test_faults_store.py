@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -32,9 +33,15 @@ from pytest_attnperf.store.baselines import BaselineError, BaselineFile, LockTim
 COMMITTED = kit.ROOT / "baselines" / "h200.yaml"
 PLUGIN = kit.PLUGIN
 COUNTS: Counter[str] = Counter()  # inputs, faults, entries checked, entries lost (see the fixture below)
-ROUNDS = int(os.environ.get("ATTNPERF_STORE_ROUNDS", "20"))  # concurrent-writer rounds at the committed size
+# Locked concurrent-writer rounds at the committed size: the unlocked control shows the harness's
+# writes overlap (it loses an entry in its first round or so); a few locked rounds then show the
+# lock keeps them (more for a longer stress run).
+ROUNDS = int(os.environ.get("ATTNPERF_STORE_ROUNDS", "4"))
 LARGE_ROUNDS = max(1, ROUNDS // 4)  # at 1.5 MB, where a round takes seconds (a write's window is wider there)
-HUGE_MB = float(os.environ.get("ATTNPERF_STORE_HUGE_MB", "5"))  # the large file's size (50 for the figure)
+CONTROL_ROUNDS = max(ROUNDS, 20)  # the unlocked control's rounds at most: it stops at its first lost entry
+LARGE_MB = 1.5  # the concurrent writers' large file
+HUGE_MB = float(os.environ.get("ATTNPERF_STORE_HUGE_MB", str(LARGE_MB)))  # the large file's size (50 for the figure)
+HEAD_ENTRIES = 40  # the committed file's entries in HEAD (the cuts and flips, the lock and interrupted writes)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,16 +74,24 @@ def keys_of(path: Path) -> set[str]:
     return {str(k) for k in data["entries"]}
 
 
-def check_kept(path: Path, expected: set[str]) -> None:
-    """Count the expected keys missing from ``path`` as lost, and fail if any is."""
-    missing = expected - keys_of(path)
+def check_kept(path: Path, expected: set[str], present: set[str] | None = None) -> None:
+    """Count the expected keys missing from ``path`` (whose keys are ``present`` where already read)
+    as lost, and fail if any is."""
+    missing = expected - (keys_of(path) if present is None else present)
     COUNTS["entries checked"] += len(expected)
     COUNTS["entries lost"] += len(missing)
     assert not missing, f"{len(missing)} entries lost from {path}: {sorted(missing)[:5]}"
 
 
+_SCALED: dict[int, bytes] = {}  # scaled_copy's files by size: each built once a process
+
+
 def scaled_copy(path: Path, target_bytes: int) -> Path:
-    """A baseline file of about ``target_bytes``: the committed file's entries repeated under new keys."""
+    """A baseline file of about ``target_bytes``: the committed file's entries repeated under new keys
+    (built and saved once for each size; later copies are its bytes)."""
+    if target_bytes in _SCALED:
+        path.write_bytes(_SCALED[target_bytes])
+        return path
     source = load(COMMITTED)
     assert source is not None
     items = sorted(source.entries.items())
@@ -86,7 +101,20 @@ def scaled_copy(path: Path, target_bytes: int) -> Path:
         k: list(v) if isinstance(v, list) else v for k, v in value.items()}
         for i, (key, value) in ((i, items[i % len(items)]) for i in range(count))}
     save(path, BaselineFile(meta=source.meta, entries=entries))
+    _SCALED[target_bytes] = path.read_bytes()
     return path
+
+
+def committed_head(entries: int) -> bytes:
+    """The committed file's text up to the end of its first ``entries`` entries: a smaller file of
+    the same text (its format, meta and entries as written), whose every cut is one of the whole's."""
+    text = COMMITTED.read_bytes()
+    body = text.index(b"\nentries:\n") + len(b"\nentries:\n")
+    starts = [body + m.start() for m in re.finditer(rb"^  (?:\? |[^:\s])", text[body:], re.MULTILINE)]
+    return text[:starts[entries]]
+
+
+HEAD = committed_head(HEAD_ENTRIES)  # the file of the tests where its size plays no part
 
 
 # -- bad files ------------------------------------------------------------------------------
@@ -143,9 +171,15 @@ def test_a_hand_merged_file_is_refused_by_an_update_and_left_byte_for_byte(tmp_p
 
 
 def test_truncated_and_corrupted_copies_load_or_fail_cleanly(tmp_path: Path) -> None:
-    """Two hundred cuts and byte flips of the committed file: each loads (bad entries set aside)
-    or raises ``BaselineError``; nothing else escapes, and no usable entry is reported unusable."""
-    text = COMMITTED.read_bytes()
+    """Two hundred cuts and byte flips of the committed file's text (its first ``HEAD_ENTRIES``
+    entries, which load as they are): each loads (bad entries set aside) or raises
+    ``BaselineError``; nothing else escapes, and no usable entry is reported unusable."""
+    text = HEAD
+    head = tmp_path / "head.yaml"
+    head.write_bytes(text)
+    whole = load(head)  # no entry set aside before the faults
+    assert whole is not None
+    assert len(whole.entries) == HEAD_ENTRIES
     rng = random.Random(7)
     path = tmp_path / "h200.yaml"
     outcomes: Counter[str] = Counter()
@@ -229,8 +263,9 @@ def test_bad_entries_are_set_aside_each_with_its_cause_and_kept_on_save(tmp_path
 
 
 def test_large_file_loads_with_the_c_loader_and_reports_its_time(tmp_path: Path) -> None:
-    """A file of ``ATTNPERF_STORE_HUGE_MB`` (5 MB here; 50 for the figure) loads, with libyaml's
-    loader where PyYAML has it; the time is printed, not asserted."""
+    """A file of ``ATTNPERF_STORE_HUGE_MB`` (1.5 MB here, the concurrent writers' large file,
+    built once for both; 50 for the figure) loads, with libyaml's loader where PyYAML has it; the
+    time is printed, not asserted."""
     if yaml.__with_libyaml__:
         assert issubclass(baselines._LOADER, yaml.CSafeLoader)
         assert issubclass(baselines._DUMPER, yaml.CSafeDumper)
@@ -280,9 +315,14 @@ def wait_for(names: list[Path], writers: list[subprocess.Popen[bytes]]) -> None:
         time.sleep(0.002)
 
 
+def round_keys(i: int) -> set[str]:
+    """The keys the two writers add in round ``i``."""
+    return {f"w.py::a[{i}]", f"w.py::b[{i}]"}
+
+
 def races(path: Path, folder: Path, rounds: int, unlocked: bool = False) -> Iterator[set[str]]:
     """Two writer processes, each adding one entry a round to ``path`` at the same moment as the
-    other; yields, after each round, the round's keys missing from the file."""
+    other; yields, after each round, the keys in the file."""
     folder.mkdir()
     names = ["w.py::a", "w.py::b"]
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), name, str(folder), "1" if unlocked else "0",
@@ -292,14 +332,14 @@ def races(path: Path, folder: Path, rounds: int, unlocked: bool = False) -> Iter
             wait_for([folder / f"ready-{n}-{i}" for n in names], writers)
             (folder / f"go-{i}").touch()
             wait_for([folder / f"done-{n}-{i}" for n in names], writers)
-            yield {f"{n}[{i}]" for n in names} - keys_of(path)
+            yield keys_of(path)
     finally:
         (folder / "stop").touch()
         for w in writers:
             w.wait(timeout=60)
 
 
-@pytest.mark.parametrize(("size", "rounds"), [("committed", ROUNDS), ("1.5MB", LARGE_ROUNDS)])
+@pytest.mark.parametrize(("size", "rounds"), [("committed", ROUNDS), (f"{LARGE_MB}MB", LARGE_ROUNDS)])
 def test_concurrent_updates_keep_every_entry(tmp_path: Path, size: str, rounds: int) -> None:
     """Two processes update the same file at the same moment, ``rounds`` times: every round
     keeps both new entries and every old one."""
@@ -307,40 +347,42 @@ def test_concurrent_updates_keep_every_entry(tmp_path: Path, size: str, rounds: 
     if size == "committed":
         path.write_bytes(COMMITTED.read_bytes())
     else:
-        scaled_copy(path, 1_500_000)
-    expected = keys_of(path)
-    for i, missing in enumerate(races(path, tmp_path / "race", rounds)):
+        scaled_copy(path, int(LARGE_MB * 1e6))
+    expected, present = keys_of(path), set[str]()
+    for i, present in enumerate(races(path, tmp_path / "race", rounds)):
+        missing = round_keys(i) - present
         COUNTS["inputs"] += 1
         COUNTS["faults"] += 1
         COUNTS["entries checked"] += 2
         COUNTS["entries lost"] += len(missing)
         assert not missing, f"round {i}: lost {missing}"
-        expected |= {f"w.py::a[{i}]", f"w.py::b[{i}]"}
-    check_kept(path, expected)
+        expected |= round_keys(i)
+    check_kept(path, expected, present)  # the file as the last round left it
     assert temporaries(path) == []
 
 
 def test_the_unlocked_control_loses_entries(tmp_path: Path) -> None:
     """The same race without the lock, on the committed file's size, until it loses an entry
-    (at most ``ROUNDS`` rounds): proof that the race test above can see a lost entry. The
+    (at most ``CONTROL_ROUNDS`` rounds): proof that the race test above can see a lost entry. The
     losses here are the control's and are counted apart."""
     path = tmp_path / "h200.yaml"
     path.write_bytes(COMMITTED.read_bytes())
     rounds, missing = 0, set()
-    for missing in races(path, tmp_path / "race", ROUNDS, unlocked=True):
+    for i, present in enumerate(races(path, tmp_path / "race", CONTROL_ROUNDS, unlocked=True)):
         COUNTS["inputs"] += 1
         rounds += 1
+        missing = round_keys(i) - present
         if missing:
             break
     COUNTS["unlocked control: rounds until an entry was lost"] = rounds
-    assert missing, f"{ROUNDS} unlocked rounds lost nothing: the race does not overlap the writes"
+    assert missing, f"{CONTROL_ROUNDS} unlocked rounds lost nothing: the race does not overlap the writes"
 
 
 def test_a_writer_waits_for_the_lock_and_then_sees_the_holders_entry(tmp_path: Path) -> None:
     """While this process holds the lock, another's update waits; once released, it reloads and
     keeps this process's entry beside its own."""
     path = tmp_path / "h200.yaml"
-    path.write_bytes(COMMITTED.read_bytes())
+    path.write_bytes(HEAD)
     before = keys_of(path)
     COUNTS["inputs"] += 1
     with baselines.locked(path):
@@ -360,7 +402,7 @@ def test_an_update_rereads_a_file_another_run_changed_since_it_was_read(tmp_path
     """The file as this run read it is merged into only if its bytes are unchanged: another
     run's entry written in between is kept."""
     path = tmp_path / "h200.yaml"
-    path.write_bytes(COMMITTED.read_bytes())
+    path.write_bytes(HEAD)
     before = keys_of(path)
     COUNTS["inputs"] += 1
     read_at_start = load(path, keep_unusable=True)
@@ -372,14 +414,14 @@ def test_an_update_rereads_a_file_another_run_changed_since_it_was_read(tmp_path
 def test_a_lock_held_too_long_is_a_clear_timeout(tmp_path: Path) -> None:
     """Another holder past the timeout: ``LockTimeout`` names the lock file and the holder's pid."""
     path = tmp_path / "h200.yaml"
-    path.write_bytes(COMMITTED.read_bytes())
+    path.write_bytes(HEAD)
     COUNTS["inputs"] += 1
     COUNTS["faults"] += 1
     with baselines.locked(path), pytest.raises(LockTimeout) as info:
         update(path, {"k": entry(1.0)}, {}, timeout_s=0.2)
     assert str(baselines.lock_path(path)) in str(info.value)
     assert f"process {os.getpid()}" in str(info.value)
-    assert path.read_bytes() == COMMITTED.read_bytes()
+    assert path.read_bytes() == HEAD
 
 
 # -- interrupted writes ---------------------------------------------------------------------
@@ -407,7 +449,7 @@ def test_a_writer_killed_mid_write_leaves_the_file_intact_and_the_next_update_cl
     was, the temporary is left, the lock is free again, and the next update removes the
     temporary and keeps every entry."""
     path = tmp_path / "h200.yaml"
-    path.write_bytes(COMMITTED.read_bytes())
+    path.write_bytes(HEAD)
     before = keys_of(path)
     writer = subprocess.Popen([sys.executable, "-c", STUCK_WRITER, str(path), "1"], env=child_env(),
                               stdout=subprocess.PIPE, text=True)
@@ -417,7 +459,7 @@ def test_a_writer_killed_mid_write_leaves_the_file_intact_and_the_next_update_cl
     writer.wait(timeout=30)
     COUNTS["inputs"] += 1
     COUNTS["faults"] += 1
-    assert path.read_bytes() == COMMITTED.read_bytes()
+    assert path.read_bytes() == HEAD
     left = temporaries(path)
     assert len(left) == 1
     merged, removed = update(path, {"next": entry(1.0)}, {}, timeout_s=5)
