@@ -29,24 +29,30 @@ def suite_copy(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+# The runs time their cases (a wrong kernel may fail only when timed) but measure no matmul or copy
+# ceilings: no claim here reads a roofline, and each test's ceilings cache is a folder of its own
+# (tests/conftest.py), so every run would measure them again (most of a run's time on the CPU).
+FAST = ("--attnperf-budget=0.01", "--attnperf-ceilings=off", "--benchmark-disable")
+
+
 def run_cpu_case(
     pytester: pytest.Pytester, name: str, *args: str, case: str = "cpu-b2-h4-t128-d32-causal-fp32",
-    suite: str = "softmax",
 ) -> pytest.RunResult:
-    """One CPU case of a suite, for the kernels ``-k`` selects by ``name`` (``my-attention-``)."""
+    """One CPU case of the softmax suite, for the kernels ``-k`` selects by ``name`` (``my-attention-``)."""
     return pytester.runpytest_inprocess(
-        "-p", "pytest_attnperf.plugin", f"suites/test_{suite}.py", "-k", f"{case} and {name}",
-        "--attnperf-budget=0.01", "--benchmark-disable", "-rs", *args,
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "-k", f"{case} and {name}", *FAST, "-rs", *args,
     )
 
 
 def test_readme_example_passes(suite_copy: pytest.Pytester) -> None:
+    """One run of the example's cases: both directions of the CPU case pass, and both of the
+    windowed case (which the example refuses) skip with its message."""
     suite_copy.makeconftest(readme_conftest())
-    result = run_cpu_case(suite_copy, "my-attention-")
-    result.assert_outcomes(passed=2)
-    result = run_cpu_case(suite_copy, "my-attention-", case="w32")
-    result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines(["*my-attention does not support this case: NotImplementedError*"])
+    result = run_cpu_case(suite_copy, "my-attention-", "-rA", case="(cpu-b2-h4-t128-d32-causal-fp32 or w32)")
+    result.assert_outcomes(passed=2, skipped=2)
+    node = "suites/test_softmax.py::test_softmax[cpu-b2-h4-t128-d32-causal-fp32-my-attention-%s]"
+    result.stdout.fnmatch_lines([f"PASSED {node % 'fwd'}", f"PASSED {node % 'fwdbwd'}"], consecutive=False)
+    result.stdout.fnmatch_lines(["SKIPPED [[]2[]] *my-attention does not support this case: NotImplementedError*"])
 
 
 WRONG = '''
@@ -114,23 +120,24 @@ def verdicts(result: pytest.RunResult) -> dict[str, str]:
     return {name: verdict.lower() for verdict, name in found}
 
 
-def test_wrong_softmax_kernels_fail_each_with_its_message(suite_copy: pytest.Pytester) -> None:
-    """The wrong softmax kernels, in one run (one process: each costs its own cases only)."""
+def test_wrong_kernels_fail_each_with_its_message(suite_copy: pytest.Pytester) -> None:
+    """One run (one process: each kernel costs its own cases only) of both suites: each wrong
+    softmax kernel fails each direction it is wrong in, with its message, and passes the others;
+    the linear kernel that drops its gate fails both directions."""
     suite_copy.makeconftest(WRONG)
-    result = run_cpu_case(suite_copy, "(" + " or ".join(f"{name}-" for name in SOFTMAX_WRONG) + ")",
-                          "-rA")
+    softmax = "(" + " or ".join(f"{name}-" for name in SOFTMAX_WRONG) + ")"
+    result = suite_copy.runpytest_inprocess(
+        "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "suites/test_linear.py",
+        "-k", f"(cpu-b2-h4-t128-d32-causal-fp32 and {softmax}) or (cpu-b2-h2-t33-d16-fp32 and dropped-gate-)",
+        *FAST, "-rA",
+    )
     got = verdicts(result)
     for name, (fwd, fwdbwd, message) in SOFTMAX_WRONG.items():
         assert (got.get(f"{name}-fwd"), got.get(f"{name}-fwdbwd")) == (fwd, fwdbwd), name
         result.stdout.fnmatch_lines([message])
-    assert len(got) == 2 * len(SOFTMAX_WRONG)
-
-
-def test_a_linear_kernel_that_drops_its_gate_fails(suite_copy: pytest.Pytester) -> None:
-    suite_copy.makeconftest(WRONG)
-    result = run_cpu_case(suite_copy, "dropped-gate-", case="cpu-b2-h2-t33-d16-fp32", suite="linear")
-    result.assert_outcomes(failed=2)
+    assert (got.get("gla-dropped-gate-fwd"), got.get("gla-dropped-gate-fwdbwd")) == ("failed", "failed")
     result.stdout.fnmatch_lines(["*dropped-gate out: normwise relative error*exceeds*"])
+    assert len(got) == 2 * len(SOFTMAX_WRONG) + 2
 
 
 RESEEDS = '''
@@ -178,8 +185,7 @@ def test_a_kernel_that_reseeds_the_global_generator_is_reported_and_the_next_tes
     suite_copy.makepyfile(test_after=AFTER_RESEED)
     result = suite_copy.runpytest_inprocess(
         "-p", "pytest_attnperf.plugin", "suites/test_softmax.py", "test_after.py",
-        "-k", "cpu-b2-h4-t128-d32-causal-fp32 and (reseeds- or sdpa-math-) or test_after",
-        "--attnperf-budget=0.01", "--benchmark-disable", "-rA",
+        "-k", "cpu-b2-h4-t128-d32-causal-fp32 and (reseeds- or sdpa-math-) or test_after", *FAST, "-rA",
     )
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines([
