@@ -33,8 +33,22 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return make_project(pytester, test_cases=TESTS)
 
 
-def test_update_then_unchanged_rerun_passes(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
+def test_a_recording_gates_the_runs_after_it(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded once, then gated run after run:
+
+    - the recording, made without pytest-benchmark loaded, holds both cases' entries (20 samples,
+      the median) with the run's hardware and device;
+    - an unchanged rerun passes, each case unchanged;
+    - a case 10% slower fails, that case only, naming both medians and saying it was re-measured;
+      a case 20% faster passes and is reported as improved;
+    - a GPU profile that stopped with TEARDOWN_CUPTI=0 (as torch.compile's CUDA graphs set it) is
+      noted on every GPU case, the failing one too, whose notes come from its second measurement;
+    - without pytest-benchmark the slower case fails just the same; --benchmark-skip skips every
+      case before measuring, and --benchmark-only still gates.
+    """
+    from pytest_attnperf.measure import profiled
+
+    project.runpytest(*PLUGIN, "--hw=h200", "-p", "no:benchmark", "--update-baselines").assert_outcomes(passed=2)
     data = baseline(project)
     assert sorted(data["entries"]) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]
     entry = data["entries"]["test_cases.py::test_case[a]"]
@@ -46,44 +60,66 @@ def test_update_then_unchanged_rerun_passes(project: pytest.Pytester) -> None:
     rerun.assert_outcomes(passed=2)
     assert "unchanged" in rerun.stdout.str()
 
-
-def test_ten_percent_slower_fails_that_test_only(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    set_speed(project, a=1.10)
-    result = project.runpytest(*PLUGIN, "--hw=h200")
+    set_speed(project, a=1.10, b=0.8)
+    with monkeypatch.context() as patched:
+        patched.setattr(profiled, "AT_STOP", {"backend proof's": "0"})
+        result = project.runpytest(*PLUGIN, "--hw=h200")
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*test_case?a?: REGRESSED +10.0% against the baseline*"])
     assert "baseline: median 1 ms" in out
     assert "current:  median 1.1 ms" in out
     assert "FAILED test_cases.py::test_case[b]" not in out
-    assert "re-measured after a suspected regression" in out
-
-
-def test_cupti_left_attached_is_noted_on_the_re_measured_failure(
-        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GPU profile that stopped with TEARDOWN_CUPTI=0 (as torch.compile's CUDA graphs set it):
-    every GPU case says so, the failing one too, whose notes come from its second measurement."""
-    from pytest_attnperf.measure import profiled
-
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    monkeypatch.setattr(profiled, "AT_STOP", {"backend proof's": "0"})
-    set_speed(project, a=1.10)
-    result = project.runpytest(*PLUGIN, "--hw=h200")
-    result.assert_outcomes(passed=1, failed=1)
-    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_case[[]b[]]*-20.0% improved*"])
     failure = out[out.index("REGRESSED"):out.index("short test summary")]
     assert "re-measured after a suspected regression" in failure
     assert "TEARDOWN_CUPTI was '0' when the backend proof's profile stopped" in failure
     assert out.count("TEARDOWN_CUPTI was '0'") >= 2  # the summary notes the passing case too
 
+    project.runpytest(*PLUGIN, "-p", "no:benchmark").assert_outcomes(passed=1, failed=1)
+    project.runpytest(*PLUGIN, "--benchmark-skip").assert_outcomes(skipped=2)
+    project.runpytest(*PLUGIN, "--benchmark-only").assert_outcomes(passed=1, failed=1)
 
-def test_missing_entry_passes_as_new_unless_required(project: pytest.Pytester) -> None:
-    ungated = project.runpytest(*PLUGIN)
+
+def test_without_baselines_each_case_passes_as_new_and_reports_its_figures(project: pytest.Pytester) -> None:
+    """One project, from no baselines folder to a required recording:
+
+    - without a baselines folder every case passes as new, the folder named, not gated;
+    - the summary table has every column, each figure from the cost and the card's peaks;
+    - the default cold graphs and hot sample reach the timer, and then the flags' values;
+    - the benchmark JSON carries the device samples (median, rounds) and the cost's figures;
+      without CUDA no sample overhead is timed: null beside every case, and nothing printed;
+    - a folder without this card's file: each case passes as new; with
+      --attnperf-require-baseline each fails, naming the file; once recorded, both pass.
+    """
+    set_speed(project, a=2.0)
+    ungated = project.runpytest(*PLUGIN, "--benchmark-json=out.json")
     ungated.assert_outcomes(passed=2)
     ungated.stdout.fnmatch_lines(["*attnperf: no baselines folder at *"])  # named, not gated
+    ungated.stdout.fnmatch_lines(
+        [
+            "*attnperf on h200: 2 measured cases*",
+            "*case*backend*median*spread*TFLOP/s*MFU %*GB/s*BW %*FLOP/B*bound*roof %*peak MiB*eager*eager vs base"
+            "*vs baseline*",
+            # 1e9 FLOP in 1 ms = 1 TFLOP/s, 0.1% of the H200's 989.5 dense bf16 peak; 1 GB/s, 0.0%
+            # of its 4800; 1e9 FLOP over 1e6 bytes = 1000 FLOP/B, above the H200's ridge (206): compute
+            # bound, and 0.1% of the roofline (no CUDA here, so the spec figures are the ceilings)
+            "*test_case[[]b[]]*1.000 ms*1.00*0.1*1.0*0.0*1000*cmp*0.1*new*",
+        ]
+    )
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 8, "hot_sample_ms": 20.0}
+    bench = {b["name"]: b for b in benchmarks(project, "out.json")}["test_case[a]"]
+    assert bench["stats"]["median"] == pytest.approx(2.0e-3, rel=0.01)
+    assert bench["stats"]["rounds"] == 20
+    assert bench["extra_info"]["tflops"] == pytest.approx(0.5, rel=0.01)
+    assert set(bench["extra_info"]) >= {"mfu", "gb_per_s", "bandwidth_frac", "peak_mib", "eager_ms"}
+    # no CUDA: no sample overhead is timed, the JSON holds null beside every case and nothing is printed
+    assert {b["extra_info"]["attnperf_overhead_ms"] for b in benchmarks(project, "out.json")} == {None}
+    assert "sample overhead" not in ungated.stdout.str()
+
     (project.path / "baselines").mkdir()  # a folder without this card's file: each case has no entry
-    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
+    project.runpytest(*PLUGIN, "--attnperf-cold-graphs=3", "--attnperf-hot-sample=0.5ms").assert_outcomes(passed=2)
+    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 3, "hot_sample_ms": 0.5}
     result = project.runpytest(*PLUGIN, "--attnperf-require-baseline")
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*no entry in *h200.yaml and --attnperf-require-baseline is set*"])
@@ -91,27 +127,14 @@ def test_missing_entry_passes_as_new_unless_required(project: pytest.Pytester) -
     project.runpytest(*PLUGIN, "--attnperf-require-baseline").assert_outcomes(passed=2)
 
 
-def test_faster_case_passes_and_is_reported(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    set_speed(project, b=0.8)
-    result = project.runpytest(*PLUGIN)
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*test_case[[]b[]]*-20.0% improved*"])
+def test_an_update_records_only_what_it_measured_and_what_passed(project: pytest.Pytester) -> None:
+    """Run after run on one project:
 
-
-def test_update_rewrites_only_what_it_measured(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    before = baseline(project)
-    set_speed(project, a=1.5)
-    project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[a]").assert_outcomes(passed=1)
-    after = baseline(project)
-    key_a, key_b = "test_cases.py::test_case[a]", "test_cases.py::test_case[b]"
-    assert after["entries"][key_b] == before["entries"][key_b]
-    assert after["entries"][key_a]["median_ms"] == pytest.approx(1.5, rel=0.01)
-    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
-
-
-def test_failed_test_is_not_recorded(project: pytest.Pytester) -> None:
+    - a test that measured and then failed is not recorded;
+    - an update of one case rewrites that entry only, and the run after gates against it;
+    - a case whose fixture fails after its measurement errors, and its entry is not recorded (the
+      earlier one is kept); the other case is recorded.
+    """
     project.makepyfile(
         test_more='''
         from pytest_attnperf.costs import Cost
@@ -122,7 +145,28 @@ def test_failed_test_is_not_recorded(project: pytest.Pytester) -> None:
         '''
     )
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2, failed=1)
-    assert "test_more.py::test_measures_then_fails" not in baseline(project)["entries"]
+    before = baseline(project)
+    assert "test_more.py::test_measures_then_fails" not in before["entries"]
+
+    set_speed(project, a=1.5)
+    project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_case[a]").assert_outcomes(passed=1)
+    after = baseline(project)["entries"]
+    key_a, key_b = "test_cases.py::test_case[a]", "test_cases.py::test_case[b]"
+    assert after[key_b] == before["entries"][key_b]
+    assert after[key_a]["median_ms"] == pytest.approx(1.5, rel=0.01)
+    project.runpytest(*PLUGIN, "test_cases.py").assert_outcomes(passed=2)
+
+    project.makepyfile(test_cases=TESTS.replace(
+        '@pytest.mark.parametrize("name", ["a", "b"])\ndef test_case(name, attnperf):',
+        "@pytest.fixture\ndef leak_check(name):\n    yield\n    assert name != 'a', 'leaked'\n\n\n"
+        '@pytest.mark.parametrize("name", ["a", "b"])\ndef test_case(name, attnperf, leak_check):',
+    ))
+    set_speed(project, a=0.5, b=0.5)
+    result = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py")
+    result.assert_outcomes(passed=2, errors=1)
+    kept = baseline(project)["entries"]
+    assert kept[key_a] == after[key_a]
+    assert kept[key_b]["median_ms"] == pytest.approx(0.5, rel=0.01)
 
 
 def test_hw_mismatch_is_a_usage_error(project: pytest.Pytester) -> None:
@@ -183,73 +227,31 @@ def test_corrupt_baseline_fails_loudly_and_is_never_overwritten(project: pytest.
     assert (folder / "h200.yaml").read_text() == corrupt
 
 
-def test_summary_table_has_every_column(project: pytest.Pytester) -> None:
-    result = project.runpytest(*PLUGIN)
-    result.stdout.fnmatch_lines(
-        [
-            "*attnperf on h200: 2 measured cases*",
-            "*case*backend*median*spread*TFLOP/s*MFU %*GB/s*BW %*FLOP/B*bound*roof %*peak MiB*eager*eager vs base"
-            "*vs baseline*",
-            # 1e9 FLOP in 1 ms = 1 TFLOP/s, 0.1% of the H200's 989.5 dense bf16 peak; 1 GB/s, 0.0%
-            # of its 4800; 1e9 FLOP over 1e6 bytes = 1000 FLOP/B, above the H200's ridge (206): compute
-            # bound, and 0.1% of the roofline (no CUDA here, so the spec figures are the ceilings)
-            "*test_case[[]a[]]*1.000 ms*1.00*0.1*1.0*0.0*1000*cmp*0.1*new*",
-        ]
-    )
+def test_a_changed_clock_fails_naming_both_and_a_recording_keeps_its_notes(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded graph-timed, then:
 
+    - timed eager (the kernel stopped being capturable), however slow, the case cannot be gated:
+      it fails as CLOCK CHANGED naming both clocks, rather than passing as 'not compared';
+    - that message quotes the timer's notes as its reason; a note added after the gate (CUPTI left
+      attached) is still shown, under "notes:", and nothing twice;
+    - re-recording accepts the new clock, keeping its note (an eager fallback) in the entry, the
+      other case's entry without one; the case is then gated again, and a later failure against
+      that entry quotes the note.
+    """
+    from pytest_attnperf.measure import profiled
 
-def test_benchmark_json_carries_device_samples(project: pytest.Pytester) -> None:
-    set_speed(project, a=2.0)
-    project.runpytest(*PLUGIN, "--benchmark-json=out.json").assert_outcomes(passed=2)
-    bench = {b["name"]: b for b in benchmarks(project, "out.json")}["test_case[a]"]
-    assert bench["stats"]["median"] == pytest.approx(2.0e-3, rel=0.01)
-    assert bench["stats"]["rounds"] == 20
-    assert bench["extra_info"]["tflops"] == pytest.approx(0.5, rel=0.01)
-    assert set(bench["extra_info"]) >= {"mfu", "gb_per_s", "bandwidth_frac", "peak_mib", "eager_ms"}
-
-
-def test_benchmark_skip_skips_before_measuring(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    set_speed(project, a=1.5)
-    project.runpytest(*PLUGIN, "--benchmark-skip").assert_outcomes(skipped=2)
-    project.runpytest(*PLUGIN, "--benchmark-only").assert_outcomes(passed=1, failed=1)
-
-
-def test_runs_without_pytest_benchmark(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "-p", "no:benchmark", "--update-baselines").assert_outcomes(passed=2)
-    set_speed(project, a=1.5)
-    project.runpytest(*PLUGIN, "-p", "no:benchmark").assert_outcomes(passed=1, failed=1)
-
-
-def test_a_case_whose_clock_changed_fails_naming_both(project: pytest.Pytester) -> None:
-    """Baseline graph-timed, this run eager (the kernel stopped being capturable): however
-    slow, it cannot be gated, so it fails instead of passing as 'not compared'."""
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
     set_speed(project, a=1.5)
     set_clocks(project, a=["cuda-events"])
-    result = project.runpytest(*PLUGIN)
+    with monkeypatch.context() as patched:
+        patched.setattr(profiled, "AT_STOP", {"backend proof's": "0"})
+        result = project.runpytest(*PLUGIN)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*test_case[[]a[]]: CLOCK CHANGED: the baseline was timed with the scripted clock, this run with "
         "the cuda-events clock (scripted fallback to cuda-events)*",
     ])
-    set_speed(project, a=1.0)  # re-recording accepts the new clock; then it gates again
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    assert baseline(project)["entries"]["test_cases.py::test_case[a]"]["clock"] == "cuda-events"
-    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
-
-
-def test_a_changed_clock_failure_quotes_each_note_once(
-        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLOCK CHANGED message quotes the timer's notes as its reason; a note added after the
-    gate (CUPTI left attached) is still shown, under "notes:", and nothing twice."""
-    from pytest_attnperf.measure import profiled
-
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    monkeypatch.setattr(profiled, "AT_STOP", {"backend proof's": "0"})
-    set_clocks(project, a=["cuda-events"])
-    result = project.runpytest(*PLUGIN)
-    result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     start = out.index("CLOCK CHANGED")
     failure = out[start:out.index("\n=", start)]  # the failure section, not the summary after it
@@ -257,37 +259,16 @@ def test_a_changed_clock_failure_quotes_each_note_once(
     assert failure.count("TEARDOWN_CUPTI was '0'") == 1
     assert "\n  notes: TEARDOWN_CUPTI" in failure
 
-
-def test_notes_are_recorded_with_the_entry_and_shown_when_it_fails(project: pytest.Pytester) -> None:
-    """A figure recorded with a note (here an eager fallback) keeps it in the baseline file,
-    and a later failure against that entry quotes it."""
-    set_clocks(project, a=["cuda-events"])
+    set_speed(project, a=1.0)
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
     entries = baseline(project)["entries"]
+    assert entries["test_cases.py::test_case[a]"]["clock"] == "cuda-events"
     assert entries["test_cases.py::test_case[a]"]["notes"] == ["scripted fallback to cuda-events"]
     assert "notes" not in entries["test_cases.py::test_case[b]"]
     set_speed(project, a=1.2)
     result = project.runpytest(*PLUGIN)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*REGRESSED +20.0%*", "*baseline notes: scripted fallback to cuda-events*"])
-
-
-def test_a_teardown_error_keeps_the_entry_out_of_the_baseline(project: pytest.Pytester) -> None:
-    """The measurement passed but a fixture failed afterwards: the test errors, and its entry
-    is not recorded (the earlier one is kept); the other case is recorded."""
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    before = baseline(project)["entries"]
-    project.makepyfile(test_cases=TESTS.replace(
-        '@pytest.mark.parametrize("name", ["a", "b"])\ndef test_case(name, attnperf):',
-        "@pytest.fixture\ndef leak_check(name):\n    yield\n    assert name != 'a', 'leaked'\n\n\n"
-        '@pytest.mark.parametrize("name", ["a", "b"])\ndef test_case(name, attnperf, leak_check):',
-    ))
-    set_speed(project, a=0.5, b=0.5)
-    result = project.runpytest(*PLUGIN, "--update-baselines")
-    result.assert_outcomes(passed=2, errors=1)
-    after = baseline(project)["entries"]
-    assert after["test_cases.py::test_case[a]"] == before["test_cases.py::test_case[a]"]
-    assert after["test_cases.py::test_case[b]"]["median_ms"] == pytest.approx(0.5, rel=0.01)
 
 
 def test_requires_hw_skips_with_reason_on_cpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -389,7 +370,8 @@ def test_efficient_cannot_run_on_cpu(attnperf):
 
 def test_backend_pin_is_proven_from_the_profiler(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_pinned=PINNED)
-    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "--attnperf-budget=0.01", "-rs")
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "--attnperf-budget=0.01", "-rs",
+                                "--attnperf-ceilings=off")  # this CPU's matmul and copy ceilings: not the claim
     result.assert_outcomes(passed=1, failed=1, skipped=1)
     result.stdout.fnmatch_lines(
         [
@@ -397,13 +379,6 @@ def test_backend_pin_is_proven_from_the_profiler(pytester: pytest.Pytester) -> N
             "*attnperf_sdpa_backend('efficient') cannot run on *: No viable backend*",
         ]
     )
-
-
-def test_cold_graphs_and_hot_sample_reach_the_timer(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN).assert_outcomes(passed=2)
-    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 8, "hot_sample_ms": 20.0}
-    project.runpytest(*PLUGIN, "--attnperf-cold-graphs=3", "--attnperf-hot-sample=0.5ms").assert_outcomes(passed=2)
-    assert json.loads((project.path / "plan.json").read_text()) == {"cold_graphs": 3, "hot_sample_ms": 0.5}
 
 
 def test_an_eager_timed_case_is_not_compared_against_another_machines_recordings(project: pytest.Pytester) -> None:
@@ -463,14 +438,10 @@ def test_the_overheads_reach_the_recordings_and_the_gate_and_a_refusal_is_report
 def test_the_sample_overhead_is_measured_once_and_reported(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """With CUDA (faked here: the scripted timer times a CPU tensor), the run times a
-    one-element add once, writes it beside every case in the benchmark JSON and prints it;
-    without CUDA it writes null and prints nothing."""
+    one-element add once, writes it beside every case in the benchmark JSON and prints it.
+    (Without CUDA it writes null and prints nothing: the no-baselines test above.)"""
     import torch
 
-    plain = project.runpytest(*PLUGIN, "--benchmark-json=plain.json")
-    plain.assert_outcomes(passed=2)
-    assert "sample overhead" not in plain.stdout.str()
-    assert {b["extra_info"]["attnperf_overhead_ms"] for b in benchmarks(project, "plain.json")} == {None}
     cuda_available(monkeypatch)
     set_speeds(project, {"floor": 0.004})  # timed before any test: 4 us
     result = project.runpytest(*PLUGIN, "--benchmark-json=out.json")
