@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 import tempfile
+from types import SimpleNamespace
 from typing import Any
 
 import kit
@@ -100,6 +101,13 @@ def seen(pytester: pytest.Pytester) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+def _xdist_count() -> int:
+    """pytest-xdist's own ``-n auto`` count (one worker per CPU, or its environment variable's)."""
+    from xdist.plugin import pytest_xdist_auto_num_workers as xdist_count
+
+    return int(xdist_count(SimpleNamespace(option=SimpleNamespace(numprocesses="auto"))))
+
+
 def table_rows(out: str) -> list[str]:
     """The attnperf summary table's case column."""
     return re.findall(r"^((?:test_cases\.py::)?test_case\[s\d-k\d\]\S*)\s", out, flags=re.M)
@@ -156,89 +164,30 @@ def test_parallel_update_writes_what_a_serial_one_does(project: pytest.Pytester)
     assert len({r["machine"]["id"] for r in found}) == 2  # each worker's card: GPU-fake-0 and GPU-fake-1
 
 
-def test_parallel_verdicts_match_the_serial_ones(project: pytest.Pytester) -> None:
-    """A regressed case fails under -n 2 exactly as it does serially, and nothing is written."""
+def test_parallel_verdicts_match_the_serial_ones_with_pool_runs_on_each_workers_gpu(project: pytest.Pytester) -> None:
+    """One -n 2 run with --attnperf-processes=2 beside the same serial run without it, over two
+    shapes (a group each, so one on each worker), one case regressed, several claims:
+
+    - the regressed case fails under -n 2 exactly as it does serially, every other verdict is
+      the same, and nothing is written (the scripted timer gives every process the same
+      samples, so pooling them changes no verdict);
+    - a group's extra process measures its cases on the GPU of the worker that runs them,
+      before the first; each case pools its samples.
+    """
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
     before = (project.path / "baselines" / "h200.yaml").read_text()
     kit.set_speeds(project, {"test_case[s1-k1]": 1.2})
-    serial = project.runpytest(*PLUGIN)
-    serial.assert_outcomes(passed=8, failed=1)
-    parallel = project.runpytest(*PLUGIN, "-n", "2")
-    parallel.assert_outcomes(passed=8, failed=1)
+    serial = project.runpytest(*PLUGIN, "-rA", "-k", "s0 or s1")
+    seen(project)
+    parallel = project.runpytest(*PLUGIN, "-rA", "-k", "s0 or s1", "-n", "2", "--attnperf-processes=2",
+                                 "--attnperf-processes-below=5ms")
     for result in (serial, parallel):
+        result.assert_outcomes(passed=3, failed=1)
         result.stdout.fnmatch_lines(["*test_cases.py::test_case[[]s1-k1[]]: REGRESSED +20.0%*"])
-        assert "7 unchanged" in result.stdout.str()
+        assert "3 unchanged" in result.stdout.str()
+    assert kit.outcomes(parallel) == kit.outcomes(serial)
     assert (project.path / "baselines" / "h200.yaml").read_text() == before
 
-
-def test_auto_starts_one_worker_per_gpu(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_GPUS", "2,5,7")
-    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "auto")
-    result.assert_outcomes(passed=9)
-    assert "3 workers" in result.stdout.str()
-    assert {(t["worker"], t["gpu"]) for t in seen(project)} <= {("gw0", "2"), ("gw1", "5"), ("gw2", "7")}
-
-
-def test_more_workers_than_gpus_is_refused(project: pytest.Pytester) -> None:
-    """Asked for in so many words (--update-baselines), the run stops at start-up; otherwise
-    each timed case fails with the reason and the others run."""
-    refused = project.runpytest(*PLUGIN, "--update-baselines", "-n", "3")
-    assert refused.ret == pytest.ExitCode.USAGE_ERROR
-    refused.stderr.fnmatch_lines(["*3 pytest-xdist workers for 2 GPU(s)*run with -n 2 (or -n auto)"])
-    assert not (project.path / "baselines").exists()
-
-    failed = project.runpytest(*PLUGIN, "-n", "3")
-    outcomes = failed.parseoutcomes()
-    assert outcomes["passed"] == 1
-    assert outcomes["failed"] == 8
-    failed.stdout.fnmatch_lines(["*not timed: 3 pytest-xdist workers share 2 GPU(s)*"])
-    assert seen(project) == []  # nothing was timed
-
-
-def test_a_check_only_run_may_share_a_gpu_among_its_workers(project: pytest.Pytester) -> None:
-    """Nothing is timed there, so three workers on two GPUs are not refused and every case passes
-    unmeasured; the same workers asked to time are refused (above)."""
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-check-only", "-n", "3")
-    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
-    result.assert_outcomes(passed=9)
-    assert seen(project) == []  # nothing timed
-    assert not (project.path / "baselines").exists()
-
-    refused = project.runpytest(*PLUGIN, "--hw=h200", "-n", "3")
-    assert refused.ret == pytest.ExitCode.USAGE_ERROR
-
-
-def test_without_a_gpu_timing_takes_turns(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU only: the workers' timed intervals never overlap, and the summary says the CPU was shared."""
-    monkeypatch.setenv("FAKE_GPUS", "")
-    monkeypatch.setenv("FAKE_TIMING_S", "0.15")
-    scratch = project.path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setenv("TMPDIR", str(scratch))  # the workers' temporary folder
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the controller's (here, in this process)
-    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
-    result.assert_outcomes(passed=9)
-    timed = sorted(seen(project), key=lambda t: t["start"])
-    assert {t["worker"] for t in timed} == {"gw0", "gw1"}  # (the CPU's ceilings are timed too, in turn)
-    cases = {case.split("::")[1] for case in CASES}
-    assert {t["test"] for t in timed} >= cases
-    # the rest is each worker's preparation (the ceilings), before its first case: no test is
-    # current then, and the scripted timer reads the name this test's process left in the environment
-    assert {t["test"] for t in timed} - cases <= {"test_without_a_gpu_timing_takes_turns"}
-    assert all(later["start"] >= earlier["end"] for earlier, later in itertools.pairwise(timed))
-    assert "no GPU: timing took turns on a lock" in result.stdout.str()
-    assert not list(scratch.glob("attnperf-*"))  # the lock file and the group maps, removed at the end
-    assert sorted(kit.entries(project, "cpu")) == CASES
-
-
-def test_pooled_processes_run_on_their_workers_gpu(project: pytest.Pytester) -> None:
-    """--attnperf-processes under pytest-xdist: a group's extra process measures its cases on the
-    GPU of the worker that runs them, before the first; each case pools its samples."""
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=9)
-    seen(project)
-    result = project.runpytest(*PLUGIN, "-n", "2", "-k", "s0 or s1", "--attnperf-processes=2",
-                               "--attnperf-processes-below=5ms")
-    result.assert_outcomes(passed=4)
     timed = seen(project)
     gpu_of = {t["test"]: t["gpu"] for t in timed if t["worker"] != "main"}
     pooled = [t for t in timed if t["worker"] == "main"]  # the extra processes are no pytest-xdist workers
@@ -246,8 +195,109 @@ def test_pooled_processes_run_on_their_workers_gpu(project: pytest.Pytester) -> 
     assert set(gpu_of.values()) == {"0", "1"}  # a group each
     assert sorted(t["test"] for t in pooled) == sorted(gpu_of)
     assert all(t["gpu"] == gpu_of[t["test"]] for t in pooled)
-    result.stdout.fnmatch_lines(["*2 cases under 5000 us timed in 2 processes (1 pool runs before each group's "
-                                 "first case, * s)", "note, 4 of 4 cases: 2 processes pooled*"])
+    parallel.stdout.fnmatch_lines(["*2 cases under 5000 us timed in 2 processes (1 pool runs before each group's "
+                                   "first case, * s)"])
+    for case in sorted(gpu_of):  # each case's own note: the regressed case's pooled medians differ from the others'
+        assert f"note: {case}: 2 processes pooled, 20 samples each" in parallel.stdout.str()
+
+
+def test_auto_starts_one_worker_per_gpu_whose_failures_reach_the_report(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ``-n auto`` run, with a GPU count that pytest-xdist's own count (one per CPU) is not,
+    and test_failing.py beside the cases, several claims:
+
+    - it starts one worker per GPU, each pinned to its own;
+    - the workers' failed call reports reach the controller, which lists the cases that failed
+      before they were measured under their keys (no pytest-xdist group suffix).
+    """
+    theirs = _xdist_count()
+    gpus = ["5"] if theirs != 1 else ["5", "7"]  # the fewest workers that cannot be mistaken for theirs
+    monkeypatch.setenv("FAKE_GPUS", ",".join(gpus))
+    project.makepyfile(test_failing=kit.FAILING_CASES)
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "auto",
+                               f"--attnperf-report={project.path / 'report'}")
+    result.assert_outcomes(passed=10, failed=4)  # test_cases.py's 9; ok and 4 failures of test_failing.py
+    out = result.stdout.str()
+    assert f"pytest-xdist: {len(gpus)} workers, one GPU each (CUDA_VISIBLE_DEVICES={','.join(gpus)})" in out
+    pinned = {(t["worker"], t["gpu"]) for t in seen(project)}
+    assert pinned
+    assert pinned <= {(f"gw{i}", gpu) for i, gpu in enumerate(gpus)}
+
+    report = json.loads((project.path / "report" / "report.json").read_text())
+    assert [(f["nodeid"], f["message"]) for f in report["failures"]] == [
+        ("test_failing.py::test_case[raises]", "RuntimeError: kernel launch failed: invalid argument"),
+        ("test_failing.py::test_case[wrong]", "o: 12 of 4096 elements outside the bound"),
+    ]
+
+
+def test_more_workers_than_gpus_is_refused(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers for one GPU. Asked for in so many words (--update-baselines), the run stops at
+    start-up; otherwise each timed case fails with the reason and the others run."""
+    monkeypatch.setenv("FAKE_GPUS", "0")
+    refused = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*2 pytest-xdist workers for 1 GPU(s)*run with -n 1 (or -n auto)"])
+    assert not (project.path / "baselines").exists()
+
+    failed = project.runpytest(*PLUGIN, "-n", "2", "-k", "s0 or plain")  # a shape's two timed cases, one untimed
+    failed.assert_outcomes(passed=1, failed=2)
+    failed.stdout.fnmatch_lines(["*not timed: 2 pytest-xdist workers share 1 GPU(s)*"])
+    assert seen(project) == []  # nothing was timed
+
+
+def test_a_check_only_run_may_share_a_gpu_among_its_workers(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is timed there, so two workers on one GPU are not refused and every case passes
+    unmeasured; the same workers asked to time are refused (above)."""
+    monkeypatch.setenv("FAKE_GPUS", "0")
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-check-only", "-n", "2", "-k", "s0 or plain")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=3)
+    assert seen(project) == []  # nothing timed
+    assert not (project.path / "baselines").exists()
+
+    refused = project.runpytest(*PLUGIN, "--hw=h200", "-n", "2")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_without_a_gpu_timing_takes_turns_and_a_worker_that_dies_keeps_the_entries_it_sent(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """One CPU-only ``--update-baselines -n 2`` run in which the worker that measures s2-k0 is
+    killed right after (SIGKILL), several claims:
+
+    - the workers' timed intervals never overlap, and the summary says the CPU was shared;
+    - the lock file and the group maps are removed at the end;
+    - every case that finished, on either worker, is recorded and reported passed; the one the
+      worker died in fails, named in pytest-xdist's message; the run ends (no replacement worker
+      by default).
+    """
+    monkeypatch.setenv("FAKE_GPUS", "")
+    monkeypatch.setenv("FAKE_TIMING_S", "0.15")
+    monkeypatch.setenv("FAKE_CRASH", "s2-k0")
+    scratch = project.path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the workers' temporary folder
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the controller's (here, in this process)
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2", "-rA")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    timed = sorted(seen(project), key=lambda t: t["start"])
+    assert {t["worker"] for t in timed} == {"gw0", "gw1"}  # (the CPU's ceilings are timed too, in turn)
+    cases = {case.split("::")[1] for case in CASES}
+    # the rest is each worker's preparation (the ceilings), before its first case: no test is
+    # current then, and the scripted timer reads the name this test's process left in the environment
+    assert {t["test"] for t in timed} - cases <= {request.node.name}
+    assert all(later["start"] >= earlier["end"] for earlier, later in itertools.pairwise(timed))
+    assert "no GPU: timing took turns on a lock" in result.stdout.str()
+    assert not list(scratch.glob("attnperf-*"))  # the lock file and the group maps, removed at the end
+
+    result.stdout.fnmatch_lines(["*worker 'gw?' crashed while running*s2-k0*"])
+    crashed = "test_cases.py::test_case[s2-k0]"
+    assert kit.outcomes(result)[crashed] == "FAILED"
+    passed = {nodeid for nodeid, outcome in kit.outcomes(result).items() if outcome == "PASSED"}
+    finished = {f"test_cases.py::{t['test']}" for t in timed if t["test"] in cases} - {crashed}
+    assert len(finished) >= 4
+    assert sorted(kit.entries(project, "cpu")) == sorted(finished)
+    assert finished <= passed  # each finished case reported as passed, and recorded
 
 
 def test_workers_of_each_host_take_its_gpus_in_turn() -> None:
@@ -290,51 +340,26 @@ def test_workers_on_different_cards_write_no_baseline_and_lose_nothing(
 
 def test_a_project_that_does_not_configure_attnperf_keeps_xdist_as_it_is(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No attnperf option anywhere: no pin, no grouping, -n auto counts CPUs; a timed case on a
-    GPU fails saying why, and the untimed test runs."""
+    """No attnperf option anywhere: -n auto counts CPUs (pytest-xdist's own count, though more
+    GPUs are visible) and pins no worker; a timed case on a GPU fails saying why, and the untimed
+    test runs."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_cases=TESTS)
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
-    result = pytester.runpytest(*PLUGIN, "-n", "2")
-    outcomes = result.parseoutcomes()
-    assert outcomes["passed"] == 1
-    assert outcomes["failed"] == 8
+    theirs = _xdist_count()
+    monkeypatch.setenv("FAKE_GPUS", ",".join(str(i) for i in range(theirs + 3)))  # not to be mistaken for theirs
+    result = pytester.runpytest(*PLUGIN, "-n", "auto", "-k", "plain or (s0 and k0)")  # one timed case, one untimed
+    result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*not timed: this pytest-xdist run gave its workers no GPU each*"])
     assert not (pytester.path / "seen.jsonl").exists()  # refused before anything was timed
-    from types import SimpleNamespace
-
-    from xdist.plugin import pytest_xdist_auto_num_workers as xdist_count
-
-    theirs = xdist_count(SimpleNamespace(option=SimpleNamespace(numprocesses="auto")))
-    gpus = theirs + 3  # a GPU count that cannot be mistaken for theirs
-    monkeypatch.setenv("FAKE_GPUS", ",".join(str(i) for i in range(gpus)))
-    auto = pytester.runpytest(*PLUGIN, "-n", "auto", "-k", "plain")
-    auto.assert_outcomes(passed=1)
-    assert f"created: {theirs}/{theirs} workers" in auto.stdout.str()
+    assert f"created: {theirs}/{theirs} worker" in result.stdout.str()
 
 
 def test_dist_each_is_refused(project: pytest.Pytester) -> None:
     result = project.runpytest(*PLUGIN, "-n", "2", "--dist", "each")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--dist each runs every case on every worker*"])
-
-
-def test_a_worker_that_dies_keeps_the_entries_it_sent(
-    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker process that dies mid-run: every case that finished, on either worker, is
-    recorded; the one it died in fails; the run ends (no replacement worker by default)."""
-    monkeypatch.setenv("FAKE_CRASH", "s2-k0")
-    result = project.runpytest(*PLUGIN, "--update-baselines", "-n", "2", "-rA")
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*worker 'gw?' crashed while running*s2-k0*"])
-    passed = {nodeid for nodeid, outcome in kit.outcomes(result).items() if outcome == "PASSED"}
-    timed = {t["test"] for t in seen(project)}
-    finished = {f"test_cases.py::{test}" for test in timed} - {"test_cases.py::test_case[s2-k0]"}
-    assert len(finished) >= 4
-    assert sorted(kit.entries(project)) == sorted(finished)
-    assert finished <= passed  # each finished case reported as passed, and recorded
 
 
 def test_one_predicate_says_why_a_worker_may_not_time() -> None:
@@ -352,16 +377,3 @@ def test_one_predicate_says_why_a_worker_may_not_time() -> None:
     unplanned = Seat(worker="gw1", gpu=None, gpus=0, workers=2, testrunuid="t", unplanned=True)
     assert unplanned.why_not_timing(lambda: True) == UNPLANNED
     assert unplanned.why_not_timing(lambda: False) is None
-
-
-def test_the_report_lists_the_workers_correctness_failures(project: pytest.Pytester) -> None:
-    """The workers' failed call reports reach the controller, which lists the cases that failed
-    before they were measured under their keys (no pytest-xdist group suffix)."""
-    project.makepyfile(test_failing=kit.FAILING_CASES)
-    result = project.runpytest(*PLUGIN, "-n", "2", f"--attnperf-report={project.path / 'report'}", "test_failing.py")
-    result.assert_outcomes(passed=1, failed=4)
-    report = json.loads((project.path / "report" / "report.json").read_text())
-    assert [(f["nodeid"], f["message"]) for f in report["failures"]] == [
-        ("test_failing.py::test_case[raises]", "RuntimeError: kernel launch failed: invalid argument"),
-        ("test_failing.py::test_case[wrong]", "o: 12 of 4096 elements outside the bound"),
-    ]
