@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,18 @@ def pytest_attnperf_make_timer(config, device):
 '''
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _history_extra_loaded_once() -> None:
+    """The optional history extra (ruptures, scipy.stats) imported in this process before the runs:
+    pytester takes out after each run the modules it imported, so each run that reads a history
+    would import them again."""
+    try:
+        import ruptures  # noqa: F401
+        import scipy.stats  # noqa: F401
+    except ImportError:
+        pass
+
+
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return make_project(pytester, CONFTEST + PEAK_MIB, test_cases=TESTS)
@@ -36,15 +49,32 @@ def records(project: pytest.Pytester, folder: str = "hist") -> list[dict[str, An
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_gating_run_appends_one_record_per_measured_case(project: pytest.Pytester) -> None:
+def test_runs_append_their_records_and_a_clean_run_writes_a_comment_that_says_so(project: pytest.Pytester) -> None:
+    """Three runs into one history:
+
+    - a recording run appends one record per case, verdict recorded;
+    - a check-only run appends none;
+    - a gating run appends one record per measured case, of a run of its own: its commit, the
+      machine and software, the median within its interval, the samples, the peak memory, the
+      verdict and the change against the baseline, and no drift; its pull-request comment says
+      the run was clean.
+    """
     (project.path / "peak.json").write_text(json.dumps({"test_case[b]": 12.5}))
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-history=hist", "--attnperf-commit=abc123")
+    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines", "--attnperf-history=hist").assert_outcomes(passed=2)
+    assert [r["verdict"] for r in records(project)] == ["recorded", "recorded"]
+    first_run = records(project)[0]["run"]
+    project.runpytest(*PLUGIN, "--attnperf-check-only", "--attnperf-history=hist")  # measure() returns None
+    assert len(records(project)) == 2
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-history=hist", "--attnperf-commit=abc123",
+                               "--attnperf-pr-comment=pr.md")
     result.assert_outcomes(passed=2)
     assert "history: appended 2 records to" in result.stdout.str()
-    a, b = records(project)
+    later = records(project)
+    assert len(later) == 4
+    a, b = later[2:]
     assert [a["case"], b["case"]] == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]"]
     assert a["run"] == b["run"]
+    assert a["run"] != first_run
     assert len(a["run"]) == 32
     assert a["schema"] == 1
     assert a["commit"] == "abc123"
@@ -61,17 +91,10 @@ def test_a_gating_run_appends_one_record_per_measured_case(project: pytest.Pytes
     assert a["change_pct"] == pytest.approx(0.0, abs=0.5)
     assert a["mode"] == "cold"
     assert a["drift_pct"] is None
-
-
-def test_recording_runs_append_and_check_only_runs_do_not(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-history=hist").assert_outcomes(passed=2)
-    assert [r["verdict"] for r in records(project)] == ["recorded", "recorded"]
-    first_run = records(project)[0]["run"]
-    project.runpytest(*PLUGIN, "--attnperf-check-only", "--attnperf-history=hist")  # measure() returns None
-    project.runpytest(*PLUGIN, "--attnperf-history=hist").assert_outcomes(passed=2)
-    later = records(project)
-    assert len(later) == 4
-    assert later[2]["run"] != first_run
+    text = Path(project.path / "pr.md").read_text()
+    assert "2 measured cases (2 unchanged)" in text
+    assert "No regression, improvement, drift or memory change." in text
+    assert "Re-run" not in text
 
 
 def test_the_folder_comes_from_the_environment_or_the_ini_relative_to_the_ini_file(
@@ -102,10 +125,37 @@ def _runs(project: pytest.Pytester, speeds: list[float], *extra: str, start: int
     return result
 
 
-def test_drifted_fails_a_case_only_with_the_opt_in(project: pytest.Pytester) -> None:
+def test_drift_is_a_note_fails_only_with_the_opt_in_and_a_recording_accepts_a_new_level(
+        project: pytest.Pytester) -> None:
+    """Recorded, five runs at the recorded speed, then two histories that share those five:
+
+    - one run 3% slower is no drift, even with --attnperf-fail-on-drift; the case recorded again
+      at a new level (2% slower), two runs at it are no drift either;
+    - two runs 2% slower (within the gate's 5%) are a shift on the history: a note names the last
+      good and the first bad commit, the record keeps the drift and the verdict unchanged; with
+      --attnperf-fail-on-drift the case fails as DRIFTED, that case only, and the summary counts
+      it; back at its speed it passes again.
+    """
     pytest.importorskip("ruptures", reason="the optional extra history (ruptures) is not installed")
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    last = _runs(project, [1.0] * 5 + [1.02, 1.02])  # 2% slower: within the gate's 5%, a shift on the history
+    _runs(project, [1.0] * 5).assert_outcomes(passed=2)
+    shared = project.path / "shared"  # the history and the baselines after the five runs
+    for folder in ("hist", "baselines"):
+        shutil.copytree(project.path / folder, shared / folder)
+
+    one = _runs(project, [1.03], "--attnperf-fail-on-drift", start=5)
+    one.assert_outcomes(passed=2)
+    assert "drifted" not in one.stdout.str()
+    set_speed(project, a=1.02)
+    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-history=hist").assert_outcomes(passed=2)
+    after = _runs(project, [1.02, 1.02], "--attnperf-fail-on-drift", start=7)
+    after.assert_outcomes(passed=2)
+    assert "drifted" not in after.stdout.str()
+
+    for folder in ("hist", "baselines"):  # the other history, from the five runs
+        shutil.rmtree(project.path / folder)
+        shutil.copytree(shared / folder, project.path / folder)
+    last = _runs(project, [1.02, 1.02], start=5)  # 2% slower: within the gate's 5%, a shift on the history
     last.assert_outcomes(passed=2)
     last.stdout.fnmatch_lines(["*note: test_case?a?: drifted +2.0% on its history (last good c4, first bad c5*"])
     assert records(project)[-2]["drift_pct"] == pytest.approx(2.0, abs=0.1)
@@ -122,14 +172,6 @@ def test_drifted_fails_a_case_only_with_the_opt_in(project: pytest.Pytester) -> 
     fixed.assert_outcomes(passed=2)
 
 
-def test_one_slower_run_is_no_drift(project: pytest.Pytester) -> None:
-    pytest.importorskip("ruptures", reason="the optional extra history (ruptures) is not installed")
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    last = _runs(project, [1.0] * 5 + [1.03], "--attnperf-fail-on-drift")
-    last.assert_outcomes(passed=2)
-    assert "drifted" not in last.stdout.str()
-
-
 def _rerun_lines(result: pytest.RunResult) -> dict[str, list[str]]:
     out = result.stdout.lines
     start = next(i for i, line in enumerate(out) if line.startswith("re-run a failed case alone"))
@@ -143,14 +185,26 @@ def _rerun_lines(result: pytest.RunResult) -> dict[str, list[str]]:
     return found
 
 
-def test_each_failed_case_prints_a_line_that_re_runs_it_alone(pytester: pytest.Pytester) -> None:
-    project = make_project(pytester, test_cases=TESTS, test_failing=FAILING_CASES)
+def test_failed_cases_print_lines_that_re_run_them_and_the_pr_comment_lists_what_moved(
+        pytester: pytest.Pytester) -> None:
+    """One gating run after a recording, a case 10% slower, one whose peak memory doubled, and
+    failing tests beside them:
+
+    - each failed case prints a line that re-runs it alone (keeping the hardware, the baselines
+      and the seed, not the mode), and each line, run, fails that case alone;
+    - the pull-request comment lists the regression with both medians, the memory change, a
+      failure with its message and the line that re-runs it, and not what is unchanged.
+    """
+    project = make_project(pytester, CONFTEST + PEAK_MIB, test_cases=TESTS, test_failing=FAILING_CASES)
     project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines")
     set_speeds(project, {"test_case[a]": 1.10})
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-mode=cold", "--attnperf-seed=3", "-rA")
+    (project.path / "peak.json").write_text(json.dumps({"test_case[b]": 20.0}))
+    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-mode=cold", "--attnperf-seed=3", "-rA",
+                               "--attnperf-pr-comment=out/pr.md")
     lines = _rerun_lines(result)
-    assert sorted(lines) == ["test_cases.py::test_case[a]", "test_failing.py::test_case[after]",
-                             "test_failing.py::test_case[raises]", "test_failing.py::test_case[wrong]"]
+    assert sorted(lines) == ["test_cases.py::test_case[a]", "test_cases.py::test_case[b]",
+                             "test_failing.py::test_case[after]", "test_failing.py::test_case[raises]",
+                             "test_failing.py::test_case[wrong]"]  # b: its memory regressed
     regressed = lines["test_cases.py::test_case[a]"]
     assert "--hw=h200" in regressed
     assert "--attnperf-baselines=baselines" in regressed
@@ -160,13 +214,6 @@ def test_each_failed_case_prints_a_line_that_re_runs_it_alone(pytester: pytest.P
         again = project.runpytest(*args, "-rA")
         assert outcomes(again) == {node: "FAILED"}, again.stdout.str()
 
-
-def test_the_pr_comment_lists_a_regression_a_memory_change_and_a_failure(pytester: pytest.Pytester) -> None:
-    project = make_project(pytester, CONFTEST + PEAK_MIB, test_cases=TESTS, test_failing=FAILING_CASES)
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines")
-    set_speeds(project, {"test_case[a]": 1.10})
-    (project.path / "peak.json").write_text(json.dumps({"test_case[b]": 20.0}))
-    result = project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-pr-comment=out/pr.md")
     assert "pull-request comment: wrote" in result.stdout.str()
     text = (project.path / "out" / "pr.md").read_text()
     assert text.startswith("### attnperf on h200: ")
@@ -177,26 +224,6 @@ def test_the_pr_comment_lists_a_regression_a_memory_change_and_a_failure(pyteste
     assert "- `test_failing.py::test_case[wrong]`: o: 12 of 4096 elements outside the bound" in text
     assert "pytest -p pytest_attnperf.plugin 'test_cases.py::test_case[a]' --hw=h200" in text
     assert "test_case[ok]" not in text  # unchanged and the same memory: not listed
-
-
-def test_a_clean_run_writes_a_comment_that_says_so(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-pr-comment=pr.md").assert_outcomes(passed=2)
-    text = Path(project.path / "pr.md").read_text()
-    assert "2 measured cases (2 unchanged)" in text
-    assert "No regression, improvement, drift or memory change." in text
-    assert "Re-run" not in text
-
-
-def test_recording_the_case_again_accepts_its_new_level(project: pytest.Pytester) -> None:
-    pytest.importorskip("ruptures", reason="the optional extra history (ruptures) is not installed")
-    project.runpytest(*PLUGIN, "--hw=h200", "--update-baselines").assert_outcomes(passed=2)
-    _runs(project, [1.0] * 5 + [1.02], "--attnperf-fail-on-drift").assert_outcomes(passed=2)
-    set_speed(project, a=1.02)
-    project.runpytest(*PLUGIN, "--update-baselines", "--attnperf-history=hist").assert_outcomes(passed=2)
-    after = _runs(project, [1.02, 1.02], "--attnperf-fail-on-drift", start=7)
-    after.assert_outcomes(passed=2)
-    assert "drifted" not in after.stdout.str()
 
 
 def test_a_suite_case_is_re_run_by_its_suite_and_exact_name(pytester: pytest.Pytester) -> None:
