@@ -30,6 +30,7 @@ from kit import (
     fake_cuda,
     junit_properties,
     make_project,
+    set_speed,
 )
 
 from pytest_attnperf.measure import inventory
@@ -452,8 +453,22 @@ def _kernels(project: pytest.Pytester, a: dict[str, int], b: dict[str, int] | No
     (project.path / "kernels.json").write_text(json.dumps(table))
 
 
-def test_recording_writes_the_inventory_and_an_unchanged_one_passes(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+def test_a_recording_writes_the_inventory_and_a_recording_again_replaces_it(project: pytest.Pytester) -> None:
+    """One project, recorded and recorded again:
+
+    - the main run asks the timer for the inventory of each case (not of the run's sample overhead),
+      and its time counts as checking time;
+    - the recording writes the inventory into the entry (a graph's replay, the usual source, not
+      named), and an unchanged inventory passes with --attnperf-fail-on-kernel-change;
+    - recording again replaces the inventory, and the new one passes with the opt-in;
+    - entries without an inventory (as recorded before inventories) gate as before: another
+      inventory is neither reported nor failed, even with the opt-in.
+    """
+    result = project.runpytest(*PLUGIN, "--update-baselines", "-p", "no:xdist")
+    result.assert_outcomes(passed=2)
+    asked = json.loads((project.path / "plans.json").read_text())
+    assert asked.count(True) == 2  # the two cases; not the run's sample overhead
+    result.stdout.fnmatch_lines(["*2.5 s of it checking what the timed calls computed*"])
     entry = entries(project)["test_cases.py::test_case[a]"]
     assert entry["kernels"] == FLASH_CASE
     assert "kernels_source" not in entry  # a graph's replay, the usual source
@@ -461,17 +476,47 @@ def test_recording_writes_the_inventory_and_an_unchanged_one_passes(project: pyt
     rerun.assert_outcomes(passed=2)
     assert "kernels changed" not in rerun.stdout.str()
 
-
-def test_the_main_run_asks_for_the_inventory_and_its_time_is_checking_time(project: pytest.Pytester) -> None:
-    result = project.runpytest(*PLUGIN, "--update-baselines", "-p", "no:xdist")
-    result.assert_outcomes(passed=2)
-    asked = json.loads((project.path / "plans.json").read_text())
-    assert asked.count(True) == 2  # the two cases; not the run's sample overhead
-    result.stdout.fnmatch_lines(["*2.5 s of it checking what the timed calls computed*"])
-
-
-def test_a_changed_inventory_is_reported_and_passes(project: pytest.Pytester) -> None:
+    _kernels(project, {"fmha_cutlassF": 1})
     project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    assert entries(project)["test_cases.py::test_case[a]"]["kernels"] == {"fmha_cutlassF": 1}
+    project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change").assert_outcomes(passed=2)
+
+    with editing_baseline(project) as data:  # as recorded before inventories
+        for entry in data["entries"].values():
+            del entry["kernels"]
+    _kernels(project, FLASH_CASE)  # not the inventory recorded last
+    result = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change")
+    result.assert_outcomes(passed=2)
+    assert "kernels changed" not in result.stdout.str()
+    assert "unchanged" in result.stdout.str()
+
+
+def test_a_changed_inventory_is_reported_and_fails_only_with_the_opt_in(project: pytest.Pytester) -> None:
+    """One project recorded with case a's eager checked call launching a copy the timed graph does
+    not, then gated run after run:
+
+    - that difference from the eager call is a note (the case's notes, report.json, the JUnit XML),
+      not kept in the entry, and never fails the case, even with --attnperf-fail-on-kernel-change;
+    - a changed inventory is reported (the note, the summary's count, report.json, the JUnit XML)
+      and passes without the opt-in;
+    - a regression names the changed kernels too, and how the eager call's differ from the graph's;
+    - with --attnperf-fail-on-kernel-change, or its ini setting, a changed inventory fails that
+      case, and only that.
+    """
+    (project.path / "vs_eager.json").write_text(json.dumps({"test_case[a]": VS_EAGER}))
+    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
+    assert VS_EAGER not in json.dumps(entries(project)["test_cases.py::test_case[a]"])
+    result = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change", "--attnperf-report=eager",
+                               "--junitxml=eager.xml")
+    result.assert_outcomes(passed=2)
+    assert f"note: test_case[a]: {VS_EAGER}" in result.stdout.str()
+    by_case = {row["nodeid"]: row for row in json.loads((project.path / "eager" / "report.json").read_text())["cases"]}
+    assert by_case["test_cases.py::test_case[a]"]["kernels_vs_eager"] == VS_EAGER
+    assert by_case["test_cases.py::test_case[b]"]["kernels_vs_eager"] is None
+    properties = junit_properties(project.path / "eager.xml")
+    assert properties["test_case[a]"]["attnperf_kernels_vs_eager"] == VS_EAGER
+    assert "attnperf_kernels_vs_eager" not in properties["test_case[b]"]
+
     _kernels(project, {"fmha_cutlassF_bf16_aligned_64x64_rf_sm80": 1, "Memcpy DtoD (Device -> Device)": 1})
     result = project.runpytest(*PLUGIN, "--attnperf-report=out", "--junitxml=junit.xml")
     result.assert_outcomes(passed=2)
@@ -489,27 +534,8 @@ def test_a_changed_inventory_is_reported_and_passes(project: pytest.Pytester) ->
     assert properties["test_case[a]"]["attnperf_kernels_changed"] == message
     assert "attnperf_kernels_changed" not in properties["test_case[b]"]
 
-
-@pytest.mark.parametrize("opt_in", ["flag", "ini"])
-def test_a_changed_inventory_fails_only_with_the_opt_in(project: pytest.Pytester, opt_in: str) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    _kernels(project, FLASH_CASE, {"pytorch_flash::flash_fwd_kernel": 2})
-    if opt_in == "ini":
-        ini = project.path / "tox.ini"
-        ini.write_text(ini.read_text().rstrip("\n") + "\nattnperf_fail_on_kernel_change = true\n")
-    result = project.runpytest(*PLUGIN, *(["--attnperf-fail-on-kernel-change"] if opt_in == "flag" else []))
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*test_case?b?: kernels changed: count pytorch_flash::flash_fwd_kernel 1 -> 2 "
-                                 "(against *h200.yaml; --attnperf-fail-on-kernel-change is set)"])
-
-
-def test_a_regression_names_the_changed_kernels_too(project: pytest.Pytester) -> None:
-    from kit import set_speed
-
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
     set_speed(project, a=1.2)
     _kernels(project, {"fmha_cutlassF": 1})
-    (project.path / "vs_eager.json").write_text(json.dumps({"test_case[a]": VS_EAGER}))
     result = project.runpytest(*PLUGIN)
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
@@ -517,25 +543,18 @@ def test_a_regression_names_the_changed_kernels_too(project: pytest.Pytester) ->
     assert "kernels changed: added fmha_cutlassF x1; removed pytorch_flash::flash_fwd_kernel x1" in failure
     assert VS_EAGER in failure[:failure.index("= attnperf =")]  # and how the eager call's differ from the graph's
 
-
-def test_an_entry_without_an_inventory_gates_as_before(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    with editing_baseline(project) as data:  # as recorded before inventories
-        for entry in data["entries"].values():
-            del entry["kernels"]
-    _kernels(project, {"fmha_cutlassF": 1})
-    result = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change")
-    result.assert_outcomes(passed=2)
-    assert "kernels changed" not in result.stdout.str()
-    assert "unchanged" in result.stdout.str()
-
-
-def test_recording_again_replaces_the_inventory(project: pytest.Pytester) -> None:
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    _kernels(project, {"fmha_cutlassF": 1})
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    assert entries(project)["test_cases.py::test_case[a]"]["kernels"] == {"fmha_cutlassF": 1}
-    project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change").assert_outcomes(passed=2)
+    set_speed(project, a=1.0)
+    _kernels(project, FLASH_CASE, {"pytorch_flash::flash_fwd_kernel": 2})
+    opted = ["*test_case?b?: kernels changed: count pytorch_flash::flash_fwd_kernel 1 -> 2 "
+             "(against *h200.yaml; --attnperf-fail-on-kernel-change is set)"]
+    flag = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change")
+    flag.assert_outcomes(passed=1, failed=1)
+    flag.stdout.fnmatch_lines(opted)
+    ini = project.path / "tox.ini"
+    ini.write_text(ini.read_text().rstrip("\n") + "\nattnperf_fail_on_kernel_change = true\n")
+    from_ini = project.runpytest(*PLUGIN)
+    from_ini.assert_outcomes(passed=1, failed=1)
+    from_ini.stdout.fnmatch_lines(opted)
 
 
 def test_the_profiler_sets_teardown_cupti_and_notes_a_profile_that_left_it_attached(
@@ -558,29 +577,6 @@ def test_the_harness_part_of_a_replay() -> None:
     assert harness.of_replay(holds_flush=True) == flush + fill
     assert harness.of_replay(holds_flush=False) == fill
     assert not Harness(fill, flush).visible  # the flush graph's replay showed no flush
-
-
-def test_a_difference_from_the_eager_call_is_a_note_that_never_fails_the_case(project: pytest.Pytester) -> None:
-    """Reported in the case's notes, report.json and the JUnit XML; not kept in the entry; and
-    ``--attnperf-fail-on-kernel-change`` still fails a changed inventory, and only that."""
-    (project.path / "vs_eager.json").write_text(json.dumps({"test_case[a]": VS_EAGER}))
-    project.runpytest(*PLUGIN, "--update-baselines").assert_outcomes(passed=2)
-    assert VS_EAGER not in json.dumps(entries(project)["test_cases.py::test_case[a]"])
-    result = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change", "--attnperf-report=out",
-                               "--junitxml=junit.xml")
-    result.assert_outcomes(passed=2)
-    assert f"note: test_case[a]: {VS_EAGER}" in result.stdout.str()
-    by_case = {row["nodeid"]: row for row in json.loads((project.path / "out" / "report.json").read_text())["cases"]}
-    assert by_case["test_cases.py::test_case[a]"]["kernels_vs_eager"] == VS_EAGER
-    assert by_case["test_cases.py::test_case[b]"]["kernels_vs_eager"] is None
-    properties = junit_properties(project.path / "junit.xml")
-    assert properties["test_case[a]"]["attnperf_kernels_vs_eager"] == VS_EAGER
-    assert "attnperf_kernels_vs_eager" not in properties["test_case[b]"]
-    _kernels(project, FLASH_CASE, {"pytorch_flash::flash_fwd_kernel": 2})
-    changed = project.runpytest(*PLUGIN, "--attnperf-fail-on-kernel-change")
-    changed.assert_outcomes(passed=1, failed=1)
-    changed.stdout.fnmatch_lines(["*test_case?b?: kernels changed: count pytorch_flash::flash_fwd_kernel 1 -> 2 "
-                                  "(against *h200.yaml; --attnperf-fail-on-kernel-change is set)"])
 
 
 PROOF_CONFTEST = INVENTORY_CONFTEST + '''
