@@ -4,6 +4,7 @@ from its time; the peak as the CUDA timer takes it, and the option that turns th
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -315,23 +316,23 @@ def test_a_recording_over_the_bound_fails_and_writes_no_entry(pytester: pytest.P
     assert [key.split("[")[1] for key in kit.entries(pytester)] == ["b32-h16-t1024-d64-causal-bf16-mine-dense-fwd]"]
 
 
-def _record_then_gate(pytester: pytest.Pytester, recorded: float, peaks: dict[str, float],
-                      *args: str, slower: float = 1.0) -> pytest.RunResult:
+def test_a_peak_grown_beyond_its_tolerance_fails_apart_from_the_time(pytester: pytest.Pytester) -> None:
+    """Recorded at 100 MiB a case, then gated run after run:
+
+    - at 100 (a) and 150 (b): b fails as memory regressed with both figures, its time unchanged;
+      a passes; the summary says which of the two regressed;
+    - time and memory are judged apart: both at 150 and a 20% slower, a fails with both, and the
+      memory alone fails b, whose time is unchanged;
+    - --attnperf-memory-tolerance=off turns the comparison off; the tolerance reads from the ini
+      (60% passes 150 over 100, 40% fails both, allowing 140 MiB).
+    """
     kit.make_project(pytester, test_cases=kit.TESTS)
-    kit.set_peaks(pytester, {"*": recorded})
+    kit.set_peaks(pytester, {"*": 100.0})
     pytester.runpytest(*kit.PLUGIN, "--update-baselines", "--benchmark-disable").assert_outcomes(passed=2)
-    assert {e["peak_mib"] for e in kit.entries(pytester).values()} == {recorded}
-    kit.set_peaks(pytester, peaks)
-    kit.set_speed(pytester, a=slower)
-    return pytester.runpytest(*kit.PLUGIN, "--benchmark-disable", "-rA", *args)
+    assert {e["peak_mib"] for e in kit.entries(pytester).values()} == {100.0}
 
-
-def test_a_case_whose_peak_grew_fails_as_memory_regressed_and_an_unchanged_one_passes(
-    pytester: pytest.Pytester,
-) -> None:
-    """Recorded at 100 MiB; gated at 100 (a) and 150 (b): b fails with both figures, its time
-    unchanged, and the summary says which of the two regressed."""
-    result = _record_then_gate(pytester, 100.0, {"test_case[a]": 100.0, "test_case[b]": 150.0})
+    kit.set_peaks(pytester, {"test_case[a]": 100.0, "test_case[b]": 150.0})
+    result = pytester.runpytest(*kit.PLUGIN, "--benchmark-disable", "-rA")
     assert kit.outcomes(result) == {"test_cases.py::test_case[a]": "PASSED", "test_cases.py::test_case[b]": "FAILED"}
     result.stdout.fnmatch_lines([
         "*::test_case?b?: memory regressed: peak above the inputs 150.00 MiB, baseline 100.00 MiB (+50.0%); "
@@ -342,10 +343,18 @@ def test_a_case_whose_peak_grew_fails_as_memory_regressed_and_an_unchanged_one_p
                                  "test_case?b?*150.0*+50.0% REGRESSED*+0.0% unchanged"])
     assert "REGRESSED +" not in result.stdout.str()  # the time did not regress
 
+    kit.set_peaks(pytester, {"*": 150.0})
+    kit.set_speed(pytester, a=1.2)
+    result = pytester.runpytest(*kit.PLUGIN, "--benchmark-disable", "-rA")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "test_case[a]: REGRESSED +20.0%" in out
+    start = out.index("= FAILURES =")
+    failures = out[start:out.index("\n=", start + 1)]  # the summary after it repeats as much as the terminal allows
+    assert failures.count("memory regressed: peak above the inputs 150.00 MiB, baseline 100.00 MiB") == 2
 
-def test_the_memory_comparison_turns_off_and_its_tolerance_reads_from_the_ini(pytester: pytest.Pytester) -> None:
-    result = _record_then_gate(pytester, 100.0, {"*": 150.0}, "--attnperf-memory-tolerance=off")
-    result.assert_outcomes(passed=2)
+    kit.set_speed(pytester, a=1.0)
+    pytester.runpytest(*kit.PLUGIN, "--benchmark-disable", "--attnperf-memory-tolerance=off").assert_outcomes(passed=2)
     pytester.makeini(f"[pytest]\naddopts = {kit.ADDOPTS}\nattnperf_memory_tolerance = 60%\n")
     pytester.runpytest(*kit.PLUGIN, "--benchmark-disable").assert_outcomes(passed=2)
     pytester.makeini(f"[pytest]\naddopts = {kit.ADDOPTS}\nattnperf_memory_tolerance = 40%\n")
@@ -380,18 +389,6 @@ def test_the_memory_zoo_kernel_materialises_scores_while_claiming_to_be_tiled() 
     assert torch.equal(kernel.fn(q, q, q, causal=True, scale=0.5), naive(q, q, q, causal=True, scale=0.5))
 
 
-def test_a_slower_case_whose_memory_also_grew_fails_with_both(pytester: pytest.Pytester) -> None:
-    """Time and memory are judged apart: a case 20% slower and 50% larger fails with both, and the
-    memory alone fails one whose time is unchanged."""
-    result = _record_then_gate(pytester, 100.0, {"*": 150.0}, slower=1.2)
-    result.assert_outcomes(failed=2)
-    out = result.stdout.str()
-    assert "test_case[a]: REGRESSED +20.0%" in out
-    start = out.index("= FAILURES =")
-    failures = out[start:out.index("\n=", start + 1)]  # the summary after it repeats as much as the terminal allows
-    assert failures.count("memory regressed: peak above the inputs 150.00 MiB, baseline 100.00 MiB") == 2
-
-
 def test_report_md_shows_each_cases_memory_checks() -> None:
     from dataclasses import asdict
 
@@ -408,8 +405,11 @@ def test_report_md_shows_each_cases_memory_checks() -> None:
     assert "| 150.0 | - | unchanged |" in md
 
 
+@functools.cache
 def _recorded_peaks() -> list[tuple[Kernel, Any, str, float]]:
-    """The committed H200 recordings of the built-in suites: ``(kernel, case, direction, peak_mib)``."""
+    """The committed H200 recordings of the built-in suites: ``(kernel, case, direction, peak_mib)``,
+    read once a process (libyaml's safe loader where it is there: the file's 400 kB take the
+    pure-Python one seconds)."""
     import re
 
     import yaml
@@ -419,7 +419,8 @@ def _recorded_peaks() -> list[tuple[Kernel, Any, str, float]]:
 
     registry = KernelRegistry()
     register_builtin(registry)
-    entries = yaml.safe_load((kit.ROOT / "baselines" / "h200.yaml").read_text())["entries"]
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    entries = yaml.load((kit.ROOT / "baselines" / "h200.yaml").read_text(), Loader=loader)["entries"]
     found = []
     for nodeid, entry in entries.items():
         match = re.search(r"test_(softmax|linear)\.py::test_\w+\[(.+)-(fwd|fwdbwd)\]$", nodeid)
