@@ -261,22 +261,36 @@ def test_peaks_option_parses_units_and_refuses_bad_keys() -> None:
 # -- end to end ------------------------------------------------------------------------------
 
 
-def test_a_case_below_its_floor_fails_with_achieved_floor_ceiling_and_bound(project: pytest.Pytester) -> None:
+def test_a_case_below_its_floor_fails_with_achieved_floor_ceiling_and_bound_and_is_not_recorded(
+        project: pytest.Pytester) -> None:
+    """One recording run: the case below its floor fails, its message naming what it achieved, the
+    floor, the ceiling and the bound; floors are checked when recording, and the recording below
+    its floor is not written (the other case's is)."""
     set_speed(project, floor=2.5)  # 40% of the roofline, floor 50%
-    result = project.runpytest(*PLUGIN, "test_cases.py::test_floor")
-    result.assert_outcomes(failed=1)
+    result = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_floor", "test_cases.py::test_plain")
+    result.assert_outcomes(passed=1, failed=1)
     text = failure(result, "test_floor")
     assert "BELOW FLOOR (the floor for every card, from @pytest.mark.attnperf_floor):" in text
     assert "roofline: achieved 40.0% against floor 50.0%, below it by more than the noise" in text
     assert "attainable 100.00 TFLOP/s = bf16 peak 100.0 TFLOP/s (measured)" in text
     assert "the case is compute bound (1000.0 FLOP/B >= ridge 100.0 FLOP/B)" in text
     assert "bound: compute; this run: median 2.5 ms" in text
+    assert sorted(kit.entries(project, "cpu")) == ["test_cases.py::test_plain"]
 
 
-def test_a_case_above_its_floor_passes_and_shows_its_roofline(project: pytest.Pytester) -> None:
-    set_speed(project, floor=1.25)
-    result = project.runpytest(*PLUGIN, "test_cases.py::test_floor", "test_cases.py::test_plain")
-    result.assert_outcomes(passed=2)
+def test_cases_above_their_floors_pass_and_show_their_roofline_and_a_floor_is_for_its_own_card(
+        project: pytest.Pytester) -> None:
+    """One run of every case of ``TESTS``:
+
+    - a case above its floor passes, and the summary shows its roofline, the ceilings and the ridge;
+    - the benchmark JSON carries the roofline: fraction, bound, ceilings, ridge, the floor's check;
+    - a floor for another card is not applied (per-card floors, the hw keyword), and a card's own
+      floor comes before the floor for every card.
+    """
+    set_speed(project, floor=1.25, other_cards=5.0, hw_keyword=5.0, own_card_first=1.25)  # 80%, 20%, 20%, 80%
+    result = project.runpytest(*PLUGIN, "test_cases.py", "--benchmark-json=out.json")
+    result.assert_outcomes(passed=4, failed=1)  # own_card_first: the cpu's own floor (0.9) wins over the any-card 0.1
+    assert "BELOW FLOOR (the cpu floor, from @pytest.mark.attnperf_floor)" in failure(result, "test_own_card_first")
     # test_floor: 80 TFLOP/s = 80% of the measured bf16 peak and of the roofline;
     # test_plain: 1e9 FLOP over 1e8 bytes = 10 FLOP/B, at fp32's ridge (10e12 / 1e12 = 10 FLOP/B):
     # compute bound, 1 TFLOP/s of 10 = 10%
@@ -287,6 +301,16 @@ def test_a_case_above_its_floor_passes_and_shows_its_roofline(project: pytest.Py
         "fp32 10.0 measured, copy (GB/s) 1000.0 measured",
         "roofline ridge (bf16): 100.0 FLOP/B from the measured peak and measured bandwidth",
     ])
+    info = {b["name"]: b for b in kit.benchmarks(project, "out.json")}["test_floor"]["extra_info"]
+    assert info["roofline_frac"] == pytest.approx(0.8, rel=1e-3)
+    assert info["roofline_bound"] == "compute"
+    assert info["roofline_peak_tflops"] == pytest.approx(100.0)
+    assert info["roofline_gb_per_s"] == pytest.approx(1000.0)
+    assert info["roofline_ceilings"] == "measured"
+    assert info["roofline_ridge_flop_per_byte"] == pytest.approx(100.0)
+    assert info["floor_checks"][0]["status"] == "passed"
+    assert info["floor_checks"][0]["floor"] == 0.5
+    assert info["mfu"] == pytest.approx(0.8, rel=1e-3)  # the CPU has no spec peak: measured
 
 
 def test_a_case_within_noise_of_its_floor_passes_with_a_note(project: pytest.Pytester) -> None:
@@ -296,31 +320,6 @@ def test_a_case_within_noise_of_its_floor_passes_with_a_note(project: pytest.Pyt
     result.stdout.fnmatch_lines(["note: test_floor: roofline 49.5% is below its floor 50.0% within noise*passed"])
     set_speed(project, floor=2.1)  # 47.6%: beyond the noise
     project.runpytest(*PLUGIN, "test_cases.py::test_floor").assert_outcomes(failed=1)
-
-
-def test_a_floor_for_another_card_is_not_applied(project: pytest.Pytester) -> None:
-    set_speed(project, other_cards=5.0, hw_keyword=5.0, own_card_first=1.25)  # 20%, 20%, 80%
-    result = project.runpytest(*PLUGIN, "-k", "other_cards or hw_keyword or own_card_first")
-    result.assert_outcomes(passed=2, failed=1)  # the cpu's own floor (0.9) wins over the any-card 0.1
-    assert "BELOW FLOOR (the cpu floor, from @pytest.mark.attnperf_floor)" in failure(result, "test_own_card_first")
-
-
-def test_an_unlisted_card_gets_measured_ceilings_and_every_percentage(
-        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    monkeypatch.setenv("FAKE_DEVICE", "z9000")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the scripted timer allocates nothing
-    result = project.runpytest(*PLUGIN, "test_cases.py::test_plain", "--attnperf-processes=1", "--junitxml=j.xml")
-    result.assert_outcomes(passed=1)
-    # 1 TFLOP/s of fp32's measured 10: MFU 10%; 100 GB/s of 1 TB/s: 10%; roofline 10%
-    result.stdout.fnmatch_lines(["attnperf on z9000: 1 measured cases*",
-                                 "*test_plain*1.00*10.0*100.0*10.0*10*cmp*10.0*"])
-    junit = (project.path / "j.xml").read_text()
-    assert 'name="attnperf_roofline_pct" value="10.00"' in junit
-    assert 'name="attnperf_bound" value="compute"' in junit
-    assert 'name="attnperf_ceilings" value="measured"' in junit
-    assert ceiling_calls(project) == {"matmul-bf16": 1, "matmul-fp16": 1, "matmul-fp32": 1, "copy": 1}
 
 
 def test_a_user_peak_overrides_measured_and_spec(project: pytest.Pytester) -> None:
@@ -388,14 +387,6 @@ def test_the_cache_is_used_on_the_second_run_and_invalidated_by_another_stack(
     assert set(ceiling_calls(project).values()) == {4}
 
 
-def test_floors_are_checked_when_recording_and_a_recording_below_is_not_written(project: pytest.Pytester) -> None:
-    set_speed(project, floor=2.5)
-    result = project.runpytest(*PLUGIN, "--update-baselines", "test_cases.py::test_floor", "test_cases.py::test_plain")
-    result.assert_outcomes(passed=1, failed=1)
-    entries = kit.entries(project, "cpu")
-    assert sorted(entries) == ["test_cases.py::test_plain"]
-
-
 def test_a_bad_floor_marker_is_a_usage_error(project: pytest.Pytester) -> None:
     project.makepyfile(test_bad="import pytest\n\n\n@pytest.mark.attnperf_floor(roofine=0.5)\ndef test_x():\n"
                                 "    pass\n")
@@ -443,21 +434,6 @@ def test_registration_floors_apply_and_the_built_in_table_and_a_marker_come_firs
     result = project.runpytest(*PLUGIN, "test_kernels.py")
     result.assert_outcomes(passed=1, failed=1)
     assert "(the cpu floor, from the built-in floors of fam/strict/c1)" in failure(result, "test_kernel[strict-c1]")
-
-
-def test_the_benchmark_json_carries_the_roofline(project: pytest.Pytester) -> None:
-    set_speed(project, floor=1.25)
-    project.runpytest(*PLUGIN, "test_cases.py::test_floor", "--benchmark-json=out.json").assert_outcomes(passed=1)
-    info = kit.benchmarks(project, "out.json")[0]["extra_info"]
-    assert info["roofline_frac"] == pytest.approx(0.8, rel=1e-3)
-    assert info["roofline_bound"] == "compute"
-    assert info["roofline_peak_tflops"] == pytest.approx(100.0)
-    assert info["roofline_gb_per_s"] == pytest.approx(1000.0)
-    assert info["roofline_ceilings"] == "measured"
-    assert info["roofline_ridge_flop_per_byte"] == pytest.approx(100.0)
-    assert info["floor_checks"][0]["status"] == "passed"
-    assert info["floor_checks"][0]["floor"] == 0.5
-    assert info["mfu"] == pytest.approx(0.8, rel=1e-3)  # the CPU has no spec peak: measured
 
 
 def test_a_failing_ceiling_costs_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -545,9 +521,29 @@ def physics(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest
     return project
 
 
-def test_a_speed_above_the_measured_ceilings_fails_as_a_wrong_cost_model_or_timer(physics: pytest.Pytester) -> None:
-    result = physics.runpytest(*PLUGIN, "test_physics.py", "--attnperf-processes=1", "--junitxml=j.xml")
-    result.assert_outcomes(passed=1, failed=2)
+def test_an_unlisted_card_gets_measured_ceilings_and_a_speed_above_them_fails_and_is_never_recorded(
+        physics: pytest.Pytester) -> None:
+    """One recording run on the unlisted card, of ``PHYSICS_TESTS`` and ``test_plain``:
+
+    - the card's ceilings are measured, once each, and a case gets every percentage (MFU,
+      bandwidth, roofline) against them, in the summary and the JUnit XML;
+    - a speed above the measured ceilings fails as a wrong cost model or timer, naming the
+      achieved rates against each ceiling and the roofline time; the JUnit XML says which cases'
+      speeds were possible;
+    - an impossible speed is never recorded (the possible ones are).
+    """
+    result = physics.runpytest(*PLUGIN, "test_physics.py", "test_cases.py::test_plain", "--attnperf-processes=1",
+                               "--junitxml=j.xml", "--update-baselines")
+    result.assert_outcomes(passed=2, failed=2)
+    # test_plain: 1 TFLOP/s of fp32's measured 10: MFU 10%; 100 GB/s of 1 TB/s: 10%; roofline 10%
+    result.stdout.fnmatch_lines(["attnperf on z9000: 4 measured cases*",
+                                 "*test_plain*1.00*10.0*100.0*10.0*10*cmp*10.0*"])
+    properties = kit.junit_properties(physics.path / "j.xml")
+    assert properties["test_plain"]["attnperf_roofline_pct"] == "10.00"
+    assert properties["test_plain"]["attnperf_bound"] == "compute"
+    assert properties["test_plain"]["attnperf_ceilings"] == "measured"
+    assert ceiling_calls(physics) == {"matmul-bf16": 1, "matmul-fp16": 1, "matmul-fp32": 1, "copy": 1}
+
     cached = failure(result, "test_cached")
     assert "IMPOSSIBLE SPEED: the cost model or the timer is wrong: 200.0% of the roofline, above the 105%" in cached
     assert "compute: achieved 200.00 TFLOP/s against the bf16 matmul ceiling 100.0 TFLOP/s (measured): 200.0%" in cached
@@ -555,17 +551,11 @@ def test_a_speed_above_the_measured_ceilings_fails_as_a_wrong_cost_model_or_time
     assert "cost model: 1e+11 FLOP, 1e+08 bytes; the roofline time is 1 ms, the median 0.5 ms" in cached
     assert "this run: median 0.5 ms" in cached
     streaming = failure(result, "test_streaming")
+    assert "IMPOSSIBLE SPEED" in streaming
     assert "memory: achieved 2000.0 GB/s against the copy bandwidth ceiling 1000.0 GB/s (measured): 200.0%" in streaming
-    properties = kit.junit_properties(physics.path / "j.xml")
     assert properties["test_honest"]["attnperf_physics"] == "possible"
     assert properties["test_cached"]["attnperf_physics"] == "impossible"
-
-
-def test_an_impossible_speed_is_never_recorded(physics: pytest.Pytester) -> None:
-    result = physics.runpytest(*PLUGIN, "test_physics.py", "--attnperf-processes=1", "--update-baselines")
-    result.assert_outcomes(passed=1, failed=2)
-    assert "IMPOSSIBLE SPEED" in failure(result, "test_streaming")
-    assert sorted(kit.entries(physics, "z9000")) == ["test_physics.py::test_honest"]
+    assert sorted(kit.entries(physics, "z9000")) == ["test_cases.py::test_plain", "test_physics.py::test_honest"]
 
 
 def test_hot_mode_refuses_a_speed_above_the_matmul_ceiling_only(physics: pytest.Pytester) -> None:
