@@ -257,12 +257,18 @@ def test_a_half_declared_shape_table_is_a_usage_error(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["*declares only one of ATTNPERF_FAMILY and ATTNPERF_CASES*"])
 
 
-def test_benchmark_json_holds_plain_data(toy: pytest.Pytester) -> None:
-    """Parameters as the case's fields, the kernel's name and the direction; the timer by its
-    clock; the cost and the baseline comparison in extra_info."""
+def test_benchmark_json_and_junit_xml_carry_each_cases_figures(toy: pytest.Pytester) -> None:
+    """One gating run after a recording writes both:
+
+    - the benchmark JSON holds plain data: parameters as the case's fields, the kernel's name and
+      the direction; the timer by its clock; the cost and the baseline comparison in extra_info;
+    - the JUnit XML carries each case's figures as properties: median, baseline, change, rate,
+      MFU, verdict, roofline, bound, ceilings, physics and the timed draws verified.
+    """
     toy.runpytest(*PLUGIN, "--update-baselines", "-k", "not wrong").assert_outcomes(passed=6)
     kit.set_speeds(toy, {"*": 1.02})
-    toy.runpytest(*PLUGIN, "-k", "not wrong", "--benchmark-json=out.json").assert_outcomes(passed=6)
+    gated = toy.runpytest(*PLUGIN, "-k", "not wrong", "--benchmark-json=out.json", "--junitxml=out.xml")
+    gated.assert_outcomes(passed=6)
     text = (toy.path / "out.json").read_text()
     assert "UNSERIALIZABLE" not in text
     assert " object at 0x" not in text
@@ -277,11 +283,6 @@ def test_benchmark_json_holds_plain_data(toy: pytest.Pytester) -> None:
     assert extra["baseline_ms"] == pytest.approx(1.0, rel=1e-3)
     assert extra["change_pct"] == pytest.approx(2.0, abs=0.05)
 
-
-def test_junit_xml_carries_each_cases_figures(toy: pytest.Pytester) -> None:
-    toy.runpytest(*PLUGIN, "--update-baselines", "-k", "not wrong").assert_outcomes(passed=6)
-    kit.set_speeds(toy, {"*": 1.02})
-    toy.runpytest(*PLUGIN, "-k", "not wrong", "--junitxml=out.xml").assert_outcomes(passed=6)
     props = kit.junit_properties(toy.path / "out.xml")["test_toy[n8-fast-fwd]"]
     assert set(props) == {"attnperf_median_ms", "attnperf_baseline_ms", "attnperf_change_pct", "attnperf_tflops",
                           "attnperf_mfu", "attnperf_verdict", "attnperf_roofline_pct", "attnperf_bound",
