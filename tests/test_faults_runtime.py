@@ -193,9 +193,50 @@ def test_b_after():
     assert id(KEPT[1]) not in tracked and id(KEPT[-1]) not in tracked  # frozen: no longer walked
     assert gc.get_freeze_count() >= KEPT[0] + 25_000
 ''')
+    gc.unfreeze()  # a process of its own, as a user's run is: nothing frozen before it (tests/conftest.py freezes)
+    try:
+        result = project.runpytest(*PLUGIN, "-rA")
+        FaultLedger().check(result, expected_cases=2)
+        assert gc.get_freeze_count() == 0  # the run's end unfroze them
+    finally:
+        gc.collect()
+        gc.freeze()
+
+
+def test_objects_its_host_froze_stay_frozen_and_the_run_freezes_none_of_its_own(project: pytest.Pytester) -> None:
+    """A run inside a process that froze its own objects before it (this test process freezes
+    torch and fla once they are loaded): the run neither unfreezes them at its end nor freezes
+    its own with them; its cases' garbage is still collected after each case."""
+    project.makepyfile(test_host=COST + '''
+import gc
+import weakref
+
+import conftest
+
+FROZEN = []
+
+
+class Inputs:
+    """Stands for a case's tensors."""
+
+
+def test_a_case(attnperf):
+    FROZEN.append(gc.get_freeze_count())
+    inputs = Inputs()
+    inputs.me = inputs  # a cycle: freed only by a collection
+    conftest.TRACKED.append(weakref.ref(inputs))
+    attnperf.measure(lambda: None, cost=COST, dtype="fp32")
+
+
+def test_b_after():
+    assert conftest.TRACKED and conftest.TRACKED[-1]() is None
+    assert gc.get_freeze_count() <= FROZEN[0]  # nothing of the run's own frozen (frozen objects may be freed)
+''')
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
     result = project.runpytest(*PLUGIN, "-rA")
     FaultLedger().check(result, expected_cases=2)
-    assert gc.get_freeze_count() == 0  # the run's end unfroze them
+    assert frozen // 2 < gc.get_freeze_count() <= frozen  # the host's objects are still frozen
 
 
 def test_out_of_memory_fails_its_case_with_the_size_and_the_next_cases_pass(project: pytest.Pytester) -> None:

@@ -83,12 +83,14 @@ class CaseGuard:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Once the cases are collected (torch imported, the items made): what is alive now lives
         for the run, so the collector's full pass after each case need not walk it again. The
-        pass then costs microseconds where it cost 0.4 s with torch and fla loaded. The markers
-        of runs that died are read, and this run's written."""
+        pass then costs microseconds where it cost 0.4 s with torch and fla loaded; objects frozen
+        before by the process's owner stay theirs (no freeze here, no unfreeze at the end). The
+        markers of runs that died are read, and this run's written."""
         if any(is_attention_case(item) for item in session.items):
-            gc.collect()
-            gc.freeze()
-            self.froze = True
+            if gc.get_freeze_count() == 0:  # else frozen by the process's owner (a run inside a run): theirs
+                gc.collect()
+                gc.freeze()
+                self.froze = True
             if not session.config.option.collectonly:
                 self.marker = RunMarker(user_cache("pytest-attnperf", "runs"),
                                         list(session.config.invocation_params.args))
