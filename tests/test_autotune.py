@@ -381,7 +381,8 @@ def test_cpu_run_does_nothing_and_writes_nothing(project: pytest.Pytester, monke
     monkeypatch.setenv("FAKE_DEVICE", "cpu")
     before = sorted(p.name for p in (project.path / "baselines").iterdir())
     for args in ((), ("--update-baselines",)):
-        result = project.runpytest(*PLUGIN, f"--attnperf-triton-cache={project.path / 'cpu-cache'}", *args)
+        result = project.runpytest(*PLUGIN, f"--attnperf-triton-cache={project.path / 'cpu-cache'}",
+                                   "--attnperf-ceilings=off", *args)  # no CPU ceilings measured: not this test's
         result.assert_outcomes(passed=2)
         assert log(project)["a"] == {"cache": None}
         assert "autotune" not in result.stdout.str()
@@ -453,7 +454,8 @@ def test_a_recording_in_turns_measures_only_the_cases_without_an_entry() -> None
     node ids, those the committed file lacks, in collection order; pytest's other lines dropped."""
     import kit
 
-    committed = yaml.safe_load((kit.ROOT / "baselines" / "h200.yaml").read_text())["entries"]
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where PyYAML has it: the file is large
+    committed = yaml.load((kit.ROOT / "baselines" / "h200.yaml").read_text(), Loader=loader)["entries"]
     have = next(k for k in committed if k.startswith("suites/test_linear.py::"))
     new = "suites/test_linear.py::test_linear[b2-h8-t1024-d64-fp16-gla-never-recorded-fwd]"
     assert new not in committed
