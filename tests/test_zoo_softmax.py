@@ -5,7 +5,8 @@ least one, and each failure is a wrong number caught by the checks, never a cras
 The zoo runs once, in one pytester run in this process (``-p tests.zoo.softmax``, correctness
 only: torch and the plugin loaded once), and the assertions, one test per kernel, read its JUnit
 XML. That run is shared by the module: the first test that asks for it makes it (pytester is per
-test), in a folder of its own holding a copy of the suites, and the others read what it left. The
+test), in a folder of its own holding the suite's test on its CPU table, and the others read what
+it left. The
 right kernels run on every case of the table; the wrong ones on the cases that catch them
 (``WRONG_CASES``).
 """
@@ -13,7 +14,6 @@ right kernels run on every case of the table; the wrong ones on the cases that c
 from __future__ import annotations
 
 import re
-import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +27,6 @@ from zoo import softmax as zoo  # tests/ is on the path, as for every test modul
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.families.softmax.suite import CASES
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU_CASES = tuple(c for c in CASES if not c.gpu)
 DIRECTIONS = ("fwd", "fwdbwd")
 # The kernels run on one CPU thread: these tests run one pytest-xdist worker per core, and two
@@ -101,6 +100,14 @@ def parse_junit(path: Path) -> dict[tuple[str, str, str], Outcome]:
 
 
 _RUNS: dict[str, dict[tuple[str, str, str], Outcome]] = {}  # the one run, shared by the module's tests
+# the suite's test on its CPU table alone: the run collects no GPU row only to deselect it (a run in
+# this process walks every object it made, its items too, in the collection after each case)
+CPU_TABLE = """
+from pytest_attnperf.families.softmax.suite import CASES, FAMILY, test_softmax  # noqa: F401
+
+ATTNPERF_FAMILY = FAMILY
+ATTNPERF_CASES = tuple(case for case in CASES if not case.gpu)
+"""
 
 
 @pytest.fixture
@@ -108,11 +115,11 @@ def zoo_run(pytester: pytest.Pytester) -> dict[tuple[str, str, str], Outcome]:
     """The zoo through the softmax suite's CPU table (``SELECTION``), run on first use: its JUnit XML
     report, parsed."""
     if "zoo" not in _RUNS:
-        shutil.copytree(ROOT / "suites", pytester.path / "suites")
         pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\n")
+        pytester.makepyfile(test_cpu_table=CPU_TABLE)
         junit = pytester.path / "junit.xml"
         run = pytester.runpytest_inprocess(  # no:logging: nothing here reads the tests' logs
-            "-p", "pytest_attnperf.plugin", "-p", "tests.zoo.softmax", "-p", "no:logging", "suites/test_softmax.py",
+            "-p", "pytest_attnperf.plugin", "-p", "tests.zoo.softmax", "-p", "no:logging", "test_cpu_table.py",
             "-k", SELECTION, "--attnperf-check-only", f"--junitxml={junit}", "-q", "-p", "no:randomly",
         )
         broke = f"the zoo's run broke (exit {run.ret}):\n{run.stdout.str()[-4000:]}\n{run.stderr.str()[-4000:]}"
