@@ -217,7 +217,16 @@ def manifest(pytester: pytest.Pytester) -> dict[str, object]:
     return dict(yaml.safe_load((pytester.path / "baselines" / "h200.autotune" / "manifest.yaml").read_text()))
 
 
-def test_recording_writes_the_choices_the_run_made(project: pytest.Pytester) -> None:
+def test_recording_writes_the_choices_then_a_gating_run_installs_them_and_off_leaves_triton_alone(
+        project: pytest.Pytester) -> None:
+    """One recording, then the runs after it:
+
+    - the recording writes the choices its run made (each kernel's file and a manifest entry naming
+      its test, kernel, key and choice), says so, and sets TRITON_CACHE_DIR back after the run;
+    - a gating run on a fresh cache installs the recorded choices before the tests (its kernels
+      find them and autotune nothing; no drift);
+    - ``--attnperf-triton-cache=off`` leaves Triton's cache alone.
+    """
     result = run(project, "cache1", "--update-baselines")
     result.assert_outcomes(passed=2)
     assert os.environ.get("TRITON_CACHE_DIR") is None  # restored after the run
@@ -235,6 +244,19 @@ def test_recording_writes_the_choices_the_run_made(project: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(["*autotune choices: wrote 2 autotune choices to *h200.autotune (0 other entries kept)"
                                  ])
     assert "autotuned in this run" not in result.stdout.str()  # autotuning is what a recording records
+
+    result = run(project, "fresh-cache")
+    result.assert_outcomes(passed=2)
+    fresh = project.path / "fresh-cache" / "h200"
+    assert log(project) == {"a": {"cache": str(fresh), "found": True}, "b": {"cache": str(fresh), "found": True}}
+    assert (fresh / HASH_A / "kern_a.autotune.json").read_text() == (folder / f"{HASH_A}.json").read_text()
+    out = result.stdout.str()
+    assert f"autotune choices: 2 installed from h200.autotune into {fresh}" in out
+    assert "autotuned in this run" not in out
+    assert "drift" not in out
+
+    project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-triton-cache=off").assert_outcomes(passed=2)
+    assert log(project)["a"] == {"cache": None}
 
 
 def test_recording_keeps_others_and_leaves_out_failed_tests(project: pytest.Pytester,
@@ -297,20 +319,6 @@ def test_a_recording_that_dies_leaves_its_entries_with_their_choices(project: py
     result.assert_outcomes(passed=2)
     assert log(project)["a"]["found"] is True  # the configuration a's entry was timed with
     assert "autotuned in this run" not in result.stdout.str()
-
-
-def test_gating_run_installs_the_choices_before_the_tests(project: pytest.Pytester) -> None:
-    run(project, "recording-cache", "--update-baselines").assert_outcomes(passed=2)
-    result = run(project, "fresh-cache")
-    result.assert_outcomes(passed=2)
-    fresh = project.path / "fresh-cache" / "h200"
-    assert log(project) == {"a": {"cache": str(fresh), "found": True}, "b": {"cache": str(fresh), "found": True}}
-    assert (fresh / HASH_A / "kern_a.autotune.json").read_text() == (
-        project.path / "baselines" / "h200.autotune" / f"{HASH_A}.json").read_text()
-    out = result.stdout.str()
-    assert f"autotune choices: 2 installed from h200.autotune into {fresh}" in out
-    assert "autotuned in this run" not in out
-    assert "drift" not in out
 
 
 def test_default_cache_folder_is_per_user_and_per_hardware(
@@ -389,12 +397,6 @@ def test_cpu_run_does_nothing_and_writes_nothing(project: pytest.Pytester, monke
     assert not (project.path / "cpu-cache").exists()
     added = sorted(set(p.name for p in (project.path / "baselines").iterdir()) - set(before))
     assert added == [".cpu.yaml.lock", "cpu.yaml"]  # the CPU entries and the store's lock, no autotune folder
-
-
-def test_off_leaves_triton_alone(project: pytest.Pytester) -> None:
-    run(project, "rec", "--update-baselines").assert_outcomes(passed=2)
-    project.runpytest(*PLUGIN, "--hw=h200", "--attnperf-triton-cache=off").assert_outcomes(passed=2)
-    assert log(project)["a"] == {"cache": None}
 
 
 def test_summary_splits_warm_up_from_measuring(project: pytest.Pytester) -> None:
