@@ -4,8 +4,8 @@ GPU: B=4 H=16 head dim 128 bf16 causal, T from 512 to 16384, forward and forward
 fastest SDPA backends (cuDNN, flash), the math backend (T x T scores in memory, capped below)
 and fla's chunk kernels of LA, GLA, simple GLA and GDN. CPU: B=2 H=2 head dim 32 fp32, T from 32
 to 128 (the fewest points and the least span a fit takes): the naive softmax, SDPA math and fla's
-naive recurrences, so the report is produced on any machine. Each point is an ordinary gated case; ``--attnperf-report=DIR`` fits exponents and
-finds crossovers over them (docs/reports.md).
+naive recurrences, so the report is produced on any machine. Each point is an ordinary gated
+case; ``--attnperf-report=DIR`` fits exponents and finds crossovers over them (docs/reports.md).
 
 fla 0.6 autotunes its chunk kernels on keys of heads, key and value width and chunk size (and
 batch, for the gate cumsum), not on T: the whole GPU sweep shares the B=4 H=16 D=128 tunings of
