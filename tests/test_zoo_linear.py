@@ -35,10 +35,10 @@ def pytest_collection_finish(session):
     gc.collect()
     gc.freeze()
 """
-# The wrong kernels run on the case of a chunk and a tail, where every one of them is caught but the
-# grouped-values bug, which runs on GDN's grouped-values case too: more cases catch them again (three
-# quarters of the run's time went to the wrong kernels on all four) and the failing tests below
-# hold each to a failure where it runs. The correct kernels run on every case they take.
+# The wrong kernels run where they are caught: every one on the case of a chunk and a tail, and the
+# grouped-values bug, caught on GDN's grouped-values case only, there too. The other cases only
+# caught them again, and the wrong kernels on all four took three quarters of the run's time; the
+# failing tests below hold each to a failure where it runs. The correct kernels run on every case.
 WRONG_CASES = "cpu-b2-h2-t100-d16-fp32 or (cpu-b2-h4-hk2-t70-d16-fp32 and key-heads)"
 SELECTION = f"zoo- and cpu- and (zoo-ok- or {WRONG_CASES})"
 # the suite's test on its CPU table alone: the run collects no GPU row only to deselect it (a run in

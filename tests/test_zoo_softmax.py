@@ -6,9 +6,8 @@ The zoo runs once, in one pytester run in this process (``-p tests.zoo.softmax``
 only: torch and the plugin loaded once), and the assertions, one test per kernel, read its JUnit
 XML. That run is shared by the module: the first test that asks for it makes it (pytester is per
 test), in a folder of its own holding the suite's test on its CPU table, and the others read what
-it left. The
-right kernels run on every case of the table; the wrong ones on the cases that catch them
-(``WRONG_CASES``).
+it left. The right kernels run on every case of the table; the wrong ones on the cases that catch
+them (``WRONG_CASES``).
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ RIGHT = sorted(name for name in KERNELS if name.startswith("zoo-ok-"))
 WRONG = sorted(name for name in KERNELS if name.startswith("zoo-bad-"))
 # The wrong kernels run on three cases of the table, which between them catch every one (grouped
 # queries, the sliding window, fp16 with a partial last block: a wrong number in half precision
-# too); on the other three each was caught again, and the run's time went to it (16 heads x 8 at
-# d=64 above all). The right kernels run on all six.
+# too); the other three only caught them again, at a third of the run's time (16 heads x 8 at d=64
+# above all). The right kernels run on all six.
 WRONG_CASES = ("cpu-b2-h12-kv3-t64-d32-causal-fp32", "cpu-b1-h4-t256-d32-w32-fp32", "cpu-b2-h4-t200-d32-causal-fp16")
 SELECTION = f"cpu- and (zoo-ok- or (zoo-bad- and ({' or '.join(WRONG_CASES)})))"
 
