@@ -241,6 +241,7 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     own below."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     kit.make_project(pytester, kit.conftest("cpu") + PROJECT_CONFTEST)
+    # (not test_catalogue.py: in this process that name is this module's, imported already)
     pytester.makepyfile(test_rows="from pytest_attnperf.families.catalogue_suite import "
                                        "pytest_generate_tests, test_catalogue\n")
     return pytester
