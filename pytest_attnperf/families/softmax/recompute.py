@@ -108,7 +108,6 @@ def recomputed_gradients(q: Any, k: Any, v: Any, grad_out: Any, opts: dict[str, 
     dv = p.to(dtype).float().transpose(-1, -2) @ do
     ds = p * (do @ vv.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
     dq, dk = (ds @ kk) * scale, (ds.transpose(-1, -2) @ qq) * scale
-    if group > 1:
-        b, h, t, d = dk.shape
-        dk, dv = (x.view(b, h // group, group, t, d).sum(2) for x in (dk, dv))
+    if group > 1:  # each K/V head's gradient: the sum over its group's query heads (dv's head dim its own)
+        dk, dv = (x.view(x.shape[0], x.shape[1] // group, group, *x.shape[2:]).sum(2) for x in (dk, dv))
     return dq.to(dtype), dk.to(dtype), dv.to(dtype)
