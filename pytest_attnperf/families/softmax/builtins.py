@@ -58,16 +58,21 @@ def sdpa_lse(q: Any, k: Any, v: Any, *, causal: bool, scale: float, attn_mask: A
     """``(out, lse)`` from SDPA's flash backend, which keeps the log-sum-exp for its backward: on
     the CPU ``aten._scaled_dot_product_flash_attention_for_cpu`` (an additive mask joining the
     causal one and ``attn_mask``; K/V expanded over a GQA group); on a GPU
-    ``aten._scaled_dot_product_flash_attention`` (no mask: a case with one is refused)."""
+    ``aten._scaled_dot_product_flash_attention`` (fp16 and bf16 only, no mask: a case with another
+    dtype or a mask is refused)."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
+    aligned = q.shape[2] == k.shape[2]
+    if q.device.type != "cpu":
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            raise NotImplementedError(f"SDPA's GPU flash backend takes fp16 and bf16 only: no LSE of "
+                                      f"{str(q.dtype).removeprefix('torch.')} inputs")
+        if attn_mask is not None or (causal and not aligned):
+            raise NotImplementedError("SDPA's GPU flash backend takes no mask: its LSE is read without one only")
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    aligned = q.shape[2] == k.shape[2]
     if q.device.type != "cpu":
-        if attn_mask is not None or (causal and not aligned):
-            raise NotImplementedError("SDPA's GPU flash backend takes no mask: its LSE is read without one only")
         found = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
         return found[0], found[1]
     mask = _joined(q, k, causal and not (aligned and attn_mask is None), attn_mask)
