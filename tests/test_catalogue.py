@@ -189,6 +189,15 @@ def test_a_known_failure_named_by_class_marks_that_class_in_both_directions(monk
     assert not _marks(CatalogueCheck(kernel, next(r for r in rows if "grid-limit" not in r.classes), "fwd"))
 
 
+def test_a_known_failure_named_for_one_device_marks_it_there_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    known = Known("gla", "fla-fused-recurrent", "a GPU finding", row_class="grid-limit", device="cuda")
+    monkeypatch.setattr(catalogue_suite, "KNOWN", (known,))
+    kernel = Kernel(known.family, known.kernel, lambda *a, **k: None)
+    grid = next(r for r in _rows(known.family, "smoke") if "grid-limit" in r.classes)
+    assert _marks(CatalogueCheck(kernel, grid, "fwd"), "cuda")
+    assert not _marks(CatalogueCheck(kernel, grid, "fwd"), "cpu")
+
+
 def test_interpreted_kernels_take_small_rows_only() -> None:
     small = next(r.case for r in _rows("gla", "smoke") if "tile-edge" in r.classes)
     big = next(r.case for r in _rows("gla", "smoke") if "long-seq" in r.classes)

@@ -470,6 +470,6 @@ PY
       echo "== $tier"; grep -E '^(FAILED|XPASS|  [a-z_]+/)' "$OUT/catalogue-$tier.log" | cut -c1-400
     done
     # the findings on fla's kernels, outside the harness (tools/fla_findings.py), autotuned as fla ships
-    [ -n "${FINDINGS:-1}" ] && timeout 300 python3 tools/fla_findings.py 2>&1 | tee "$OUT/fla-findings.txt" | tail -n 12 ;;
+    [ "${FINDINGS:-1}" = 1 ] && timeout 300 python3 tools/fla_findings.py 2>&1 | tee "$OUT/fla-findings.txt" | tail -n 12 ;;
   *) echo "usage: $0 record-linear|gate|noise|pair|short|full|check|power|integrity|inventory|memory|memory-noise|models|decode|history" >&2; exit 2 ;;
 esac

@@ -19,7 +19,7 @@ import pytest
 from pytest_attnperf.families import catalogue, order
 from pytest_attnperf.families.checks import CheckFailed, reported_plainly
 from pytest_attnperf.families.family import FAMILIES, family
-from pytest_attnperf.families.interpret import enable, interpreted_refusal, interpreter_refusal
+from pytest_attnperf.families.interpret import autotuners_held, enable, interpreted_refusal, interpreter_refusal
 from pytest_attnperf.families.linear import kernels as linear_kernels
 from pytest_attnperf.families.linear.suite import INSTALL_HINT, fla_missing
 from pytest_attnperf.families.parametrize import RUN_KEY
@@ -95,7 +95,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not session.device.is_gpu and tier != "off":
         enable()  # before fla's kernels are imported: the CPU runs them under Triton's interpreter
     found = checks(session.registry, tier, session.device.kind, session.device.is_gpu)
-    params = [pytest.param(c, id=c.id, marks=_marks(c)) for c in found]
+    params = [pytest.param(c, id=c.id, marks=_marks(c, session.device.kind)) for c in found]
     if not params:  # no test, said so at collection rather than read as "nothing failed"
         params = [pytest.param(None, id="none", marks=pytest.mark.skip(reason=f"the catalogue is {tier} in this run"))]
     metafunc.parametrize("check", params)
@@ -114,12 +114,14 @@ class Known:
     row_class: str | None = None  # a trigger class the row carries
     dtype: str | None = None
     row: str | None = None  # the row's id
+    device: str | None = None  # the device kind it fails on ("cpu", "cuda")
 
-    def matches(self, check: CatalogueCheck) -> bool:
-        """Whether ``check`` is this known failure's kernel, and its row and direction those named."""
+    def matches(self, check: CatalogueCheck, device_kind: str | None = None) -> bool:
+        """Whether ``check`` is this known failure's kernel, and its row, direction and device those
+        named."""
         case = check.row.case
         wanted = ((self.direction, check.direction), (self.values, getattr(case, "values", None)),
-                  (self.dtype, getattr(case, "dtype", None)), (self.row, check.row.id))
+                  (self.dtype, getattr(case, "dtype", None)), (self.row, check.row.id), (self.device, device_kind))
         return (check.kernel.family, check.kernel.name) == (self.family, self.kernel) \
             and all(want is None or want == got for want, got in wanted) \
             and (self.row_class is None or self.row_class in check.row.classes)
@@ -139,6 +141,19 @@ _GLA_DIM4 = ("fla 0.6.0's chunk GLA backward does not compile at head dim 4 (a t
              "K >= 16: CompilationError, seen in the catalogue on an H100 and an H200) though its forward runs; no "
              "upstream issue found in the stored issues; tools/fla_findings.py holds its reproduction, not yet run")
 _STATE_ROW = "cat-b1-h2-t100-d16-fp16-large-state"
+_LOWER_RIGHT_EFFICIENT = (
+    "torch 2.11's CUDA memory-efficient attention, causal aligned lower-right (torch.nn.attention.bias."
+    "causal_lower_right, which SDPA's default dispatch and the efficient backend run there) with more queries than "
+    "keys: rows that see no key are not 0 (17 queries over 9 keys: all 32 empty rows; 1024 over 700: 32 of the "
+    "2,592, in the query block the diagonal crosses; seen on an H100). pytorch/pytorch#193632 names it: the "
+    "bottom-right offset is stored unsigned and wraps when the queries outnumber the keys, switching the mask off in "
+    "mixed query blocks, and fully masked query blocks are skipped without writing their output (closed; not in "
+    "torch 2.11)")
+_EMPTY_ROWS_CUDNN = (
+    "torch 2.11's cuDNN attention given the lower-right causal mask (CausalBias materialises it as a boolean mask "
+    "when neither flash nor efficient attention may run): every row that sees no key is not 0 (2,592 of 2,592 at "
+    "1024 queries over 700 keys, bf16, on an H100); no upstream issue found in the stored issues; "
+    "tools/sdpa_findings.py holds its reproduction outside the harness, not yet run")
 _EMPTY_LSE = ("torch's CPU flash attention (aten._scaled_dot_product_flash_attention_for_cpu, torch 2.13) returns a "
               "log-sum-exp of 0 for a row with no visible key (a fully masked row; the top rows of causal with more "
               "queries than keys), where the log of the empty sum is -inf: merged by their LSE, partial results weigh "
@@ -151,17 +166,22 @@ KNOWN: tuple[Known, ...] = (
     Known("linear_attn", "fla-fused-chunk", _FP16_STATE, row=_STATE_ROW),
     Known("simple_gla", "fla-chunk", _FP16_STATE, row=_STATE_ROW, direction="fwd"),
     Known("gla", "fla-chunk", _GLA_DIM4, row="cat-b1-h1-t65600-d4-fp32", direction="fwdbwd"),
-    *(Known("softmax", "sdpa-flash", _EMPTY_LSE, row=row) for row in (
+    *(Known("softmax", "sdpa-flash", _EMPTY_LSE, row=row, device="cpu") for row in (
         "cat-b2-h2-t17-k9-d32-causal-fp32-lse", "cat-b2-h3-t20-d32-fp32-lse-mask-fully-masked",
         "cat-b1-h2-t70-k65-d32-causal-bf16-lse")),
+    *(Known("softmax", name, _LOWER_RIGHT_EFFICIENT, row=row, device="cuda") for name, row in (
+        ("sdpa", "cat-b2-h2-t17-k9-d32-causal-fp32"), ("sdpa-efficient", "cat-b2-h2-t17-k9-d32-causal-fp32"),
+        ("sdpa-efficient", "cat-b2-h4-t1024-k700-d64-causal-bf16"),
+        ("sdpa-repeat-kv", "cat-b1-h4-kv2-t31-k5-d32-causal-fp32"))),
+    Known("softmax", "sdpa-cudnn", _EMPTY_ROWS_CUDNN, row="cat-b2-h4-t1024-k700-d64-causal-bf16", device="cuda"),
 )
-"""Built-in kernels' failures on the catalogue's rows, each reproduced outside the harness
-(docs/catalogue.md, "Known failures of built-in kernels"): on the GPU's rows, fla's; on the CPU,
-SDPA's flash backend's LSE for rows with no visible key (on a GPU those rows are refused)."""
+"""Built-in kernels' failures on the catalogue's rows (docs/catalogue.md, "Known failures of
+built-in kernels"): on the GPU's rows, fla's and SDPA's rows with no visible key; on the CPU, SDPA's
+flash backend's LSE for such rows (on a GPU those rows are refused)."""
 
 
-def _marks(check: CatalogueCheck) -> list[Any]:
-    return [pytest.mark.xfail(strict=True, reason=k.reason) for k in KNOWN if k.matches(check)]
+def _marks(check: CatalogueCheck, device_kind: str | None = None) -> list[Any]:
+    return [pytest.mark.xfail(strict=True, reason=k.reason) for k in KNOWN if k.matches(check, device_kind)]
 
 
 def _processes() -> int:
@@ -196,7 +216,7 @@ def test_catalogue(check: CatalogueCheck, attnperf_device: Any, attnperf_seed: i
         if why := fla_missing():
             pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")
     try:
-        with reported_plainly(attnperf_seed), _pinned(kernel):
+        with reported_plainly(attnperf_seed), _pinned(kernel), autotuners_held():
             checked = run_shared(lambda: fam.check(kernel, case, direction, attnperf_device, seed=attnperf_seed),
                                  attnperf_device, footprint(case, direction), _processes(), _forget)
     except RuntimeError as exc:

@@ -11,11 +11,14 @@ nothing real.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["INTERPRETED_MAX_TOKENS", "enable", "hold_autotuners", "interpreted_refusal", "interpreter_refusal"]
+__all__ = ["INTERPRETED_MAX_TOKENS", "autotuners_held", "enable", "hold_autotuners", "interpreted_refusal",
+           "interpreter_refusal"]
 
 VARIABLE = "TRITON_INTERPRET"
 # batch x heads x sequence an interpreted kernel takes: its programs run in Python, about 3.6 ms a
@@ -53,27 +56,59 @@ def interpreted_refusal(case: Any) -> str | None:
     return None
 
 
+def _first_config(run: Callable[..., Any], restore: bool) -> Callable[..., Any]:
+    """``Autotuner.run`` that runs the first configuration the device has the resources for (the
+    autotuner would skip one that needs more shared memory than the GPU has, and so does this);
+    ``restore``: each kernel's configurations are as they were once the call returns."""
+    from triton.runtime.errors import OutOfResources  # noqa: PLC0415 - torch loads on first use
+
+    def first_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        configs = self.configs
+        candidates = self.__dict__.setdefault("_attnperf_candidates", list(configs)) if not restore else list(configs)
+        try:
+            while True:
+                self.configs = candidates[:1]
+                try:
+                    return run(self, *args, **kwargs)
+                except OutOfResources:
+                    if len(candidates) == 1:
+                        raise
+                    candidates.pop(0)
+        finally:
+            if restore:
+                self.configs = configs
+
+    return first_config
+
+
 def hold_autotuners() -> None:
-    """Hold every ``triton.autotune`` kernel to its first configuration (once per process), or
-    on a GPU to the first one the device has the resources for: the autotuner would skip a
-    configuration that needs more shared memory than the GPU has, and so does this."""
+    """Hold every ``triton.autotune`` kernel to its first configuration, for good (once per
+    process: Triton's interpreter on the CPU)."""
     if _held:
         return
     from triton.runtime.autotuner import Autotuner  # noqa: PLC0415 - torch loads on first use
-    from triton.runtime.errors import OutOfResources  # noqa: PLC0415 - as above
 
-    run = Autotuner.run
-
-    def first_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        candidates = self.__dict__.setdefault("_attnperf_candidates", list(self.configs))
-        while True:
-            self.configs = candidates[:1]
-            try:
-                return run(self, *args, **kwargs)
-            except OutOfResources:
-                if len(candidates) == 1:
-                    raise
-                candidates.pop(0)
-
-    Autotuner.run = first_config
+    Autotuner.run = _first_config(Autotuner.run, restore=False)
     _held.append(True)
+
+
+@contextlib.contextmanager
+def autotuners_held() -> Iterator[None]:
+    """Every ``triton.autotune`` kernel held to its first configuration while the block runs: a
+    check of numbers chooses nothing by speed, and each new shape would autotune for seconds to
+    minutes. With one configuration Triton's autotuner benchmarks and caches nothing, so the
+    choices the timed cases make and record are untouched. A no-op where Triton is missing or the
+    process holds its autotuners for good already."""
+    try:
+        from triton.runtime.autotuner import Autotuner  # noqa: PLC0415 - torch loads on first use
+    except ImportError:
+        Autotuner = None  # noqa: N806 - no Triton, no autotuner to hold
+    if _held or Autotuner is None:
+        yield
+        return
+    run = Autotuner.run
+    Autotuner.run = _first_config(run, restore=True)
+    try:
+        yield
+    finally:
+        Autotuner.run = run
