@@ -40,7 +40,7 @@ from pytest_attnperf.families.softmax import axes as call_axes
 from pytest_attnperf.families.softmax import paging, relations
 from pytest_attnperf.families.softmax.builtins import flex_window, sdpa, sdpa_dense_window, sdpa_repeat_kv
 from pytest_attnperf.families.softmax.recompute import further, recomputed_gradients, recomputed_output
-from pytest_attnperf.families.softmax.reference import masked_scores
+from pytest_attnperf.families.softmax.reference import attention_mask, masked_scores
 from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 from pytest_attnperf.families.values import laid_out, softmax_inputs
 from pytest_attnperf.hw.detect import memory_gb
@@ -149,11 +149,28 @@ def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | N
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    scores, empty = masked_scores(torch.matmul(q, k.transpose(-1, -2)) * scale, causal, window, attn_mask)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if not _rows_can_be_empty(q.shape[2], k.shape[2], causal, window, attn_mask):
+        # every row sees a key: the plain softmax, with no passes over the scores for empty rows
+        mask = attention_mask(q.shape[2], causal, window, q.device, k.shape[2])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return (out, torch.logsumexp(scores.float(), dim=-1)) if return_lse else out
+    scores, empty = masked_scores(scores, causal, window, attn_mask)
     out = torch.matmul(torch.softmax(scores, dim=-1).masked_fill(empty, 0.0), v)
     if not return_lse:
         return out
     return out, torch.logsumexp(scores.float(), dim=-1).masked_fill(empty[..., 0], float("-inf"))
+
+
+def _rows_can_be_empty(seq: int, kv_seq: int, causal: bool, window: int | None, attn_mask: Any = None) -> bool:
+    """Whether a query of a call may see no key: with an explicit mask, with no keys, or causal
+    with more queries than keys (lower-right, the first rows see none) or a window of no keys.
+    Causal with a window of one or more over at least as many keys, each query sees itself."""
+    if attn_mask is not None or kv_seq == 0:
+        return True
+    return causal and (seq > kv_seq or (window is not None and window < 1))
 
 
 def _plain(case: SoftmaxCase) -> str | None:
