@@ -38,7 +38,7 @@ except ImportError:  # not on POSIX: updates are not locked (see ``locked``)
 
 __all__ = [
     "FORMAT", "IGNORED", "INTERVAL_RATIO_MAX", "LOCK_TIMEOUT_S", "MAX_FILE_BYTES", "MODES", "BaselineError",
-    "BaselineFile", "LockTimeout", "Unusable", "read_regular",
+    "ENTRY_KEYS", "BaselineFile", "LockTimeout", "Unusable", "read_regular",
     "ignore_transients", "interval_problem", "load", "lock_path",
     "locked", "merge", "remove_stale_temporaries", "rounded", "save", "save_unsaved", "temporaries", "update",
     "write_atomic",
@@ -50,6 +50,13 @@ INTERVAL_RATIO_MAX = 100.0  # an entry whose ci_high_ms / ci_low_ms is above thi
 MAX_FILE_BYTES = 2**30  # a baseline or history file larger is refused before it is read (10,000 entries: about 5 MB)
 MODES = ("cold", "hot", "host")  # an entry's ``mode``: another (an edit) would leave its case "not compared", ungated
 _KNOWN_KEYS = ("format", "meta", "entries")
+# the keys this version writes in an entry (``fixture._entry``); a re-recorded entry keeps any other
+# key its old entry had (another version's, or a hand-written one), and the write says so
+ENTRY_KEYS = frozenset({
+    "median_ms", "ci_low_ms", "ci_high_ms", "stdrel", "n_samples", "tflops", "gb_per_s", "clock", "mode", "backend",
+    "hot_sample_ms", "peak_mib", "eager_ms", "kernels", "kernels_source", "notes", "run_medians_ms",
+    "run_machines", "run_overheads_ms",
+})
 
 # libyaml's loader and dumper when PyYAML was built with it (about twice as fast on a large file),
 # the loader refusing duplicate keys and aliases, the dumper writing no alias (yamlstrict)
@@ -84,6 +91,7 @@ class BaselineFile:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     unusable: dict[str, Unusable] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # top-level keys besides format, meta and entries: kept
+    carried: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)  # re-recorded: old keys kept
     digest: str | None = field(default=None, compare=False)  # sha256 of the bytes it was loaded from
     _summaries: dict[str, Summary] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -265,8 +273,10 @@ def merge(
 ) -> BaselineFile:
     """Existing entries, with those in ``measured`` replaced or added; ``meta`` updated.
 
-    Unusable entries are kept as they were, except those measured now. ``existing`` is not
-    changed; its entries are shared, not copied (no one changes an entry in place)."""
+    Unusable entries are kept as they were, except those measured now; a measured entry keeps the
+    keys of its old entry that this version does not write (``ENTRY_KEYS``), named in ``carried``.
+    ``existing`` is not changed; its entries are shared, not copied (no one changes an entry in
+    place)."""
     merged = BaselineFile(
         meta={**(existing.meta if existing else {}), **meta},
         entries=dict(existing.entries) if existing else {},
@@ -275,7 +285,19 @@ def merge(
     )
     for key, entry in measured.items():
         merged.entries[key] = {k: rounded(v) for k, v in entry.items()}
+        old = _old_entry(existing, key)
+        if kept := {k: v for k, v in old.items() if k not in ENTRY_KEYS and k not in entry}:
+            merged.entries[key].update(kept)
+            merged.carried[key] = tuple(sorted(map(str, kept)))
     return merged
+
+
+def _old_entry(existing: BaselineFile | None, key: str) -> dict[str, Any]:
+    """The entry ``key`` had in ``existing`` (usable or not) as a mapping, else empty."""
+    if existing is None:
+        return {}
+    old = existing.entries.get(key) if key in existing.entries else getattr(existing.unusable.get(key), "raw", None)
+    return old if isinstance(old, dict) else {}
 
 
 def _file_mode(path: Path) -> int:

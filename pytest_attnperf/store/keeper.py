@@ -201,6 +201,11 @@ class BaselineKeeper:
             f"wrote {len(self.pending)} measured entries to {path} ({kept} other entries kept{unusable}){from_journals}"
             f"{self._refused_note()}{stale}"
         )
+        if merged.carried:
+            names = sorted({name for keys in merged.carried.values() for name in keys})
+            many = len(merged.carried) > 1
+            self.write_note += (f"; {len(merged.carried)} re-recorded entr{'ies' if many else 'y'} kept "
+                                f"key{'s' if len(names) > 1 else ''} this version does not write: {', '.join(names)}")
         if self.journal is not None and self.journal.problem is not None:
             self.write_note += f"; {self.journal.problem}"
 

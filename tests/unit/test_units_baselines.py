@@ -336,6 +336,18 @@ def test_merge_replaces_only_measured_keys() -> None:
     assert existing == before
 
 
+def test_a_re_recorded_entry_keeps_the_keys_this_version_does_not_write() -> None:
+    """A key another version or a person wrote into an entry survives its re-recording (named in
+    ``carried``); a key this version writes is the new measurement's, or absent with it."""
+    key = "suites/test_softmax.py::test_softmax[sdpa-b1-t256]"
+    old = {**entry(1.0), "eager_ms": 1.5, "owner": "kernels team", "future_field": [1, 2]}
+    existing = BaselineFile(meta={"hardware": "h200"}, entries={key: old})
+    merged = merge(existing, {key: entry(2.0), "other": entry(3.0)}, {})
+    assert merged.entries[key] == {**entry(2.0), "owner": "kernels team", "future_field": [1, 2]}
+    assert merged.carried == {key: ("future_field", "owner")}
+    assert merged.entries["other"] == entry(3.0)
+
+
 def test_merge_into_nothing() -> None:
     """Merging into no file gives just the measured entries and the metadata."""
     merged = merge(None, {"k": entry(1.0)}, {"hardware": "cpu"})

@@ -98,6 +98,17 @@ def test_a_recording_journals_each_entry_writes_them_and_keeps_the_others(tmp_pa
     assert "1 new" in k.record_note
 
 
+def test_a_re_recording_says_which_keys_of_the_old_entries_it_kept(tmp_path: Path) -> None:
+    baselines.save(tmp_path / "h200.yaml",
+                   baselines.BaselineFile(meta=dict(ENV), entries={A: {**entry(1.0), "owner": "me"}}))
+    k = keeper(tmp_path, update_baselines=True)
+    k.commit(A, entry(2.0))
+    k.write()
+    assert written(tmp_path) == {A: {**entry(2.0), "owner": "me"}}
+    assert k.write_note is not None
+    assert k.write_note.endswith("; 1 re-recorded entry kept key this version does not write: owner")
+
+
 def test_under_pytest_xdist_no_journal_is_kept(tmp_path: Path) -> None:
     k = keeper(tmp_path, parallel=True, update_baselines=True)
     k.commit(A, entry(1.0))

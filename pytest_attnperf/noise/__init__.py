@@ -1,1 +1,0 @@
-"""The noise benchmark (a console script): repeated runs, injected slowdowns and what the gate caught."""
