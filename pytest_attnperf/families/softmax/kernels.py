@@ -341,6 +341,7 @@ def prepare(case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Pr
     if case.n_head_dim_v != case.head_dim:  # the ``v-dim`` axis: values of their own head dim
         drawn = drawn[:2] + (draw(shape_kv[:3] + (case.n_head_dim_v,)),)
     q, k, v = (x.to(dtype).requires_grad_(backward) for x in drawn)
+    del drawn  # the fp32 draws, which over a long cache would stay held through the references
     grad_out = torch.randn(shape_out, generator=gen, device=device).to(dtype)
     opts = dict(causal=case.causal, scale=case.scale, window=case.window)
     mask = call_axes.draw_mask(case, device, dtype)

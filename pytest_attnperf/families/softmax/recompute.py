@@ -36,6 +36,12 @@ def _grouped(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
     return q.detach().float(), kk, vv
 
 
+def _stacked(x: Any, kv_heads: int) -> Any:
+    """``[B, H, T, d]`` as ``[B, Hkv, (H / Hkv) T, d]``: each GQA group's query heads stacked as
+    rows against their one K/V head, so a product with K or V copies neither to the query heads."""
+    return x.reshape(x.shape[0], kv_heads, -1, x.shape[-1])
+
+
 def recomputed_output(q: Any, k: Any, v: Any, opts: dict[str, Any], reference: Any) -> Any:
     """``out`` as a flash-style forward forms it in the inputs' dtype: fp32 scores, keys in blocks
     of ``BLOCK`` with a running maximum and sum rescaled at each block; each probability
@@ -48,8 +54,9 @@ def recomputed_output(q: Any, k: Any, v: Any, opts: dict[str, Any], reference: A
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     dtype, c = q.dtype, opts["scale"] * LOG2E
-    qq, kk, vv = _grouped(q, k, v)
-    scores = qq @ kk.transpose(-1, -2)
+    kv_heads, keys, values = k.shape[1], k.shape[2], v.detach()
+    kk = k.detach().float()  # at the K/V heads: one fp32 copy of the keys, none of them at the query heads
+    scores = (_stacked(q.detach().float(), kv_heads) @ kk.transpose(-1, -2)).view(*q.shape[:3], keys)
     bias = opts.get("attn_mask")
     if bias is not None and bias.dtype != torch.bool:  # an additive mask, added to the scaled scores in fp32
         bias = bias.float() / opts["scale"]
@@ -58,7 +65,7 @@ def recomputed_output(q: Any, k: Any, v: Any, opts: dict[str, Any], reference: A
     shape = scores.shape[:-1] + (1,)
     top = torch.full(shape, float("-inf"), device=q.device)
     total = torch.zeros(shape, device=q.device)
-    acc = torch.zeros(scores.shape[:-1] + (vv.shape[-1],), device=q.device)
+    acc = torch.zeros(scores.shape[:-1] + (values.shape[-1],), device=q.device)
     for start in range(0, scores.shape[-1], BLOCK):
         block = scores[..., start:start + BLOCK]
         new_top = torch.maximum(top, block.amax(-1, keepdim=True))
@@ -66,7 +73,8 @@ def recomputed_output(q: Any, k: Any, v: Any, opts: dict[str, Any], reference: A
         p = torch.exp2((block.double() * c - scaled.double()).float())
         alpha = torch.exp2((top.double() * c - scaled.double()).float())
         total = total * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + p.to(dtype).float() @ vv[..., start:start + BLOCK, :].to(dtype).float()
+        product = _stacked(p.to(dtype).float(), kv_heads) @ values[..., start:start + BLOCK, :].to(dtype).float()
+        acc = acc * alpha + product.view(acc.shape)
         top = new_top
     reciprocal = torch.where(total > 0, 1.0 / total, 0.0)
     high, low = ((acc * (reciprocal * (1.0 + side * RECIPROCAL_ERROR))).to(dtype) for side in (1, -1))

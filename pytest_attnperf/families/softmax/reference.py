@@ -65,16 +65,19 @@ def softmax_attention(
     batch, heads, seq, dim = q.shape
     kv_heads, kv_seq = k.shape[1], k.shape[2]
     group = heads // kv_heads
-    q = q.double().reshape(batch, kv_heads, group, seq, dim)
-    k, v = k.double()[:, :, None], v.double()[:, :, None]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    # each group's query heads as rows of one product with their K/V head: torch.matmul copies an
+    # operand it broadcasts over a batch dim, which here would be K and V at the query heads
+    q = q.double().reshape(batch, kv_heads, group * seq, dim)
+    k, v = k.double(), v.double()
+    scores = (torch.matmul(q, k.transpose(-1, -2)) * scale).view(batch, kv_heads, group, seq, kv_seq)
     mask = None
     if attn_mask is not None:  # [B|1, H|1, Tq|1, Tk] as the query heads' groups
         mask = attn_mask.expand(batch, heads, seq, kv_seq).reshape(batch, kv_heads, group, seq, kv_seq)
         mask = mask if mask.dtype == torch.bool else mask.double()
     scores, empty = masked_scores(scores, causal, window, mask)
     probabilities = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
-    out = torch.matmul(probabilities, v).reshape(batch, heads, seq, v.shape[-1])
+    out = torch.matmul(probabilities.reshape(batch, kv_heads, group * seq, kv_seq), v)
+    out = out.reshape(batch, heads, seq, v.shape[-1])
     if not return_lse:
         return out
     lse = torch.logsumexp(scores, dim=-1).masked_fill(empty[..., 0], float("-inf"))
