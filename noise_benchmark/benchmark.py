@@ -1,6 +1,8 @@
 """The noise benchmark: how steady the harness is, and what its gate catches.
 
-    attnperf-noise --runs 5 --inject 0.02,0.05,0.10 -- suites/ --hw=h200 -k softmax
+    python -m noise_benchmark.benchmark --runs 5 --inject 0.02,0.05,0.10 -- suites/ --hw=h200 -k softmax
+
+It runs from a checkout of the repository (this folder is not in the installed package).
 
 Its stages, in this order (--stages names some; default the first three, --compare adds the
 fourth): record (fresh baselines in the work folder, --records times), steady (--runs unchanged
@@ -25,10 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+from noise_benchmark import compare
+from noise_benchmark.inject import is_picked
 from pytest_attnperf.measure import child as child_run
-from pytest_attnperf.noise import compare
-from pytest_attnperf.noise.inject import is_picked
-from pytest_attnperf.noise.runs import (
+from pytest_attnperf.store import baselines as store
+from pytest_attnperf.store.runs import (
     SIZES,
     BadReport,
     Run,
@@ -44,7 +47,6 @@ from pytest_attnperf.noise.runs import (
     run_files,
     testcase_nodeid,
 )
-from pytest_attnperf.store import baselines as store
 
 T = TypeVar("T")
 
@@ -88,10 +90,23 @@ def _count(least: int) -> Callable[[str], int]:
     return parse
 
 
+# the folder that holds noise_benchmark: a pytest run in another working folder imports the inject plugin from it
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a pytest run: this process's with ``env`` over it, and CHECKOUT first on
+    PYTHONPATH (an existing PYTHONPATH kept after it), so that ``-p noise_benchmark.inject`` loads
+    in any working folder."""
+    merged = {**os.environ, **(env or {})}
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), merged.get("PYTHONPATH", "")) if p)
+    return merged
+
+
 def _pytest(args: list[str], env: dict[str, str] | None = None) -> int:
-    cmd = [sys.executable, "-m", "pytest", "-p", "pytest_attnperf.noise.inject", "-q", "-p", "no:cacheprovider", *args]
+    cmd = [sys.executable, "-m", "pytest", "-p", "noise_benchmark.inject", "-q", "-p", "no:cacheprovider", *args]
     print("+", " ".join(cmd), flush=True)
-    return child_run.wait_for(child_run.start(cmd, {**os.environ, **(env or {})}))
+    return child_run.wait_for(child_run.start(cmd, _child_env(env)))
 
 
 def _hw(args: list[str]) -> str | None:
@@ -384,9 +399,9 @@ def _compare_lines(gate: list[str], work: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``attnperf-noise`` command: run the chosen stages in the work folder and write their report;
-    the exit status."""
-    parser = argparse.ArgumentParser(prog="attnperf-noise", description=__doc__,
+    """The noise benchmark's command (``python -m noise_benchmark.benchmark``; ``attnperf noise`` in a
+    checkout): run the chosen stages in the work folder and write their report; the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m noise_benchmark.benchmark", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=_count(0), default=5)
     parser.add_argument("--records", type=_count(1), default=3,
@@ -408,12 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     if importlib.util.find_spec("pytest_benchmark") is None:  # its runs write and read pytest-benchmark's JSON
-        print("attnperf noise: needs pytest-benchmark: pip install 'pytest-attnperf[noise]'", file=sys.stderr)
+        print("noise benchmark: needs pytest-benchmark: pip install -e '.[benchmark]' in the checkout", file=sys.stderr)
         return 2
     named = set(opts.stages or ("record", "steady", "inject")) | ({"compare"} if opts.compare else set())
     stages: tuple[str, ...] = tuple(s for s in STAGES if s in named)
     args = [a for a in opts.pytest_args if a != "--"]
-    work = opts.workdir or Path(tempfile.mkdtemp(prefix="attnperf-noise-"))
+    work = opts.workdir or Path(tempfile.mkdtemp(prefix="noise-benchmark-"))
     work.mkdir(parents=True, exist_ok=True)
     gate = [*args, f"--attnperf-baselines={work}"]
     hw = _hw(args)

@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pytest_attnperf.noise.inject import SAME_LENGTH_MAX_MS
-from pytest_attnperf.noise.runs import SIZES, _size_class
+from noise_benchmark.inject import SAME_LENGTH_MAX_MS
+from pytest_attnperf.store.runs import SIZES, _size_class
 
 __all__ = ["WITHIN", "compare_lines"]
 

@@ -1,6 +1,6 @@
 """A benchmark-only plugin: known extra work injected into chosen cases, and a do_bench cross-check.
 
-Loaded by the noise benchmark with ``-p pytest_attnperf.noise.inject``; it does nothing unless
+Loaded by the noise benchmark with ``-p noise_benchmark.inject``; it does nothing unless
 its environment variables are set. ``ATTNPERF_INJECT`` adds that fraction of extra device work
 (a spin kernel captured into the same graph, or a busy wait on the CPU, less its least cost) after
 each call of the cases ``ATTNPERF_INJECT_EVERY`` picks, logged to ``ATTNPERF_INJECT_LOG``;

@@ -1,7 +1,9 @@
 """``attnperf COMMAND [ARGS]``: the package's one console command (docs/cli.md).
 
 Each subcommand hands the rest of its command line, unread, to its tool's ``main``; the older
-``attnperf-<command>`` scripts are aliases of the same functions, kept for one release.
+``attnperf-<command>`` scripts are aliases of the same functions, kept for one release. ``noise``
+is the maintainers' noise benchmark, which is not installed: it runs where the repository's
+``noise_benchmark`` folder can be imported, and is imported only when the subcommand runs.
 """
 
 from __future__ import annotations
@@ -12,11 +14,27 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from pytest_attnperf.hw import ceilings
-from pytest_attnperf.noise import benchmark, rejudge
-from pytest_attnperf.report import drifts, studies
+from pytest_attnperf.report import drifts, rejudge, studies
 from pytest_attnperf.store import baselines, status
 
-__all__ = ["COMMANDS", "Command", "main", "parser"]
+__all__ = ["COMMANDS", "NO_NOISE_BENCHMARK", "Command", "main", "noise", "parser"]
+
+NO_NOISE_BENCHMARK = ("attnperf noise: the noise benchmark is not installed with the package; it runs from a "
+                      "checkout of the repository: python -m noise_benchmark.benchmark (docs/noise-benchmark.md)")
+
+
+def noise(argv: list[str]) -> int:
+    """``attnperf noise``: the noise benchmark's ``main`` where the repository's ``noise_benchmark``
+    can be imported; elsewhere (an installed wheel alone) a usage error, exit status 2, that says
+    where it runs."""
+    try:
+        import noise_benchmark.benchmark as benchmark  # noqa: PLC0415 - not installed: imported when the command runs
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("noise_benchmark", "noise_benchmark.benchmark"):
+            raise  # the benchmark is there and one of its own imports is missing: that error says which
+        print(NO_NOISE_BENCHMARK, file=sys.stderr)
+        return 2
+    return benchmark.main(argv)
 
 
 class Command(NamedTuple):
@@ -33,7 +51,7 @@ COMMANDS: dict[str, Command] = {
     "history": Command(drifts.main, "a run history's lasting shifts per case (extra: history)"),
     "baselines": Command(baselines.main, "merge a baseline file an update saved aside into another"),
     "ceilings": Command(ceilings.main, "measure this machine's ceilings and print them beside its spec"),
-    "noise": Command(benchmark.main, "the noise benchmark: repeated runs, injected slowdowns (extra: noise)"),
+    "noise": Command(noise, "the noise benchmark, from a checkout: repeated runs, injected slowdowns"),
     "rejudge": Command(rejudge.main, "judge a noise benchmark's saved runs again with this gate"),
 }
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PLACES = ["README.md", "docs", "pytest_attnperf", "suites", "tests", "tools"]
+PLACES = ["README.md", "docs", "pytest_attnperf", "noise_benchmark", "suites", "tests", "tools"]
 PACKAGE = ROOT / "pytest_attnperf"
 # built here so this file does not match itself
 HISTORY = re.compile("sess" + r"ion \d+", re.IGNORECASE)
@@ -31,7 +31,8 @@ TABLE = PACKAGE / "hw" / "table.py"
 # What a doc or the package may point to: a path into one of the repository's folders (not one
 # after a colon: ``rev:path`` names git's history, ``host:path`` another machine), a markdown link,
 # and a page's section (``docs/gate.md, "Between machines"``).
-REPO_PATH = re.compile(r"(?<![\w./~$:-])((?:docs|pytest_attnperf|suites|tools|tests|baselines|reports)/[\w./-]*)")
+REPO_PATH = re.compile(r"(?<![\w./~$:-])((?:docs|pytest_attnperf|noise_benchmark|suites|tools|tests|baselines|reports)"
+                       r"/[\w./-]*)")
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`([^`]+)`")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)  # examples, not pointers
@@ -63,6 +64,11 @@ REPOSITORY_FILES = "https://github.com/pytest-attnperf/pytest-attnperf/blob/main
 
 def _suite_files() -> list[Path]:
     return sorted((ROOT / "suites").glob("*.py"))
+
+
+def _noise_benchmark_files() -> list[Path]:
+    """The repository's noise benchmark (not in the package): its pointers are checked as the package's."""
+    return sorted((ROOT / "noise_benchmark").glob("*.py"))
 
 
 def _doc_files() -> list[Path]:
@@ -184,7 +190,7 @@ def test_exemptions_stay_narrow() -> None:
 
 def test_references_exist() -> None:
     hits = []
-    for file in [*_doc_files(), *_package_files(), *_suite_files()]:
+    for file in [*_doc_files(), *_package_files(), *_noise_benchmark_files(), *_suite_files()]:
         for number, written, path, anchor, section in _references(file):
             where = f"{file.relative_to(ROOT)}:{number}: {written}"
             if not path.exists():

@@ -18,10 +18,10 @@ import kit
 import pytest
 import yaml
 
+from noise_benchmark import compare as noise_compare
+from noise_benchmark.benchmark import _stages
+from noise_benchmark.inject import InjectingTimer, is_picked
 from pytest_attnperf.measure.timing import HostTimer, Measurement, SamplingPlan
-from pytest_attnperf.noise import compare as noise_compare
-from pytest_attnperf.noise.benchmark import _stages
-from pytest_attnperf.noise.inject import InjectingTimer, is_picked
 
 
 def test_picks_a_fixed_part_of_the_cases() -> None:
@@ -134,8 +134,8 @@ def test_compare_writes_do_bench_and_clocks_beside_the_median(tmp_path: Path, mo
     import torch
     import triton.testing
 
+    from noise_benchmark import inject
     from pytest_attnperf.measure.timing import Measurement
-    from pytest_attnperf.noise import inject
 
     class Fixed:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
@@ -189,8 +189,8 @@ def test_compare_times_do_bench_at_the_harness_length_only_where_it_can(
     import torch
     import triton.testing
 
+    from noise_benchmark import inject
     from pytest_attnperf.measure.timing import Measurement
-    from pytest_attnperf.noise import inject
 
     class Fixed:
         def measure(self, fn: object, plan: SamplingPlan) -> Measurement:
@@ -287,15 +287,42 @@ def project(tmp_path: Path) -> Path:
 
 
 def noise(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest_attnperf.noise.benchmark OPTIONS -- <the tiny project's tests>``, in the project."""
+    """``python -m noise_benchmark.benchmark OPTIONS -- <the tiny project's tests>``, in the project."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(kit.ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark", "--workdir", "work", *options,
+    cmd = [sys.executable, "-m", "noise_benchmark.benchmark", "--workdir", "work", *options,
            "--", "-p", "pytest_attnperf.plugin", "--hw=cpu", "test_cases.py"]
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.parametrize("existing", [None, "/elsewhere"])
+def test_its_pytest_runs_load_the_inject_plugin_from_the_checkout_in_any_folder(
+        existing: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark's pytest is started with ``-p noise_benchmark.inject`` and the folder holding
+    noise_benchmark first on PYTHONPATH (an existing value kept after it): a run in another working
+    folder imports the plugin."""
+    from noise_benchmark import benchmark as noise
+    from pytest_attnperf.measure import child as child_run
+
+    if existing is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", existing)
+    started: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(child_run, "start", lambda cmd, env: started.append((cmd, env)))
+    monkeypatch.setattr(child_run, "wait_for", lambda child: 0)
+    assert noise._pytest(["x.py"], {"ATTNPERF_INJECT": "0.05"}) == 0
+    [(cmd, env)] = started
+    assert cmd[cmd.index("-p") + 1] == "noise_benchmark.inject"
+    assert env["ATTNPERF_INJECT"] == "0.05"
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(kit.ROOT), *([existing] if existing else [])]
+    where = subprocess.run([sys.executable, "-c", "import noise_benchmark.inject as i; print(i.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()) == kit.ROOT / "noise_benchmark" / "inject.py"
+
+
 def test_compare_flag_adds_the_compare_stage_to_named_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     ran: list[dict[str, str] | None] = []
 
@@ -384,7 +411,7 @@ def test_inject_without_steady_runs_sizes_from_the_baseline(tmp_path: Path, monk
     """``record,inject`` in one call, no steady run in the work folder: the size classes come from
     the medians of the baseline file the recording wrote, each picked case counted in its own. The
     command's own function, on pytest runs faked here (the command line runs above)."""
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     medians = {"t.py::test_case[big]": 1.0, "t.py::test_case[mid]": 0.02, "t.py::test_case[small]": 0.005}
     runs: list[list[str]] = []
@@ -416,7 +443,7 @@ def test_inject_on_an_empty_workdir_names_the_missing_baseline(
     project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The command's own function, in this process (the module's command line runs in the tests above)."""
-    from pytest_attnperf.noise import benchmark
+    from noise_benchmark import benchmark
 
     monkeypatch.chdir(project)
     monkeypatch.setattr(benchmark, "_pytest", lambda *a, **k: pytest.fail("a pytest run started"))
@@ -431,7 +458,7 @@ def test_compare_report_counts_each_size_class_and_failed_captures(
 ) -> None:
     """The do_bench cross-check: ratios per size class, how many lie within 3%, the worst one,
     and callables do_bench_cudagraph could not capture counted, not averaged in."""
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     rows = [
         {"nodeid": "a", "ours_ms": 0.100, "do_bench_ms": 0.101, "do_bench_same_ms": 0.100, "calls": 200},  # >=50us
@@ -530,7 +557,7 @@ def test_compare_report_names_at_most_twenty_cases_outside() -> None:
 def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) -> None:
     """One odd run among five moves the range past 1% while the sd stays under it; the table
     counts each by its own definition."""
-    from pytest_attnperf.noise.benchmark import _steady_lines
+    from noise_benchmark.benchmark import _steady_lines
 
     medians = {"t.py::odd": [1.0, 1.02, 1.0, 1.0, 1.0], "t.py::steady": [0.05, 0.05, 0.05, 0.05, 0.05],
                "t.py::wild": [0.02, 0.021, 0.019, 0.02, 0.021]}
@@ -546,7 +573,7 @@ def test_steady_table_reports_range_and_sd_of_the_run_medians(tmp_path: Path) ->
 
 def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) -> None:
     """A changed clock or a crash in an unchanged run is listed apart from false regressions."""
-    from pytest_attnperf.noise.benchmark import _steady_lines
+    from noise_benchmark.benchmark import _steady_lines
 
     verdicts = {"slow": "regressed", "clock": "clock changed", "fine": "unchanged"}  # crash: none written
     runs = [{"fullname": f"t.py::{c}", "stats": {"median": 1e-4},
@@ -572,7 +599,7 @@ def test_steady_table_names_failures_that_are_not_regressions(tmp_path: Path) ->
 def test_steady_runs_without_a_baseline_say_nothing_was_gated(tmp_path: Path) -> None:
     """A steady run in a work folder without a baseline file reported "0 false
     regressions" with every case 'new' once. The line now counts the judgements and says so."""
-    from pytest_attnperf.noise.benchmark import _steady_lines
+    from noise_benchmark.benchmark import _steady_lines
 
     runs: list[dict[str, Any]] = [
         {"fullname": f"t.py::{c}", "stats": {"median": 1e-4}, "extra_info": {"verdict": "new"}} for c in "ab"]
@@ -604,7 +631,7 @@ class FakeClock:
     @classmethod
     def installed(cls, monkeypatch: pytest.MonkeyPatch, durations: list[float]) -> FakeClock:
         """A clock that the noise module reads, and its pytest runs."""
-        from pytest_attnperf.noise import benchmark as noise
+        from noise_benchmark import benchmark as noise
 
         clock = cls(durations)
         monkeypatch.setattr(noise, "_now", clock)
@@ -614,7 +641,7 @@ class FakeClock:
 
 def test_time_limit_stops_before_a_run_that_would_pass_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     clock = FakeClock.installed(monkeypatch, [90, 100, 80])
     code = noise.main(["--workdir", str(tmp_path), "--stages", "record,steady", "--records", "2", "--runs", "3",
@@ -631,7 +658,7 @@ def test_time_limit_stops_before_a_run_that_would_pass_it(tmp_path: Path, monkey
 
 def test_time_limit_always_runs_the_first_and_none_without_a_limit(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     clock = FakeClock.installed(monkeypatch, [500, 500])
     noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "2", "--time-limit", "10", "--", "x.py"])
@@ -645,7 +672,7 @@ def test_without_pytest_benchmark_it_names_the_extra_and_runs_nothing(tmp_path: 
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util
 
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     found = importlib.util.find_spec
 
@@ -655,13 +682,14 @@ def test_without_pytest_benchmark_it_names_the_extra_and_runs_nothing(tmp_path: 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     monkeypatch.setattr(noise, "_pytest", lambda *a, **k: pytest.fail("a run started"))
     assert noise.main(["--workdir", str(tmp_path / "work"), "--stages", "steady", "--runs", "1", "--", "x.py"]) == 2
-    assert capsys.readouterr().err == "attnperf noise: needs pytest-benchmark: pip install 'pytest-attnperf[noise]'\n"
+    assert capsys.readouterr().err == ("noise benchmark: needs pytest-benchmark: "
+                                       "pip install -e '.[benchmark]' in the checkout\n")
     assert not (tmp_path / "work").exists()
 
 
 @pytest.mark.parametrize("text", ["0", "-5", "ten", "nan"])
 def test_time_limit_must_be_a_positive_number(text: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     with pytest.raises(SystemExit):
         noise.main(["--stages", "steady", "--time-limit", text, "--", "x.py"])
@@ -670,7 +698,7 @@ def test_time_limit_must_be_a_positive_number(text: str, capsys: pytest.CaptureF
 
 def test_time_limit_goes_by_the_longest_run_of_the_same_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     clock = FakeClock.installed(monkeypatch, [60, 70, 65])
     code = noise.main(["--workdir", str(tmp_path), "--stages", "steady", "--runs", "5", "--time-limit", "250",
@@ -684,7 +712,7 @@ def test_time_limit_goes_by_the_longest_run_of_the_same_stage(tmp_path: Path, mo
 
 def test_time_limit_keeps_the_earlier_runs_when_no_steady_run_can_start(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     (tmp_path / "run0.json").write_text("{}")  # an earlier call's run
     clock = FakeClock.installed(monkeypatch, [200])
@@ -698,7 +726,7 @@ def test_time_limit_keeps_the_earlier_runs_when_no_steady_run_can_start(tmp_path
 def test_time_limit_stops_inject_before_its_header(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     (tmp_path / "h200.yaml").write_text("format: 1\nmeta: {}\nentries: {}\n")
     clock = FakeClock.installed(monkeypatch, [100, 100])
@@ -713,7 +741,7 @@ def test_time_limit_stops_inject_before_its_header(
 
 def test_steady_table_sets_apart_the_cases_timed_with_events(tmp_path: Path) -> None:
     """A host-bound callable (no graph) is marked, and counted on a line of its own."""
-    from pytest_attnperf.noise.benchmark import _steady_lines
+    from noise_benchmark.benchmark import _steady_lines
 
     medians = {"t.py::graphed": [1.0, 1.0, 1.0], "t.py::loop": [300.0, 290.0, 310.0], "t.py::tiny": [0.005] * 3}
     for i in range(3):
@@ -821,7 +849,7 @@ def test_sigterm_stops_a_call_like_ctrl_c_and_an_ignored_sighup_stays_ignored(tm
 
     (tmp_path / "test_slow.py").write_text(SLOW_TEST)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(kit.ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest_attnperf.noise.benchmark",
+    cmd = [sys.executable, "-m", "noise_benchmark.benchmark",
            "--workdir", "work", "--stages", "steady", "--runs", "1",
            "--", "-p", "pytest_attnperf.plugin", "test_slow.py"]
     ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
@@ -863,7 +891,7 @@ def test_an_interrupted_inject_run_counts_the_cases_it_finished(
     """On the H200 (2026-11-29) `timeout -s INT` stopped an injected run, and its counts were lost.
     Now the cases in its report are counted, marked as a part, and the later runs do not start;
     a picked case the plugin did not compare (its verdict in the report) is not counted as missed."""
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     entry = "{median_ms: 0.1, ci_low_ms: 0.099, ci_high_ms: 0.101, stdrel: 0.002, n_samples: 20}"
     names = [f"t.py::test_k[{i}]" for i in range(40)]
@@ -899,7 +927,7 @@ def test_recordings_report_their_spread_and_the_histories_cut_short(tmp_path: Pa
     report counts the cases of 10 us or more whose recordings spread above 1%, names the worst,
     and lists a case left with fewer recordings than the rest (2026-11-29: an 11.8 us case
     whose every recording was judged a change against the one before)."""
-    from pytest_attnperf.noise.benchmark import _recording_lines
+    from noise_benchmark.benchmark import _recording_lines
     from pytest_attnperf.store import baselines
 
     def entry(runs: list[float]) -> dict[str, Any]:
@@ -925,7 +953,7 @@ def test_one_run_reports_no_spread(tmp_path: Path) -> None:
     """A case with one steady run (e.g. one run a folder on each GPU) has no run-to-run
     spread: the table shows none, the count leaves it out, and a folder of such cases says so
     instead of "range > 1%: 0 of N"."""
-    from pytest_attnperf.noise.benchmark import _steady_lines
+    from noise_benchmark.benchmark import _steady_lines
 
     runs = [{"fullname": "t.py::long", "stats": {"median": 1.0 / 1e3}, "extra_info": {"verdict": "unchanged"}}]
     (tmp_path / "run0.json").write_text(json.dumps({"benchmarks": runs}))
@@ -942,7 +970,7 @@ def test_one_run_reports_no_spread(tmp_path: Path) -> None:
 
 def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An earlier call's report of the same run is deleted first, so it is not counted as this one's."""
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     (tmp_path / "h200.yaml").write_text("format: 1\nmeta: {}\nentries: {}\n")
     stale = '<testsuites><testsuite><testcase classname="t" name="test_k[0]"/></testsuite></testsuites>'
@@ -960,7 +988,7 @@ def test_an_injected_run_cut_before_its_report_says_so(tmp_path: Path, monkeypat
 
 def test_an_unjudged_case_counts_as_not_compared(tmp_path: Path) -> None:
     """A CPU case timed on a contended host was judged against nothing: no catch and no miss."""
-    from pytest_attnperf.noise.runs import _outcomes
+    from pytest_attnperf.store.runs import _outcomes
 
     verdict = '<properties><property name="attnperf_verdict" value="unjudged"/></properties>'
     (tmp_path / "a.xml").write_text(f'<testsuites><testsuite><testcase classname="t" name="test_k[0]">{verdict}'
@@ -971,8 +999,8 @@ def test_an_unjudged_case_counts_as_not_compared(tmp_path: Path) -> None:
 def test_junit_reports_of_cut_runs(tmp_path: Path) -> None:
     """A run cut by SIGINT writes a nameless testcase for the test it stopped: not a case. A run
     killed while writing leaves a file that is not XML: named, and its counts not taken."""
-    from pytest_attnperf.noise.benchmark import _inject_counts, _steady_lines
-    from pytest_attnperf.noise.runs import BadReport, _outcomes
+    from noise_benchmark.benchmark import _inject_counts, _steady_lines
+    from pytest_attnperf.store.runs import BadReport, _outcomes
 
     (tmp_path / "a.xml").write_text('<testsuites><testsuite><testcase classname="t" name="test_k[0]"/>'
                                     '<testcase time="0.000"/></testsuite></testsuites>')
@@ -994,7 +1022,7 @@ def test_a_cut_steady_run_is_set_aside(tmp_path: Path, monkeypatch: pytest.Monke
     run<i>.cut<k>.json, out of the run count and of the next call's numbering, and a run cut
     again under the same number does not overwrite it. A ``--keep-runs`` call's runs are numbered
     after the folder's, which it keeps and counts with its own."""
-    from pytest_attnperf.noise import benchmark as noise
+    from noise_benchmark import benchmark as noise
 
     runs = [{"fullname": "t.py::a", "stats": {"median": 1e-3}, "extra_info": {"verdict": "unchanged"}}]
     cut = {"run1.json"}  # the runs interrupted

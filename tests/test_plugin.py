@@ -25,7 +25,7 @@ from kit import (
     set_speeds,
 )
 
-from pytest_attnperf.noise.runs import _outcomes
+from pytest_attnperf.store.runs import _outcomes
 
 
 @pytest.fixture

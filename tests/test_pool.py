@@ -514,8 +514,8 @@ def test_recording_from_a_subfolder_with_a_pool_run_keeps_the_pooled_figure(
 @pytest.mark.parametrize("pool_run", [False, True])
 def test_a_pool_run_injects_like_its_run_but_leaves_the_do_bench_comparison_to_it(
         monkeypatch: pytest.MonkeyPatch, pool_run: bool) -> None:
+    from noise_benchmark import inject
     from pytest_attnperf.hw.table import DetectedDevice
-    from pytest_attnperf.noise import inject
 
     class Config:
         def getoption(self, name: str, default: object = None) -> object:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_attnperf.noise import rejudge
+from pytest_attnperf.report import rejudge
 from pytest_attnperf.store.baselines import FORMAT
 
 A, B = "suites/test_x.py::test_x[a]", "suites/test_x.py::test_x[b]"

@@ -160,7 +160,7 @@ case "${1:-}" in
     # call's timeout_s 40 s or more above BUDGET. EXTRA is split on spaces: write a -k expression
     # without them, e.g. -k not(naive)
     BUDGET="${BUDGET:-540}"
-    timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise.benchmark --workdir "$WORK" --stages "${STAGES:?STAGES=...}" \
+    timeout -s INT "$BUDGET" python3 -m noise_benchmark.benchmark --workdir "$WORK" --stages "${STAGES:?STAGES=...}" \
       --time-limit $(( BUDGET > 40 ? BUDGET - 20 : BUDGET )) \
       ${NOISE_ARGS:-} -- "${SUITE:-suites/test_softmax.py}" --hw=h200 --attnperf-tolerance=1.5% ${EXTRA:-} 2>&1 \
       | tee "$OUT/noise-${STAGES//,/-}.log"
@@ -192,7 +192,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
         rm -rf "$TMPDIR"; mkdir -p "$W" "$TMPDIR"
         cp baselines/h200.yaml "$W/"
         # shellcheck disable=SC2086  # IDS: one node id a word
-        timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise.benchmark --workdir "$W" --stages steady --runs 8 \
+        timeout -s INT "$BUDGET" python3 -m noise_benchmark.benchmark --workdir "$W" --stages steady --runs 8 \
           --time-limit $(( BUDGET - 15 )) -- $IDS --hw=h200 --attnperf-tolerance=1.5% \
           --attnperf-processes="${PROCESSES:-3}" > "$OUT/g$g.log" 2>&1
         tar czf "$OUT/$W.tgz" "$W" $(ls "$TMPDIR"/attnperf-workers-*/*.log 2>/dev/null) 2>/dev/null ) &
@@ -222,7 +222,7 @@ print(' '.join(k for k, e in d.items() if s.median(e['run_medians_ms']) < 0.05))
         rm -rf "$TMPDIR"; mkdir -p "$W" "$TMPDIR"  # this call's worker logs only
         if [ "${FRESH:-0}" = 1 ]; then rm -f "$W/h200.yaml"
         elif [ ! -e "$W/h200.yaml" ]; then cp baselines/h200.yaml "$W/"; fi
-        timeout -s INT "$BUDGET" python3 -m pytest_attnperf.noise.benchmark --workdir "$W" --stages "${STAGES:-steady}" \
+        timeout -s INT "$BUDGET" python3 -m noise_benchmark.benchmark --workdir "$W" --stages "${STAGES:-steady}" \
           --runs "${RUNS:-8}" --records "${RECORDS:-3}" --inject "${INJECT:-0.02,0.05,0.10}" --time-limit $(( BUDGET - 15 )) \
           -- "${SEL[@]}" --hw=h200 --attnperf-tolerance=1.5% \
           > "$OUT/f$g.log" 2>&1
@@ -278,7 +278,7 @@ PY
     for i in $(seq 1 $(( STEADY + ${INJECTED:-2} ))); do
       more=()
       if [ "$i" -gt "$STEADY" ]; then
-        more=(-p pytest_attnperf.noise.inject --attnperf-fail-on-drift --attnperf-pr-comment="$OUT/pr-run$i.md")
+        more=(-p noise_benchmark.inject --attnperf-fail-on-drift --attnperf-pr-comment="$OUT/pr-run$i.md")
         export ATTNPERF_INJECT=0.02 ATTNPERF_INJECT_LOG="$OUT/inject.jsonl"
       fi
       timeout -s INT "${RUN_BUDGET:-65}" "${PYTEST[@]}" suites/test_softmax.py --hw=h200 -k "$SEL" --benchmark-disable \

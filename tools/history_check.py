@@ -1,6 +1,6 @@
 """The run history's drift check against known injected work (``tools/h200.sh history``).
 
-Reads a history file and the injection log of ``pytest_attnperf.noise.inject``
+Reads a history file and the injection log of ``noise_benchmark.inject``
 (``ATTNPERF_INJECT_LOG``) and prints, per case: whether work was injected and how much it got,
 the shift ``attnperf-history`` finds (size, run, range), the gate's verdicts in the injected runs,
 and whether that is the expected answer (an injected case shifts at the first injected run;

@@ -22,9 +22,9 @@ from typing import Any
 
 from pytest_attnperf.gate.verdict import judge, overhead_shift_ms
 from pytest_attnperf.measure.summary import Summary
-from pytest_attnperf.noise.runs import read_run, run_files, testcase_nodeid
 from pytest_attnperf.options import duration_ms, fraction
 from pytest_attnperf.store import baselines
+from pytest_attnperf.store.runs import read_run, run_files, testcase_nodeid
 
 CURRENT = re.compile(r"current:\s+median ([0-9.eE+-]+) ms")
 
