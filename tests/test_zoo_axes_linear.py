@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 from test_zoo_catalogue import _one_torch_thread, outcome  # noqa: F401 - tests/ is on the path; its autouse fixture
 from zoo import axes_linear as zoo
 
@@ -124,3 +125,42 @@ def test_a_kernel_that_declares_no_axis_is_refused_their_rows_never_passed() -> 
                 assert found.status == "passed", (kernel.name, row.id, found)
     assert plain.axes == ()
     assert Kernel("gla", "one", plain.fn, axes="state").axes == ("state",)  # type: ignore[arg-type]
+
+
+# -- timed draws of the axes' cases ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("row_id", "direction"), [("cat-b2-h1-t12-d16-fp32-state", "fwd"),
+                                                   ("cat-b1-h1-t24-d16-fp32-lens1x9x14", "fwd"),
+                                                   ("cat-b1-h1-t24-d16-fp32-lens1x9x14", "fwdbwd"),
+                                                   ("cat-b1-h1-t24-d16-fp32-state-lens9x1x14", "fwd")])
+def test_a_state_or_packed_case_is_timed_with_checked_draws_and_a_stale_answer_fails_them(
+        row_id: str, direction: str) -> None:
+    from pytest_attnperf.families.checks import CheckFailed
+    from pytest_attnperf.families.draws import Timed
+
+    case = row_named("linear_attn", row_id).case
+    twin = zoo.twin("linear_attn")
+    timed = linear.check_case("linear_attn", twin, case, direction, torch.device("cpu")).call
+    assert isinstance(timed, Timed)
+    assert timed.verify(1, timed.draw(1)()) <= 1.0
+    first: dict[str, Any] = {}
+
+    def stale(*args: Any, **opts: Any) -> Any:  # the twin's first answer, whatever the inputs
+        if "answer" not in first:
+            first["answer"] = twin.fn(*args, **opts)
+        return first["answer"]
+
+    stale_timed = linear.check_case("linear_attn", Kernel("linear_attn", "stale", stale, axes=twin.axes), case,
+                                    "fwd", torch.device("cpu")).call
+    assert isinstance(stale_timed, Timed)
+    with pytest.raises(CheckFailed):
+        stale_timed.verify(1, stale_timed.draw(1)())
+
+
+def test_a_backward_with_the_state_axis_is_timed_unchecked() -> None:
+    from pytest_attnperf.families.draws import Timed
+
+    case = row_named("linear_attn", "cat-b2-h1-t12-d16-fp32-state").case
+    checked = linear.check_case("linear_attn", zoo.twin("linear_attn"), case, "fwdbwd", torch.device("cpu"))
+    assert not isinstance(checked.call, Timed)

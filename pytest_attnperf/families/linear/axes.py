@@ -18,10 +18,11 @@ from pytest_attnperf.families.checks import CheckFailed, returned_pair
 from pytest_attnperf.families.linear.case import LinearCase
 from pytest_attnperf.families.registry import Kernel
 
-__all__ = ["AXES", "call_kwargs", "gradients", "per_sequence", "returned", "spans", "state_shape"]
+__all__ = ["AXES", "STATE_HEAD_AXES", "call_kwargs", "gradients", "per_sequence", "returned", "spans", "state_shape"]
 
 AXES = ("state", "varlen")
 """The linear families' optional call axes (``Kernel.axes``)."""
+STATE_HEAD_AXES = (("h0", 1), ("ht", 1))  # the states' heads, on their second axis (``state_shape``)
 
 
 def state_shape(case: LinearCase) -> tuple[int, int, int, int]:

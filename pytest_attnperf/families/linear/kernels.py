@@ -535,8 +535,9 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     """Check ``kernel`` against the fp64 chunked form (output; gradients of every input for
     ``fwdbwd``; every batch and head); return a ``checks.Checked``: the callable to time and
     each tensor's worst error over its bound. A ``relation`` row checks its metamorphic relation
-    instead (``families.linear.relations``); a case with call axes is checked, and timed
-    unchecked (its timed draws do not yet rearrange a state or packed sequences)."""
+    instead (``families.linear.relations``). A case with call axes is timed with its timed draws
+    (an initial state and packed sequences move with them: heads permuted, values negated), except
+    a backward with the state axis, timed unchecked (the final state's gradient does not move)."""
     if case.relation:
         return relations.check(family, kernel, case, prepare(family, case, "fwd", device, seed), device)
     a = answer(family, kernel, case, direction, device, seed)
@@ -546,10 +547,11 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
         return check_tensor(family, label, name, value, reference, yardstick, case.dtype)
 
-    if case.axes:
+    if case.state and direction == "fwdbwd":  # the final state's gradient would have to move with the draw
         return Checked(a.call, ratios)
-
-    return Checked(timed(a, kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
+    heads = call_axes.STATE_HEAD_AXES if case.state else ()
+    return Checked(timed(a, kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS,
+                         head_axes=heads), ratios)
 
 
 def run_case(
