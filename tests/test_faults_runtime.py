@@ -25,6 +25,7 @@ import torch
 from pytest_attnperf.measure import child as child_run
 from pytest_attnperf.measure import isolation, switches, timing
 from pytest_attnperf.measure.timing import CudaTimer, HostTimer, SamplingPlan
+from pytest_attnperf.plugins import guard
 
 PLUGIN = (*kit.PLUGIN, "-p", "no:cacheprovider", "--attnperf-ceilings=off")
 
@@ -198,6 +199,41 @@ def test_b_after():
         result = project.runpytest(*PLUGIN, "-rA")
         FaultLedger().check(result, expected_cases=2)
         assert gc.get_freeze_count() == 0  # the run's end unfroze them
+    finally:
+        gc.collect()
+        gc.freeze()
+
+
+def test_objects_the_interpreter_froze_at_its_start_are_no_hosts(project: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPython 3.12 starts with objects of its own in the permanent generation (375 on 3.12.1):
+    a run there is a process of its own, so it freezes what is alive after its collection, and
+    the full collection after each case walks only what the cases made. The objects frozen now
+    stand for the interpreter's."""
+    project.makepyfile(test_start=COST + '''
+import gc
+
+import conftest
+
+FROZEN = []
+
+
+def test_a_case(attnperf):
+    FROZEN.append(gc.get_freeze_count())
+    attnperf.measure(lambda: None, cost=COST, dtype="fp32")
+
+
+def test_b_after():
+    tracked = {id(obj) for obj in gc.get_objects()}
+    assert id(conftest.TRACKED) not in tracked  # alive after collection: frozen, no longer walked
+    assert FROZEN[0] > conftest.INTERPRETER
+''')
+    project.makeconftest(CONFTEST + f"\nINTERPRETER = {gc.get_freeze_count()}\n")
+    monkeypatch.setattr(guard, "INTERPRETER_FROZEN", gc.get_freeze_count())
+    try:
+        result = project.runpytest(*PLUGIN, "-rA")
+        FaultLedger().check(result, expected_cases=2)
+        assert gc.get_freeze_count() == 0  # the run's end unfroze what it froze (the process's start's too)
     finally:
         gc.collect()
         gc.freeze()

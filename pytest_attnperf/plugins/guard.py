@@ -32,13 +32,18 @@ from pytest_attnperf.measure.switches import describe_changes, restore_rng
 from pytest_attnperf.options import user_cache
 from pytest_attnperf.store.journal import RunMarker
 
-__all__ = ["NAME", "REFREEZE_OBJECTS", "CaseGuard"]
+__all__ = ["INTERPRETER_FROZEN", "NAME", "REFREEZE_OBJECTS", "CaseGuard"]
 
 NAME = "attnperf-isolation"
 FAILED_TRACEBACKS = pytest.StashKey[list[TracebackType]]()  # a case's failures, cleared when it ends
 CALLED = pytest.StashKey[bool]()  # the case reached its call phase or failed before it
 REFREEZE_OBJECTS = 20_000
 """New objects surviving a case's collection from which they are frozen (``CaseGuard._refreeze``)."""
+INTERPRETER_FROZEN = gc.get_freeze_count()
+"""Objects in the permanent generation when the plugin is first imported (as pytest starts, before
+its conftests and tests): the interpreter's own. CPython 3.12 starts with its static types' base
+and MRO tuples there (375 on 3.12.1), 3.11 and 3.13 with none; a count above this at collection
+was frozen by the process's owner."""
 
 
 def _failures_cleared(tracebacks: list[TracebackType]) -> None:
@@ -84,10 +89,11 @@ class CaseGuard:
         """Once the cases are collected (torch imported, the items made): what is alive now lives
         for the run, so the collector's full pass after each case need not walk it again. The
         pass then costs microseconds where it cost 0.4 s with torch and fla loaded; objects frozen
-        before by the process's owner stay theirs (no freeze here, no unfreeze at the end). The
-        markers of runs that died are read, and this run's written."""
+        before by the process's owner stay theirs (no freeze here, no unfreeze at the end), those
+        the interpreter froze at its start (``INTERPRETER_FROZEN``) are no owner's. The markers of
+        runs that died are read, and this run's written."""
         if any(is_attention_case(item) for item in session.items):
-            if gc.get_freeze_count() == 0:  # else frozen by the process's owner (a run inside a run): theirs
+            if gc.get_freeze_count() <= INTERPRETER_FROZEN:  # else frozen by the process's owner: theirs
                 gc.collect()
                 gc.freeze()
                 self.froze = True
