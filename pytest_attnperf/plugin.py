@@ -286,31 +286,30 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    """Commit a test's baseline entry once its call and teardown have passed; a pytest-xdist
-    worker sends the case to the controller."""
+    """Commit a test's baseline entry once its call and teardown have passed (kept on the item
+    for a pytest-xdist worker's ``xdist.Worker``, which sends the case to the controller)."""
     report = yield
     passed = report.passed and not hasattr(report, "wasxfail")  # an unexpected pass is no baseline
     if report.when == "call":  # set on every call, so a rerun's earlier attempt never counts
         item.stash[CALL_PASSED_KEY] = passed and PENDING_KEY in item.stash
     elif report.when == "teardown":
-        state, key, entry = get_session(item.config), fleet.case_key(item), None
+        entry = None
         if report.passed and item.stash.get(CALL_PASSED_KEY, False):
             # committed once teardown passed too: a fixture that fails after the measurement
             # (a leak check, say) keeps the test's entry out of the baseline
             entry = item.stash[PENDING_KEY]
-            state.baselines.commit(key, entry)
-        xdist.attach_case(state, key, report, entry)  # a pytest-xdist worker's case, to the controller
+            get_session(item.config).baselines.commit(fleet.case_key(item), entry)
+        item.stash[xdist.COMMITTED_KEY] = entry  # this attempt's: a rerun's earlier entry never travels
     return report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """At the run's end: the workers' results merged, the baselines and the report written (a
-    pytest-xdist worker sends its share instead)."""
+    pytest-xdist worker's ``xdist.Worker`` sends its share instead)."""
     if SESSION_KEY not in session.config.stash:
         return
     config, state = session.config, get_session(session.config)
     if state.seat is not None:  # a pytest-xdist worker: the controller writes for all
-        xdist.worker_output(config, state)
         return
     if state.fleet is not None:
         state.fleet.forget_groups()

@@ -32,6 +32,7 @@ from pytest_attnperf.parallel.fleet import (
     WorkerShare,
     _expanded,
     _local,
+    case_key,
     decode,
     encode,
     group_of,
@@ -43,8 +44,10 @@ from pytest_attnperf.plugins.pool import PoolRuns
 from pytest_attnperf.session import AttnPerfSession
 from pytest_attnperf.store.baselines import write_atomic
 
-__all__ = ["add_groups", "attach_case", "configure", "configure_node", "make_scheduler", "node_down", "planned",
-           "prepare", "report_not_run", "summary_lines", "worker_output"]
+__all__ = ["COMMITTED_KEY", "Worker", "add_groups", "attach_case", "configure", "configure_node", "make_scheduler",
+           "node_down", "planned", "prepare", "report_not_run", "summary_lines", "worker_output"]
+
+COMMITTED_KEY = pytest.StashKey[dict[str, Any] | None]()  # a case's baseline entry at its teardown (None: none)
 
 
 def _explicit(session: AttnPerfSession) -> bool:
@@ -59,10 +62,31 @@ def configure(config: pytest.Config, session: AttnPerfSession) -> None:
     """Called by ``pytest_configure``: a worker pins its GPU, a controller plans the fleet."""
     if is_worker(config):
         session.seat = _take_seat(config)
+        config.pluginmanager.register(Worker(session), "attnperf-xdist-worker")
     elif is_controller(config):
         session.fleet = _plan(config, session)
         config.pluginmanager.register(Controller(session), "attnperf-xdist-controller")
 
+
+
+class Worker:
+    """The plugin a pytest-xdist worker registers (only there): each case's rows and baseline
+    entry to the controller on its teardown report, and the worker's end-of-run payload."""
+
+    def __init__(self, session: AttnPerfSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the plugin's own: its entry is committed first
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        """On a teardown report: the case's rows and committed entry, for the controller."""
+        report = yield
+        if report.when == "teardown":
+            attach_case(self.session, case_key(item), report, item.stash.get(COMMITTED_KEY, None))
+        return report
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """The worker's end-of-run payload, for the controller."""
+        worker_output(session.config, self.session)
 
 
 class Controller:
