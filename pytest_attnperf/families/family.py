@@ -2,8 +2,8 @@
 
 One object per family (``FAMILIES``) answers for its cases: which kernel x case x direction it
 cannot take (``refusal``), the check against its fp64 reference (``check``), the analytic cost
-(``cost``) and its correctness catalogue (``rows``). A new family, trigger class or call axis is
-added here, in one place. docs/families.md describes each family's call.
+(``cost``), its correctness catalogue (``rows``) and its memory bound (``memory_bound``). A new
+family, trigger class or call axis is added here, in one place. docs/families.md describes each family's call.
 """
 
 from __future__ import annotations
@@ -15,16 +15,20 @@ from pytest_attnperf import costs
 from pytest_attnperf.families import catalogue
 from pytest_attnperf.families.checks import Checked
 from pytest_attnperf.families.linear import kernels as linear
+from pytest_attnperf.families.linear.memory import memory_bound as linear_bound
 from pytest_attnperf.families.linear.variants import VARIANTS
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import cache
 from pytest_attnperf.families.softmax import kernels as softmax
+from pytest_attnperf.families.softmax.memory import memory_bound as softmax_bound
+from pytest_attnperf.gate.memory import Bound
 
 __all__ = ["FAMILIES", "Family", "LinearFamily", "SoftmaxFamily", "common_refusal", "family", "refusal"]
 
 
 class Family(Protocol):
-    """An attention family: its name, the cases it refuses, its check, cost and catalogue."""
+    """An attention family: its name, the cases it refuses, its check, cost, catalogue and memory
+    bound."""
 
     @property
     def name(self) -> str:
@@ -45,6 +49,11 @@ class Family(Protocol):
 
     def rows(self, tier: str, gpu: bool) -> tuple[catalogue.Row, ...]:
         """The correctness catalogue's rows of ``tier`` (``catalogue.rows``)."""
+        ...
+
+    def memory_bound(self, case: Any, direction: str) -> Bound | None:
+        """The analytic peak-memory bound a tiled kernel is held to on ``case`` (None: none, or a
+        case of a type the family does not know; docs/memory.md)."""
         ...
 
 
@@ -102,6 +111,10 @@ class SoftmaxFamily:
         """See ``Family.rows``."""
         return catalogue.rows(self.name, tier, gpu)
 
+    def memory_bound(self, case: Any, direction: str) -> Bound | None:
+        """See ``Family.memory_bound``."""
+        return softmax_bound(case, direction) if isinstance(case, softmax.SoftmaxCase) else None
+
 
 @dataclass(frozen=True)
 class LinearFamily:
@@ -128,6 +141,10 @@ class LinearFamily:
     def rows(self, tier: str, gpu: bool) -> tuple[catalogue.Row, ...]:
         """See ``Family.rows``."""
         return catalogue.rows(self.name, tier, gpu)
+
+    def memory_bound(self, case: Any, direction: str) -> Bound | None:
+        """See ``Family.memory_bound``."""
+        return linear_bound(case, direction) if isinstance(case, linear.LinearCase) else None
 
 
 FAMILIES: dict[str, Family] = {

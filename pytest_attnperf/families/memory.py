@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_attnperf.families.linear.kernels import FAMILIES, LinearCase
-from pytest_attnperf.families.linear.memory import memory_bound as linear_bound
-from pytest_attnperf.families.softmax.kernels import SoftmaxCase
-from pytest_attnperf.families.softmax.memory import memory_bound as softmax_bound
+from pytest_attnperf.families.family import FAMILIES
 from pytest_attnperf.gate.memory import Bound
 
 __all__ = ["bound_for"]
@@ -22,15 +19,8 @@ DIRECTIONS = ("fwd", "fwdbwd")
 
 def bound_for(kernel: Any, case: Any, direction: Any) -> Bound | None:
     """The bound ``kernel`` is held to on ``case`` in ``direction`` (a test's ``kernel``,
-    ``case`` and ``direction`` parameters), or None."""
+    ``case`` and ``direction`` parameters), or None: its family's (``Family.memory_bound``)."""
     if not getattr(kernel, "tiled", False) or direction not in DIRECTIONS:
         return None
-    family = getattr(kernel, "family", None)
-    if family == "softmax":
-
-        return softmax_bound(case, direction) if isinstance(case, SoftmaxCase) else None
-
-    if family in FAMILIES and isinstance(case, LinearCase):
-
-        return linear_bound(case, direction)
-    return None
+    fam = FAMILIES.get(getattr(kernel, "family", None) or "")
+    return fam.memory_bound(case, direction) if fam is not None else None
