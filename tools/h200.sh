@@ -6,10 +6,10 @@
 # decode) packs them into one .tgz, since a device call brings back at most 8. fla comes from wheels carried in .whl/ and
 # Triton's cache (autotune results, compiled kernels) from .triton-cache/ (both git-ignored).
 set -uo pipefail
-# HW (default h200): the card the record, gate, models, models-gate and pool-split modes record
-# and gate, baselines/$HW.yaml; every other mode is the H200's, and refuses another HW rather than
-# mix two cards' files
-HW="${HW:-h200}"
+# HW (default: h100 on an H100, else h200): the card the record, gate, models, models-gate and
+# pool-split modes record and gate, baselines/$HW.yaml; every other mode is the H200's, and refuses
+# another HW rather than mix two cards' files
+HW="${HW:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep -q H100 && echo h100 || echo h200)}"
 case "$HW:${1:-}" in
   h200:* | *:record | *:gate | *:models | *:models-gate | *:pool-split | *:catalogue) ;;
   *) echo "HW=$HW: only the record, gate, models, models-gate and pool-split modes take another card than h200" >&2
