@@ -31,6 +31,7 @@ from pytest_attnperf.families.checks import (
     reported_plainly,
 )
 from pytest_attnperf.families.draws import timed
+from pytest_attnperf.families.linear import axes as call_axes
 from pytest_attnperf.families.linear import costs as costs_linear
 from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.linear import rule
@@ -47,8 +48,6 @@ FAMILIES = ("linear_attn_decode", "gla_decode", "simple_gla_decode", "gdn_decode
 BASE = {family: family.removesuffix("_decode") for family in FAMILIES}  # the whole-sequence family
 DIRECTIONS = ("fwd",)
 HEAD_AXIS = 2  # [B, T, H, ...]
-STATE_HEAD_AXIS = 1  # [B, H, K, V]
-STATE_AXES = (("h0", STATE_HEAD_AXIS), ("ht", STATE_HEAD_AXIS))
 STATE_CHECK_DTYPE = "fp32"  # the state is fp32 whatever the inputs' dtype
 
 
@@ -242,7 +241,7 @@ def check_case(family: str, kernel: Kernel, case: LinearDecodeCase, direction: s
         return check_tensor(family, label, name, value, reference, yardstick, case.dtype)
 
     return Checked(timed(a, kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS,
-                         head_axes=STATE_AXES), ratios)
+                         head_axes=call_axes.STATE_HEAD_AXES), ratios)
 
 
 def cost(family: str, case: LinearDecodeCase) -> Any:
