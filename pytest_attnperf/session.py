@@ -13,6 +13,7 @@ from functools import cached_property
 import pytest
 
 from pytest_attnperf.families.builtin import CALLS, check_signature, register_builtin
+from pytest_attnperf.families.family import admit
 from pytest_attnperf.families.registry import KernelRegistry
 from pytest_attnperf.gate.policy import GateTerms, Here
 from pytest_attnperf.hw import ceilings
@@ -73,10 +74,13 @@ class AttnPerfSession:
 
     @cached_property
     def registry(self) -> KernelRegistry:
-        """The built-in kernels and those the ``pytest_attnperf_register_kernels`` hooks add."""
+        """The built-in kernels and those the ``pytest_attnperf_register_kernels`` hooks add, each one
+        its family takes (``family.admit``)."""
         registry = KernelRegistry()
         register_builtin(registry)
         self.config.hook.pytest_attnperf_register_kernels(registry=registry, config=self.config)
+        for kernel in registry:
+            admit(kernel)
         wrong = [why for family in CALLS for k in registry.family(family)
                  if (why := check_signature(family, k.name, k.fn)) is not None]
         if wrong:  # every one of its cases would fail with the same TypeError: say it once, here

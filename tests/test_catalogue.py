@@ -31,7 +31,7 @@ CPU = torch.device("cpu")
 
 
 def _rows(family: str, tier: str, gpu: bool = False) -> tuple[catalogue.Row, ...]:
-    return catalogue.rows(family, tier, gpu)
+    return FAMILIES[family].rows(tier, gpu)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -54,8 +54,8 @@ def test_a_row_of_an_unknown_class_or_tier_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown class"):
         catalogue.Row(case, ("tile-egde",))
     with pytest.raises(ValueError, match="no catalogue tier 'nightly'"):
-        catalogue.rows("softmax", "nightly", False)
-    assert catalogue.rows("gdn", "off", True) == ()
+        FAMILIES["softmax"].rows("nightly", False)
+    assert FAMILIES["gdn"].rows("off", True) == ()
 
 
 def test_each_family_takes_only_rows_it_can_express() -> None:

@@ -13,6 +13,7 @@ from zoo.linear import zoo  # tests/ is on sys.path
 
 from pytest_attnperf.families import tf32
 from pytest_attnperf.families.checks import CheckFailed
+from pytest_attnperf.families.family import admit
 from pytest_attnperf.families.linear import kernels as linear
 from pytest_attnperf.families.linear import rule
 from pytest_attnperf.families.registry import Kernel
@@ -192,7 +193,11 @@ def test_the_tf32_yardstick_rounds_fp32_products_only() -> None:
 
 def test_tf32_is_refused_outside_the_softmax_family() -> None:
     with pytest.raises(ValueError, match="kernel 'mine' in family 'gla': tf32=True is the softmax family's"):
-        Kernel("gla", "mine", lambda *a, **k: None, tf32=True)
+        admit(Kernel("gla", "mine", lambda *a, **k: None, tf32=True))
+    with pytest.raises(ValueError, match="kernel 'mine' in family 'mine': tf32=True is the softmax family's"):
+        admit(Kernel("mine", "mine", lambda *a, **k: None, tf32=True))  # a family not built in has no yardstick
+    declared = Kernel("softmax", "mine", lambda *a, **k: None, tf32=True)
+    assert admit(declared) is declared
 
 
 def test_the_sliced_check_of_large_cases_holds_a_declared_kernel_to_the_tf32_yardstick() -> None:

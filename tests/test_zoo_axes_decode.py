@@ -25,6 +25,7 @@ from zoo import axes_decode as zoo
 
 from pytest_attnperf.families import catalogue, order
 from pytest_attnperf.families.catalogue_suite import NO_BACKEND
+from pytest_attnperf.families.family import FAMILIES
 from pytest_attnperf.families.order import Source
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.families.softmax import kernels as softmax
@@ -37,7 +38,7 @@ DIRECTIONS = ("fwd", "fwdbwd")
 
 def decode_rows() -> tuple[catalogue.Row, ...]:
     """The softmax smoke rows of the caches and of batch-split."""
-    return tuple(r for r in catalogue.rows("softmax", "smoke", False) if set(r.classes) & set(CLASSES))
+    return tuple(r for r in FAMILIES["softmax"].rows("smoke", False) if set(r.classes) & set(CLASSES))
 
 
 def row_named(row_id: str) -> catalogue.Row:
@@ -163,7 +164,7 @@ def order_checks() -> list[tuple[catalogue.Row, str]]:
     """The softmax smoke rows a kernel that declares no axis takes, forward, but the two largest (the order
     check's list)."""
     large = {"grid-limit", "long-keys"}
-    return [(r, "fwd") for r in catalogue.rows("softmax", "smoke", False)
+    return [(r, "fwd") for r in FAMILIES["softmax"].rows("smoke", False)
             if not r.case.axes and not r.case.window and not large & set(r.classes)]
 
 
@@ -192,7 +193,7 @@ def test_a_builtin_gives_the_same_results_in_every_order() -> None:
     registry = KernelRegistry()
     softmax.register(registry)
     naive = next(k for k in registry.family("softmax") if k.name == "naive")
-    checks = [(r, "fwd") for r in catalogue.rows("softmax", "smoke", False)
+    checks = [(r, "fwd") for r in FAMILIES["softmax"].rows("smoke", False)
               if r.case.cache or r.case.relation == "batch-split" or r.id.startswith("cat-b2-h2-t17")]
     source = Source("pytest_attnperf.families.softmax.kernels")
     assert order.record(source, naive, checks, CPU, sample=6, fresh_count=6) == []

@@ -35,7 +35,7 @@ DIRECTIONS = ("fwd", "fwdbwd")
 
 def axis_rows(family: str) -> tuple[catalogue.Row, ...]:
     """The family's smoke rows of the call axes and relations."""
-    return tuple(r for r in catalogue.rows(family, "smoke", False) if set(r.classes) & set(CLASSES))
+    return tuple(r for r in FAMILIES[family].rows("smoke", False) if set(r.classes) & set(CLASSES))
 
 
 def row_named(family: str, row_id: str) -> catalogue.Row:

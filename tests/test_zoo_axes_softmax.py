@@ -24,6 +24,7 @@ from zoo import axes_softmax as zoo
 
 from pytest_attnperf.families import catalogue
 from pytest_attnperf.families.catalogue_suite import KNOWN, NO_BACKEND, CatalogueCheck
+from pytest_attnperf.families.family import FAMILIES
 from pytest_attnperf.families.registry import Kernel, KernelRegistry
 from pytest_attnperf.families.softmax import kernels as softmax
 from pytest_attnperf.families.softmax.relations import RELATIONS
@@ -36,7 +37,7 @@ DIRECTIONS = ("fwd", "fwdbwd")
 
 def axis_rows() -> tuple[catalogue.Row, ...]:
     """The softmax smoke rows of the call axes and checks between calls."""
-    return tuple(r for r in catalogue.rows("softmax", "smoke", False) if set(r.classes) & set(CLASSES))
+    return tuple(r for r in FAMILIES["softmax"].rows("smoke", False) if set(r.classes) & set(CLASSES))
 
 
 def row_named(row_id: str) -> catalogue.Row:
@@ -71,7 +72,7 @@ def test_the_inference_write_is_caught_by_every_smoke_forward() -> None:
     """A kernel that writes into its input only with grad disabled fails an ordinary smoke row's
     forward too (its one more call under inference_mode), and passes that row's backward."""
     kernel = next(p for p in zoo.PAIRS if p.name == "inference-writes-input").kernel()
-    row = next(r for r in catalogue.rows("softmax", "smoke", False) if r.id == "cat-b3-h3-t17-d32-causal-fp32")
+    row = next(r for r in FAMILIES["softmax"].rows("smoke", False) if r.id == "cat-b3-h3-t17-d32-causal-fp32")
     assert row.case.inference
     found = outcome(kernel, row, "fwd")
     assert found.status == "failed", found

@@ -9,7 +9,7 @@ nothing. docs/catalogue.md lists the classes, the rows and the bugs they come fr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -324,23 +324,18 @@ def linear_rows() -> Iterator[Row]:
               gpu=True)
 
 
-def _fits(family: str, row: Row) -> bool:
-    case = row.case
-    if family == "softmax":
-        return isinstance(case, SoftmaxCase)
-    return isinstance(case, LinearCase) and case.refusal(family) is None
-
-
-def rows(family: str, tier: str, gpu: bool) -> tuple[Row, ...]:
-    """The rows of ``family`` in ``tier`` (``smoke``: its smoke rows; ``full``: every row), with
-    the GPU rows only where ``gpu``. A row with the timed draws' ``values`` of another family is
-    left out; each case is given the family's own id prefix."""
+def rows(family: str, tier: str, gpu: bool, source: Iterable[Row]) -> tuple[Row, ...]:
+    """The rows of ``family`` in ``tier`` (``smoke``: its smoke rows; ``full``: every row) among
+    its catalogue ``source`` (``softmax_rows``, ``linear_rows``: the family's ``Family.rows`` says
+    which), with the GPU rows only where ``gpu``. A row whose case the family refuses (a linear
+    row with the timed draws' ``values`` of another family) is left out; each case is given the
+    family's own id prefix."""
     if tier not in TIERS:
         raise ValueError(f"no catalogue tier {tier!r} (known: {', '.join(TIERS)})")
     if tier == "off":
         return ()
-    source = softmax_rows() if family == "softmax" else linear_rows()
-    chosen = [r for r in source if (tier == "full" or r.tier == "smoke") and (gpu or not r.gpu) and _fits(family, r)]
+    chosen = [r for r in source
+              if (tier == "full" or r.tier == "smoke") and (gpu or not r.gpu) and r.case.refusal(family) is None]
     return tuple(replace(r, case=replace(r.case, gpu=r.gpu, **_inference(r))) for r in chosen)
 
 
@@ -350,7 +345,7 @@ def _inference(row: Row) -> dict[str, bool]:
     return {"inference": True} if isinstance(row.case, SoftmaxCase) and row.tier == "smoke" else {}
 
 
-def classes_of(family: str) -> tuple[str, ...]:
-    """Every class that ``family``'s full catalogue (GPU rows included) reaches, and ``backward``."""
-    found = {c for r in rows(family, "full", True) for c in r.classes}
+def classes_of(rows: Iterable[Row]) -> tuple[str, ...]:
+    """Every class that ``rows`` (a family's full catalogue, GPU rows included) reach, and ``backward``."""
+    found = {c for r in rows for c in r.classes}
     return tuple(c for c in CLASSES if c in found or c == "backward")

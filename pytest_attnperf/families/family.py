@@ -2,8 +2,9 @@
 
 One object per family (``FAMILIES``) answers for its cases: which kernel x case x direction it
 cannot take (``refusal``), the check against its fp64 reference (``check``), the analytic cost
-(``cost``), its correctness catalogue (``rows``) and its memory bound (``memory_bound``). A new
-family, trigger class or call axis is added here, in one place. docs/families.md describes each family's call.
+(``cost``), its correctness catalogue (``rows``), its memory bound (``memory_bound``) and whether
+its kernels may declare TF32 products (``tf32``). A new family, trigger class or call axis is
+added here, in one place. docs/families.md describes each family's call.
 """
 
 from __future__ import annotations
@@ -23,16 +24,23 @@ from pytest_attnperf.families.softmax import kernels as softmax
 from pytest_attnperf.families.softmax.memory import memory_bound as softmax_bound
 from pytest_attnperf.gate.memory import Bound
 
-__all__ = ["FAMILIES", "Family", "LinearFamily", "SoftmaxFamily", "common_refusal", "family", "refusal"]
+__all__ = ["FAMILIES", "Family", "LinearFamily", "SoftmaxFamily", "admit", "classes_of", "common_refusal", "family",
+           "refusal"]
 
 
 class Family(Protocol):
-    """An attention family: its name, the cases it refuses, its check, cost, catalogue and memory
-    bound."""
+    """An attention family: its name, the cases it refuses, its check, cost, catalogue, memory
+    bound and whether its kernels may declare TF32 products."""
 
     @property
     def name(self) -> str:
         """The family's name, as kernels are registered in it."""
+        ...
+
+    @property
+    def tf32(self) -> bool:
+        """Whether a kernel of the family may be registered with ``tf32=True``: its check then holds
+        the kernel's fp32 cases to a yardstick whose products take TF32 operands (``families.tf32``)."""
         ...
 
     def refusal(self, kernel: Kernel, case: Any, direction: str) -> str | None:
@@ -88,6 +96,7 @@ class SoftmaxFamily:
     """Softmax attention (``families.softmax``)."""
 
     name: str = softmax.FAMILY
+    tf32: bool = True  # a kernel declares TF32 products (tf32=True) and is held to the TF32 yardstick
 
     def refusal(self, kernel: Kernel, case: Any, direction: str) -> str | None:
         """See ``Family.refusal``."""
@@ -108,8 +117,8 @@ class SoftmaxFamily:
             kv_seq=case.kv_seq)
 
     def rows(self, tier: str, gpu: bool) -> tuple[catalogue.Row, ...]:
-        """See ``Family.rows``."""
-        return catalogue.rows(self.name, tier, gpu)
+        """See ``Family.rows``: ``catalogue.softmax_rows``."""
+        return catalogue.rows(self.name, tier, gpu, catalogue.softmax_rows())
 
     def memory_bound(self, case: Any, direction: str) -> Bound | None:
         """See ``Family.memory_bound``."""
@@ -121,6 +130,7 @@ class LinearFamily:
     """One of the linear families (``families.linear``: LA, GLA, simple GLA, GDN)."""
 
     name: str
+    tf32: bool = False  # no kernel declares TF32 products: a chunk kernel is held to them on a GPU already
 
     def refusal(self, kernel: Kernel, case: Any, direction: str) -> str | None:
         """See ``Family.refusal``."""
@@ -139,8 +149,8 @@ class LinearFamily:
         return linear.cost(self.name, kernel, case, direction)
 
     def rows(self, tier: str, gpu: bool) -> tuple[catalogue.Row, ...]:
-        """See ``Family.rows``."""
-        return catalogue.rows(self.name, tier, gpu)
+        """See ``Family.rows``: those of ``catalogue.linear_rows`` the family takes."""
+        return catalogue.rows(self.name, tier, gpu, catalogue.linear_rows())
 
     def memory_bound(self, case: Any, direction: str) -> Bound | None:
         """See ``Family.memory_bound``."""
@@ -159,3 +169,18 @@ def family(name: str) -> Family:
         return FAMILIES[name]
     except KeyError:
         raise KeyError(f"no family {name!r} (known: {', '.join(FAMILIES)})") from None
+
+
+def classes_of(name: str) -> tuple[str, ...]:
+    """Every class that the family ``name``'s full catalogue (GPU rows included) reaches, and ``backward``."""
+    return catalogue.classes_of(family(name).rows("full", True))
+
+
+def admit(kernel: Kernel) -> Kernel:
+    """``kernel``, once its family takes what it declares: a ValueError for ``tf32=True`` in a family
+    without a TF32 yardstick (``Family.tf32``; a family not built in has none)."""
+    known = FAMILIES.get(kernel.family)
+    if kernel.tf32 and not (known is not None and known.tf32):
+        raise ValueError(f"kernel '{kernel.name}' in family '{kernel.family}': tf32=True is the softmax family's "
+                         "(a linear family's chunk kernel is held to TF32 products on a GPU already)")
+    return kernel

@@ -235,7 +235,7 @@ def _main(order: dict[str, Any]) -> None:
     else:
         register(registry)
     kernel = next(k for k in registry.family(order["family"]) if k.name == order["kernel"])
-    rows = {r.id: r for r in catalogue.rows(order["family"], "full", True)}
+    rows = {r.id: r for r in family(order["family"]).rows("full", True)}
     for row_id, direction in order["checks"]:
         result = run_one(kernel, rows[row_id], direction, torch.device(order["device"]), order["seed"])
         print(json.dumps(result.__dict__), flush=True)

@@ -54,10 +54,11 @@ class Kernel:
     says the kernel works in tiles, so its peak memory above the inputs is held to its family's
     analytic bound (``families.memory``, docs/memory.md); a kernel that materialises the scores
     (or a per-step state) on purpose is registered with ``tiled=False``. ``imports`` names modules
-    its first call imports, which the run imports ahead (``import_ahead``). ``tf32`` (softmax)
-    says its fp32 cases run their matrix products in TF32, as Triton's ``tl.dot`` of fp32 operands
-    does by default: they are held to a yardstick whose products take TF32 operands
-    (``families.tf32``; the linear families' chunk kernels are so held on a GPU already).
+    its first call imports, which the run imports ahead (``import_ahead``). ``tf32`` says its fp32
+    cases run their matrix products in TF32, as Triton's ``tl.dot`` of fp32 operands does by
+    default: they are held to a yardstick whose products take TF32 operands (``families.tf32``), in
+    a family that has one (``Family.tf32``, softmax; ``family.admit`` refuses it elsewhere: the
+    linear families' chunk kernels are so held on a GPU already).
     ``interpreted`` says its Triton code runs on the CPU under Triton's interpreter: a CPU run's
     correctness catalogue checks it there (``families.interpret``); nothing of it is timed on the CPU.
     ``output_types`` names the ``torch.Tensor`` subclasses it may return (any other subclass fails:
@@ -80,16 +81,13 @@ class Kernel:
     deterministic: bool = False  # replays must be bitwise equal (the attnperf_deterministic marker's rule)
     tiled: bool = True  # held to the family's memory bound (families.memory); False: it materialises scores
     imports: tuple[str, ...] = ()  # modules its first call imports: imported ahead (``import_ahead``)
-    tf32: bool = False  # softmax: its fp32 products run in TF32 (held to a TF32 yardstick)
+    tf32: bool = False  # its fp32 products run in TF32 (held to its family's TF32 yardstick: Family.tf32)
     interpreted: bool = False  # Triton code the CPU runs under Triton's interpreter: checked there, never timed
     output_types: tuple[type, ...] = ()  # torch.Tensor subclasses it may return, compared as plain tensors
     axes: tuple[str, ...] = ()  # optional call axes it takes (docs/families.md); a case needing another is refused
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "axes", (self.axes,) if isinstance(self.axes, str) else tuple(self.axes))
-        if self.tf32 and self.family != "softmax":
-            raise ValueError(f"kernel '{self.name}' in family '{self.family}': tf32=True is the softmax family's "
-                             "(a linear family's chunk kernel is held to TF32 products on a GPU already)")
         try:
             object.__setattr__(self, "floors", Floors.parse(self.floors))
         except ValueError as exc:

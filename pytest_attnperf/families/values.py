@@ -12,8 +12,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from pytest_attnperf.families.linear.variants import VARIANTS
-
 __all__ = [
     "LAYOUTS", "LINEAR_VALUES", "SOFTMAX_VALUES", "laid_out", "layout_refusal", "linear_gates", "linear_scales",
     "softmax_inputs", "values_refusal",
@@ -27,28 +25,15 @@ LINEAR_VALUES = ("normal", "gate-near-zero", "gate-strong", "decay-underflow", "
 LAYOUTS = ("contiguous", "transposed", "sliced", "expanded-kv")
 
 
-def values_refusal(family: str, values: str) -> str | None:
-    """Why ``family`` has no regime ``values`` (None when it has)."""
-    known: tuple[str, ...] = SOFTMAX_VALUES
-    if family != "softmax":
-        known = LINEAR_VALUES
-        variant = VARIANTS.get(family)
-        if values == "beta-bounds" and not (variant and variant.beta):
-            return "beta-bounds is a GDN regime (the other linear families have no beta)"
-        if values in ("gate-near-zero", "gate-strong", "decay-underflow") and variant and variant.gate is None:
-            return f"{values} is a gated regime; linear attention has no gate"
-        if values == "large-state" and variant and variant.normalised_keys:
-            return "large-state needs unnormalised keys; GDN's are L2-normalised (its state stays bounded)"
+def values_refusal(family: str, values: str, known: tuple[str, ...]) -> str | None:
+    """Why ``family``, whose value regimes are ``known`` (``SOFTMAX_VALUES``, ``LINEAR_VALUES``),
+    has no regime ``values`` (None when it has)."""
     return None if values in known else f"no value regime {values!r} for {family} (known: {', '.join(known)})"
 
 
-def layout_refusal(family: str, layout: str) -> str | None:
-    """Why ``family`` has no input layout ``layout`` (None when it has)."""
-    if layout not in LAYOUTS:
-        return f"no layout {layout!r} (known: {', '.join(LAYOUTS)})"
-    if layout == "expanded-kv" and family != "softmax":
-        return "expanded-kv (K/V of one head expanded with stride 0) is a softmax layout"
-    return None
+def layout_refusal(layout: str) -> str | None:
+    """Why there is no input layout ``layout`` (None when there is; a family may take fewer)."""
+    return None if layout in LAYOUTS else f"no layout {layout!r} (known: {', '.join(LAYOUTS)})"
 
 
 def softmax_inputs(values: str, shape_q: tuple[int, ...], shape_kv: tuple[int, ...], scale: float,
@@ -79,7 +64,7 @@ def softmax_inputs(values: str, shape_q: tuple[int, ...], shape_kv: tuple[int, .
         k1 = torch.nn.functional.one_hot(ki, dim).to(k.dtype) * 8.0
         q1[0] = 0.0
         return q1, k1, v
-    raise ValueError(values_refusal("softmax", values) or f"no regime {values!r}")
+    raise ValueError(values_refusal("softmax", values, SOFTMAX_VALUES) or f"no regime {values!r}")
 
 
 def linear_gates(values: str, draw: Callable[..., Any], *shape: int) -> Any:
@@ -141,4 +126,4 @@ def laid_out(layout: str, tensors: tuple[Any, ...], heads_axis: int, seq_axis: i
         shape = list(k.shape)
         shape[heads_axis] = q.shape[heads_axis]
         return (q, k.expand(shape), v.expand(shape), *rest)
-    raise ValueError(layout_refusal("", layout) or layout)
+    raise ValueError(layout_refusal(layout) or layout)

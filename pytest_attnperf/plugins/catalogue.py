@@ -20,7 +20,7 @@ import pytest
 
 from pytest_attnperf.families import catalogue
 from pytest_attnperf.families.catalogue_suite import ORDER_KEY, PROPERTY, TIER_KEY, runs_here
-from pytest_attnperf.families.family import FAMILIES
+from pytest_attnperf.families.family import FAMILIES, classes_of
 from pytest_attnperf.families.parametrize import RUN_KEY
 
 __all__ = ["NAME", "Coverage", "add_options", "configure"]
@@ -119,7 +119,7 @@ class Coverage:
         table = self.table()
         out = []
         for fam in FAMILIES:
-            classes = catalogue.classes_of(fam)
+            classes = classes_of(fam)
             for kernel in registry.family(fam):
                 per = table.get((fam, kernel.name), {})
                 entry: dict[str, Any] = {"family": fam, "kernel": kernel.name}
@@ -138,7 +138,7 @@ class Coverage:
             if not entry["classes"]:  # no catalogue test of it in this run (deselected, or no rows on this device)
                 continue
             for cls in self.required:
-                if cls not in catalogue.classes_of(entry["family"]):
+                if cls not in classes_of(entry["family"]):
                     continue
                 status = entry["classes"].get(cls, {}).get("status", "unreached")
                 if status != "passed":

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_attnperf.families.linear.variants import VARIANTS
-from pytest_attnperf.families.values import layout_refusal, values_refusal
+from pytest_attnperf.families.values import LINEAR_VALUES, layout_refusal, values_refusal
 
 __all__ = ["BETA_FAMILIES", "GROUPED_FAMILIES", "RELATIONS", "LinearCase", "key_head_of", "key_heads_refusal",
-           "value_grouped"]
+           "linear_layout_refusal", "linear_values_refusal", "value_grouped"]
 
 GROUPED_FAMILIES = frozenset(name for name, variant in VARIANTS.items() if variant.grouped_values)
 """The linear families whose queries and keys may have fewer heads than their values."""
@@ -39,6 +39,29 @@ def key_heads_refusal(family: str, key_heads: int | None) -> str | None:
         return None
     return (f"key_heads is a grouped-value input of {', '.join(sorted(GROUPED_FAMILIES))} only (fewer query/key "
             f"heads than value heads); {family} has one head count")
+
+
+def linear_values_refusal(family: str, values: str) -> str | None:
+    """Why the linear family ``family`` has no value regime ``values`` (None when it has): one of
+    ``LINEAR_VALUES`` that its variant's inputs can carry (``VARIANTS``)."""
+    variant = VARIANTS.get(family)
+    if values == "beta-bounds" and not (variant and variant.beta):
+        return "beta-bounds is a GDN regime (the other linear families have no beta)"
+    if values in ("gate-near-zero", "gate-strong", "decay-underflow") and variant and variant.gate is None:
+        return f"{values} is a gated regime; linear attention has no gate"
+    if values == "large-state" and variant and variant.normalised_keys:
+        return "large-state needs unnormalised keys; GDN's are L2-normalised (its state stays bounded)"
+    return values_refusal(family, values, LINEAR_VALUES)
+
+
+def linear_layout_refusal(layout: str) -> str | None:
+    """Why a linear family has no input layout ``layout`` (None when it has): each of ``LAYOUTS``
+    but ``expanded-kv``, whose K and V share one head."""
+    if why := layout_refusal(layout):
+        return why
+    if layout == "expanded-kv":
+        return "expanded-kv (K/V of one head expanded with stride 0) is a softmax layout"
+    return None
 
 
 @dataclass(frozen=True)
@@ -106,8 +129,8 @@ class LinearCase:
             return "beta_max is a GDN input; this family has no beta"
         if why := self._axes_refusal():
             return why
-        return (key_heads_refusal(family, self.key_heads) or values_refusal(family, self.values)
-                or layout_refusal(family, self.layout))
+        return (key_heads_refusal(family, self.key_heads) or linear_values_refusal(family, self.values)
+                or linear_layout_refusal(self.layout))
 
 
     def _axes_refusal(self) -> str | None:
