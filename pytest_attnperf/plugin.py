@@ -24,19 +24,16 @@ from pytest_attnperf.measure.overhead import NO_CUDA
 from pytest_attnperf.measure.timing import REPLAY_CLOCK
 from pytest_attnperf.options import add_options, read_settings
 from pytest_attnperf.parallel import fleet
-from pytest_attnperf.plugins import autotune, catalogue, failures, guard, history, timeline, xdist
+from pytest_attnperf.plugins import autotune, catalogue, failures, guard, history, results, timeline, xdist
 from pytest_attnperf.plugins.autotune import AutotunePlugin
 from pytest_attnperf.plugins.history import HistoryRecorder
 from pytest_attnperf.plugins.pool import POOL_RUN, POOL_RUNS, PoolRun, PoolRuns
+from pytest_attnperf.plugins.results import Results
 from pytest_attnperf.report.summary import BENCHMARK_CLOCK, outside_summary, summary_lines
-from pytest_attnperf.report.triage import pr_comment, rerun_args, rerun_line
 from pytest_attnperf.session import SESSION_KEY, AttnPerfSession, get_session
 from pytest_attnperf.store import status
-from pytest_attnperf.store.baselines import BaselineError
 
 CALL_PASSED_KEY = pytest.StashKey[bool]()  # the call phase passed; committed at teardown
-REPORT_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-report wrote, for the terminal summary
-PR_NOTE_KEY = pytest.StashKey[str]()  # what --attnperf-pr-comment wrote
 STATUS_KEY = pytest.StashKey[Path | None]()  # where attnperf-run reads the exit status pytest decided
 
 # -- configuration --------------------------------------------------------------------------
@@ -58,6 +55,8 @@ def pytest_configure(config: pytest.Config) -> None:
     this run needs besides (``_optional_plugins``); an explicit ``--hw`` is checked here."""
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
+    if not fleet.is_worker(config):  # registered first, so its end-of-run writing follows the other plugins'
+        config.pluginmanager.register(Results(config), results.NAME)
     config.stash[STATUS_KEY] = status.take_path()  # taken before any worker or pool run is started
     _output_folders(config)
     config.stash[timeline.KEY] = clock = timeline.Timeline.begin()
@@ -303,89 +302,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """At the run's end: the workers' results merged, the baselines and the report written (a
-    pytest-xdist worker's ``xdist.Worker`` sends its share instead)."""
-    if SESSION_KEY not in session.config.stash:
-        return
-    config, state = session.config, get_session(session.config)
-    if state.seat is not None:  # a pytest-xdist worker: the controller writes for all
-        return
-    if state.fleet is not None:
-        state.fleet.forget_groups()
-        state.rows[:] = xdist.rows_in_order(state.rows)
-    mixed = state.fleet.mixed if state.fleet is not None and state.fleet.mixed else None
-    state.baselines.write(mixed)
-    if state.baselines.failed and session.exitstatus == pytest.ExitCode.OK:  # its entries were saved aside
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    _write_report(config)
-    _write_pr_comment(config)
-
-
-def _hw_name(state: AttnPerfSession) -> str | None:
-    """The run's hardware name: ``--hw``, else the one found (None where it cannot be)."""
-    if state.settings.hw:
-        return state.settings.hw
-    try:
-        return state.hardware.name
-    except Exception:  # noqa: BLE001 - a device that cannot be looked up: the line goes without --hw
-        return None
-
-
-def _reruns(config: pytest.Config) -> dict[str, str]:
-    """Each failed attention case's command that re-runs it alone, by its key."""
-    failed = failures.Failures.of(config)
-    if failed is None or not failed.seen:
-        return {}
-    state, root, here = get_session(config), config.rootpath, config.invocation_params.dir
-    args = list(config.invocation_params.args)
-    plugin_flag = any(a == "-p" and b == "pytest_attnperf.plugin" for a, b in zip(args, args[1:], strict=False))
-    hw = _hw_name(state)
-    return {f.nodeid: rerun_line(rerun_args(f.nodeid, state.settings, hw, root, plugin_flag), root, here)
-            for f in failed.seen}
-
-
-def _write_pr_comment(config: pytest.Config) -> None:
-    """``--attnperf-pr-comment=FILE``: the run's regressions, improvements, memory changes, drifts and
-    failures as Markdown (not in a pytest-xdist worker)."""
-    state = get_session(config)
-    path = state.settings.pr_comment
-    if path is None or state.seat is not None:
-        return
-    try:
-        entries = dict(state.baselines.file.entries) if state.rows and state.baselines.file is not None else {}
-    except BaselineError:
-        entries = {}
-    failed = failures.Failures.of(config)
-    text = pr_comment(state.rows, failed.seen if failed is not None else [], entries, _hw_name(state) or "?",
-                      _reruns(config))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        config.stash[PR_NOTE_KEY] = f"NOT written to {path}: {exc}"
-    else:
-        config.stash[PR_NOTE_KEY] = f"wrote {path}"
-
-
-def _write_report(config: pytest.Config) -> None:
-    """``--attnperf-report=DIR``: the studies' report of this run's measured cases and correctness
-    failures (not in a pytest-xdist worker, whose rows are a share of the run's)."""
-    state, failed = get_session(config), failures.Failures.of(config)
-    folder = state.settings.report_dir
-    seen = failed.seen if failed is not None else []
-    # a controller that measured nothing has no device facts to write (its workers looked the device up)
-    if folder is None or not (state.rows or (seen and state.fleet is None)) or state.seat is not None:
-        return
-    from pytest_attnperf.report.studies import write_run  # noqa: PLC0415 - it imports numpy: only where a report is written
-
-    try:
-        config.stash[REPORT_NOTE_KEY] = write_run(state.rows, state.environment, state.hardware, suite.removed(config),
-                                                  folder, seen)
-    except Exception as exc:  # noqa: BLE001 - a report that cannot be written must not hide the results
-        config.stash[REPORT_NOTE_KEY] = f"NOT written to {folder}: {type(exc).__name__}: {exc}"
-
-
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """The attnperf section of the terminal summary: removed combinations, rows, floors, workers,
     pool runs, baselines, autotune and the timeline."""
@@ -396,7 +312,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     fleet_lines = xdist.summary_lines(state)
     pool_runs, autotuning = PoolRuns.of(config), AutotunePlugin.of(config)
     pooled = pool_runs is not None and pool_runs.results is not None
-    reruns = _reruns(config) if state.seat is None else {}
+    written = Results.of(config)  # none in a pytest-xdist worker: the controller's summary says it all
+    reruns = written.reruns() if written is not None else {}
     if not (state.rows or state.baselines.write_note is not None or gone or opted_out or pooled or checked
             or fleet_lines or reruns):
         return
@@ -440,10 +357,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
                  clock.line(distributed=state.fleet is not None) if clock is not None and state.rows else None]:
         if line:
             terminalreporter.write_line(line)
-    if REPORT_NOTE_KEY in config.stash:
-        terminalreporter.write_line(f"report: {config.stash[REPORT_NOTE_KEY]}")
-    if PR_NOTE_KEY in config.stash:
-        terminalreporter.write_line(f"pull-request comment: {config.stash[PR_NOTE_KEY]}")
+    if written is not None and written.report_note is not None:
+        terminalreporter.write_line(f"report: {written.report_note}")
+    if written is not None and written.pr_note is not None:
+        terminalreporter.write_line(f"pull-request comment: {written.pr_note}")
     if reruns:
         terminalreporter.write_line(f"re-run a failed case alone ({len(reruns)}), from {config.rootpath}:")
         for key in sorted(reruns):
