@@ -249,6 +249,15 @@ class Timed:
 
         return step
 
+    def hot_input(self, index: int) -> Any:
+        """The tensor of timed draw ``index`` whose first elements a graph of many calls may
+        overwrite before each call, putting them back before its last (``measure.timing.Varied``):
+        the first floating-point input, as ``.data`` (its version counter left alone), or None."""
+        drawn = self._drawn.get(index)
+        if drawn is None:
+            raise LookupError(f"timed draw {index} has no inputs yet: draw({index}) makes them")
+        return next((x.data for x in drawn.inputs if x.is_floating_point() and x.numel()), None)
+
     def _next_pattern(self, width: int) -> tuple[int, ...]:
         """Signs over ``width`` value columns that no timed call of the case has read, neither all
         kept nor all flipped; once all have been read, they come round again."""

@@ -117,9 +117,11 @@ class Inventory:
 
 
 def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, eager: Callable[[], Any], *,
-         holds_flush: bool, calls: int, others: Sequence[Callable[[], Any]] = ()) -> Inventory:
+         holds_flush: bool, calls: int, others: Sequence[Callable[[], Any]] = (),
+         besides: Callable[[], Any] | None = None) -> Inventory:
     """The inventory of one timed call: ``replay`` (one replay of its graph, ``calls`` calls in
-    it) profiled less the harness's part, or one ``eager`` call profiled where there is no graph
+    it) profiled less the harness's part (and what a replay of ``besides``, a graph of what the
+    harness put between the calls, launches), or one ``eager`` call profiled where there is no graph
     or the profiler does not see a graph's kernels. ``others``, the replays of the case's other
     timed graphs (cold mode's captures over other draws), are profiled together, once each, and
     must launch what the first does, as many times each (``disagreement``), where the first
@@ -131,6 +133,8 @@ def take(profile: Profile, harness: Harness, replay: Callable[[], Any] | None, e
     if replay is not None and harness.visible:
         part = harness.of_replay(holds_flush)
         seen = Counter(profile(replay)) - part
+        if besides is not None:
+            seen -= Counter(profile(besides)) - harness.of_replay(False)
         disagrees = note = None
         if others and sum(seen.values()) <= AGREE_MAX_LAUNCHES:
             def each_once() -> None:

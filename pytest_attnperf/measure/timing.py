@@ -190,7 +190,7 @@ class CudaTimer:
                 self._harness = self._harness_kernels()
             taken = inventory.take(self.kernels_of, self._harness, again if sampler.graphed else None,
                                    replays.call(1), holds_flush=sampler.holds_flush, calls=sampler.calls_per_replay,
-                                   others=others)
+                                   others=others, besides=sampler.harness_replay)
         except Exception as exc:  # noqa: BLE001 - the inventory is a report; its failure is not the case's
             notes.append(f"kernel inventory not read ({type(exc).__name__}: {str(exc)[:120]})")
             return None
@@ -239,13 +239,26 @@ class CudaTimer:
             notes.append(f"no timing events inside the graph ({failure}); events around the replay "
                          "instead, the graph's launch included")
         calls, replays_per = 1, 1  # calls per sample; replays of the graph per sample
+        copies_ms, copies = 0.0, None  # hot mode's varying, per call, and its graph alone
         if graph is not None and plan.mode == "hot":
             # calls per graph from the device time of one replay, not the eager (host) time
             one_call, kept = graph, replays.results.get(1)
-            graph, calls, replays_per, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms)
+            varied = Varied.of(replays.hot_input(1))
+            graph, calls, replays_per, note = hot_graph(fn, graph, _time_replay(graph.replay), plan.hot_sample_ms,
+                                                        varied=varied)
             if graph is one_call and kept is not None:  # a failed longer capture's outputs are not the graph's
                 replays.results[1] = kept
             notes.extend([note] if note else [])
+            if varied is not None and replays_per == 1 and calls > 1:
+                copies, _ = _capture(varied.around(_nothing, calls), 1)
+                if copies is not None:
+                    copies_ms = _time_replay(copies.replay) / calls
+                    notes.append(f"each of a hot sample's {calls} calls read contents no other call of the sample read "
+                                 f"({varied.width} elements of {varied.name} overwritten before each; the copies "
+                                 f"alone, {copies_ms * 1e3:.2f} us a call, subtracted)")
+            elif replays_per == 1 and calls > 1:
+                notes.append(f"a hot sample's {calls} calls read the same contents (the callable gives no input "
+                             "to vary between them)")
         if capture_failure:
             notes.append(f"not graph-capturable ({capture_failure}); timed with events around eager "
                          "launches, launch overhead included")
@@ -270,7 +283,7 @@ class CudaTimer:
             run()
             end.record()
             end.synchronize()
-            ms: float = start.elapsed_time(end) / calls
+            ms: float = start.elapsed_time(end) / calls - copies_ms
             return ms
 
         clock = "cuda-events" if graph is None else "cuda-graph" if replays_per == 1 else "cuda-graph-replays"
@@ -278,6 +291,7 @@ class CudaTimer:
         sampler = Sampler([take_ms], [(1, where, graph.replay if graph is not None else fn)])
         sampler.graphed, sampler.calls_per_replay = graph is not None, calls // replays_per
         sampler.keeps_results = graph is not None  # eager calls timed bare: their results are not kept
+        sampler.harness_replay = copies.replay if copies is not None else None
         return sampler, clock, calls
 
     @staticmethod
@@ -329,9 +343,63 @@ HOT_CALLS_PER_MS = 128  # hot mode's cap on a graph's calls, per ms of sample: 2
 # where a sub-8-us call reaches it (the graph's capture and outputs grow with its calls)
 
 
+class Varied:
+    """Hot mode's varying inside its graph: before each of the graph's calls, the first one or
+    two elements of one input (``view``) are overwritten with a row of ``table`` (rows distinct,
+    none the draw's own), and before the last call put back as the replay found them. So no two
+    calls of a sample read the same contents (a cache the kernel keeps on the device, comparing
+    its inputs with the last call's, misses on every call), and the last call reads the draw's
+    own contents, which the checks after sampling hold its result to. docs/measurement.md,
+    "Hot mode", gives what it costs."""
+
+    def __init__(self, x: Any) -> None:
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
+
+        self.name = f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+        self.width = 2 if x.ndim and x.shape[-1] >= 2 else 1
+        self.view = x.narrow(-1, 0, self.width)[(0,) * (x.ndim - 1)] if x.ndim else x.reshape(1)
+        self.saved = torch.empty_like(self.view)
+        # distinct values of the input's dtype in [-2, 2], as fp32: width 2 gives len(values)**2 rows
+        self.values = torch.unique(torch.linspace(-2, 2, 4096).to(x.dtype).float())
+        self.dtype, self.device = x.dtype, x.device
+
+    @classmethod
+    def of(cls, x: Any) -> Varied | None:
+        """The varying of input ``x``, or None where there is none to vary."""
+        return cls(x) if x is not None and x.numel() else None
+
+    def table(self, rows: int) -> Any:
+        """``rows`` rows of ``width`` values, none equal to what ``view`` holds now, distinct
+        while the dtype has values enough (two elements of bf16: 1,280 squared; one: 1,280, then
+        they come round again)."""
+        import torch  # noqa: PLC0415 - torch loads on first use, not at start-up
+
+        n = len(self.values)
+        index = torch.arange(min(rows, n ** self.width) + 1)
+        columns = [index // n % n, index % n] if self.width == 2 else [index % n]
+        table = torch.stack([self.values[c] for c in columns], dim=-1)
+        own = self.view.detach().float().cpu()
+        table = table[~(table == own).all(dim=-1)]  # the draw's own row left out, if drawn
+        table = table[torch.arange(rows) % len(table)]
+        return table.to(device=self.device, dtype=self.dtype)
+
+    def around(self, fn: Callable[[], Any], calls: int) -> Callable[[], None]:
+        """``calls`` calls of ``fn``, each after its overwrite, to capture as one graph."""
+        table = self.table(max(calls - 1, 1))
+
+        def body() -> None:
+            self.saved.copy_(self.view)
+            for k in range(calls):
+                self.view.copy_(table[k] if k < calls - 1 else self.saved)
+                fn()
+
+        return body
+
+
 def hot_graph(
     fn: Callable[[], Any], one_call: Any, one_ms: float, sample_ms: float,
     capture: Callable[[Callable[[], Any], int], tuple[Any, str | None]] | None = None,
+    varied: Varied | None = None,
 ) -> tuple[Any, int, int, str | None]:
     """Hot mode's graph: ``(graph, calls per sample, replays per sample, note)``.
 
@@ -342,16 +410,18 @@ def hot_graph(
     graph, which did capture, is replayed that many times per sample instead, and the note
     says so: the case stays graph-timed rather than falling back to eager launches, under its
     own clock name (``cuda-graph-replays``), since host-launched replays leave gaps between
-    short calls that one long graph does not."""
+    short calls that one long graph does not. With ``varied``, the longer graph overwrites part
+    of an input before each call (``Varied``)."""
     most = max(64, math.ceil(HOT_CALLS_PER_MS * sample_ms))
     calls = max(1, min(most, math.ceil(sample_ms / max(one_ms, 1e-3))))
     if calls == 1:
         return one_call, 1, 1, None
-    longer, failure = (capture or _capture)(fn, calls)
+    longer, failure = (capture or _capture)(*((varied.around(fn, calls), 1) if varied is not None else (fn, calls)))
     if longer is not None:
         return longer, calls, 1, None
+    same = ", each call on the same contents" if varied is not None else ""
     return one_call, calls, calls, (f"a graph of {calls} calls failed ({failure}); each sample "
-                                    f"replays the one-call graph {calls} times")
+                                    f"replays the one-call graph {calls} times{same}")
 
 
 class Sampler:
@@ -367,6 +437,9 @@ class Sampler:
         self.graphed, self.calls_per_replay, self.holds_flush = True, 1, holds_flush
         # whether the draws' recorded results are what the last samples wrote (a graph's outputs)
         self.keeps_results = True
+        # a replay of what the harness put into the timed graph besides the calls (hot mode's
+        # varying), for the inventory to leave out
+        self.harness_replay: Callable[[], Any] | None = None
 
     @property
     def graphs(self) -> int:

@@ -62,7 +62,8 @@ class Draws(Protocol):
 
 DRAWS_METHODS = ("draw", "rewritten", "verify", "describe", "protected")  # Draws', besides __call__
 # optional: ``vary(i)``, what to call before each timed call of draw ``i`` to give it contents no
-# call has read (``families.draws.Timed.vary``); a Draws without it is timed on its draws' own contents
+# call has read (``families.draws.Timed.vary``); a Draws without it is timed on its draws' own contents;
+# ``hot_input(i)``, the input a hot graph varies between its calls (``measure.timing.Varied``)
 
 
 class TimedDiffers(AssertionError):
@@ -169,6 +170,13 @@ class Replays:
             vary = getattr(self.draws, "vary", None) if self.draws is not None else None
             self._varies[index] = vary(index) if callable(vary) else _nothing
         return self._varies[index]
+
+    def hot_input(self, index: int) -> Any:
+        """The input of timed draw ``index`` a hot graph varies between its calls
+        (``Draws``'s optional ``hot_input``); None for a plain callable or a ``Draws`` without it."""
+        self.call(index)  # the draw made, its inputs with it
+        hot_input = getattr(self.draws, "hot_input", None) if self.draws is not None else None
+        return hot_input(index) if callable(hot_input) else None
 
     def check_last(self, index: int, where: str, result: Any = None) -> None:
         """Hold the last timed call's result, ``result`` (by default timed draw ``index``'s last
