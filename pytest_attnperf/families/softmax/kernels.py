@@ -480,17 +480,22 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
         ratios["lse"] = call_axes.check_lse(f"{kernel.name} lse", lse, p.lse, allowed)
     if case.inference and direction == "fwd":
         relations.inference_agrees(kernel, case, p, a.got[0], device)
-    if not set(case.axes) <= DRAWN_AXES:
+    if not set(case.axes) <= DRAWN_AXES | SIGNED_AXES:
         return Checked(a.call, ratios)
     if case.lse:  # its timed calls held to the output and gradients (the LSE is checked on draw 0)
         a = replace(a, call=_without_lse(a.call), run_on=_without_lse(a.run_on))
-    return Checked(timed(a, kernel.name, check, f"{case.id}:{direction}:{seed}", HEAD_AXIS), ratios)
+    permute = set(case.axes) <= DRAWN_AXES  # a mask stays where it is: signs only
+    return Checked(timed(a, kernel.name, check, f"{case.id}:{direction}:{seed}", HEAD_AXIS, permute=permute), ratios)
 
 
 # the call axes whose cases' timed draws rearrange as a plain case's do (batch entries and heads
 # permuted, v negated): a shape (more queries than keys, a value head dim of its own) or a returned
-# LSE; a mask or a KV cache would have to move with them, so those cases are timed unchecked
+# LSE; a mask (per batch entry and head) would have to move with them, so a masked case's draws
+# move signs only (v negated, its value columns varied, the output gradient negated), the mask
+# where it is; a KV cache holds values of its own that a draw's v does not move with, so those
+# cases are timed unchecked
 DRAWN_AXES = frozenset({"lse", "q-gt-k", "v-dim"})
+SIGNED_AXES = frozenset({"mask"})
 
 
 def _without_lse(call: Any) -> Any:
