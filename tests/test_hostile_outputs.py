@@ -134,7 +134,7 @@ def test_a_skip_or_xfail_raised_inside_a_timed_call_fails_the_case(pytester: pyt
     """A kernel that passes its checked call and then skips (or xfails) only while it is timed would
     leave its gate unjudged and the run green."""
     kit.make_project(pytester, test_timed=SKIPS_WHEN_TIMED)
-    result = pytester.runpytest_subprocess(*kit.PLUGIN, "--attnperf-baselines=baselines", "--update-baselines")
+    result = pytester.runpytest_inprocess(*kit.PLUGIN, "--attnperf-baselines=baselines", "--update-baselines")
     result.assert_outcomes(passed=1, failed=2)
     said = "the kernel raised {} (only while timed) inside a timed call*"
     result.stdout.fnmatch_lines([f"*test_case?skip?: {said.format('Skipped')}",

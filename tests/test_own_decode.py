@@ -1,5 +1,6 @@
 """A project's own decode kernels, registered from its conftest.py, run through the decode
-suites' tests with shapes of its own (fake CPU device and scripted timer: tests/kit.py)."""
+suites' tests with shapes of its own (fake CPU device and scripted timer: tests/kit.py), in this
+process: torch and fla are loaded once, not once a run."""
 
 from __future__ import annotations
 
@@ -54,17 +55,16 @@ ATTNPERF_DIRECTIONS = ("fwd",)
 '''
 
 
-def test_a_projects_own_decode_kernel_runs_through_the_hook(pytester: pytest.Pytester,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_projects_own_decode_kernel_runs_through_the_hook(pytester: pytest.Pytester) -> None:
     """A project registers decode kernels from its conftest.py (a softmax one, a GDN step) and declares
     its own decode shapes with the decode suites' tests: the right kernels pass, the upper-left one
     fails its check."""
-    kit.pythonpath(monkeypatch, pytester.path)
+    pytester.syspathinsert()  # the fakes, for -p
     (pytester.path / "attnperf_fakes.py").write_text(kit.conftest("cpu", samples=kit.steps(5, centred=True)))
     pytester.makeconftest(OWN_CONFTEST)
     pytester.makepyfile(test_my_decode=OWN_SHAPES, test_my_steps=OWN_STEPS)
-    result = pytester.runpytest_subprocess("-p", "pytest_attnperf.plugin", "-p", "attnperf_fakes", "-p", "no:randomly",
-                                           "-p", "no:cacheprovider", "--benchmark-disable", "-rA", "-k", "my-")
+    result = pytester.runpytest_inprocess("-p", "pytest_attnperf.plugin", "-p", "attnperf_fakes", "-p", "no:randomly",
+                                          "-p", "no:cacheprovider", "--benchmark-disable", "-rA", "-k", "my-")
     result.assert_outcomes(passed=2, failed=1)
     out = result.stdout.str()
     assert "PASSED test_my_decode.py::test_softmax_decode[b2-h4-kv2-t3-cache80-d16-causal-fp32-my-decode-fwd]" in out
