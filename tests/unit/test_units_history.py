@@ -9,10 +9,10 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import kit
 import pytest
+from history_writer import record, write
 
 from pytest_attnperf.gate import drift
 from pytest_attnperf.report import drifts
@@ -114,25 +114,10 @@ def test_flat_scripted_medians_keep_a_noise_floor() -> None:
 # -- the file ----------------------------------------------------------------------------------
 
 
-def record(median: float, *, run: str = "r", commit: str | None = "c", case: str = "case[a]",
-           mode: str = "cold") -> dict[str, Any]:
-    return history.make_record(
-        run=run, commit=commit, machine={"host": "h", "hw": "h200", "device": "NVIDIA H200", "id": "m"},
-        software={"torch": "2"}, case=case, mode=mode, clock="cuda-graph-nodes",
-        summary={"median_ms": median, "ci_low_ms": median * 0.99, "ci_high_ms": median * 1.01, "stdrel": 0.01,
-                 "n_samples": 20}, peak_mib=3.0, verdict="unchanged", change_pct=0.0)
-
-
-def _writer(path: str, writer: int, count: int) -> None:
-    for i in range(count):
-        history.append(Path(path), {**record(1.0 + i / 1e4, run=f"w{writer}"), "case": f"w{writer}-{i}",
-                                    "padding": "x" * (i % 7) * 1000})  # lines from 200 bytes to 6 kB
-
-
 def test_concurrent_appends_lose_nothing_and_every_line_parses(tmp_path: Path) -> None:
     path, writers, count = tmp_path / "h200.jsonl", 4, 150
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_writer, args=(str(path), w, count)) for w in range(writers)]
+    processes = [context.Process(target=write, args=(str(path), w, count)) for w in range(writers)]
     for p in processes:
         p.start()
     for p in processes:
