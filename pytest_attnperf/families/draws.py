@@ -251,7 +251,7 @@ class Timed:
 
     def hot_input(self, index: int) -> Any:
         """The tensor of timed draw ``index`` whose first elements a graph of many calls may
-        overwrite before each call, putting them back before its last (``measure.timing.Varied``):
+        overwrite before each call, putting them back before its last (``measure.hot.Varied``):
         the first floating-point input, as ``.data`` (its version counter left alone), or None."""
         drawn = self._drawn.get(index)
         if drawn is None:

@@ -63,7 +63,7 @@ class Draws(Protocol):
 DRAWS_METHODS = ("draw", "rewritten", "verify", "describe", "protected")  # Draws', besides __call__
 # optional: ``vary(i)``, what to call before each timed call of draw ``i`` to give it contents no
 # call has read (``families.draws.Timed.vary``); a Draws without it is timed on its draws' own contents;
-# ``hot_input(i)``, the input a hot graph varies between its calls (``measure.timing.Varied``)
+# ``hot_input(i)``, the input a hot graph varies between its calls (``measure.hot.Varied``)
 
 
 class TimedDiffers(AssertionError):

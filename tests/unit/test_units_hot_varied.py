@@ -1,7 +1,7 @@
 """Hot mode's graph of many calls: no two calls of a sample read the same contents.
 
 Before each call the graph overwrites the first elements of one input with a row no call read
-(``measure.timing.Varied``), and puts them back before the last call, whose result the checks
+(``measure.hot.Varied``), and puts them back before the last call, whose result the checks
 after sampling hold to the draw's own contents. So a cache the kernel keeps across the calls of
 one replay (compare the inputs with the last call's, skip the work when equal: on a GPU, a
 device-side flag) misses on every call and records what its honest twin records; before, it hit
@@ -22,7 +22,8 @@ import torch
 from test_units_hostile_cache import PLAN, Cached, Clock, Honest, OnGpu, by_bytes, timed
 
 from pytest_attnperf.measure import inventory, timing
-from pytest_attnperf.measure.timing import CudaTimer, Varied
+from pytest_attnperf.measure.hot import Varied
+from pytest_attnperf.measure.timing import CudaTimer
 
 HOT = PLAN.__class__(**{**PLAN.__dict__, "mode": "hot", "hot_sample_ms": 0.5})  # 25 calls of 0.02 ms a sample
 
