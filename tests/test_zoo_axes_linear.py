@@ -15,6 +15,7 @@ in the catalogue's own run (``pytest suites/``), where any failure fails the run
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,9 +159,66 @@ def test_a_state_or_packed_case_is_timed_with_checked_draws_and_a_stale_answer_f
         stale_timed.verify(1, stale_timed.draw(1)())
 
 
-def test_a_backward_with_the_state_axis_is_timed_unchecked() -> None:
+def full_row(family: str, row_id: str) -> catalogue.Row:
+    return next(r for r in FAMILIES[family].rows("full", False) if r.id == row_id)
+
+
+STATE_BACKWARDS = [("linear_attn", "cat-b2-h1-t12-d16-fp32-state"), ("gla", "cat-b1-h2-t70-d16-fp32-state"),
+                   ("gdn", "cat-b1-h4-hk2-t12-d16-fp32-state"), ("gla", "cat-b1-h1-t24-d16-fp32-state-lens9x1x14"),
+                   ("linear_attn", "b2-h3")]
+
+
+@pytest.mark.parametrize(("family", "row_id"), STATE_BACKWARDS)
+def test_a_backward_with_the_state_axis_is_timed_with_checked_draws(family: str, row_id: str) -> None:
+    """The final state's gradient is an input of the draw, moved with the output gradient (heads
+    permuted, negated with it, its value columns varied with v's): the twin's output, final state
+    and every gradient (the initial state's too) pass each draw, before and after a varying."""
     from pytest_attnperf.families.draws import Timed
 
-    case = row_named("linear_attn", "cat-b2-h1-t12-d16-fp32-state").case
-    checked = linear.check_case("linear_attn", zoo.twin("linear_attn"), case, "fwdbwd", torch.device("cpu"))
-    assert not isinstance(checked.call, Timed)
+    if row_id == "b2-h3":  # batch entries and heads to permute
+        case = dataclasses.replace(full_row(family, "cat-b2-h1-t12-d16-fp32-state").case, heads=3)
+    else:
+        case = full_row(family, row_id).case
+    timed = linear.check_case(family, zoo.twin(family), case, "fwdbwd", torch.device("cpu")).call
+    assert isinstance(timed, Timed)
+    calls = {index: timed.draw(index) for index in (1, 2, 3)}
+    for index, call in calls.items():
+        vary = timed.vary(index)
+        assert timed.verify(index, call()) <= 1.0
+        vary()
+        assert timed.verify(index, call()) <= 1.0
+    with timed.rewritten(1):  # the check after sampling: other data written into the same tensors
+        assert timed.verify(1, calls[1]()) <= 1.0
+
+
+def test_a_backward_that_keeps_its_first_state_gradient_fails_a_timed_draw() -> None:
+    """Right on the checked call; on later calls it answers the initial state's gradient from
+    the first call (a cache keyed on the shapes): the draw's dh0 is checked, and differs."""
+    from pytest_attnperf.families.checks import CheckFailed
+    from pytest_attnperf.families.draws import Timed
+
+    twin = zoo.twin("linear_attn")
+    kept: dict[str, Any] = {}
+
+    class KeepsFirst(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, h0: Any) -> Any:
+            return h0.view_as(h0)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            if "dh0" not in kept:
+                kept["dh0"] = grad.clone()
+            return kept["dh0"]
+
+    def keeps_first(*args: Any, initial_state: Any = None, **opts: Any) -> Any:
+        if initial_state is not None:
+            initial_state = KeepsFirst.apply(initial_state)  # type: ignore[no-untyped-call]
+        return twin.fn(*args, initial_state=initial_state, **opts)
+
+    case = dataclasses.replace(full_row("linear_attn", "cat-b2-h1-t12-d16-fp32-state").case, heads=3)
+    kernel = Kernel("linear_attn", "keeps-first", keeps_first, axes=twin.axes)
+    timed = linear.check_case("linear_attn", kernel, case, "fwdbwd", torch.device("cpu")).call
+    assert isinstance(timed, Timed)
+    with pytest.raises(CheckFailed, match="dh0"):
+        timed.verify(1, timed.draw(1)())

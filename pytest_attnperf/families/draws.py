@@ -28,12 +28,14 @@ if TYPE_CHECKING:
 __all__ = ["FLIPPED_WITH_V", "NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transform", "timed"]
 
 # which tensors change sign when v is negated, and when the output gradient is
+# (``grad_ht``: the final state's gradient, an input of a linear backward with a state, which moves
+# as the output gradient does; ``dh0``, the initial state's gradient, follows the gradients alone)
 NEGATED_BY_V = frozenset({"v", "out", "dq", "dk", "dg", "dbeta", "h0", "ht"})
-NEGATED_BY_GRAD = frozenset({"grad_out", "dq", "dk", "dv", "dg", "dbeta"})
+NEGATED_BY_GRAD = frozenset({"grad_out", "grad_ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
 # which tensors' value columns (last axis) change sign with v's, the state's and the output
 # gradient's together (``Transform.flips``); the inputs among them are what ``Timed.vary`` writes
-FLIPPED_WITH_V = frozenset({"v", "h0", "grad_out", "out", "ht", "dv", "dh0"})
-VARIED_INPUTS = frozenset({"v", "h0"})
+FLIPPED_WITH_V = frozenset({"v", "h0", "grad_out", "grad_ht", "out", "ht", "dv", "dh0"})
+VARIED_INPUTS = frozenset({"v", "h0", "grad_ht"})
 
 
 @dataclass(frozen=True)
@@ -227,11 +229,11 @@ class Timed:
 
     def vary(self, index: int) -> Callable[[], None]:
         """What to call before each timed call of draw ``index``, outside the timed region: the
-        draw's ``v``, state and output gradient multiplied in place by the signs that take their
-        value columns from the pattern they hold to the next one (a pattern no call of the case
-        has read: module docstring), and ``verify`` holding a result to that pattern. Exact in
-        floating point, and one pass over those tensors. A case without ``v``, or with one value
-        column, is not varied."""
+        draw's ``v``, state, output gradient and final state's gradient multiplied in place by the
+        signs that take their value columns from the pattern they hold to the next one (a pattern
+        no call of the case has read: module docstring), and ``verify`` holding a result to that
+        pattern. Exact in floating point, and one pass over those tensors. A case without ``v``,
+        or with one value column, is not varied."""
         drawn = self._drawn.get(index)
         if drawn is None:
             raise LookupError(f"timed draw {index} has no call to vary: draw({index}) makes it")

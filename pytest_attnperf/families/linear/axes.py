@@ -22,7 +22,8 @@ __all__ = ["AXES", "STATE_HEAD_AXES", "call_kwargs", "gradients", "per_sequence"
 
 AXES = ("state", "varlen")
 """The linear families' optional call axes (``Kernel.axes``)."""
-STATE_HEAD_AXES = (("h0", 1), ("ht", 1))  # the states' heads, on their second axis (``state_shape``)
+# the states' heads, on their second axis (``state_shape``): the initial and final states and their gradients
+STATE_HEAD_AXES = (("h0", 1), ("ht", 1), ("grad_ht", 1), ("dh0", 1))
 
 
 def state_shape(case: LinearCase) -> tuple[int, int, int, int]:

@@ -505,7 +505,12 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
             return (out,) + tuple(plain(kernel, g) for g in gradients(kernel.name, out, xs, p.names, grad_out))
         return (out,) + tuple(plain(kernel, g) for g in torch.autograd.grad(out, xs, grad_out))
 
+    # a backward with a state: the final state's gradient is the last input, so a timed draw moves it
+    # with the output gradient (``draws.NEGATED_BY_GRAD``); it is not differentiated
+    grad_state_input = backward and case.state
+
     def run_axes(xs: tuple[Any, ...], grad_out: Any, check: bool) -> Any:
+        xs, grad_state = (xs[:-1], xs[-1]) if grad_state_input else (xs, None)
         tensors, h0 = p.split(xs)
         result = kernel.fn(*values.laid_out(case.layout, tensors, HEAD_AXIS, 1), scale=case.scale,
                            **call_axes.call_kwargs(case, h0, q.device))
@@ -513,22 +518,25 @@ def answer(family: str, kernel: Kernel, case: LinearCase, direction: str, device
                      if x is not None)
         if not backward:
             return outs
-        grad_outs = (grad_out,) + ((p.grad_state,) if case.state else ())
+        grad_outs = (grad_out,) + ((grad_state,) if case.state else ())
         grads = (call_axes.gradients(kernel.name, outs, xs, p.names, grad_outs) if check
                  else torch.autograd.grad(outs, xs, grad_outs))
         return outs + tuple(plain(kernel, g) for g in grads)
 
     inputs, grad_out = own_copies(p.inputs), p.grad_out.clone()
+    input_names = p.names + (("grad_ht",) if grad_state_input else ())
+    if grad_state_input:
+        inputs += (p.grad_state.clone(),)
 
     def call() -> Any:
         return run_on(inputs, grad_out)
 
-    got = call_checked(kernel, lambda: run_on(inputs, grad_out, True), ", ".join(p.names), inputs,
+    got = call_checked(kernel, lambda: run_on(inputs, grad_out, True), ", ".join(input_names), inputs,
                        device)  # a refusal skips here
     reference, yardstick = p.reference(kernel.form)  # only now: a refused case never pays for it
     names = ("out", *(("ht",) if case.state else ()), *(f"d{n}" for n in p.names))[: len(got)]
     return Answer(names, tuple(x.detach() for x in got), reference[: len(got)], yardstick[: len(got)], call,
-                  run_on=run_on, inputs=inputs, input_names=p.names, grad_out=grad_out if backward else None)
+                  run_on=run_on, inputs=inputs, input_names=input_names, grad_out=grad_out if backward else None)
 
 
 def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, device: Any, seed: int = 0) -> Any:
@@ -536,8 +544,8 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     ``fwdbwd``; every batch and head); return a ``checks.Checked``: the callable to time and
     each tensor's worst error over its bound. A ``relation`` row checks its metamorphic relation
     instead (``families.linear.relations``). A case with call axes is timed with its timed draws
-    (an initial state and packed sequences move with them: heads permuted, values negated), except
-    a backward with the state axis, timed unchecked (the final state's gradient does not move)."""
+    (an initial state, the final state's gradient and packed sequences move with them: heads
+    permuted, values negated)."""
     if case.relation:
         return relations.check(family, kernel, case, prepare(family, case, "fwd", device, seed), device)
     a = answer(family, kernel, case, direction, device, seed)
@@ -547,8 +555,6 @@ def check_case(family: str, kernel: Kernel, case: LinearCase, direction: str, de
     def check(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
         return check_tensor(family, label, name, value, reference, yardstick, case.dtype)
 
-    if case.state and direction == "fwdbwd":  # the final state's gradient would have to move with the draw
-        return Checked(a.call, ratios)
     heads = call_axes.STATE_HEAD_AXES if case.state else ()
     return Checked(timed(a, kernel.name, check, f"{family}:{case.id}:{direction}:{seed}", HEAD_AXIS,
                          head_axes=heads), ratios)
