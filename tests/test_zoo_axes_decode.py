@@ -197,3 +197,82 @@ def test_a_builtin_gives_the_same_results_in_every_order() -> None:
               if r.case.cache or r.case.relation == "batch-split" or r.id.startswith("cat-b2-h2-t17")]
     source = Source("pytest_attnperf.families.softmax.kernels")
     assert order.record(source, naive, checks, CPU, sample=6, fresh_count=6) == []
+
+
+# -- timed draws of the cache cases ------------------------------------------------------------------
+
+
+CACHE_ROWS = ("cat-b3-h4-kv2-t1-k32-d32-causal-fp32-append-lens5x0x17",
+              "cat-b2-h2-t3-k24-d32-causal-fp32-append-lens1x20",
+              "cat-b3-h4-kv2-t1-k32-d32-causal-fp32-paged8-lens9x0x23",
+              "cat-b2-h2-t3-k32-d32-causal-fp32-paged4-lens7x2")
+
+
+def cache_timed(kernel: Kernel, row_id: str) -> Any:
+    from pytest_attnperf.families.softmax import cache
+
+    return cache.check(kernel, row_named(row_id).case, "fwd", CPU).call
+
+
+@pytest.mark.parametrize("row_id", CACHE_ROWS)
+@pytest.mark.parametrize("name", ["naive", "sdpa-math", "twin"])
+def test_a_cache_case_is_timed_with_checked_draws(name: str, row_id: str) -> None:
+    """Each draw holds its own caches, ``v`` and ``v_cache`` negated and their value columns varied
+    together (no request moves): the honest kernels pass every draw, before and after a varying,
+    and on the data the check after sampling writes in."""
+    from pytest_attnperf.families.draws import Timed
+
+    registry = KernelRegistry()
+    softmax.register(registry)
+    kernel = zoo.twin() if name == "twin" else next(k for k in registry.family("softmax") if k.name == name)
+    timed = cache_timed(kernel, row_id)
+    assert isinstance(timed, Timed)
+    calls = {index: timed.draw(index) for index in (1, 2)}
+    for index, call in calls.items():
+        vary = timed.vary(index)
+        assert timed.verify(index, call()) <= 1.0
+        vary()
+        assert timed.verify(index, call()) <= 1.0
+        assert "v negated" in timed.describe(index)
+    with timed.rewritten(1):
+        assert timed.verify(1, calls[1]()) <= 1.0
+
+
+def test_a_cache_kernel_that_answers_from_a_content_cache_misses_on_a_varied_call() -> None:
+    """Keyed on the bytes of q, k, v and the caches: after each varying nothing is found."""
+    kept: dict[bytes, Any] = {}
+    hits = [0]
+    twin = zoo.twin()
+
+    def cached(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        key = b"".join(x.contiguous().numpy().tobytes() for x in (q, k, v, kw["k_cache"], kw["v_cache"]))
+        if key in kept:
+            hits[0] += 1
+            return kept[key].clone()
+        kept[key] = out = twin.fn(q, k, v, **kw)
+        return out
+
+    timed = cache_timed(Kernel("softmax", "cached", cached, axes=twin.axes), CACHE_ROWS[2])
+    call, vary = timed.draw(1), timed.vary(1)
+    call()
+    before = hits[0]
+    for _ in range(4):
+        vary()
+        assert timed.verify(1, call()) <= 1.0
+    assert hits[0] == before
+
+
+def test_a_cache_kernel_that_stops_reading_the_cache_after_its_first_call_fails_a_timed_draw() -> None:
+    """Right on the checked call; later it answers each shape with the first answer it gave."""
+    from pytest_attnperf.families.checks import CheckFailed
+
+    first: dict[tuple[int, ...], Any] = {}
+    twin = zoo.twin()
+
+    def stale(q: Any, k: Any, v: Any, **kw: Any) -> Any:
+        out = twin.fn(q, k, v, **kw)
+        return first.setdefault(tuple(q.shape), out).clone()
+
+    timed = cache_timed(Kernel("softmax", "stale", stale, axes=twin.axes), CACHE_ROWS[0])
+    with pytest.raises(CheckFailed):
+        timed.verify(1, timed.draw(1)())

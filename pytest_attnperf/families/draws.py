@@ -29,13 +29,14 @@ __all__ = ["FLIPPED_WITH_V", "NEGATED_BY_GRAD", "NEGATED_BY_V", "Timed", "Transf
 
 # which tensors change sign when v is negated, and when the output gradient is
 # (``grad_ht``: the final state's gradient, an input of a linear backward with a state, which moves
-# as the output gradient does; ``dh0``, the initial state's gradient, follows the gradients alone)
-NEGATED_BY_V = frozenset({"v", "out", "dq", "dk", "dg", "dbeta", "h0", "ht"})
+# as the output gradient does; ``dh0``, the initial state's gradient, follows the gradients alone;
+# ``v_cache``: a decode call's cache of values, which moves with ``v``)
+NEGATED_BY_V = frozenset({"v", "v_cache", "out", "dq", "dk", "dg", "dbeta", "h0", "ht"})
 NEGATED_BY_GRAD = frozenset({"grad_out", "grad_ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
 # which tensors' value columns (last axis) change sign with v's, the state's and the output
 # gradient's together (``Transform.flips``); the inputs among them are what ``Timed.vary`` writes
-FLIPPED_WITH_V = frozenset({"v", "h0", "grad_out", "grad_ht", "out", "ht", "dv", "dh0"})
-VARIED_INPUTS = frozenset({"v", "h0", "grad_ht"})
+FLIPPED_WITH_V = frozenset({"v", "v_cache", "h0", "grad_out", "grad_ht", "out", "ht", "dv", "dh0"})
+VARIED_INPUTS = frozenset({"v", "v_cache", "h0", "grad_ht"})
 
 
 @dataclass(frozen=True)

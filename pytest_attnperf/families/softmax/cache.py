@@ -15,10 +15,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_attnperf.families.checks import Checked, CheckFailed, call_checked, expect_tensor, own_copies, plain
+from pytest_attnperf.families.checks import Answer, Checked, CheckFailed, call_checked, expect_tensor, own_copies, plain
+from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import paging
-from pytest_attnperf.families.softmax.kernels import SoftmaxCase, check_tensor, naive
+from pytest_attnperf.families.softmax.kernels import HEAD_AXIS, SoftmaxCase, check_tensor, naive
 from pytest_attnperf.families.softmax.recompute import further, recomputed_output
 from pytest_attnperf.families.softmax.reference import softmax_attention as reference
 from pytest_attnperf.measure.switches import exact_fp32
@@ -199,8 +200,29 @@ def check(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: 
     _check_cache(kernel, case, "k_cache", caches["k_cache"], d.expected_k, d.k_cache, d.block_table)
     _check_cache(kernel, case, "v_cache", caches["v_cache"], d.expected_v, d.v_cache, d.block_table)
 
-    def timed_call() -> Any:
-        return kernel.fn(*inputs, **d.opts, **{**d.keywords(), "cache_seqlens": fixed[0],
-                                               **({"block_table": fixed[1]} if len(fixed) > 1 else {})})
+    return Checked(_timed(kernel, case, d, inputs + (caches["k_cache"], caches["v_cache"]), fixed, out, seed),
+                   {"out": ratio})
 
-    return Checked(timed_call, {"out": ratio})
+
+def _timed(kernel: Kernel, case: SoftmaxCase, d: Drawn, inputs: tuple[Any, ...], fixed: tuple[Any, ...], out: Any,
+           seed: int) -> Any:
+    """The call to time, with its timed draws (``families.draws.Timed``): each draw holds its own
+    ``q, k, v`` and caches (``inputs``: the checked call's, its caches as it left them), the
+    lengths and block table fixed; a draw moves signs only (``v`` and ``v_cache`` negated and their
+    value columns varied together, so the output moves with them), since every request's
+    slots and pages stay where they are. The new tokens' writes land where they did on the checked
+    call, each time with the values the draw holds then."""
+
+    def run_on(xs: tuple[Any, ...], grad_out: Any) -> Any:
+        q, k, v, k_cache, v_cache = xs
+        keywords = {"k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": fixed[0],
+                    **({"block_table": fixed[1]} if len(fixed) > 1 else {})}
+        return (plain(kernel, kernel.fn(q, k, v, **d.opts, **keywords)),)
+
+    answer = Answer(("out",), (out,), (d.reference,), (d.yardstick,), lambda: run_on(inputs, None), run_on=run_on,
+                    inputs=inputs, input_names=("q", "k", "v", "k_cache", "v_cache"))
+
+    def check_out(label: str, name: str, value: Any, reference: Any, yardstick: Any) -> float:
+        return check_tensor(label, name, value, reference, yardstick, case.dtype, kernel.tf32)
+
+    return timed(answer, kernel.name, check_out, f"{case.id}:fwd:{seed}", HEAD_AXIS, permute=False)

@@ -492,8 +492,7 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
 # permuted, v negated): a shape (more queries than keys, a value head dim of its own) or a returned
 # LSE; a mask (per batch entry and head) would have to move with them, so a masked case's draws
 # move signs only (v negated, its value columns varied, the output gradient negated), the mask
-# where it is; a KV cache holds values of its own that a draw's v does not move with, so those
-# cases are timed unchecked
+# where it is (a KV-cache case's draws are families.softmax.cache's, signs only too)
 DRAWN_AXES = frozenset({"lse", "q-gt-k", "v-dim"})
 SIGNED_AXES = frozenset({"mask"})
 
