@@ -10,6 +10,7 @@ import math
 import textwrap
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import kit
 import pytest
@@ -301,16 +302,25 @@ def test_fla_fused_recurrent_kernels_run_under_triton_interpreter_on_the_cpu(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU run turns the interpreter on before fla is imported, so the real Triton kernels are
     checked: GLA's forward and backward, and GDN's forward (its fused recurrent backward raises
-    NotImplementedError: refused)."""
+    NotImplementedError: refused). ``--attnperf-catalogue-order`` takes GLA's kernel too: its
+    rows the interpreter takes, in order, a shuffled sample again and part of it in a fresh
+    process (the interpreter on there as well, its autotuner held to one configuration as here),
+    every result the same. One run for both (fla loaded under the interpreter once)."""
     pytest.importorskip("fla")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     kit.make_project(pytester, kit.conftest("cpu"))
     kit.pythonpath(monkeypatch)
     pytester.makepyfile(test_catalogue="from pytest_attnperf.families.catalogue_suite import "
-                                       "pytest_generate_tests, test_catalogue\n")
-    result = pytester.runpytest_subprocess(*kit.PLUGIN, "-k", "fla-fused-recurrent and b1-h2-t17-d16 and not "
-                                           "linear_attn", "--benchmark-disable", "-rs", "-W", "ignore")
-    result.assert_outcomes(passed=3, skipped=1)
+                                       "pytest_generate_tests, test_catalogue, test_catalogue_order\n")
+    selected = ("(fla-fused-recurrent and b1-h2-t17-d16 and not linear_attn) "
+                "or test_catalogue_order and gla-fla-fused-recurrent")
+    result = pytester.runpytest_subprocess(*kit.PLUGIN, "--attnperf-catalogue-order", "-k", selected,
+                                           "--benchmark-disable", "-rs", "-W", "ignore", "--junitxml=order.xml")
+    result.assert_outcomes(passed=4, skipped=1)
     result.stdout.fnmatch_lines(["  gla/fla-fused-recurrent: 2 passed; unreached *",
                                  "  gdn/fla-fused-recurrent: 1 passed; refused backward; unreached *",
                                  "*fla-fused-recurrent does not support this case: NotImplementedError: Backward*"])
+    checks = ElementTree.parse(pytester.path / "order.xml").find(".//property[@name='order_checks']")
+    assert checks is not None
+    counts = {status: int(n) for n, status in (part.split() for part in checks.get("value", "").split(", "))}
+    assert counts.get("passed", 0) >= 4, counts  # the interpreter ran the kernel: checks passed, not all refused

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,14 +87,16 @@ def checks(registry: Any, tier: str, device_kind: str, gpu: bool) -> list[Catalo
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize ``check`` with the run's catalogue tests (none under ``--attnperf-catalogue=off``),
     and ``order_kernel`` with the kernels the order check takes (``--attnperf-catalogue-order``)."""
-    if "order_kernel" in metafunc.fixturenames:
-        _order_kernels(metafunc)
-    if "check" not in metafunc.fixturenames:
+    if not {"order_kernel", "check"} & set(metafunc.fixturenames):
         return
     session = metafunc.config.stash[RUN_KEY]
     tier = metafunc.config.stash.get(TIER_KEY, "smoke")
     if not session.device.is_gpu and tier != "off":
         enable()  # before fla's kernels are imported: the CPU runs them under Triton's interpreter
+    if "order_kernel" in metafunc.fixturenames:
+        _order_kernels(metafunc)
+    if "check" not in metafunc.fixturenames:
+        return
     found = checks(session.registry, tier, session.device.kind, session.device.is_gpu)
     params = [pytest.param(c, id=c.id, marks=_marks(c, session.device.kind)) for c in found]
     if not params:  # no test, said so at collection rather than read as "nothing failed"
@@ -228,11 +231,13 @@ def test_catalogue(check: CatalogueCheck, attnperf_device: Any, attnperf_seed: i
 
 
 def _order_kernels(metafunc: pytest.Metafunc) -> None:
-    """One order check per kernel that runs natively here, under ``--attnperf-catalogue-order``."""
+    """One order check per kernel that runs here (natively, or under Triton's interpreter on the
+    CPU), under ``--attnperf-catalogue-order``."""
     session = metafunc.config.stash[RUN_KEY]
     tier = metafunc.config.stash.get(TIER_KEY, "smoke")
     on = metafunc.config.stash.get(ORDER_KEY, False) and tier != "off"
-    kernels = [k for name in FAMILIES for k in session.registry.family(name) if session.device.kind in k.device_kinds]
+    kind = session.device.kind
+    kernels = [k for name in FAMILIES for k in session.registry.family(name) if runs_here(k, kind) is None]
     params = [pytest.param(k, id=f"{k.family}-{k.name}") for k in kernels] if on else []
     if not params:
         params = [pytest.param(None, id="none", marks=pytest.mark.skip(
@@ -247,10 +252,17 @@ def test_catalogue_order(order_kernel: Kernel, attnperf_device: Any, attnperf_se
     on what ran before it."""
     kernel = order_kernel
     rows = family(kernel.family).rows(request.config.stash.get(TIER_KEY, "smoke"), attnperf_device.type != "cpu")
+    if attnperf_device.type not in kernel.device_kinds:  # under Triton's interpreter: the rows it takes
+        rows = tuple(row for row in rows if interpreted_refusal(row.case) is None)
+    if kernel.fn.__module__.startswith("pytest_attnperf.families.linear") and kernel.imports and (why := fla_missing()):
+        pytest.skip(f"{kernel.name} needs flash-linear-attention ({why}): {INSTALL_HINT}")
     found_checks = [(row, direction) for row in rows for direction in DIRECTIONS]
     source = order.source_of(kernel)
-    with reported_plainly(attnperf_seed):
+    with reported_plainly(attnperf_seed), autotuners_held():
+        first = order.ordered(kernel, found_checks, attnperf_device, attnperf_seed)
         found = order.record(source, kernel, found_checks, attnperf_device, seed=attnperf_seed,
-                             shuffle_seed=attnperf_seed, fresh_count=order.FRESH if source else 0)
+                             shuffle_seed=attnperf_seed, fresh_count=order.FRESH if source else 0, first=first)
+    statuses = Counter(result.status for result in first)
+    request.node.user_properties.append(("order_checks", ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))))
     if found:
         raise CheckFailed("\n".join(found))
