@@ -57,7 +57,8 @@ CLASSES: dict[str, str] = {
     "mask": "an explicit attn_mask: padding by batch entry, per-head patterns, additive biases",
     "fully-masked": "rows whose every key is masked: output 0 and log-sum-exp -inf, not NaN",
     "prefix": "relation: appending tokens leaves a causal kernel's earlier outputs as they were",
-    "inference": "relation: the forward under no_grad and inference_mode equals the grad-mode call",
+    "inference": "relation: the forward under no_grad and inference_mode equals the grad-mode call, inputs and "
+                 "initial state unchanged",
     "kv-cache": "decode into a KV cache: new tokens written at each request's cache_seqlens, attending its own prefix; "
                 "the cache checked after the call",
     "paged": "a paged KV cache: a block table into a shuffled pool of pages, new tokens crossing a page",
@@ -279,6 +280,7 @@ def linear_rows() -> Iterator[Row]:
     yield Row(L(2, 1, 12, 16, state=True, relation="split-state"), ("split-state",), "smoke")
     yield Row(L(1, 1, 24, 16, lengths=(1, 9, 14), relation="packed-loop"), ("packed-loop",), "smoke")
     yield Row(L(3, 1, 8, 16, relation="batch-split"), ("batch-split",), "smoke")
+    yield Row(L(2, 2, 10, 16, state=True, relation="inference"), ("inference", "state"), "smoke")
     for t in (2, 15, 63, 127, 129, 257, 263):
         yield Row(L(1, 2, t, 16), ("tile-edge",) + (("tiny-seq",) if t <= 2 else ()))
     for k, v in ((16, 64), (64, 16), (32, 48)):

@@ -1,7 +1,8 @@
 """A zoo for the linear families' call axes (``state``, ``varlen``) and their metamorphic relations
-(``split-state``, ``packed-loop``, ``batch-split``): wrong kernels, each a published class of
-recurrent-state bug (a dropped or overwritten initial state, a final state one token short, a
-state leaking across packed sequences or batch entries, an off-by-one at a sequence boundary),
+(``split-state``, ``packed-loop``, ``batch-split``, ``inference``): wrong kernels, each a published
+class of recurrent-state bug (a dropped or overwritten initial state, a final state one token short, a
+state leaking across packed sequences or batch entries, an off-by-one at a sequence boundary, the
+caller's state written on the inference path alone),
 each beside one correct twin per family, ``twin-axes``, which differs from it only by the bug.
 
 Every kernel is one token recurrence in float64 (differentiable through autograd), in fla's
@@ -113,7 +114,9 @@ def recurrence(*inputs: Tensor, scale: float, bug: str | None = None, initial_st
     while len(finals) < (len(cu_seqlens) - 1 if cu_seqlens is not None else batch):
         finals.append(zero)
     final_state = torch.stack(finals).float()
-    if bug == "overwrites-initial-state" and initial_state is not None:
+    inferring = not torch.is_grad_enabled() or torch.is_inference_mode_enabled()
+    if initial_state is not None and (bug == "overwrites-initial-state"
+                                      or (bug == "inference-overwrites-state" and inferring)):
         with torch.no_grad():
             initial_state.copy_(final_state)  # the final state written over the caller's initial state
     return o, final_state
@@ -165,6 +168,7 @@ _VARLEN_CHUNK = "cat-b1-h1-t138-d16-fp32-lens5x70x63"
 _SPLIT = "cat-b2-h1-t12-d16-fp32-state-rel-split-state"
 _PACKED = "cat-b1-h1-t24-d16-fp32-lens1x9x14-rel-packed-loop"
 _BATCH = "cat-b3-h1-t8-d16-fp32-rel-batch-split"
+_INFERENCE = "cat-b2-h2-t10-d16-fp32-state-rel-inference"
 
 BUGS = {
     "drops-initial-state": "Starts every sequence from a zero state, whatever initial_state holds.",
@@ -185,6 +189,8 @@ BUGS = {
     "boundary-token-unwritten": "Writes nothing of a packed sequence's first token but the first sequence's into the "
                                 "state.",
     "batch-state-leaks": "Starts each batch entry from the previous entry's final state (a state buffer not cleared).",
+    "inference-overwrites-state": "With grad disabled (a serving path), writes the final state over the caller's "
+                                  "initial_state in place; right when training.",
 }
 """Each bug, as its wrong kernel's docstring says it."""
 
@@ -204,6 +210,7 @@ _TABLE: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("linear_attn", "initial-state-after-first", "split-state", _SPLIT, ("fwd",)),  # a relation: forward calls
     ("linear_attn", "boundary-token-unwritten", "packed-loop", _PACKED, ("fwd",)),
     ("linear_attn", "batch-state-leaks", "batch-split", _BATCH, ("fwd",)),
+    ("gla", "inference-overwrites-state", "inference", _INFERENCE, ("fwd",)),
     # the gated families: the same bugs through a decay (GLA) and the delta rule (GDN)
     ("gla", "drops-initial-state", "state", _STATE, DIRECTIONS),
     ("gla", "varlen-state-leaks", "varlen", _VARLEN, DIRECTIONS),

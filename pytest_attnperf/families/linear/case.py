@@ -28,6 +28,8 @@ RELATIONS = {
                    "one call on the whole",
     "packed-loop": "the sequences packed with cu_seqlens equal one call per sequence",
     "batch-split": "a batch of N equals N calls of one batch entry each",
+    "inference": "the forward under torch.no_grad() and torch.inference_mode() equals the grad-mode call, its "
+                 "inputs and initial state unchanged",
 }
 """The metamorphic relations a ``relation`` row checks (``families.linear.relations``)."""
 

@@ -1,7 +1,9 @@
 """Metamorphic relations of the linear families: checks between a kernel's own calls that need no
 reference, each a named check (a catalogue row's ``relation``; forward calls only):
-``split-state`` (needs ``state``), ``packed-loop`` (needs ``varlen``) and ``batch-split`` (every
-kernel).
+``split-state`` (needs ``state``), ``packed-loop`` (needs ``varlen``), ``batch-split`` and
+``inference`` (every kernel: the grad-mode call on inputs that require grad against calls under
+``torch.no_grad()`` and ``torch.inference_mode()``, each of which must leave its inputs, the
+initial state among them, as they were).
 
 The rule: each side is within ``OUT_UNITS`` unit roundoffs of the exact answer normwise
 (``families.linear.rule``), so the two differ by at most twice that, judged on each sequence (or
@@ -85,8 +87,12 @@ def check(family: str, kernel: Kernel, case: LinearCase, prepared: Any, device: 
         return tuple(x.narrow(axis, start, end - start).contiguous() for x in tensors)
 
     tensors, h0 = prepared.split(inputs)
+    if relation == "inference":  # the grad-mode side on inputs that require grad, as training calls it
+        tensors, h0 = prepared.split(tuple(x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs))
     whole, whole_state = call(replace(case, relation=None), tensors, h0)
     heads = range(case.heads)
+    if relation == "inference":
+        return _inference(call, label, case, prepared, whole, whole_state)
     if relation == "split-state":
         cut = max(1, case.seq // 2 - 1)
         first, state = call(replace(case, seq=cut, relation=None), part(tensors, 0, cut, 1), h0)
@@ -123,6 +129,37 @@ def check(family: str, kernel: Kernel, case: LinearCase, prepared: Any, device: 
     def timed_call() -> Any:
         return kernel.fn(*values.laid_out(case.layout, tensors, HEAD_AXIS, 1), scale=case.scale,
                          **call_kwargs(replace(case, relation=None), h0, device))
+
+    return Checked(timed_call, ratios)
+
+
+def _inference(call: Any, label: str, case: LinearCase, prepared: Any, whole: Any, whole_state: Any) -> Checked:
+    """The ``inference`` relation: the forward under ``torch.no_grad()`` and under
+    ``torch.inference_mode()``, each on its own copies of the inputs (which ``call`` checks it
+    leaves as they were: a kernel that writes the final state into the caller's initial state on
+    the inference path fails there), against the grad-mode call ``whole`` (and its final state)."""
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+
+    sub = replace(case, relation=None)
+    out_slices = [(f"b={b} h={h}", (b, slice(None), h)) for b in range(case.batch) for h in range(case.heads)]
+    state_slices = [(f"b={b} h={h}", (b, h)) for b in range(case.sequences) for h in range(case.heads)]
+    ratios = {"out": 0.0}
+    for mode, named in ((torch.no_grad, "torch.no_grad()"), (torch.inference_mode, "torch.inference_mode()")):
+        tensors, h0 = prepared.split(tuple(x.detach().clone() for x in prepared.inputs))
+        try:
+            with mode():
+                out, state = call(sub, tensors, h0)
+        except CheckFailed as exc:
+            raise CheckFailed(f"{label}, under {named}: {exc}", exc.ratio) from None
+        where = f"{label} under {named} against its grad-mode call"
+        ratios["out"] = max(ratios["out"], _compare(where, "out", out.clone(), whole, out_slices, case.dtype))
+        if state is not None and whole_state is not None:
+            ratios["ht"] = max(ratios.get("ht", 0.0),
+                               _compare(where, "final state", state.clone(), whole_state, state_slices, case.dtype))
+    tensors, h0 = prepared.split(own_copies(prepared.inputs))
+
+    def timed_call() -> Any:
+        return call(sub, tensors, h0)
 
     return Checked(timed_call, ratios)
 
