@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from pytest_attnperf.families.checks import PRECISION, CheckFailed, returned_pair, where
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax.reference import masked_scores
 
-__all__ = ["AXES", "LSE_BLOCK", "LSE_FACTOR", "MASKS", "call_kwargs", "check_empty_rows", "check_lse", "draw_mask",
-           "lse_bound", "returned"]
+__all__ = ["AXES", "LSE_BLOCK", "LSE_FACTOR", "MASKS", "MaskMaker", "call_kwargs", "check_empty_rows", "check_lse",
+           "draw_mask", "lse_bound", "register_mask", "returned"]
 
 AXES = ("lse", "q-gt-k", "v-dim", "mask")
 """The softmax family's optional call axes (``Kernel.axes``)."""
@@ -32,7 +33,25 @@ MASKS = {
                     "every query of the last head of the last batch entry)",
     "alibi": "additive float [1, H, Tq, Tk] in the inputs' dtype: -slope_h |i - j| (ALiBi's per-head slopes)",
 }
-"""The explicit masks a case may carry (``SoftmaxCase.mask``)."""
+"""The explicit masks a case may carry (``SoftmaxCase.mask``); a project adds its own (``register_mask``)."""
+
+MaskMaker = Callable[[Any, Any], Any]
+"""A project's mask: ``make(case, generator)`` -> a boolean (True: visible) or floating (additive)
+CPU tensor broadcastable to ``[B, H, Tq, Tk]``, from ``case``'s sizes and the CPU generator seeded by
+the case's id (the same mask for every kernel and direction)."""
+_MADE: dict[str, MaskMaker] = {}
+
+
+def register_mask(name: str, description: str, make: MaskMaker) -> None:
+    """Add a mask a case may name (``SoftmaxCase(..., mask=name)``), made by ``make`` (``MaskMaker``):
+    a project's own pattern (documents packed together, a block-sparse layout, a score bias) checked
+    and timed as the built-in masks are. A name already taken by another maker is a ``ValueError``;
+    the same maker again is a no-op (a conftest.py imported in every pytest-xdist worker)."""
+    if not name or not callable(make):
+        raise ValueError(f"register_mask needs a name and a callable maker (got {name!r}, {make!r})")
+    if name in MASKS and _MADE.get(name) is not make:
+        raise ValueError(f"a mask named {name!r} is registered already ({MASKS[name]})")
+    MASKS[name], _MADE[name] = description, make
 
 LSE_FACTOR = 2.0  # the rule's factor over a correct kernel's worst rounding, as the output's (checks.FACTOR)
 LSE_BLOCK = 64  # keys per block of a flash-style sum: a tree inside a block, a running sum across blocks
@@ -87,7 +106,30 @@ def draw_mask(case: Any, device: Any, dtype: Any) -> Any:
         i = torch.arange(seq)[:, None] + (keys - seq)
         j = torch.arange(keys)[None, :]
         return (-slopes[:, None, None] * (i - j).abs()).to(dtype)[None].to(device)
+    if kind in _MADE:
+        return _made(kind, case, gen, (batch, heads, seq, keys), device, dtype)
     raise ValueError(f"no mask {kind!r} (known: {', '.join(MASKS)})")
+
+
+def _made(kind: str, case: Any, gen: Any, shape: tuple[int, ...], device: Any, dtype: Any) -> Any:
+    """A project's mask ``kind`` for ``case``: boolean as made, floating in the inputs' dtype; a
+    maker that raises or makes something else fails naming the mask and what it made."""
+    import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
+
+    try:
+        mask = _MADE[kind](case, gen)
+    except Exception as exc:
+        raise CheckFailed(f"the mask {kind!r}'s maker raised on {case.id}: {type(exc).__name__}: {exc}") from exc
+    made = f"a {type(mask).__name__}" if not isinstance(mask, torch.Tensor) else \
+        f"a tensor of shape {tuple(mask.shape)}, {mask.dtype}"
+    ok = isinstance(mask, torch.Tensor) and (mask.dtype == torch.bool or mask.is_floating_point())
+    if ok:  # broadcastable: at most 4 axes, each from the right 1 or the case's
+        dims = tuple(mask.shape)
+        ok = len(dims) <= 4 and all(d in (1, t) for d, t in zip(dims[::-1], shape[::-1], strict=False))
+    if not ok:
+        raise CheckFailed(f"the mask {kind!r} on {case.id}: its maker made {made}; a mask is a boolean (True: "
+                          f"visible) or floating (additive) tensor broadcastable to [B, H, Tq, Tk] = {list(shape)}")
+    return (mask if mask.dtype == torch.bool else mask.to(dtype)).to(device)
 
 
 def lse_bound(q: Any, k: Any, opts: dict[str, Any], mask: Any, lse: Any, dtype: str) -> Any:
