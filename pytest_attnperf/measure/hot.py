@@ -22,7 +22,9 @@ class Varied:
     none the draw's own), and before the last call put back as the replay found them. So no two
     calls of a sample read the same contents (a cache the kernel keeps on the device, comparing
     its inputs with the last call's, misses on every call), and the last call reads the draw's
-    own contents, which the checks after sampling hold its result to. docs/measurement.md,
+    own contents, which the checks after sampling hold its result to. A captured graph holds the
+    raw addresses of ``saved`` and of each table, not the tensors: the object keeps them
+    (``tables``), and whoever replays the graphs keeps the object for as long. docs/measurement.md,
     "Hot mode", gives what it costs."""
 
     def __init__(self, x: Any) -> None:
@@ -35,6 +37,13 @@ class Varied:
         # distinct values of the input's dtype in [-2, 2], as fp32: width 2 gives len(values)**2 rows
         self.values = torch.unique(torch.linspace(-2, 2, 4096).to(x.dtype).float())
         self.dtype, self.device = x.dtype, x.device
+        self.tables: list[Any] = []  # every table a graph was captured over: its memory is the graph's
+
+    def distinct(self, calls: int) -> int:
+        """How many distinct contents the ``calls`` calls of one replay read: each its own, while the
+        dtype has values enough for the rows (``table``)."""
+        rows: int = len(self.values) ** self.width
+        return min(calls, rows)
 
     @classmethod
     def of(cls, x: Any) -> Varied | None:
@@ -59,6 +68,7 @@ class Varied:
     def around(self, fn: Callable[[], Any], calls: int) -> Callable[[], None]:
         """``calls`` calls of ``fn``, each after its overwrite, to capture as one graph."""
         table = self.table(max(calls - 1, 1))
+        self.tables.append(table)
 
         def body() -> None:
             self.saved.copy_(self.view)

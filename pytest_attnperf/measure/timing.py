@@ -241,7 +241,7 @@ class CudaTimer:
             notes.append(f"no timing events inside the graph ({failure}); events around the replay "
                          "instead, the graph's launch included")
         calls, replays_per = 1, 1  # calls per sample; replays of the graph per sample
-        copies_ms, copies = 0.0, None  # hot mode's varying, per call, and its graph alone
+        copies_ms, copies, varied = 0.0, None, None  # hot mode's varying: per call, its graph alone, the object
         if graph is not None and plan.mode == "hot":
             # calls per graph from the device time of one replay, not the eager (host) time
             one_call, kept = graph, replays.results.get(1)
@@ -252,12 +252,17 @@ class CudaTimer:
                 replays.results[1] = kept
             notes.extend([note] if note else [])
             if varied is not None and replays_per == 1 and calls > 1:
-                copies, _ = _capture(varied.around(_nothing, calls), 1)
+                copies, why = _capture(varied.around(_nothing, calls), 1)
+                read = (f"each of a hot sample's {calls} calls read contents no other call of the sample read"
+                        if varied.distinct(calls) >= calls else
+                        f"a hot sample's {calls} calls read {varied.distinct(calls)} distinct contents")
                 if copies is not None:
                     copies_ms = _time_replay(copies.replay) / calls
-                    notes.append(f"each of a hot sample's {calls} calls read contents no other call of the sample read "
-                                 f"({varied.width} elements of {varied.name} overwritten before each; the copies "
-                                 f"alone, {copies_ms * 1e3:.2f} us a call, subtracted)")
+                    notes.append(f"{read} ({varied.width} elements of {varied.name} overwritten before each; the "
+                                 f"copies alone, {copies_ms * 1e3:.2f} us a call, subtracted)")
+                else:
+                    notes.append(f"{read} ({varied.width} elements of {varied.name} overwritten before each; the "
+                                 f"copies' own graph failed ({why}), so their time is in the samples)")
             elif replays_per == 1 and calls > 1:
                 notes.append(f"a hot sample's {calls} calls read the same contents (the callable gives no input "
                              "to vary between them)")
@@ -294,6 +299,7 @@ class CudaTimer:
         sampler.graphed, sampler.calls_per_replay = graph is not None, calls // replays_per
         sampler.keeps_results = graph is not None  # eager calls timed bare: their results are not kept
         sampler.harness_replay = copies.replay if copies is not None else None
+        sampler.keeps = varied  # the graphs read its tables and write its saved elements: alive while they are
         return sampler, clock, calls
 
     @staticmethod
@@ -357,6 +363,7 @@ class Sampler:
         # a replay of what the harness put into the timed graph besides the calls (hot mode's
         # varying), for the inventory to leave out
         self.harness_replay: Callable[[], Any] | None = None
+        self.keeps: Any = None  # what the graphs read or write besides the draws (hot mode's Varied)
 
     @property
     def graphs(self) -> int:

@@ -12,6 +12,8 @@ captured Python again.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +53,7 @@ def test_a_cache_kept_across_a_hot_replay_records_what_its_honest_twin_records(g
     assert honest.calls_per_sample == 25  # the cache's sizing replay hit: 64 calls, the most for 0 ms
     every_call = pytest.approx([gpu.ms_per_call] * HOT.max_samples, rel=1e-9)  # the fake clock sums floats
     assert list(honest.samples_ms) == every_call
-    assert list(cached.samples_ms) == every_call  # one pattern a replay: 0.02 / 64 a call
+    assert list(cached.samples_ms) == every_call  # on one pattern a replay it recorded 0.02 / 64 ms a call
     assert (cached.verified, cached.bitwise) == (2, True)
     assert any(f"each of a hot sample's {cached.calls_per_sample} calls read contents no other call of the sample "
                "read (2 elements of (2, 4, 64, 16) float32 overwritten before each; the copies alone, 0.00 us a call, "
@@ -128,3 +130,28 @@ def test_the_copies_kernels_are_left_out_of_the_inventory() -> None:
     without = inventory.take(lambda fn: graphs[fn()], harness, lambda: "timed", lambda: "eager",
                              holds_flush=False, calls=4)
     assert without.kernels == {"copy": 2, "flash_fwd": 1}  # 5 copies over 4 calls, rounded up
+
+
+def test_the_tables_and_the_saved_elements_live_as_long_as_the_graphs(gpu: kit.FakeGpu) -> None:
+    """A CUDA graph holds raw addresses, not tensors: the varying keeps every table it captured a
+    graph over, and the sampler keeps the varying, so no replay reads or writes freed memory."""
+    from pytest_attnperf.measure.verify import Replays
+
+    replays = Replays(timed(OnGpu(gpu, Honest(Clock()))))
+    sampler, clock, calls = CudaTimer(kit.H200)._sampler(replays, HOT, [])
+    varied = sampler.keeps
+    assert isinstance(varied, Varied)
+    assert len(varied.tables) == 2  # the timed graph's and the copies' own
+    assert all(table.shape == (calls - 1, 2) for table in varied.tables)
+    tables = [weakref.ref(table) for table in varied.tables]
+    del varied
+    gc.collect()
+    assert all(table() is not None for table in tables)
+    replays.release()
+
+
+@pytest.mark.parametrize(("dtype", "shape", "calls", "distinct"), [
+    (torch.bfloat16, (4, 2), 2560, 2560), (torch.bfloat16, (4, 1), 2560, 1280), (torch.float32, (), 2560, 2560)])
+def test_the_distinct_contents_a_replay_reads(dtype: torch.dtype, shape: tuple[int, ...], calls: int,
+                                              distinct: int) -> None:
+    assert Varied(torch.zeros(shape, dtype=dtype)).distinct(calls) == distinct
