@@ -1,9 +1,9 @@
 """Metamorphic relations of the linear families: checks between a kernel's own calls that need no
 reference, each a named check (a catalogue row's ``relation``; forward calls only):
-``split-state`` (needs ``state``), ``packed-loop`` (needs ``varlen``), ``batch-split`` and
-``inference`` (every kernel: the grad-mode call on inputs that require grad against calls under
-``torch.no_grad()`` and ``torch.inference_mode()``, each of which must leave its inputs, the
-initial state among them, as they were).
+``split-state`` (needs ``state``), ``packed-loop`` (needs ``varlen``), ``batch-split`` (every
+kernel) and ``inference`` (its row carries a state: the grad-mode call on inputs that require
+grad against calls under ``torch.no_grad()`` and ``torch.inference_mode()``, each of which must
+leave its inputs, the initial state among them, as they were).
 
 The rule: each side is within ``OUT_UNITS`` unit roundoffs of the exact answer normwise
 (``families.linear.rule``), so the two differ by at most twice that, judged on each sequence (or
@@ -92,7 +92,7 @@ def check(family: str, kernel: Kernel, case: LinearCase, prepared: Any, device: 
     whole, whole_state = call(replace(case, relation=None), tensors, h0)
     heads = range(case.heads)
     if relation == "inference":
-        return _inference(call, label, case, prepared, whole, whole_state)
+        return _inference(kernel, call, label, case, prepared, whole, whole_state)
     if relation == "split-state":
         cut = max(1, case.seq // 2 - 1)
         first, state = call(replace(case, seq=cut, relation=None), part(tensors, 0, cut, 1), h0)
@@ -133,7 +133,8 @@ def check(family: str, kernel: Kernel, case: LinearCase, prepared: Any, device: 
     return Checked(timed_call, ratios)
 
 
-def _inference(call: Any, label: str, case: LinearCase, prepared: Any, whole: Any, whole_state: Any) -> Checked:
+def _inference(kernel: Kernel, call: Any, label: str, case: LinearCase, prepared: Any, whole: Any,
+               whole_state: Any) -> Checked:
     """The ``inference`` relation: the forward under ``torch.no_grad()`` and under
     ``torch.inference_mode()``, each on its own copies of the inputs (which ``call`` checks it
     leaves as they were: a kernel that writes the final state into the caller's initial state on
@@ -157,9 +158,11 @@ def _inference(call: Any, label: str, case: LinearCase, prepared: Any, whole: An
             ratios["ht"] = max(ratios.get("ht", 0.0),
                                _compare(where, "final state", state.clone(), whole_state, state_slices, case.dtype))
     tensors, h0 = prepared.split(own_copies(prepared.inputs))
+    device = tensors[0].device
 
     def timed_call() -> Any:
-        return call(sub, tensors, h0)
+        return kernel.fn(*values.laid_out(case.layout, tensors, HEAD_AXIS, 1), scale=case.scale,
+                         **call_kwargs(sub, h0, device))
 
     return Checked(timed_call, ratios)
 
