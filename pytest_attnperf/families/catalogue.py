@@ -150,6 +150,8 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(3, 4, 1, 32, kv_heads=2, kv_seq=32, cache="paged", page=8, lengths=(9, 0, 23)),
               ("paged", "kv-cache", "cache-ragged", "gqa"), "smoke")
     yield Row(S(2, 2, 3, 32, kv_seq=32, cache="paged", page=4, lengths=(7, 2)), ("paged", "kv-cache"), "smoke")
+    yield Row(S(2, 4, 2, 32, kv_heads=2, kv_seq=32, lse=True, cache="paged", page=8, lengths=(0, 21)),
+              ("paged", "kv-cache", "lse"), "smoke")  # a decode step's LSE, as split-KV and cascade merges read it
     # full: the rest of each class
     for t in (2, 15, 63, 127, 129, 255, 257, 263):
         yield Row(S(2, 2, t, 32), ("tile-edge",) + (("tiny-seq",) if t <= 2 else ()))
@@ -195,6 +197,8 @@ def softmax_rows() -> Iterator[Row]:
     yield Row(S(4, 2, 16, 32, "fp16", kv_seq=160, cache="append", lengths=(0, 47, 1, 144)),
               ("kv-cache", "cache-ragged", "low-precision"))
     yield Row(S(2, 2, 4, 32, causal=False, kv_seq=64, cache="append", lengths=(30, 1)), ("kv-cache", "cache-ragged"))
+    yield Row(S(3, 4, 1, 64, "bf16", kv_heads=1, kv_seq=96, lse=True, cache="append", lengths=(1, 0, 95)),
+              ("kv-cache", "cache-ragged", "lse", "mqa", "low-precision"))
     yield Row(S(2, 2, 4, 32, window=8, kv_seq=64, cache="append", lengths=(30, 3)), ("kv-cache", "window-edge"))
     yield Row(S(4, 4, 1, 64, "bf16", kv_heads=2, kv_seq=128, cache="paged", page=16, lengths=(0, 15, 16, 127)),
               ("paged", "kv-cache", "cache-ragged", "gqa", "low-precision"))

@@ -27,7 +27,7 @@ from pytest_attnperf.families.registry import Kernel, KernelRegistry
 __all__ = ["AXES", "BUGS", "PAIRS", "Pair", "attention", "pytest_attnperf_register_kernels", "register",
            "register_order", "stateful", "stateless", "twin"]
 
-AXES = ("kv-cache", "paged")
+AXES = ("kv-cache", "paged", "lse")
 ASSUMED_PAGE = 16  # the page size the page-size bug assumes
 TILE = 16  # keys per tile of the stateful kernel's cached launch
 
@@ -35,6 +35,13 @@ TILE = 16  # keys per tile of the stateful kernel's cached launch
 def _plain(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window: int | None,
            visible_keys: int | None = None) -> Tensor:
     """Softmax attention in the inputs' dtype, causal lower-right; keys past ``visible_keys`` dropped."""
+    return _with_lse(q, k, v, causal, scale, window, visible_keys)[0]
+
+
+def _with_lse(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window: int | None,
+              visible_keys: int | None = None, lse_keys: int | None = None) -> tuple[Tensor, Tensor]:
+    """``_plain`` and its log-sum-exp (float32 ``[B, H, Tq]``, -inf for a row that sees no key) over
+    the keys before ``lse_keys`` (None: the same keys as the output's)."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -49,7 +56,9 @@ def _plain(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window: 
     scores = scores.masked_fill(~visible, float("-inf"))
     empty = torch.isneginf(scores).all(-1, keepdim=True)
     p = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-    return torch.matmul(p, v)
+    seen = scores if lse_keys is None else scores.masked_fill(torch.arange(tk, device=q.device) >= lse_keys,
+                                                              float("-inf"))
+    return torch.matmul(p, v), torch.logsumexp(seen.float(), dim=-1)
 
 
 def _slots(table: Tensor | None, b: int, start: int, count: int, page: int, bug: str | None,
@@ -74,13 +83,14 @@ def _slots(table: Tensor | None, b: int, start: int, count: int, page: int, bug:
 
 
 def _cached(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window: int | None, k_cache: Tensor,
-            v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None, bug: str | None) -> Tensor:
+            v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None, bug: str | None,
+            return_lse: bool = False) -> Any:
     batch, new = q.shape[0], q.shape[2]
     lengths = [int(n) for n in cache_seqlens.tolist()]
     if bug == "seqlens-of-request-0":  # every request's length read from the first request's
         lengths = [lengths[0]] * batch
     page = k_cache.shape[1] if block_table is not None else 0
-    outs = []
+    outs, lses = [], []
     for b, held in enumerate(lengths):
         start = held + 1 if bug == "write-past-seqlens" else 0 if bug == "write-at-zero" else held
         pages, slots = _slots(block_table, b, start, new, page, bug, batch)
@@ -96,16 +106,20 @@ def _cached(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window:
             keys, values = k_cache[b : b + 1, :, slots], v_cache[b : b + 1, :, slots]
         else:
             keys, values = k_cache[pages, slots].transpose(0, 1)[None], v_cache[pages, slots].transpose(0, 1)[None]
-        outs.append(_plain(q[b : b + 1], keys, values, causal, scale, window))
-    return torch.cat(outs)
+        lse_keys = held if bug == "lse-of-cached-prefix" else None  # the new tokens left out of the sum
+        out, lse = _with_lse(q[b : b + 1], keys, values, causal, scale, window, lse_keys=lse_keys)
+        outs.append(out)
+        lses.append(lse)
+    return (torch.cat(outs), torch.cat(lses)) if return_lse else torch.cat(outs)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, window: int | None = None,
               k_cache: Tensor | None = None, v_cache: Tensor | None = None, cache_seqlens: Tensor | None = None,
-              block_table: Tensor | None = None, bug: str | None = None) -> Tensor:
-    """Softmax attention (with a KV cache where the call carries one) with ``bug`` planted (None: correct)."""
+              block_table: Tensor | None = None, bug: str | None = None, return_lse: bool = False) -> Any:
+    """Softmax attention (with a KV cache where the call carries one) with ``bug`` planted (None:
+    correct); with ``return_lse`` (a cache call), ``(out, lse)``."""
     if cache_seqlens is not None and k_cache is not None and v_cache is not None:
-        return _cached(q, k, v, causal, scale, window, k_cache, v_cache, cache_seqlens, block_table, bug)
+        return _cached(q, k, v, causal, scale, window, k_cache, v_cache, cache_seqlens, block_table, bug, return_lse)
     if bug == "batch-mixing" and q.shape[0] > 1:  # every entry but the first reads the previous entry's values
         v = torch.cat([v[:1], v[:-1]])
     return _plain(q, k, v, causal, scale, window)
@@ -181,6 +195,7 @@ _CHUNK = "cat-b2-h2-t3-k24-d32-causal-fp32-append-lens1x20"
 _PAGED = "cat-b3-h4-kv2-t1-k32-d32-causal-fp32-paged8-lens9x0x23"
 _PAGED_CHUNK = "cat-b2-h2-t3-k32-d32-causal-fp32-paged4-lens7x2"
 _SPLIT = "cat-b4-h2-t20-d32-causal-fp32-rel-batch-split"
+_PAGED_LSE = "cat-b2-h4-kv2-t2-k32-d32-causal-fp32-lse-paged8-lens0x21"
 
 BUGS = {
     "write-past-seqlens": "Writes the new tokens one slot late, at cache_seqlens + 1.",
@@ -191,6 +206,8 @@ BUGS = {
     "page-size-16": "Assumes pages of 16 slots whatever the pool's page size.",
     "reads-next-request-page": "Reads a request's last page from the next request's row of the block table.",
     "batch-mixing": "Reads the previous batch entry's values for every entry but the first.",
+    "lse-of-cached-prefix": "Returns the log-sum-exp over the cached prefix alone, the new tokens' keys left out "
+                            "(a split-KV merge's partial taken for the whole).",
 }
 """Each bug, as its wrong kernel's docstring says it."""
 
@@ -203,6 +220,7 @@ _TABLE: tuple[tuple[str, str, str], ...] = (
     ("page-size-16", "paged", _PAGED),
     ("reads-next-request-page", "paged", _PAGED_CHUNK),
     ("batch-mixing", "batch-split", _SPLIT),
+    ("lse-of-cached-prefix", "kv-cache", _PAGED_LSE),
 )
 
 PAIRS = tuple(Pair(name, cls, row, BUGS[name]) for name, cls, row in _TABLE)

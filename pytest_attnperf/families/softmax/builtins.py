@@ -25,7 +25,8 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | No
     if window is not None:
         raise ValueError("plain SDPA has no sliding window")
     if cache:
-        return paging.attend(sdpa, q, k, v, causal=causal, scale=scale, window=window, **cache)
+        return paging.attend(sdpa, q, k, v, causal=causal, scale=scale, window=window, return_lse=return_lse,
+                             **cache)
     if return_lse:
         return sdpa_lse(q, k, v, causal=causal, scale=scale, attn_mask=attn_mask)
     gqa = q.shape[1] != k.shape[1]

@@ -19,6 +19,7 @@ from pytest_attnperf.families.checks import Answer, Checked, CheckFailed, call_c
 from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import paging
+from pytest_attnperf.families.softmax.axes import check_lse, lse_bound, returned
 from pytest_attnperf.families.softmax.kernels import HEAD_AXIS, SoftmaxCase, check_tensor, naive
 from pytest_attnperf.families.softmax.recompute import further, recomputed_output
 from pytest_attnperf.families.softmax.reference import softmax_attention as reference
@@ -47,6 +48,8 @@ class Drawn:
     reference: Any  # fp64 out [B, H, Tq, D]
     yardstick: Any  # the same in the case's dtype (``naive``, and the flash-style emulation's further)
     opts: dict[str, Any]
+    lse: Any = None  # with the lse axis: fp64 [B, H, Tq] over each request's positions
+    lse_allowed: Any = None  # and each row's bound (``axes.lse_bound``)
 
     def keywords(self) -> dict[str, Any]:
         """The call's cache keywords, each a new copy (a kernel writes into the caches)."""
@@ -102,19 +105,23 @@ def draw(case: SoftmaxCase, device: Any, seed: int = 0) -> Drawn:
             v_cache[table[b].long()] = v_rows[b].transpose(0, 1).reshape(per_request, page, kv_heads, dim)
     expected_k, expected_v = expected_caches(k_cache, v_cache, k, v, seqlens, table)
     opts: dict[str, Any] = {"causal": case.causal, "scale": case.scale, "window": case.window}
-    references, yardsticks = [], []
+    references, yardsticks, lses, allowed = [], [], [], []
     with exact_fp32():
         for b, n in enumerate(lengths):
             keys = paging.gather(expected_k, b, n + tq, table)
             values = paging.gather(expected_v, b, n + tq, table)
-            exact = reference(q[b : b + 1], keys, values, **opts)
+            exact, lse = reference(q[b : b + 1], keys, values, **opts, return_lse=True)
             mine = naive(q[b : b + 1], keys, values, **opts)
             references.append(exact)
             yardsticks.append(further(mine, recomputed_output(q[b : b + 1], keys, values, opts, exact), exact))
+            if case.lse:
+                lses.append(lse)
+                allowed.append(lse_bound(q[b : b + 1], keys, opts, None, lse, case.dtype))
     q, k, v, k_cache, v_cache, seqlens, expected_k, expected_v = (
         x.to(device) for x in (q, k, v, k_cache, v_cache, seqlens, expected_k, expected_v))
     found = Drawn(q, k, v, k_cache, v_cache, seqlens, None if table is None else table.to(device), expected_k,
-                  expected_v, torch.cat(references).to(device), torch.cat(yardsticks).to(device), opts)
+                  expected_v, torch.cat(references).to(device), torch.cat(yardsticks).to(device), opts,
+                  torch.cat(lses).to(device) if lses else None, torch.cat(allowed).to(device) if allowed else None)
     _last[key] = found
     return found
 
@@ -190,18 +197,25 @@ def check(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: 
     names = "q, k, v, cache_seqlens" + (", block_table" if len(fixed) > 1 else "")
     shape = (case.batch, case.heads, case.seq, case.n_head_dim_v)
 
-    def run() -> Any:
-        out = plain(kernel, kernel.fn(*inputs, **d.opts, **keywords))
-        expect_tensor(kernel.name, out, shape, d.q.dtype, d.q.device)
-        return out
+    lse_keyword = {"return_lse": True} if case.lse else {}
 
-    out = call_checked(kernel, run, names, inputs + fixed, device).detach()
+    def run() -> Any:
+        out, lse = returned(kernel, kernel.fn(*inputs, **d.opts, **keywords, **lse_keyword), case, shape,
+                            d.q.dtype, d.q.device, True)
+        expect_tensor(kernel.name, out, shape, d.q.dtype, d.q.device)
+        return out, lse
+
+    out, lse = call_checked(kernel, run, names, inputs + fixed, device)
+    out = out.detach()
     ratio = check_tensor(f"{kernel.name} out", "out", out, d.reference, d.yardstick, case.dtype, kernel.tf32)
+    ratios = {"out": ratio}
+    if case.lse:  # every row sees a key (its request's new tokens): none is -inf
+        ratios["lse"] = check_lse(f"{kernel.name} lse", lse.detach(), d.lse, d.lse_allowed)
     _check_cache(kernel, case, "k_cache", caches["k_cache"], d.expected_k, d.k_cache, d.block_table)
     _check_cache(kernel, case, "v_cache", caches["v_cache"], d.expected_v, d.v_cache, d.block_table)
 
     return Checked(_timed(kernel, case, d, inputs + (caches["k_cache"], caches["v_cache"]), fixed, out, seed),
-                   {"out": ratio})
+                   ratios)
 
 
 def _timed(kernel: Kernel, case: SoftmaxCase, d: Drawn, inputs: tuple[Any, ...], fixed: tuple[Any, ...], out: Any,
@@ -216,8 +230,10 @@ def _timed(kernel: Kernel, case: SoftmaxCase, d: Drawn, inputs: tuple[Any, ...],
     def run_on(xs: tuple[Any, ...], grad_out: Any) -> Any:
         q, k, v, k_cache, v_cache = xs
         keywords = {"k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": fixed[0],
-                    **({"block_table": fixed[1]} if len(fixed) > 1 else {})}
-        return (plain(kernel, kernel.fn(q, k, v, **d.opts, **keywords)),)
+                    **({"block_table": fixed[1]} if len(fixed) > 1 else {}),
+                    **({"return_lse": True} if case.lse else {})}
+        result = kernel.fn(q, k, v, **d.opts, **keywords)
+        return (plain(kernel, result[0] if case.lse else result),)  # the LSE is checked on the checked call
 
     answer = Answer(("out",), (out,), (d.reference,), (d.yardstick,), lambda: run_on(inputs, None), run_on=run_on,
                     inputs=inputs, input_names=("q", "k", "v", "k_cache", "v_cache"))

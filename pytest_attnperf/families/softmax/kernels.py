@@ -143,7 +143,8 @@ def naive(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | N
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     if cache:
-        return paging.attend(naive, q, k, v, causal=causal, scale=scale, window=window, **cache)
+        return paging.attend(naive, q, k, v, causal=causal, scale=scale, window=window, return_lse=return_lse,
+                             **cache)
 
     group = q.shape[1] // k.shape[1]
     if group > 1:
@@ -454,7 +455,8 @@ def check_case(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, s
 
     A case with call axes (``families.softmax.axes``) is held first to the rule for rows with no
     visible key (output 0, LSE -inf), its ``lse`` to ``axes.lse_bound``; it is timed with its
-    timed draws where its axes allow (``DRAWN_AXES``), else unchecked; a ``relation`` row checks
+    timed draws (``DRAWN_AXES``; a masked case's of signs only, ``SIGNED_AXES``; a KV-cache case's are
+    ``families.softmax.cache``'s); a ``relation`` row checks
     its metamorphic relation instead of the reference; an
     ``inference`` case's forward is also called under ``torch.inference_mode()``
     (``families.softmax.relations``)."""

@@ -58,19 +58,22 @@ def gather(cache: Any, b: int, count: int, block_table: Any = None) -> Any:
 
 
 def attend(fn: Callable[..., Any], q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: int | None,
-           k_cache: Any, v_cache: Any, cache_seqlens: Any, block_table: Any = None) -> Any:
+           k_cache: Any, v_cache: Any, cache_seqlens: Any, block_table: Any = None, return_lse: bool = False) -> Any:
     """A cache call made of a plain attention ``fn(q, k, v, *, causal, scale, window)``: the new
     tokens written (``write``), then ``fn`` on each request's gathered keys (``gather``), the
-    outputs stacked over the batch."""
+    outputs stacked over the batch; with ``return_lse``, ``fn``'s ``(out, lse)`` each stacked."""
     import torch  # noqa: PLC0415 - torch loads on first use, not at the plugin's start-up
 
     write(k_cache, v_cache, k, v, cache_seqlens, block_table)
-    outs = []
+    found = []
     for b, held in enumerate(int(n) for n in cache_seqlens.tolist()):
         count = held + q.shape[2]
         keys, values = gather(k_cache, b, count, block_table), gather(v_cache, b, count, block_table)
-        outs.append(fn(q[b : b + 1], keys, values, causal=causal, scale=scale, window=window))
-    return torch.cat(outs, dim=0)
+        lse = {"return_lse": True} if return_lse else {}
+        found.append(fn(q[b : b + 1], keys, values, causal=causal, scale=scale, window=window, **lse))
+    if return_lse:
+        return torch.cat([out for out, _ in found], dim=0), torch.cat([lse for _, lse in found], dim=0)
+    return torch.cat(found, dim=0)
 
 
 CACHES = {
@@ -83,7 +86,7 @@ CACHES = {
 def refusal(case: Any) -> str | None:
     """Why no kernel can take a cache case (None when one can, or the case has no cache): an unknown
     cache, lengths that are not one per request or that overflow the cache, a paged case without a
-    page size, or another axis or check beside the cache (a cache call carries none)."""
+    page size, or another axis or check beside the cache (a cache call carries an LSE alone)."""
     if case.cache is None:
         return None
     if case.cache not in CACHES:
@@ -94,7 +97,7 @@ def refusal(case: Any) -> str | None:
                 f"{case.n_kv_seq} slots less the {case.seq} new tokens: {lengths}")
     if case.cache == "paged" and not (case.page_size and case.n_kv_seq % case.page_size == 0):
         return f"a paged case needs a page size dividing its {case.n_kv_seq} slots: {case.page_size}"
-    if case.lse or case.mask or case.relation or case.layout != "contiguous" or case.values != "normal" \
+    if case.mask or case.relation or case.layout != "contiguous" or case.values != "normal" \
             or case.n_head_dim_v != case.head_dim:
-        return "a cache call carries no other axis, layout, value regime or check between calls"
+        return "a cache call carries no other axis but lse, nor a layout, value regime or check between calls"
     return None
