@@ -24,7 +24,8 @@ class Varied:
     its inputs with the last call's, misses on every call), and the last call reads the draw's
     own contents, which the checks after sampling hold its result to. A captured graph holds the
     raw addresses of ``saved`` and of each table, not the tensors: the object keeps them
-    (``tables``), and whoever replays the graphs keeps the object for as long. docs/measurement.md,
+    (``tables``, one for each graph length, which the timed graph and the copies' own share), and
+    whoever replays the graphs keeps the object for as long. docs/measurement.md,
     "Hot mode", gives what it costs."""
 
     def __init__(self, x: Any) -> None:
@@ -37,7 +38,7 @@ class Varied:
         # distinct values of the input's dtype in [-2, 2], as fp32: width 2 gives len(values)**2 rows
         self.values = torch.unique(torch.linspace(-2, 2, 4096).to(x.dtype).float())
         self.dtype, self.device = x.dtype, x.device
-        self.tables: list[Any] = []  # every table a graph was captured over: its memory is the graph's
+        self.tables: dict[int, Any] = {}  # by calls: the table graphs of that many calls were captured over
 
     def distinct(self, calls: int) -> int:
         """How many distinct contents the ``calls`` calls of one replay read: each its own, while the
@@ -67,8 +68,9 @@ class Varied:
 
     def around(self, fn: Callable[[], Any], calls: int) -> Callable[[], None]:
         """``calls`` calls of ``fn``, each after its overwrite, to capture as one graph."""
-        table = self.table(max(calls - 1, 1))
-        self.tables.append(table)
+        if calls not in self.tables:
+            self.tables[calls] = self.table(max(calls - 1, 1))
+        table = self.tables[calls]
 
         def body() -> None:
             self.saved.copy_(self.view)

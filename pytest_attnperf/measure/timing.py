@@ -258,11 +258,9 @@ class CudaTimer:
                         f"a hot sample's {calls} calls read {varied.distinct(calls)} distinct contents")
                 if copies is not None:
                     copies_ms = _time_replay(copies.replay) / calls
-                    notes.append(f"{read} ({varied.width} elements of {varied.name} overwritten before each; the "
-                                 f"copies alone, {copies_ms * 1e3:.2f} us a call, subtracted)")
-                else:
-                    notes.append(f"{read} ({varied.width} elements of {varied.name} overwritten before each; the "
-                                 f"copies' own graph failed ({why}), so their time is in the samples)")
+                cost = (f"the copies alone, {copies_ms * 1e3:.2f} us a call, subtracted" if copies is not None else
+                        f"the copies' own graph failed ({why}), so their time is in the samples")
+                notes.append(f"{read} ({varied.width} elements of {varied.name} overwritten before each; {cost})")
             elif replays_per == 1 and calls > 1:
                 notes.append(f"a hot sample's {calls} calls read the same contents (the callable gives no input "
                              "to vary between them)")

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_attnperf.families.checks import Answer, Checked, CheckFailed, call_checked, expect_tensor, own_copies, plain
+from pytest_attnperf.families.checks import Answer, Checked, CheckFailed, call_checked, own_copies
 from pytest_attnperf.families.draws import timed
 from pytest_attnperf.families.registry import Kernel
 from pytest_attnperf.families.softmax import paging
@@ -50,14 +50,6 @@ class Drawn:
     opts: dict[str, Any]
     lse: Any = None  # with the lse axis: fp64 [B, H, Tq] over each request's positions
     lse_allowed: Any = None  # and each row's bound (``axes.lse_bound``)
-
-    def keywords(self) -> dict[str, Any]:
-        """The call's cache keywords, each a new copy (a kernel writes into the caches)."""
-        found = {"k_cache": self.k_cache.clone(), "v_cache": self.v_cache.clone(),
-                 "cache_seqlens": self.cache_seqlens.clone()}
-        if self.block_table is not None:
-            found["block_table"] = self.block_table.clone()
-        return found
 
 
 _last: dict[tuple[SoftmaxCase, str, int], Drawn] = {}
@@ -185,25 +177,21 @@ def _check_cache(kernel: Kernel, case: SoftmaxCase, name: str, got: Any, expecte
 
 
 def check(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: int = 0) -> Checked:
-    """Call ``kernel`` on the cache case and check its output and caches (the module's rule); a
-    ``checks.Checked`` with a fresh call to time (on fresh caches) and the output's worst ratio."""
+    """Call ``kernel`` on the cache case and check its output (and LSE) and caches (the module's
+    rule); a ``checks.Checked`` with the call to time on its timed draws (``_timed``) and the worst
+    ratios."""
     if direction != "fwd":
         raise CheckFailed(f"{case.id}: a cache call is a decode step, forward only")
     d = draw(case, device, seed)
     inputs = own_copies((d.q, d.k, d.v))
     fixed = (d.cache_seqlens.clone(),) + (() if d.block_table is None else (d.block_table.clone(),))
-    caches = d.keywords()
-    keywords = {**caches, "cache_seqlens": fixed[0], **({"block_table": fixed[1]} if len(fixed) > 1 else {})}
+    k_cache, v_cache = d.k_cache.clone(), d.v_cache.clone()  # the kernel's own: it writes into them
     names = "q, k, v, cache_seqlens" + (", block_table" if len(fixed) > 1 else "")
     shape = (case.batch, case.heads, case.seq, case.n_head_dim_v)
 
-    lse_keyword = {"return_lse": True} if case.lse else {}
-
     def run() -> Any:
-        out, lse = returned(kernel, kernel.fn(*inputs, **d.opts, **keywords, **lse_keyword), case, shape,
-                            d.q.dtype, d.q.device, True)
-        expect_tensor(kernel.name, out, shape, d.q.dtype, d.q.device)
-        return out, lse
+        result = kernel.fn(*inputs, **d.opts, **_keywords(case, k_cache, v_cache, fixed))
+        return returned(kernel, result, case, shape, d.q.dtype, d.q.device, True)
 
     out, lse = call_checked(kernel, run, names, inputs + fixed, device)
     out = out.detach()
@@ -211,15 +199,21 @@ def check(kernel: Kernel, case: SoftmaxCase, direction: str, device: Any, seed: 
     ratios = {"out": ratio}
     if case.lse:  # every row sees a key (its request's new tokens): none is -inf
         ratios["lse"] = check_lse(f"{kernel.name} lse", lse.detach(), d.lse, d.lse_allowed)
-    _check_cache(kernel, case, "k_cache", caches["k_cache"], d.expected_k, d.k_cache, d.block_table)
-    _check_cache(kernel, case, "v_cache", caches["v_cache"], d.expected_v, d.v_cache, d.block_table)
+    _check_cache(kernel, case, "k_cache", k_cache, d.expected_k, d.k_cache, d.block_table)
+    _check_cache(kernel, case, "v_cache", v_cache, d.expected_v, d.v_cache, d.block_table)
 
-    return Checked(_timed(kernel, case, d, inputs + (caches["k_cache"], caches["v_cache"]), fixed, out, seed),
-                   ratios)
+    return Checked(_timed(kernel, case, d, inputs + (k_cache, v_cache), fixed, out, shape, seed), ratios)
+
+
+def _keywords(case: SoftmaxCase, k_cache: Any, v_cache: Any, fixed: tuple[Any, ...]) -> dict[str, Any]:
+    """A cache call's keywords: the caches, the lengths and block table (``fixed``), and
+    ``return_lse`` with the lse axis."""
+    return {"k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": fixed[0],
+            **({"block_table": fixed[1]} if len(fixed) > 1 else {}), **({"return_lse": True} if case.lse else {})}
 
 
 def _timed(kernel: Kernel, case: SoftmaxCase, d: Drawn, inputs: tuple[Any, ...], fixed: tuple[Any, ...], out: Any,
-           seed: int) -> Any:
+           shape: tuple[int, ...], seed: int) -> Any:
     """The call to time, with its timed draws (``families.draws.Timed``): each draw holds its own
     ``q, k, v`` and caches (``inputs``: the checked call's, its caches as it left them), the
     lengths and block table fixed; a draw moves signs only (``v`` and ``v_cache`` negated and their
@@ -229,11 +223,8 @@ def _timed(kernel: Kernel, case: SoftmaxCase, d: Drawn, inputs: tuple[Any, ...],
 
     def run_on(xs: tuple[Any, ...], grad_out: Any) -> Any:
         q, k, v, k_cache, v_cache = xs
-        keywords = {"k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": fixed[0],
-                    **({"block_table": fixed[1]} if len(fixed) > 1 else {}),
-                    **({"return_lse": True} if case.lse else {})}
-        result = kernel.fn(q, k, v, **d.opts, **keywords)
-        return (plain(kernel, result[0] if case.lse else result),)  # the LSE is checked on the checked call
+        result = kernel.fn(q, k, v, **d.opts, **_keywords(case, k_cache, v_cache, fixed))
+        return returned(kernel, result, case, shape, q.dtype, q.device, False)[:1]  # the LSE: checked on draw 0
 
     answer = Answer(("out",), (out,), (d.reference,), (d.yardstick,), lambda: run_on(inputs, None), run_on=run_on,
                     inputs=inputs, input_names=("q", "k", "v", "k_cache", "v_cache"))
