@@ -6,6 +6,7 @@ that did it, named, and are undone before any check (or later case) runs with th
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,6 +86,29 @@ def test_an_operator_override_left_registered_fails_and_is_removed_before_the_re
     overridden = pytest.warns(UserWarning, match="Overriding a previously registered kernel")
     with overridden, pytest.raises(checks.CheckFailed, match="torch.library override aten/_softmax/CPU"):
         check(overrides)
+    x = torch.randn(5, dtype=torch.float64)
+    torch.testing.assert_close(torch.softmax(x, 0), torch.exp(x) / torch.exp(x).sum())
+
+
+def test_an_override_that_takes_the_place_of_a_removed_registration_is_caught() -> None:
+    """The registrations are read around every call and remembered between reads: a kernel that
+    removes one of its own and registers an override, their number unchanged, fails as well."""
+    spare = torch.library.Library("attnperf_spare", "DEF")  # type: ignore[no-untyped-call]
+    spare.define("same(Tensor x) -> Tensor")  # type: ignore[no-untyped-call]
+    spare.impl("same", lambda x: x, "CPU")  # type: ignore[no-untyped-call]
+
+    def swaps(q: Any, k: Any, v: Any, *, causal: bool, scale: float, window: Any = None) -> Any:
+        out = right(q, k, v, causal=causal, scale=scale)
+        spare._destroy()  # type: ignore[no-untyped-call]
+        lib = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
+        lib.impl("_softmax", lambda x, dim, half: torch.full_like(x, 0.5), "CPU")  # type: ignore[no-untyped-call]
+        KEPT.append(lib)
+        return out
+
+    with warnings.catch_warnings():  # torch says "Overriding ..." once a process, maybe above
+        warnings.simplefilter("ignore")
+        with pytest.raises(checks.CheckFailed, match="torch.library override aten/_softmax/CPU"):
+            check(swaps)
     x = torch.randn(5, dtype=torch.float64)
     torch.testing.assert_close(torch.softmax(x, 0), torch.exp(x) / torch.exp(x).sum())
 

@@ -181,14 +181,29 @@ VALUE_KEYS = frozenset({"CPU", "CUDA", "CompositeImplicitAutograd", "CompositeEx
 functionalization kernels, and kernels of operators of their own, mid-run: those are left alone)."""
 
 
+def _guarded(name: str) -> bool:
+    return name.startswith(GUARDED_NAMESPACES) and name.rsplit("/", 1)[-1] in VALUE_KEYS
+
+
+_last_impls: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+"""The registrations last read, whole, and the guarded ones among them: torch holds two thousand,
+and a case reads them around each call."""
+
+
 def _impls() -> frozenset[str]:
     """The value-computing kernels of ``aten`` operators registered through ``torch.library``
-    (``ns/op/dispatch key``)."""
+    (``ns/op/dispatch key``). Exact whatever changed since the last read: only the names not read
+    then are filtered, the ones gone are dropped."""
+    global _last_impls
     library = sys.modules.get("torch.library")
     if library is None:
         return frozenset()
-    return frozenset(name for name in getattr(library, "_impls", ())
-                     if name.startswith(GUARDED_NAMESPACES) and name.rsplit("/", 1)[-1] in VALUE_KEYS)
+    every = frozenset(getattr(library, "_impls", ()))
+    seen, guarded = _last_impls
+    if every != seen:
+        guarded = (guarded & every) | frozenset(filter(_guarded, every - seen))
+        _last_impls = (every, guarded)
+    return guarded
 
 
 def _saved_hooks() -> Any:
