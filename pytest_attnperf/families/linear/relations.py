@@ -5,11 +5,9 @@ kernel) and ``inference`` (its row carries a state: the grad-mode call on inputs
 grad against calls under ``torch.no_grad()`` and ``torch.inference_mode()``, each of which must
 leave its inputs, the initial state among them, as they were).
 
-The rule: each side is within ``OUT_UNITS`` unit roundoffs of the exact answer normwise
-(``families.linear.rule``), so the two differ by at most twice that, judged on each sequence (or
-batch entry) and head on its own, with one ulp per element of the slice's largest magnitude
-below it. docs/families.md, "Linear attention (LA, GLA, simple GLA, Gated DeltaNet)".
-"""
+The rule: each side within ``OUT_UNITS`` unit roundoffs of the exact answer normwise, the two
+differ by at most twice that per sequence (or batch entry) and head, with one ulp per element of the
+slice's largest magnitude below it (docs/families.md, "Linear attention (LA, GLA, simple GLA, Gated DeltaNet)")."""
 
 from __future__ import annotations
 
