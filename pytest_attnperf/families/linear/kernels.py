@@ -7,8 +7,7 @@ Inputs in fla's layout ``[B, T, H, D]``; every family reads out ``o = scale * S_
     simple_gla:  fn(q, k, v, g, *, scale) -> o              # g: [B, T, H] log decay, fp32
     gdn:         fn(q, k, v, g, beta, *, scale) -> o        # g, beta: [B, T, H]; q, k L2-normed
 
-Held to ``OUT_UNITS`` / ``GRAD_UNITS`` unit roundoffs normwise and elementwise to the yardstick:
-docs/checks.md, "The normwise bound of the linear families"; the built-ins: docs/families.md."""
+Held to ``OUT_UNITS``/``GRAD_UNITS`` unit roundoffs: docs/checks.md, "The normwise bound of the linear families"."""
 
 from __future__ import annotations
 
