@@ -46,6 +46,10 @@ from pytest_attnperf.store.yamlstrict import UnaliasedDumper
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ("-p", "pytest_attnperf.plugin")
+# the same, for runs whose tests read no ceilings: the CPU's matmul and copy ceilings are seconds of
+# each CPU run (never cached on a busy host), measured where they are tested (test_roofline.py,
+# test_faults_ceilings.py)
+PLUGIN_NO_CEILINGS = (*PLUGIN, "--attnperf-ceilings=off")
 ADDOPTS = "--strict-markers -p no:cacheprovider"  # a project's pytest.ini adds these to its own
 
 # -- fake hardware ---------------------------------------------------------------------------

@@ -14,14 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kit import PLUGIN as KIT_PLUGIN
+from kit import PLUGIN_NO_CEILINGS as PLUGIN
 from kit import TESTS, baseline_path, conftest, make_project
 
 from pytest_attnperf.store import baselines as store
-
-# the CPU's ceilings are measured in tests/test_roofline.py and tests/test_faults_ceilings.py; here
-# they would be seconds of each CPU run that no test reads
-PLUGIN = (*KIT_PLUGIN, "--attnperf-ceilings=off")
 
 NOISY_TIMER = '''
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kit import PLUGIN as KIT_PLUGIN
+from kit import PLUGIN_NO_CEILINGS as PLUGIN
 from kit import TESTS, conftest, make_project
 from test_contended_host import TICKED_TIMER  # a scripted clock on whole 8 ms ticks
 
@@ -35,10 +35,6 @@ from pytest_attnperf.measure.contention import CONTENDED, HostLoad, contention_n
 from pytest_attnperf.measure.sampling import Measurement
 from pytest_attnperf.measure.summary import Summary
 from pytest_attnperf.store import status
-
-# the CPU's ceilings are measured in tests/test_roofline.py and tests/test_faults_ceilings.py; here
-# they would be seconds of each CPU run that no test reads
-PLUGIN = (*KIT_PLUGIN, "--attnperf-ceilings=off")
 
 # -- the exit status, decided outside the pytest process ---------------------------------------
 

@@ -18,16 +18,12 @@ from typing import Any, cast
 
 import pytest
 from kit import CONFTEST, TESTS, entries, outcomes, set_speed
-from kit import PLUGIN as KIT_PLUGIN
+from kit import PLUGIN_NO_CEILINGS as PLUGIN
 
 from pytest_attnperf.measure.pooling import Taken, pool, read_taken, short_cases, write_taken
 from pytest_attnperf.measure.timing import Measurement
 from pytest_attnperf.options import Settings, read_settings
 from pytest_attnperf.plugins.pool import INPUT_FORMAT, PoolRun, pool_run_args, read_input, write_input
-
-# the CPU's ceilings are measured in tests/test_roofline.py and tests/test_faults_ceilings.py; here
-# they would be seconds of each CPU run that no test reads
-PLUGIN = (*KIT_PLUGIN, "--attnperf-ceilings=off")
 
 
 def _m(values: list[float], clock: str = "cuda-graph-nodes", calls: int = 1) -> Measurement:
