@@ -290,7 +290,7 @@ def noise(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
     """``python -m noise_benchmark.benchmark OPTIONS -- <the tiny project's tests>``, in the project."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(kit.ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "noise_benchmark.benchmark", "--workdir", "work", *options,
-           "--", "-p", "pytest_attnperf.plugin", "--hw=cpu", "--attnperf-ceilings=off", "test_cases.py"]
+           "--", *kit.PLUGIN_NO_CEILINGS, "--hw=cpu", "test_cases.py"]
     return subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
