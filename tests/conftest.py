@@ -1,4 +1,5 @@
-"""Import torch, and the torch modules the plugin imports lazily, once in the outer process.
+"""Import torch, and the torch modules the plugin imports lazily, once in each process that runs
+the tests (not in a pytest-xdist controller, which runs none).
 
 pytester's in-process runs restore ``sys.modules`` after each run, so a module first imported
 inside a run is imported again by the next user; torch's C-backed modules abort the process
@@ -7,6 +8,7 @@ when that happens. Importing them here keeps them loaded for the whole session.
 
 import gc
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,42 +19,53 @@ from pathlib import Path
 # torch reads it itself (it may be a list, "4,2", which set_num_threads does not take).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
-import torch.nn.attention
-import torch.nn.functional
-import torch.profiler
-import torch.utils.flop_counter
+import pytest  # noqa: E402
 
 
-def _load_lazily_imported_modules() -> None:
-    """Run once, tiny, what the plugin and the tests run (profiler, flop counter, SDPA pins),
-    so every module torch imports on first use is loaded before any pytester snapshot."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
+def _load_torch() -> None:
+    """torch, and a tiny run of what the plugin and the tests run (profiler, flop counter, SDPA
+    pins), so every module torch imports on first use is loaded before any pytester snapshot."""
+    import torch  # noqa: PLC0415 - in the processes that run tests only
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415
 
     q = torch.randn(1, 1, 4, 4, requires_grad=True)
     with torch.profiler.profile(), FlopCounterMode(display=False), sdpa_kernel([SDPBackend.MATH]):
         torch.autograd.backward(torch.nn.functional.scaled_dot_product_attention(q, q, q).sum())
+    if os.environ["OMP_NUM_THREADS"] == "1":
+        torch.set_num_threads(1)
 
 
-_load_lazily_imported_modules()
-if os.environ["OMP_NUM_THREADS"] == "1":
-    torch.set_num_threads(1)
+def _runs_no_tests(config: pytest.Config) -> bool:
+    """A pytest-xdist controller: its workers collect and run the tests."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
 
 
-import pytest  # noqa: E402
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if not _runs_no_tests(config):
+        _load_torch()
 
 
 def _load_fla() -> None:
-    """fla, when installed: importing it starts torch.compile's machinery (its activations are
-    compiled at import); first loaded inside a pytester run and imported again after it, dynamo and
-    inductor register their backends twice and the second import fails ("duplicate name: eager")."""
+    """fla's kernels, when installed: importing them starts torch.compile's machinery (its
+    activations are compiled at import); first loaded inside a pytester run and imported again
+    after it, dynamo and inductor register their backends twice and the second import fails
+    ("duplicate name: eager"). Its layers and models (transformers: 2.7 s more a worker) are held back
+    for the import, as fla does when they are not installed; a test that uses them imports them."""
+    held = [name for name in ("fla.layers", "fla.models") if name not in sys.modules]
+    for name in held:
+        sys.modules[name] = None  # type: ignore[assignment]  # import fails: fla's __init__ skips it
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fla's "Triton is not supported on current platform" on a CPU
-            import fla.ops  # noqa: F401
+            import fla.ops  # noqa: F401, PLC0415
     except ImportError:
         pass
+    finally:
+        for name in held:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -90,6 +103,12 @@ def _not_a_worker_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest-benchmark (which disables itself in a worker) reads the worker's environment."""
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)
+
+
+def pytest_attnperf_visible_gpus(config: pytest.Config) -> list[str]:
+    """These tests time on fake hardware only: the host's GPUs are none of their business, and the
+    pytest-xdist controller need not load torch to count them."""
+    return []
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
