@@ -81,6 +81,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _earlier_tests_frozen(request: pytest.FixtureRequest) -> None:
+    """A run inside a test collects garbage after each of its cases (the plugin's guard): what
+    earlier tests left alive is frozen first, so those collections walk only what this test makes
+    (the 86,000 objects earlier tests had left made each 40 ms)."""
+    if "pytester" in request.fixturenames:
+        gc.collect()
+        gc.freeze()
+
+
+@pytest.fixture(autouse=True)
 def _ceilings_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Measured ceilings are cached under $XDG_CACHE_HOME: a test's runs keep theirs in a folder
     of the test's own, never in the user's cache."""

@@ -32,7 +32,7 @@ from pytest_attnperf.measure.switches import describe_changes, restore_rng
 from pytest_attnperf.options import user_cache
 from pytest_attnperf.store.journal import RunMarker
 
-__all__ = ["INTERPRETER_FROZEN", "NAME", "REFREEZE_OBJECTS", "CaseGuard"]
+__all__ = ["INTERPRETER_FROZEN", "NAME", "REFREEZE_OBJECTS", "CaseGuard", "OwnerFreeze"]
 
 NAME = "attnperf-isolation"
 FAILED_TRACEBACKS = pytest.StashKey[list[TracebackType]]()  # a case's failures, cleared when it ends
@@ -44,6 +44,21 @@ INTERPRETER_FROZEN = gc.get_freeze_count()
 its conftests and tests): the interpreter's own. CPython 3.12 starts with its static types' base
 and MRO tuples there (375 on 3.12.1), 3.11 and 3.13 with none; a count above this at collection
 was frozen by the process's owner."""
+
+
+class OwnerFreeze:
+    """Whether the process's owner froze objects of its own, read at each run's collection until
+    seen once: ``gc.get_freeze_count`` walks the permanent generation (28 ms with half a million
+    objects there), and a process that runs many sessions (pytester's) froze them once. Were an
+    owner to unfreeze later, a run would only skip freezing its own, as it does beside an owner's."""
+
+    froze = False
+
+    @classmethod
+    def seen(cls) -> bool:
+        """Whether objects beyond the interpreter's own are frozen, or were at an earlier run."""
+        cls.froze = cls.froze or gc.get_freeze_count() > INTERPRETER_FROZEN
+        return cls.froze
 
 
 def _failures_cleared(tracebacks: list[TracebackType]) -> None:
@@ -93,7 +108,7 @@ class CaseGuard:
         the interpreter froze at its start (``INTERPRETER_FROZEN``) are no owner's. The markers of
         runs that died are read, and this run's written."""
         if any(is_attention_case(item) for item in session.items):
-            if gc.get_freeze_count() <= INTERPRETER_FROZEN:  # else frozen by the process's owner: theirs
+            if not OwnerFreeze.seen():  # else frozen by the process's owner: theirs
                 gc.collect()
                 gc.freeze()
                 self.froze = True
