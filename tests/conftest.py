@@ -37,8 +37,11 @@ def _load_torch() -> None:
 
 
 def _runs_no_tests(config: pytest.Config) -> bool:
-    """A pytest-xdist controller: its workers collect and run the tests."""
-    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+    """A pytest-xdist controller (pytest-xdist's own test: a distribution mode, workers to start,
+    more than a collection): its workers collect and run the tests."""
+    option = config.option
+    return (not hasattr(config, "workerinput") and not option.collectonly
+            and getattr(option, "dist", "no") != "no" and bool(getattr(option, "tx", None)))
 
 
 @pytest.hookimpl(tryfirst=True)
