@@ -21,6 +21,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+from pytest_attnperf.parallel import fleet  # noqa: E402
+
 
 def _load_torch() -> None:
     """torch, and a tiny run of what the plugin and the tests run (profiler, flop counter, SDPA
@@ -36,17 +38,9 @@ def _load_torch() -> None:
         torch.set_num_threads(1)
 
 
-def _runs_no_tests(config: pytest.Config) -> bool:
-    """A pytest-xdist controller (pytest-xdist's own test: a distribution mode, workers to start,
-    more than a collection): its workers collect and run the tests."""
-    option = config.option
-    return (not hasattr(config, "workerinput") and not option.collectonly
-            and getattr(option, "dist", "no") != "no" and bool(getattr(option, "tx", None)))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    if not _runs_no_tests(config):
+    if not fleet.is_controller(config):  # a pytest-xdist controller runs no test
         _load_torch()
 
 
