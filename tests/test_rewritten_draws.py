@@ -2,8 +2,10 @@
 
 Two kernels answer their timed calls without doing the work and used to pass their checks: one
 keeps its answer by its inputs' addresses (a timed draw reuses its tensors for every timed call,
-and so did the check), one returns ``torch.empty_like(q)`` while ``gc.isenabled()`` is False
-(the timed calls run with the collector off; the check ran with it on). Here both fail as "the
+and so did the check), one returns zeros, computing nothing, while ``gc.isenabled()`` is False
+(the timed calls run with the collector off; the check ran with it on). Zeros, not
+``torch.empty_like``: memory never written may hold an earlier call's right answer, which would
+leave the catching check to chance (``tests/zoo/integrity.py``'s lazy output stands for that). Here both fail as "the
 timed computation differs from the checked one", on the host timer, on cold graphs (the kit's
 fake CUDA, whose replays run the captured Python again) and through the hook on the softmax
 suite's CPU case; a graph that captured an answer rather than the work fails too. An honest
@@ -61,7 +63,7 @@ class MemoByAddress:
 
 def watches_gc(q: Any, k: Any, v: Any, **opts: Any) -> Any:
     """Does no work while the collector is off, as it is in the timed calls."""
-    return torch.empty_like(q) if not gc.isenabled() else sdpa(q, k, v, **opts)
+    return torch.zeros_like(q) if not gc.isenabled() else sdpa(q, k, v, **opts)
 
 
 class KeepsTheCheckedAnswer:
@@ -264,7 +266,7 @@ def pytest_attnperf_register_kernels(registry, config):
 
     @registry.kernel(family="softmax", name="watches-gc", backward=False)
     def watches_gc(q, k, v, *, causal, scale, window=None):
-        return torch.empty_like(q) if not gc.isenabled() else sdpa(q, k, v, causal, scale)
+        return torch.zeros_like(q) if not gc.isenabled() else sdpa(q, k, v, causal, scale)
 
     @registry.kernel(family="softmax", name="honest")
     def honest(q, k, v, *, causal, scale, window=None):
